@@ -1,0 +1,3 @@
+"""sciad: differentiable programming for scientific machine learning."""
+
+from sciad import ad

@@ -1,0 +1,3 @@
+from sciad.cli import main
+
+main()

@@ -1,0 +1,44 @@
+"""sciad.ad: one API over interchangeable AD engines.
+
+Backends (small immutable values) implement one or two primitives
+(pullback, pushforward); every operator is derived from them:
+
+    import sciad.ad as ad
+    b = ad.get("torch")                       # or ad.JaxReverse(), ...
+    ad.gradient(b, f, x); ad.hessian(b, f, x); ad.vjp(b, f, x, w)
+    g = ad.prepare(b, ad.gradient, f, x)      # trace/compile once
+    h = ad.differentiate_with(f, "torch")     # torch derivatives inside JAX code
+"""
+
+from sciad.ad.autograd_backend import Autograd
+from sciad.ad.backend import AbstractBackend
+from sciad.ad.errors import MissingEngineError
+from sciad.ad.finite_differences import FiniteDifferences
+from sciad.ad.higher_order import HigherOrder
+from sciad.ad.interop import differentiate_with
+from sciad.ad.jax_backends import Enzyme, JaxForward, JaxReverse, JaxTranspose
+from sciad.ad.namespace import namespace
+from sciad.ad.operators import (
+    LazyHessian,
+    LazyJacobian,
+    derivative,
+    gradient,
+    hessian,
+    hvp,
+    jacobian,
+    jvp,
+    lazy_hessian,
+    lazy_jacobian,
+    prepare,
+    pullback,
+    pushforward,
+    value_and_derivative,
+    value_and_gradient,
+    value_and_hessian,
+    value_and_jacobian,
+    value_and_jvp,
+    value_and_vjp,
+    value_gradient_and_hessian,
+    vjp,
+)
+from sciad.ad.registry import BACKENDS, available, get

@@ -1,0 +1,116 @@
+"""The backend concept: an engine and its settings, implementing one or two primitives.
+
+A backend implements `value_and_pullback` (reverse mode) or
+`value_and_pushforward` (forward mode), or both; the other primitive and the
+Jacobian are derived here, generically. Functions take a tuple of arrays
+`xs` and return one array `y`; Jacobians have shape `y.shape + x.shape`.
+"""
+
+import abc
+import dataclasses
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from sciad.ad.errors import require
+from sciad.ad.namespace import namespace
+
+
+@dataclasses.dataclass(frozen=True)
+class AbstractBackend(abc.ABC):
+    """An AD engine with its settings: a small immutable value.
+
+    Subclasses set `name` (the registry name), `mode` ("reverse" when the
+    native primitive is the pullback, "forward" when it is the pushforward),
+    and `package`/`extra` when the engine is an optional install.
+    """
+
+    name: ClassVar[str]
+    mode: ClassVar[str]
+    package: ClassVar[str | None] = None
+    extra: ClassVar[str | None] = None
+
+    def __post_init__(self):
+        if self.package is not None:
+            require(self.package, self.extra, type(self).__name__)
+
+    # -- the engine's arrays -------------------------------------------------
+    def asarray(self, x, like=None):
+        """`x` (NumPy or the engine's own array) as an engine array, with `like`'s dtype."""
+        dtype = None if like is None else like.dtype
+        return np.asarray(x, dtype=dtype)
+
+    def numpy(self, y) -> np.ndarray:
+        """An engine array as a NumPy array."""
+        return np.asarray(y)
+
+    def compile(self, fn: Callable) -> Callable:
+        """Trace/compile `fn` once for repeated calls (identity for eager engines)."""
+        return fn
+
+    def map(self, fn: Callable, batch):
+        """`fn` applied to each row of `batch`, results stacked (a tuple stacks per item)."""
+        outs = [fn(b) for b in batch]
+        if isinstance(outs[0], tuple):
+            return tuple(namespace(*o).stack(list(o)) for o in zip(*outs))
+        return namespace(*outs).stack(outs)
+
+    def hessian_backend(self) -> "AbstractBackend":
+        """The composition used for Hessians when none is given (this engine over itself)."""
+        from sciad.ad.higher_order import HigherOrder
+
+        return HigherOrder(self, self)
+
+    # -- primitives (override one or both) -----------------------------------
+    def value_and_pullback(self, f: Callable, xs: tuple):
+        """`(y, pb)` with `y = f(*xs)` and `pb(w) = tuple(wᵀ ∂y/∂x_i)`."""
+        y, jacs = self.value_and_jacobian(f, xs)
+        m = _size(y)
+
+        def pb(w):
+            w = namespace(w).reshape(w, (m,))
+            return tuple(
+                namespace(J).reshape(w @ namespace(J).reshape(J, (m, _size(x))), x.shape)
+                for J, x in zip(jacs, xs)
+            )
+
+        return y, pb
+
+    def value_and_pushforward(self, f: Callable, xs: tuple):
+        """`(y, pf)` with `y = f(*xs)` and `pf(vs) = Σ_i ∂y/∂x_i v_i` (same shape as y)."""
+        y, jacs = self.value_and_jacobian(f, xs)
+        m = _size(y)
+
+        def pf(vs):
+            terms = [
+                namespace(J).reshape(J, (m, _size(x))) @ namespace(v).reshape(v, (_size(x),))
+                for J, x, v in zip(jacs, xs, vs)
+            ]
+            return namespace(*terms).reshape(sum(terms[1:], terms[0]), y.shape)
+
+        return y, pf
+
+    def value_and_jacobian(self, f: Callable, xs: tuple):
+        """`(y, Js)` with `Js[i]` of shape `y.shape + xs[i].shape`, from the native primitive."""
+        if self.mode == "reverse":
+            y, pb = self.value_and_pullback(f, xs)
+            m = _size(y)
+            basis = namespace(y).reshape(self.asarray(np.eye(m), like=y), (m, *y.shape))
+            rows = self.map(pb, basis)
+            return y, tuple(
+                namespace(r).reshape(r, (*y.shape, *x.shape)) for r, x in zip(rows, xs)
+            )
+        y, pf = self.value_and_pushforward(f, xs)
+        jacs = []
+        for i, x in enumerate(xs):
+            n = _size(x)
+            basis = namespace(x).reshape(self.asarray(np.eye(n), like=x), (n, *x.shape))
+            zeros = [self.asarray(np.zeros(z.shape), like=z) for z in xs]
+            cols = self.map(lambda e: pf(tuple(zeros[:i]) + (e,) + tuple(zeros[i + 1 :])), basis)
+            cols = namespace(cols).reshape(cols, (n, _size(y))).T
+            jacs.append(namespace(cols).reshape(cols, (*y.shape, *x.shape)))
+        return y, tuple(jacs)
+
+
+def _size(x) -> int:
+    return int(np.prod(x.shape, dtype=int))

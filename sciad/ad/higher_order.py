@@ -1,0 +1,50 @@
+"""Composition of two backends for second-order operators."""
+
+import dataclasses
+
+from sciad.ad.backend import AbstractBackend
+
+
+@dataclasses.dataclass(frozen=True)
+class HigherOrder(AbstractBackend):
+    """`outer` differentiates what `inner` computes: Hessians are the `outer`
+    Jacobian of the `inner` gradient (forward-over-reverse is
+    `HigherOrder(JaxForward(), JaxReverse())`). First-order operators use
+    `inner`. The two engines must compose: `outer` must be able to trace
+    through `inner` (JAX over JAX, torch over torch, autograd over autograd,
+    finite differences over anything)."""
+
+    outer: AbstractBackend
+    inner: AbstractBackend
+
+    name = "higher-order"
+
+    def __post_init__(self):
+        for arg in ("outer", "inner"):
+            if not isinstance(getattr(self, arg), AbstractBackend):
+                raise TypeError(f"HigherOrder({arg}=...) must be a sciad.ad backend, got {getattr(self, arg)!r}")
+
+    @property
+    def mode(self):
+        return self.inner.mode
+
+    def asarray(self, x, like=None):
+        return self.outer.asarray(x, like)
+
+    def compile(self, fn):
+        return self.outer.compile(fn)
+
+    def map(self, fn, batch):
+        return self.inner.map(fn, batch)
+
+    def hessian_backend(self):
+        return self
+
+    def value_and_pullback(self, f, xs):
+        return self.inner.value_and_pullback(f, xs)
+
+    def value_and_pushforward(self, f, xs):
+        return self.inner.value_and_pushforward(f, xs)
+
+    def value_and_jacobian(self, f, xs):
+        return self.inner.value_and_jacobian(f, xs)

@@ -1,0 +1,303 @@
+"""Operators derived from a backend's primitives, called `op(backend, f, x, ...)`.
+
+`x` is an array (NumPy or the engine's own), or for `gradient`, `jacobian`,
+`jvp`, `vjp`, `value_and_*` of those, a tuple of arrays (results are then
+tuples). Results are the engine's own arrays; `numpy.asarray` converts them.
+Shapes: for `f: x (n...) -> y (m...)`, `jacobian` is `(m..., n...)`,
+`hessian` is `(n..., n...)`.
+"""
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from sciad.ad.backend import AbstractBackend
+from sciad.ad.namespace import namespace
+
+# -- implementations on engine arrays (xs: tuple of arrays) -------------------
+
+
+def _value_and_gradient(b, f, xs):
+    y, pb = b.value_and_pullback(f, xs)
+    if tuple(y.shape) != ():
+        raise ValueError(
+            f"gradient needs f to return a scalar, but f returned shape {tuple(y.shape)}: "
+            "use jacobian or vjp for non-scalar outputs"
+        )
+    return y, pb(b.asarray(np.ones(()), like=y))
+
+
+def _value_and_derivative(b, f, xs):
+    y, pf = b.value_and_pushforward(f, xs)
+    return y, pf((b.asarray(np.ones(()), like=xs[0]),))
+
+
+def _value_and_jacobian(b, f, xs):
+    return b.value_and_jacobian(f, xs)
+
+
+def _value_and_jvp(b, f, xs, vs):
+    y, pf = b.value_and_pushforward(f, xs)
+    return y, pf(tuple(b.asarray(v, like=x) for v, x in zip(vs, xs)))
+
+
+def _value_and_vjp(b, f, xs, w):
+    y, pb = b.value_and_pullback(f, xs)
+    if tuple(w.shape) != tuple(y.shape):
+        raise ValueError(f"w has shape {tuple(w.shape)} but f's output has shape {tuple(y.shape)}: they must match")
+    return y, pb(b.asarray(w, like=y))
+
+
+def _gradient_function(b, f):
+    """x -> ∇f(x) with the Hessian composition's inner backend."""
+    hb = b.hessian_backend()
+    return lambda x: _value_and_gradient(hb.inner, f, (x,))[1][0]
+
+
+def _value_gradient_and_hessian(b, f, xs):
+    hb = b.hessian_backend()
+    y, (g,) = _value_and_gradient(hb.inner, f, xs)
+    _, (H,) = hb.outer.value_and_jacobian(_gradient_function(b, f), xs)
+    return y, g, H
+
+
+def _hvp(b, f, xs, vs):
+    """H v: the outer pushforward of the gradient, or its pullback (H is symmetric)."""
+    hb = b.hessian_backend()
+    vs = tuple(hb.outer.asarray(v, like=x) for v, x in zip(vs, xs))
+    if hb.outer.mode == "forward":
+        return hb.outer.value_and_pushforward(_gradient_function(b, f), xs)[1](vs)
+    return hb.outer.value_and_pullback(_gradient_function(b, f), xs)[1](vs[0])[0]
+
+
+# -- the operator table -------------------------------------------------------
+# name -> (implementation, how many vectors follow x, multi-argument allowed,
+#          how to shape the result for one array x)
+
+_SPECS = {
+    "derivative": (_value_and_derivative, 0, False, lambda r: r[1]),
+    "gradient": (_value_and_gradient, 0, True, lambda r: r[1][0]),
+    "jacobian": (_value_and_jacobian, 0, True, lambda r: r[1][0]),
+    "hessian": (_value_gradient_and_hessian, 0, False, lambda r: r[2]),
+    "hvp": (_hvp, 1, False, lambda r: r),
+    "jvp": (_value_and_jvp, 1, True, lambda r: r[1]),
+    "vjp": (_value_and_vjp, 1, True, lambda r: r[1][0]),
+    "value_and_derivative": (_value_and_derivative, 0, False, lambda r: r),
+    "value_and_gradient": (_value_and_gradient, 0, True, lambda r: (r[0], r[1][0])),
+    "value_and_jacobian": (_value_and_jacobian, 0, True, lambda r: (r[0], r[1][0])),
+    "value_and_hessian": (_value_gradient_and_hessian, 0, False, lambda r: (r[0], r[2])),
+    "value_gradient_and_hessian": (_value_gradient_and_hessian, 0, False, lambda r: r),
+    "value_and_jvp": (_value_and_jvp, 1, True, lambda r: r),
+    "value_and_vjp": (_value_and_vjp, 1, True, lambda r: (r[0], r[1][0])),
+}
+# Multi-argument results: drop the per-argument unwrapping.
+_MULTI = {
+    "gradient": lambda r: r[1],
+    "jacobian": lambda r: r[1],
+    "jvp": lambda r: r[1],
+    "vjp": lambda r: r[1],
+    "value_and_gradient": lambda r: r,
+    "value_and_jacobian": lambda r: r,
+    "value_and_jvp": lambda r: r,
+    "value_and_vjp": lambda r: r,
+}
+
+
+# -- validation at the boundary ---------------------------------------------
+
+
+def _check_float(arg: str, x) -> None:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(x).dtype
+    if hasattr(dtype, "is_floating_point"):  # torch dtype
+        ok = dtype.is_floating_point
+    else:
+        ok = np.issubdtype(np.dtype(dtype), np.floating)
+    if not ok:
+        raise TypeError(
+            f"{arg} has dtype {dtype}, but derivatives need floating-point inputs: "
+            f"pass {arg} as a float array (e.g. numpy.asarray({arg}, dtype=float))"
+        )
+
+
+def _check_inputs(op: str, backend, f, x, vectors) -> bool:
+    """Validate the call; return whether `x` is a tuple of arguments."""
+    if not isinstance(backend, AbstractBackend):
+        raise TypeError(f"backend must be a sciad.ad backend (e.g. sciad.ad.get('jax-reverse')), got {backend!r}")
+    if not callable(f):
+        raise TypeError(f"f must be callable, got {f!r}")
+    _, n_vectors, multi_ok, _ = _SPECS[op]
+    multi = isinstance(x, tuple)
+    if multi and not multi_ok:
+        raise TypeError(f"{op} takes one array x, not a tuple of {len(x)} arguments")
+    xs = x if multi else (x,)
+    if multi and not xs:
+        raise ValueError(f"{op}: x is an empty tuple; pass at least one array")
+    for i, xi in enumerate(xs):
+        _check_float(f"x[{i}]" if multi else "x", xi)
+    if op in ("derivative", "value_and_derivative") and tuple(np.shape(x)) != ():
+        raise ValueError(f"derivative needs a scalar x, got shape {tuple(np.shape(x))}: use jacobian or jvp")
+    if len(vectors) != n_vectors:
+        raise TypeError(f"{op} takes {n_vectors} vector argument(s) after x, got {len(vectors)}")
+    if op in ("jvp", "value_and_jvp", "hvp"):
+        (v,) = vectors
+        vs = v if multi else (v,)
+        if multi and (not isinstance(v, tuple) or len(v) != len(xs)):
+            raise ValueError(f"v must be a tuple of {len(xs)} arrays, one per argument in x")
+        for i, (vi, xi) in enumerate(zip(vs, xs)):
+            name = f"v[{i}]" if multi else "v"
+            _check_float(name, vi)
+            if tuple(np.shape(vi)) != tuple(np.shape(xi)):
+                raise ValueError(f"{name} has shape {tuple(np.shape(vi))} but x has shape {tuple(np.shape(xi))}: they must match")
+    if op in ("vjp", "value_and_vjp"):
+        _check_float("w", vectors[0])
+    return multi
+
+
+# -- compilation and dispatch ------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(op: str, backend, f, multi: bool) -> Callable:
+    impl, _, _, unwrap = _SPECS[op]
+    if multi:
+        unwrap = _MULTI[op]
+
+    def run(x, *vectors):
+        xs = tuple(backend.asarray(xi) for xi in (x if multi else (x,)))
+        if op in ("jvp", "value_and_jvp", "hvp"):
+            vectors = (vectors[0] if multi else (vectors[0],),)
+        return unwrap(impl(backend, f, xs, *vectors))
+
+    return _explain_tracing_errors(backend.compile(run), backend)
+
+
+def _explain_tracing_errors(fn: Callable, backend) -> Callable:
+    import jax
+
+    def call(*args):
+        try:
+            return fn(*args)
+        except jax.errors.ConcretizationTypeError as e:
+            raise ValueError(
+                f"f has value-dependent Python control flow (an `if`/`while` on array values), "
+                f"which {backend} cannot trace into a compiled program. Use an engine that "
+                "re-records at every call (sciad.ad.JaxReverse(jit=False), Torch(), Autograd()) "
+                "or write the branch with jnp.where / jax.lax.cond."
+            ) from e
+
+    call.__wrapped__ = fn
+    return call
+
+
+def prepare(backend: AbstractBackend, op, f: Callable, x, *vectors) -> Callable:
+    """Do the per-function work (tracing, jit) once; return `g(x, *vectors)` for
+    repeated calls of operator `op` (a function of this module or its name) at
+    new points with the same shapes and dtypes as `x` (and `vectors`)."""
+    name = op if isinstance(op, str) else getattr(op, "__name__", None)
+    if name not in _SPECS:
+        raise ValueError(f"op must be one of {sorted(_SPECS)} (or the function), got {op!r}")
+    multi = _check_inputs(name, backend, f, x, vectors)
+    compiled = _compiled(name, backend, f, multi)
+    compiled(x, *vectors)  # trace and compile now
+    return compiled.__wrapped__
+
+
+def _operator(name: str, doc: str) -> Callable:
+    def op(backend, f, x, *vectors):
+        multi = _check_inputs(name, backend, f, x, vectors)
+        return _compiled(name, backend, f, multi)(x, *vectors)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc
+    return op
+
+
+derivative = _operator("derivative", "f'(x) for scalar x (shape of f's output).")
+gradient = _operator("gradient", "∇f(x) for scalar f (shape of x; a tuple for a tuple x).")
+jacobian = _operator("jacobian", "∂f/∂x, shape f(x).shape + x.shape (a tuple for a tuple x).")
+hessian = _operator("hessian", "∇²f(x) for scalar f, shape x.shape + x.shape, via backend.hessian_backend().")
+hvp = _operator("hvp", "∇²f(x) v (shape of x), forward-over-reverse by default.")
+jvp = _operator("jvp", "jvp(b, f, x, v) = ∂f/∂x · v (shape of f(x)); v a tuple for a tuple x.")
+vjp = _operator("vjp", "vjp(b, f, x, w) = wᵀ ∂f/∂x (shape of x; a tuple for a tuple x).")
+value_and_derivative = _operator("value_and_derivative", "(f(x), f'(x)).")
+value_and_gradient = _operator("value_and_gradient", "(f(x), ∇f(x)).")
+value_and_jacobian = _operator("value_and_jacobian", "(f(x), ∂f/∂x).")
+value_and_hessian = _operator("value_and_hessian", "(f(x), ∇²f(x)).")
+value_gradient_and_hessian = _operator("value_gradient_and_hessian", "(f(x), ∇f(x), ∇²f(x)).")
+value_and_jvp = _operator("value_and_jvp", "(f(x), ∂f/∂x · v).")
+value_and_vjp = _operator("value_and_vjp", "(f(x), wᵀ ∂f/∂x).")
+
+
+def pushforward(backend: AbstractBackend, f: Callable, x) -> Callable:
+    """The linear map `v -> ∂f/∂x · v` at `x` (v a tuple for a tuple x)."""
+    _check_inputs("jvp", backend, f, x, (x,))
+    return lambda v: jvp(backend, f, x, v)
+
+
+def pullback(backend: AbstractBackend, f: Callable, x) -> Callable:
+    """The linear map `w -> wᵀ ∂f/∂x` at `x` (a tuple of results for a tuple x)."""
+    _check_inputs("vjp", backend, f, x, (np.zeros(()),))
+    return lambda w: vjp(backend, f, x, w)
+
+
+class LazyJacobian:
+    """∂f/∂x at x as an operator: `J @ v` (jvp), `w @ J` (vjp), `J.T`; never formed.
+    `shape` is `(size of f(x), size of x)`; vectors keep their natural shapes."""
+
+    __array_ufunc__ = None  # make NumPy defer `w @ J` to __rmatmul__
+
+    def __init__(self, backend, f, x, transposed=False):
+        _check_inputs("jvp", backend, f, x, (x,))
+        self.backend, self.f, self.x, self.transposed = backend, f, x, transposed
+        m = int(np.prod(np.shape(f(backend.asarray(x)))))
+        n = int(np.prod(np.shape(x)))
+        self.shape = (n, m) if transposed else (m, n)
+
+    @property
+    def T(self):
+        return LazyJacobian(self.backend, self.f, self.x, not self.transposed)
+
+    def __matmul__(self, v):
+        op = vjp if self.transposed else jvp
+        return op(self.backend, self.f, self.x, v)
+
+    def __rmatmul__(self, w):
+        op = jvp if self.transposed else vjp
+        return op(self.backend, self.f, self.x, w)
+
+
+class LazyHessian:
+    """∇²f(x) as an operator: `H @ v` and `v @ H` are Hessian-vector products; `H.T` is H."""
+
+    __array_ufunc__ = None
+
+    def __init__(self, backend, f, x):
+        _check_inputs("hvp", backend, f, x, (x,))
+        self.backend, self.f, self.x = backend, f, x
+        n = int(np.prod(np.shape(x)))
+        self.shape = (n, n)
+
+    @property
+    def T(self):
+        return self
+
+    def __matmul__(self, v):
+        return hvp(self.backend, self.f, self.x, v)
+
+    __rmatmul__ = __matmul__
+
+
+def lazy_jacobian(backend: AbstractBackend, f: Callable, x) -> LazyJacobian:
+    """∂f/∂x at x as a lazy operator (`J @ v`, `w @ J`, `J.T`)."""
+    return LazyJacobian(backend, f, x)
+
+
+def lazy_hessian(backend: AbstractBackend, f: Callable, x) -> LazyHessian:
+    """∇²f(x) as a lazy operator (`H @ v`, `v @ H`)."""
+    return LazyHessian(backend, f, x)
+
+
+__all__ = [*_SPECS, "pushforward", "pullback", "lazy_jacobian", "lazy_hessian", "prepare", "namespace"]
