@@ -1,3 +1,18 @@
-"""sciad: differentiable programming for scientific machine learning."""
+"""sciad: differentiable programming for scientific machine learning.
+
+    prob = sciad.ODEProblem(f, u0, tspan, p)
+    sol = sciad.solve(prob, p=p, saveat=ts, sensealg=sciad.InterpolatingAdjoint(vjp="jax-reverse"))
+"""
 
 from sciad import ad
+from sciad.adjoints import (
+    AbstractSensitivity,
+    BacksolveAdjoint,
+    DiscreteAdjoint,
+    ForwardDiffSensitivity,
+    ForwardSensitivity,
+    InterpolatingAdjoint,
+    QuadratureAdjoint,
+)
+from sciad.problem import ODEProblem
+from sciad.solve import SOLVERS, Solution, solve

@@ -15,7 +15,7 @@ from sciad.ad.backend import AbstractBackend
 from sciad.ad.errors import MissingEngineError
 from sciad.ad.finite_differences import FiniteDifferences
 from sciad.ad.higher_order import HigherOrder
-from sciad.ad.interop import differentiate_with
+from sciad.ad.interop import custom_linear_rules, differentiate_with
 from sciad.ad.jax_backends import Enzyme, JaxForward, JaxReverse, JaxTranspose
 from sciad.ad.namespace import namespace
 from sciad.ad.operators import (
@@ -42,3 +42,4 @@ from sciad.ad.operators import (
     vjp,
 )
 from sciad.ad.registry import BACKENDS, available, get
+from sciad.ad.torch_backend import Torch

@@ -32,35 +32,39 @@ def differentiate_with(f: Callable, backend: AbstractBackend | str) -> Callable:
     return _host(f, backend)
 
 
-def _with_rules(primal: Callable, pushforward: Callable, pullback: Callable) -> Callable:
-    """A JAX function with jvp from `pushforward(xs, vs)` and its transpose `pullback(xs, w)`.
+def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Callable) -> Callable:
+    """A JAX function `g(*xs)` with its own forward and reverse rules.
 
-    Only the arguments with nonzero tangents enter the linear map, so that
-    differentiating with respect to some arguments leaves the others constant.
+    `forward(*xs) -> (y, residuals)`; `pushforward(residuals, vs) -> tangent of
+    y`; `pullback(residuals, w) -> tuple of cotangents, one per x`. The two
+    rules are declared transposes of each other (`jax.custom_derivatives.
+    linear_call`), so `jax.jvp` runs `pushforward` and `jax.vjp`/`jax.grad`
+    run `pullback`. Only arguments with nonzero tangents enter the linear
+    map, so differentiating some arguments leaves the others constant.
     """
 
     @jax.custom_jvp
     def g(*xs):
-        return primal(*xs)
+        return forward(*xs)[0]
 
     @functools.partial(g.defjvp, symbolic_zeros=True)
     def g_jvp(xs, vs):
         active = tuple(i for i, v in enumerate(vs) if not isinstance(v, SymbolicZero))
+        y, residuals = forward(*xs)
+        if not active:
+            return y, jax.tree.map(jnp.zeros_like, y)
 
-        def lin(xs, active_vs):
+        def lin(residuals, active_vs):
             full = [jnp.zeros_like(x) for x in xs]
             for i, v in zip(active, active_vs):
                 full[i] = v
-            return pushforward(xs, tuple(full))
+            return pushforward(residuals, tuple(full))
 
-        def lin_t(xs, w):
-            cotangents = pullback(xs, w)
+        def lin_t(residuals, w):
+            cotangents = pullback(residuals, w)
             return tuple(cotangents[i] for i in active)
 
-        y = g(*xs)
-        if not active:
-            return y, jnp.zeros_like(y)
-        return y, linear_call(lin, lin_t, tuple(xs), tuple(vs[i] for i in active))
+        return y, linear_call(lin, lin_t, residuals, tuple(vs[i] for i in active))
 
     return g
 
@@ -72,7 +76,7 @@ def _traced(f: Callable, backend: AbstractBackend) -> Callable:
     def pullback(xs, w):
         return tuple(backend.value_and_pullback(f, xs)[1](w))
 
-    return _with_rules(f, pushforward, pullback)
+    return custom_linear_rules(lambda *xs: (f(*xs), xs), pushforward, pullback)
 
 
 def _host(f: Callable, backend: AbstractBackend) -> Callable:
@@ -115,7 +119,7 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
 
         return call(host, results, xs, w)
 
-    return _with_rules(primal, pushforward, pullback)
+    return custom_linear_rules(lambda *xs: (primal(*xs), xs), pushforward, pullback)
 
 
 def _register_linear_call_batching():

@@ -1,0 +1,123 @@
+"""What every sensitivity algorithm shares: the solve setup, diffrax calls,
+the products of f from a chosen engine, and the custom rules that make a
+solve differentiable."""
+
+import abc
+import dataclasses
+from typing import Callable
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import sciad.ad as ad
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """Everything about a solve except u0 and p (static, known at trace time).
+
+    `ts` (T,) are the saveat times, strictly increasing inside [t0, t1].
+    """
+
+    f: Callable
+    solver: dfx.AbstractSolver
+    t0: float
+    t1: float
+    ts: np.ndarray
+    rtol: float
+    atol: float
+    max_steps: int
+
+    def term(self) -> dfx.ODETerm:
+        return dfx.ODETerm(lambda t, u, p: self.f(u, p, t))
+
+    def breakpoints(self, extra=()) -> np.ndarray:
+        """Sorted unique times t0, ts, `extra`, t1: where the adjoint state jumps or restarts."""
+        return np.unique(np.concatenate([[self.t0], self.ts, np.asarray(extra, float), [self.t1]]))
+
+    def diffeqsolve(self, term, y0, args, t0, t1, *, ts=None, dense=False, steps=False,
+                    adjoint=None, max_steps=None, norm=None):
+        """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards)."""
+        controller = dfx.PIDController(rtol=self.rtol, atol=self.atol,
+                                       **({} if norm is None else {"norm": norm}))
+        saveat = dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
+        return dfx.diffeqsolve(
+            term, self.solver, t0, t1, None, y0, args=args, saveat=saveat,
+            stepsize_controller=controller, max_steps=max_steps or self.max_steps,
+            adjoint=adjoint or dfx.RecursiveCheckpointAdjoint(),
+        )
+
+    def forward(self, u0, p, *, ts=None, dense=False, adjoint=None):
+        """The forward solve from t0 to t1, saving at `ts` (default: the saveat times)."""
+        ts = self.ts if ts is None else ts
+        return self.diffeqsolve(self.term(), u0, p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
+                                dense=dense, adjoint=adjoint)
+
+
+def stats_vector(sol: dfx.Solution, dtype) -> jax.Array:
+    """(steps, accepted, rejected) as a float vector (so it can ride along a differentiable output)."""
+    s = sol.stats
+    return jnp.stack([s["num_steps"], s["num_accepted_steps"], s["num_rejected_steps"]]).astype(dtype)
+
+
+class Products:
+    """f's derivative products from JAX code, computed by one `sciad.ad` backend:
+    `vjp(u, p, t, λ) -> (f, λᵀ∂f/∂u, λᵀ∂f/∂p)`, `jvp(u, p, t, du, dp) -> (f, ∂f/∂u du + ∂f/∂p dp)`.
+    JAX engines are traced in; torch, autograd and finite differences run
+    through `sciad.ad.differentiate_with` (a host callback per product)."""
+
+    def __init__(self, f: Callable, backend):
+        self.backend = ad.get(backend)
+        self.g = ad.differentiate_with(f, self.backend)
+
+    def vjp(self, u, p, t, lam):
+        y, pb = jax.vjp(lambda u, p: self.g(u, p, t), u, p)
+        return (y, *pb(lam))
+
+    def jvp(self, u, p, t, du, dp):
+        return jax.jvp(lambda u, p: self.g(u, p, t), (u, p), (du, dp))
+
+    def columns(self, fn: Callable, cols):
+        """`fn` over the leading axis of `cols`: vmapped, or a loop for Enzyme (no batching rule)."""
+        if isinstance(self.backend, ad.Enzyme):
+            return jax.tree.map(lambda *c: jnp.stack(c), *[fn(c) for c in cols])
+        return jax.vmap(fn)(cols)
+
+
+class AbstractSensitivity(eqx.Module):
+    """How a solve is differentiated. Subclasses give the forward pass and the
+    pullback (and may override the pushforward, by default forward-mode AD
+    through the solver)."""
+
+    @abc.abstractmethod
+    def forward(self, setup: Setup, u0, p):
+        """-> (us (T, n), stats (3,), residuals for the rules)."""
+
+    @abc.abstractmethod
+    def pullback(self, setup: Setup, residuals, w):
+        """w (T, n) cotangent of us -> (∂L/∂u0 (n,), ∂L/∂p (m,))."""
+
+    def pushforward(self, setup: Setup, residuals, du0, dp):
+        """Tangent of us (T, n) in direction (du0, dp)."""
+        u0, p = residuals[0], residuals[1]
+        return jax.jvp(lambda u0, p: setup.forward(u0, p, adjoint=dfx.ForwardMode()).ys,
+                       (u0, p), (du0, dp))[1]
+
+    def solve(self, setup: Setup, u0, p):
+        """-> (us, stats), differentiable in u0 and p by this algorithm's rules."""
+
+        def forward(u0, p):
+            us, stats, residuals = self.forward(setup, u0, p)
+            return (us, stats), residuals
+
+        def pushforward(residuals, vs):
+            dus = self.pushforward(setup, residuals, *vs)
+            return dus, jnp.zeros((3,), dus.dtype)
+
+        def pullback(residuals, w):
+            return self.pullback(setup, residuals, w[0])
+
+        return ad.custom_linear_rules(forward, pushforward, pullback)(u0, p)

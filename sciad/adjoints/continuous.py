@@ -1,0 +1,140 @@
+"""Continuous adjoints: λ' = -(∂f/∂u)ᵀ λ solved backwards, ∂L/∂p = ∫ λᵀ ∂f/∂p dt.
+
+For a loss of the saved states, λ starts at 0 at t1 and jumps by ∂L/∂u(t_k)
+at every saveat time t_k. The backward pass runs interval by interval
+between breakpoints (t0, the saveat times, the checkpoints, t1); the
+methods differ in where u(t) comes from on the way back.
+"""
+
+import dataclasses
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+
+import sciad.ad as ad
+from sciad.adjoints.base import AbstractSensitivity, Products, Setup, stats_vector
+
+
+class _ContinuousAdjoint(AbstractSensitivity):
+    """The backward sweep shared by the continuous adjoints; `vjp` is the engine
+    for the vector-Jacobian products λᵀ∂f/∂u, λᵀ∂f/∂p."""
+
+    vjp: ad.AbstractBackend
+
+    def __init__(self, vjp="jax-reverse"):
+        self.vjp = ad.get(vjp)
+
+    def checkpoint_times(self, setup: Setup) -> np.ndarray:
+        return np.zeros((0,))
+
+    def forward(self, setup: Setup, u0, p):
+        bps = setup.breakpoints(self.checkpoint_times(setup))
+        sol = setup.forward(u0, p, ts=bps, dense=self.stores_interpolation)
+        us = sol.ys[np.searchsorted(bps, setup.ts)]
+        interpolation = sol.interpolation if self.stores_interpolation else None
+        return us, stats_vector(sol, u0.dtype), (u0, p, sol.ys, interpolation)
+
+    def pullback(self, setup: Setup, residuals, w):
+        u0, p, u_at, interpolation = residuals
+        bps = setup.breakpoints(self.checkpoint_times(setup))
+        jumps = jnp.zeros((len(bps), u0.shape[0]), w.dtype).at[np.searchsorted(bps, setup.ts)].add(w)
+        prods = Products(setup.f, self.vjp)
+        t = jnp.asarray(bps, u0.dtype)
+
+        def interval(carry, j):
+            lam, mu = carry
+            lam, mu = self.backward(setup, prods, p, t[j + 1], t[j], u_at[j], u_at[j + 1], interpolation, lam, mu)
+            return (lam + jumps[j], mu), None
+
+        carry = (jumps[-1], jnp.zeros_like(p))
+        (lam, mu), _ = jax.lax.scan(interval, carry, jnp.arange(len(bps) - 2, -1, -1))
+        return lam, mu
+
+    def backward(self, setup, prods, p, t_from, t_to, u_start, u_end, interpolation, lam, mu):
+        """(λ, μ) at t_to from their values at t_from > t_to, on one interval."""
+        raise NotImplementedError
+
+    def _lambda_mu(self, setup, prods, p, t_from, t_to, u_of, lam, mu, norm=None, max_steps=None):
+        """Solve (λ, μ) backwards with u(t) = u_of(t)."""
+
+        def rhs(t, y, p):
+            lam, _ = y
+            _, vu, vp = prods.vjp(u_of(t), p, t, lam)
+            return -vu, -vp
+
+        sol = setup.diffeqsolve(dfx.ODETerm(rhs), (lam, mu), p, t_from, t_to, norm=norm, max_steps=max_steps)
+        return sol.ys[0][-1], sol.ys[1][-1]
+
+
+class BacksolveAdjoint(_ContinuousAdjoint):
+    """Continuous adjoint that re-solves u backwards with λ and μ (O(1) memory
+    per interval). At every saveat time u is reset to the stored forward value
+    (SciML's checkpointed backsolve). Inaccurate on problems that are unstable
+    backwards in time (stiff or dissipative ones): use InterpolatingAdjoint."""
+
+    stores_interpolation = False
+
+    def backward(self, setup, prods, p, t_from, t_to, u_start, u_end, interpolation, lam, mu):
+        def rhs(t, y, p):
+            u, lam, _ = y
+            du, vu, vp = prods.vjp(u, p, t, lam)
+            return du, -vu, -vp
+
+        sol = setup.diffeqsolve(dfx.ODETerm(rhs), (u_end, lam, mu), p, t_from, t_to)
+        return sol.ys[1][-1], sol.ys[2][-1]
+
+
+class InterpolatingAdjoint(_ContinuousAdjoint):
+    """Continuous adjoint with u(t) from the forward solution's dense
+    interpolation. `checkpointing=False` stores the interpolation of the whole
+    forward solve (memory grows with the number of steps, bounded by
+    `max_steps`). `checkpointing=True` keeps only u at the checkpoints
+    (default: the saveat times) and re-solves each interval with dense output
+    during the reverse pass (at most `interval_max_steps` steps each), so
+    memory does not grow with the horizon."""
+
+    checkpointing: bool
+    checkpoints: tuple | None
+    interval_max_steps: int
+
+    def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=4096):
+        super().__init__(vjp)
+        if checkpoints is not None and not checkpointing:
+            raise ValueError("InterpolatingAdjoint(checkpoints=...) needs checkpointing=True")
+        self.checkpointing = bool(checkpointing)
+        self.checkpoints = None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints))
+        self.interval_max_steps = int(interval_max_steps)
+
+    @property
+    def stores_interpolation(self):
+        return not self.checkpointing
+
+    def checkpoint_times(self, setup: Setup) -> np.ndarray:
+        if self.checkpoints is None:
+            return np.zeros((0,))
+        c = np.asarray(self.checkpoints)
+        if np.any((c < setup.t0) | (c > setup.t1)):
+            raise ValueError(f"checkpoints must lie inside tspan ({setup.t0}, {setup.t1}), got {self.checkpoints}")
+        return c
+
+    def backward(self, setup, prods, p, t_from, t_to, u_start, u_end, interpolation, lam, mu):
+        if self.checkpointing:  # re-solve this interval forward with dense output
+            interpolation = setup.diffeqsolve(setup.term(), u_start, p, t_to, t_from, dense=True,
+                                              max_steps=self.interval_max_steps).interpolation
+        return self._lambda_mu(setup, prods, p, t_from, t_to, interpolation.evaluate, lam, mu)
+
+
+class QuadratureAdjoint(_ContinuousAdjoint):
+    """Continuous adjoint that solves λ backwards with u from the stored
+    interpolation and obtains ∂L/∂p = ∫ λᵀ ∂f/∂p dt as a quadrature along λ's
+    steps: μ rides along with the solver's stages but is left out of error
+    control, so the step count is set by λ alone (n states, not n + m)."""
+
+    stores_interpolation = True
+
+    def backward(self, setup, prods, p, t_from, t_to, u_start, u_end, interpolation, lam, mu):
+        return self._lambda_mu(setup, prods, p, t_from, t_to, interpolation.evaluate, lam, mu,
+                               norm=lambda y: optx.rms_norm(y[0]))
