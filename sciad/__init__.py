@@ -15,4 +15,5 @@ from sciad.adjoints import (
     QuadratureAdjoint,
 )
 from sciad.problem import ODEProblem
+from sciad.select import Choice, select_sensealg
 from sciad.solve import SOLVERS, Solution, solve

@@ -86,8 +86,9 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd; under jax.jit and
     jax.vmap) with respect to `u0` (n,) and `p` (m,) passed here, by the rules
-    of `sensealg` (default `InterpolatingAdjoint()`; any of
-    `sciad.adjoints.SENSEALGS`, as an instance or its name). `solver` is a
+    of `sensealg` (default `InterpolatingAdjoint()`; `"auto"` picks one with
+    `sciad.select_sensealg`; or any of `sciad.adjoints.SENSEALGS`, as an
+    instance or its name). `solver` is a
     name in `SOLVERS` or a diffrax solver; steps are adaptive (PID control
     at `rtol`, `atol`). A solve that needs more than `max_steps` steps raises
     an error. With `dense=True` the solution carries an interpolant
@@ -106,6 +107,10 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
         raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
     t0, t1 = prob.tspan
     setup = Setup(prob.f, _solver(solver), t0, t1, _saveat(saveat, t0, t1), float(rtol), float(atol), int(max_steps))
+    if isinstance(sensealg, str) and sensealg == "auto":
+        from sciad.select import select_sensealg
+
+        sensealg = select_sensealg(prob, saveat=setup.ts, solver=solver, rtol=rtol, atol=atol).sensealg
     us, stats = _sensealg(sensealg).solve(setup, u0, p)
     evals = _evaluations_per_step(setup.solver)
     solution_stats = {

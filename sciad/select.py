@@ -1,0 +1,245 @@
+"""Choosing the sensitivity algorithm and VJP engine for a problem: a
+heuristic from cheap features, optional autotuning, and an explanation."""
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import sciad.ad as ad
+from sciad.adjoints import (
+    AbstractSensitivity,
+    BacksolveAdjoint,
+    DiscreteAdjoint,
+    ForwardDiffSensitivity,
+    ForwardSensitivity,
+    InterpolatingAdjoint,
+    QuadratureAdjoint,
+)
+from sciad.problem import ODEProblem
+
+FORWARD_MODE_LIMIT = 100  # states + parameters below which forward mode wins (paper, Appendix B)
+STIFF_LIMIT = 1e3  # |λ_max| (t1 - t0) above which the problem is treated as stiff
+
+
+@dataclasses.dataclass
+class Choice:
+    """The chosen `sensealg`, the `features` that drove it and the
+    `candidates` considered (dicts: name, reason, and when autotuned
+    median_s, compile_s, rel_error, ok)."""
+
+    sensealg: AbstractSensitivity
+    features: dict
+    candidates: list[dict]
+    autotuned: bool = False
+
+    def report(self) -> str:
+        """A Markdown explanation: the features, then one row per candidate."""
+        lines = [f"chosen: {describe(self.sensealg)} ({'autotuned' if self.autotuned else 'heuristic'})", ""]
+        lines += [f"- {k}: {v}" for k, v in self.features.items()]
+        lines += ["", "| candidate | why considered | median (s) | compile (s) | rel. error | ok |",
+                  "|---|---|---|---|---|---|"]
+        for c in self.candidates:
+            cells = [_fmt(c.get(k)) for k in ("median_s", "compile_s", "rel_error", "ok")]
+            lines.append(f"| {c['name']} | {c['reason']} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def describe(sensealg: AbstractSensitivity) -> str:
+    """`Name(engine)`, e.g. `InterpolatingAdjoint(jax-reverse, checkpointing)`."""
+    parts = [getattr(sensealg, k).name for k in ("vjp", "jvp") if hasattr(sensealg, k)]
+    if getattr(sensealg, "checkpointing", False):
+        parts.append("checkpointing")
+    return f"{type(sensealg).__name__}({', '.join(parts)})"
+
+
+def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, memory_budget=None) -> dict:
+    """Cheap facts about the problem: sizes, stiffness, steps, memory, device."""
+    from sciad.solve import _solver, solve
+
+    n, m = prob.u0.shape[0], prob.p.shape[0]
+    t0, t1 = prob.tspan
+    jac = jax.jacfwd(lambda u: prob.f(u, prob.p, jnp.asarray(t0, u.dtype)))(jnp.asarray(prob.u0))
+    spectral = float(np.max(np.abs(np.linalg.eigvals(np.asarray(jac, dtype=float))), initial=0.0))
+    sol = solve(prob, saveat=saveat, solver=solver, rtol=rtol, atol=atol, sensealg=DiscreteAdjoint())
+    steps = int(sol.stats["steps"])
+    stages = getattr(getattr(_solver(solver), "tableau", None), "num_stages", 7)
+    dense_bytes = steps * (stages + 1) * n * np.dtype(prob.u0.dtype).itemsize
+    return {
+        "states": n,
+        "parameters": m,
+        "stiffness |λ|·T": round(spectral * (t1 - t0), 3),
+        "implicit solver": solver in ("kvaerno3", "kvaerno5"),
+        "forward steps": steps,
+        "interpolation bytes": dense_bytes,
+        "memory budget": memory_budget,
+        "device": jax.default_backend(),
+    }
+
+
+def _heuristic(feat: dict) -> tuple[AbstractSensitivity, str]:
+    n, m = feat["states"], feat["parameters"]
+    stiff = feat["implicit solver"] or feat["stiffness |λ|·T"] > STIFF_LIMIT
+    over_budget = feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]
+    if n + m < FORWARD_MODE_LIMIT and not over_budget:
+        return ForwardDiffSensitivity(), f"n + m = {n + m} < {FORWARD_MODE_LIMIT}: forward mode is cheapest"
+    if over_budget:
+        return InterpolatingAdjoint(checkpointing=True), "stored interpolation exceeds the memory budget: checkpoint"
+    if m > 10 * n and not stiff:
+        return QuadratureAdjoint(), f"m = {m} ≫ n = {n}: keep parameters out of error control"
+    why = "stiff: avoid backsolve; " if stiff else ""
+    return InterpolatingAdjoint(), why + "adjoint with compiled reverse-mode VJPs"
+
+
+def _candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
+    stiff = feat["implicit solver"] or feat["stiffness |λ|·T"] > STIFF_LIMIT
+    out = [
+        (ForwardDiffSensitivity(), "forward mode through the solver"),
+        (ForwardSensitivity(jvp="jax-forward"), "forward sensitivity equations"),
+        (InterpolatingAdjoint(), "adjoint on the stored interpolation"),
+        (InterpolatingAdjoint(checkpointing=True), "checkpointed adjoint (bounded memory)"),
+        (QuadratureAdjoint(), "quadrature adjoint"),
+        (DiscreteAdjoint(), "discretise-then-optimise"),
+    ]
+    if not stiff:
+        out.append((BacksolveAdjoint(), "backsolve (non-stiff)"))
+    if "enzyme" in ad.available():
+        out.append((InterpolatingAdjoint(vjp="enzyme"), "compiler-level VJPs"))
+    if feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]:
+        out = [(s, r) for s, r in out if not isinstance(s, (InterpolatingAdjoint, QuadratureAdjoint))
+               or getattr(s, "checkpointing", False)]
+    return out
+
+
+_CACHE: dict[str, dict] = {}
+
+
+def _key(prob: ODEProblem, saveat, solver, rtol, atol) -> str:
+    f = prob.f
+    ident = [getattr(f, "__module__", ""), getattr(f, "__qualname__", repr(type(f))),
+             prob.u0.shape, str(prob.u0.dtype), prob.p.shape, str(prob.p.dtype),
+             prob.tspan, np.asarray(saveat).tolist() if saveat is not None else None,
+             str(solver), rtol, atol, jax.default_backend()]
+    return hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+
+
+def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = None, autotune=False,
+                    memory_budget=None, budget=20.0, solver="tsit5", rtol=1e-6, atol=1e-6,
+                    cache_dir=None) -> Choice:
+    """Choose a sensealg (with its engine) for gradients of `loss(us)` (default
+    Σ us) of `prob` saved at `saveat`.
+
+    The heuristic uses sizes (forward mode below 100 states + parameters),
+    stiffness (Jacobian spectral radius × horizon, implicit solver: no
+    backsolve), the memory of the stored interpolation against
+    `memory_budget` bytes (checkpointing), and the device. With
+    `autotune=True` the plausible candidates are timed on this problem within
+    `budget` seconds of timed runs (compile time recorded apart, not counted), their gradients checked
+    against `DiscreteAdjoint`, and the fastest correct one chosen; decisions
+    are cached by the problem's structure in memory and, with `cache_dir`, on
+    disk.
+    """
+    from sciad.solve import _saveat
+
+    if not isinstance(prob, ODEProblem):
+        raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
+    ts = _saveat(saveat, *prob.tspan)
+    loss = loss or (lambda us: jnp.sum(us))
+    key = _key(prob, ts, solver, rtol, atol) + ("-tuned" if autotune else "")
+    if key not in _CACHE and cache_dir is not None and (pathlib.Path(cache_dir) / f"{key}.json").exists():
+        _CACHE[key] = json.loads((pathlib.Path(cache_dir) / f"{key}.json").read_text())
+    if key in _CACHE and memory_budget is None:
+        entry = _CACHE[key]
+        return Choice(_from_name(entry["chosen"]), entry["features"], entry["candidates"], entry["autotuned"])
+
+    feat = features(prob, ts, solver=solver, rtol=rtol, atol=atol, memory_budget=memory_budget)
+    pick, why = _heuristic(feat)
+    if not autotune:
+        choice = Choice(pick, feat, [{"name": describe(pick), "reason": why}])
+    else:
+        choice = _autotune(prob, ts, loss, feat, budget, solver, rtol, atol)
+    _CACHE[key] = {"chosen": describe(choice.sensealg), "features": feat,
+                   "candidates": choice.candidates, "autotuned": choice.autotuned}
+    if cache_dir is not None:
+        pathlib.Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(cache_dir) / f"{key}.json").write_text(json.dumps(_CACHE[key], default=str))
+    return choice
+
+
+def _from_name(name: str) -> AbstractSensitivity:
+    """Rebuild a sensealg from `describe`'s output."""
+    cls_name, _, rest = name.partition("(")
+    args = [a.strip() for a in rest.rstrip(")").split(",") if a.strip()]
+    checkpointing = "checkpointing" in args
+    engines = [a for a in args if a != "checkpointing"]
+    from sciad.adjoints import SENSEALGS
+
+    cls = SENSEALGS[cls_name]
+    if cls is ForwardSensitivity:
+        return cls(jvp=engines[0])
+    if cls is InterpolatingAdjoint:
+        return cls(vjp=engines[0], checkpointing=checkpointing)
+    return cls(vjp=engines[0]) if engines else cls()
+
+
+def _autotune(prob, ts, loss, feat, budget, solver, rtol, atol) -> Choice:
+    from sciad.solve import solve
+
+    candidates = _candidates(feat)
+    per_candidate = budget / len(candidates)
+    if per_candidate < 0.05:
+        raise ValueError(f"autotune budget={budget} s is too small to time {len(candidates)} candidates: "
+                         f"give at least {0.05 * len(candidates):.1f} s (compile time is not counted)")
+
+    def objective(sensealg):
+        def value(u0, p):
+            out = loss(solve(prob, u0=u0, p=p, saveat=ts, solver=solver, rtol=rtol, atol=atol,
+                             sensealg=sensealg).us)
+            if jnp.shape(out) != ():
+                raise ValueError(f"loss must return a scalar, got shape {jnp.shape(out)}")
+            return out
+
+        return jax.jit(jax.grad(value, argnums=(0, 1)))
+
+    ref = jax.tree.leaves(objective(DiscreteAdjoint())(prob.u0, prob.p))
+    scale = max(float(jnp.max(jnp.abs(r))) for r in ref) or 1.0
+    tol = max(1e-4, 1e3 * rtol)
+    rows, best = [], None
+    for sensealg, why in candidates:
+        row = {"name": describe(sensealg), "reason": why}
+        rows.append(row)
+        try:
+            grad = objective(sensealg)
+            start = time.perf_counter()
+            g = jax.block_until_ready(grad(prob.u0, prob.p))
+            row["compile_s"] = time.perf_counter() - start
+        except (ValueError, TypeError, RuntimeError) as e:
+            row["ok"] = f"failed: {str(e).splitlines()[0][:60]}"
+            continue
+        err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), ref)) / scale
+        row["rel_error"] = err
+        times, stop = [], time.perf_counter() + per_candidate
+        while not times or (time.perf_counter() < stop and len(times) < 50):
+            start = time.perf_counter()
+            jax.block_until_ready(grad(prob.u0, prob.p))
+            times.append(time.perf_counter() - start)
+        row["median_s"] = float(np.median(times))
+        row["ok"] = bool(err < tol and np.isfinite(err))
+        if row["ok"] and (best is None or row["median_s"] < best[1]["median_s"]):
+            best = (sensealg, row)
+    if best is None:
+        raise ValueError("no candidate sensealg produced a correct gradient for this problem:\n"
+                         + Choice(DiscreteAdjoint(), feat, rows, True).report())
+    return Choice(best[0], feat, rows, autotuned=True)
