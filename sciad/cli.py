@@ -2,19 +2,37 @@
 
 import argparse
 
+BENCHMARKS = ("lotka-volterra", "spiral-node", "scaling", "gpu-crossover")
+
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="sciad", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="differentiate one function with every installed engine")
+    bench = commands.add_parser("bench", help="time ODE gradients over every sensealg × engine and peers")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("--quick", action="store_true", help="fewer combinations and repeats (under two minutes)")
+    bench.add_argument("--repeats", type=int, default=None, help="timed calls per combination (default 3 quick, 10 full)")
+    bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")
+    bench.add_argument("--out", default=None, help="output folder (default results/NAME)")
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        import jax
+    import jax
 
-        jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_enable_x64", True)
+    if args.command == "demo":
         from sciad.demo import main as demo
 
         demo()
+    elif args.command == "bench":
+        from sciad.bench import run_experiment
+
+        engines = None if args.engines is None else [e.strip() for e in args.engines.split(",") if e.strip()]
+        if args.repeats is not None and args.repeats < 1:
+            parser.error("--repeats must be at least 1")
+        try:
+            run_experiment(args.name, quick=args.quick, repeats=args.repeats, engines=engines, out=args.out)
+        except ValueError as e:
+            parser.error(str(e))
 
 
 if __name__ == "__main__":

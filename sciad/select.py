@@ -89,7 +89,8 @@ def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, 
     }
 
 
-def _heuristic(feat: dict) -> tuple[AbstractSensitivity, str]:
+def heuristic(feat: dict) -> tuple[AbstractSensitivity, str]:
+    """The rule-based pick and its reason, from `features`."""
     n, m = feat["states"], feat["parameters"]
     stiff = feat["implicit solver"] or feat["stiffness |λ|·T"] > STIFF_LIMIT
     over_budget = feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]
@@ -103,7 +104,8 @@ def _heuristic(feat: dict) -> tuple[AbstractSensitivity, str]:
     return InterpolatingAdjoint(), why + "adjoint with compiled reverse-mode VJPs"
 
 
-def _candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
+def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
+    """The plausible (sensealg, reason) pairs for a problem with these `features`."""
     stiff = feat["implicit solver"] or feat["stiffness |λ|·T"] > STIFF_LIMIT
     out = [
         (ForwardDiffSensitivity(), "forward mode through the solver"),
@@ -165,7 +167,7 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
         return Choice(_from_name(entry["chosen"]), entry["features"], entry["candidates"], entry["autotuned"])
 
     feat = features(prob, ts, solver=solver, rtol=rtol, atol=atol, memory_budget=memory_budget)
-    pick, why = _heuristic(feat)
+    pick, why = heuristic(feat)
     if not autotune:
         choice = Choice(pick, feat, [{"name": describe(pick), "reason": why}])
     else:
@@ -194,16 +196,18 @@ def _from_name(name: str) -> AbstractSensitivity:
     return cls(vjp=engines[0]) if engines else cls()
 
 
-def _autotune(prob, ts, loss, feat, budget, solver, rtol, atol) -> Choice:
+def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, solver="tsit5",
+            rtol=1e-6, atol=1e-6, max_rounds=50) -> list[dict]:
+    """Time the gradient of `loss(us)` wrt (u0, p) for each `(sensealg, reason)`.
+
+    Each candidate is compiled and run once (`compile_s`), its gradient checked
+    against `DiscreteAdjoint` (`rel_error`, `ok`), then the candidates are run
+    in interleaved rounds (so machine noise hits all alike) until `budget`
+    seconds of timed runs are spent (at least one round): `median_s`, `times_s`.
+    """
     from sciad.solve import solve
 
-    candidates = _candidates(feat)
-    per_candidate = budget / len(candidates)
-    if per_candidate < 0.05:
-        raise ValueError(f"autotune budget={budget} s is too small to time {len(candidates)} candidates: "
-                         f"give at least {0.05 * len(candidates):.1f} s (compile time is not counted)")
-
-    def objective(sensealg):
+    def gradient(sensealg):
         def value(u0, p):
             out = loss(solve(prob, u0=u0, p=p, saveat=ts, solver=solver, rtol=rtol, atol=atol,
                              sensealg=sensealg).us)
@@ -213,15 +217,15 @@ def _autotune(prob, ts, loss, feat, budget, solver, rtol, atol) -> Choice:
 
         return jax.jit(jax.grad(value, argnums=(0, 1)))
 
-    ref = jax.tree.leaves(objective(DiscreteAdjoint())(prob.u0, prob.p))
+    ref = jax.tree.leaves(gradient(DiscreteAdjoint())(prob.u0, prob.p))
     scale = max(float(jnp.max(jnp.abs(r))) for r in ref) or 1.0
     tol = max(1e-4, 1e3 * rtol)
-    rows, best = [], None
+    rows, runnable = [], []
     for sensealg, why in candidates:
-        row = {"name": describe(sensealg), "reason": why}
+        row = {"name": describe(sensealg), "reason": why, "times_s": []}
         rows.append(row)
         try:
-            grad = objective(sensealg)
+            grad = gradient(sensealg)
             start = time.perf_counter()
             g = jax.block_until_ready(grad(prob.u0, prob.p))
             row["compile_s"] = time.perf_counter() - start
@@ -229,17 +233,36 @@ def _autotune(prob, ts, loss, feat, budget, solver, rtol, atol) -> Choice:
             row["ok"] = f"failed: {str(e).splitlines()[0][:60]}"
             continue
         err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), ref)) / scale
-        row["rel_error"] = err
-        times, stop = [], time.perf_counter() + per_candidate
-        while not times or (time.perf_counter() < stop and len(times) < 50):
+        row["rel_error"], row["ok"] = err, bool(np.isfinite(err) and err < tol)
+        runnable.append((grad, row))
+    deadline = time.perf_counter() + budget
+    for _ in range(max_rounds):
+        for grad, row in runnable:
             start = time.perf_counter()
             jax.block_until_ready(grad(prob.u0, prob.p))
-            times.append(time.perf_counter() - start)
-        row["median_s"] = float(np.median(times))
-        row["ok"] = bool(err < tol and np.isfinite(err))
-        if row["ok"] and (best is None or row["median_s"] < best[1]["median_s"]):
-            best = (sensealg, row)
+            row["times_s"].append(time.perf_counter() - start)
+        if time.perf_counter() > deadline:
+            break
+    for _, row in runnable:
+        row["median_s"] = float(np.median(row["times_s"]))
+    return rows
+
+
+def fastest(rows: list[dict]) -> dict | None:
+    """The fastest row with a correct gradient (None if there is none)."""
+    correct = [r for r in rows if r.get("ok") is True]
+    return min(correct, key=lambda r: r["median_s"]) if correct else None
+
+
+def _autotune(prob, ts, loss, feat, budget, solver, rtol, atol) -> Choice:
+    trial = candidates(feat)
+    if budget / len(trial) < 0.01:
+        raise ValueError(f"autotune budget={budget} s is too small to time {len(trial)} candidates: "
+                         f"give at least {0.01 * len(trial):.2f} s (compile time is not counted)")
+    rows = measure(prob, ts, loss, trial, budget=budget, solver=solver, rtol=rtol, atol=atol)
+    best = fastest(rows)
     if best is None:
         raise ValueError("no candidate sensealg produced a correct gradient for this problem:\n"
                          + Choice(DiscreteAdjoint(), feat, rows, True).report())
-    return Choice(best[0], feat, rows, autotuned=True)
+    chosen = next(s for (s, _), r in zip(trial, rows) if r is best)
+    return Choice(chosen, feat, rows, autotuned=True)

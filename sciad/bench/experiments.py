@@ -1,0 +1,155 @@
+"""The four experiments (`sciad bench NAME`): which problems, which combinations, where the outputs go."""
+
+import json
+import pathlib
+import time
+
+import jax
+
+import sciad.ad as ad
+from sciad.bench import claims, harness, plots, tables
+from sciad.bench.harness import TAKES_ENGINE, sciad_combination
+from sciad.bench.peers import peers
+from sciad.problems import brusselator, lotka_volterra, spiral_node
+
+def _sensealg_matrix(engines, *, quick: bool):
+    """Every sensealg × engine plus the engine-free sensealgs; quick: all engines under the
+    paper's checkpointed InterpolatingAdjoint only, ForwardSensitivity with jax-forward only."""
+    combos, skipped = [], []
+    for sensealg in TAKES_ENGINE:
+        chosen = engines
+        if quick and sensealg != claims.PAPER_SENSEALG:
+            chosen = [e for e in engines if sensealg == "ForwardSensitivity" and e == "jax-forward"]
+        combos += [sciad_combination(sensealg, e) for e in chosen]
+        if len(chosen) < len(engines):
+            rest = ", ".join(e for e in engines if e not in chosen)
+            skipped.append(f"{sensealg} {f'with {rest} ' if chosen else ''}(quick mode)")
+    combos += [sciad_combination("ForwardDiffSensitivity"), sciad_combination("DiscreteAdjoint")]
+    return combos, skipped
+
+
+def paper_plan(make_bench):
+    """Lotka–Volterra and the spiral: every combination and every peer."""
+
+    def plan(engines, quick):
+        combos, skipped = _sensealg_matrix(engines, quick=quick)
+        peer_combos, peer_skipped = peers(quick=quick)
+        return [(make_bench(), combos + peer_combos)], skipped + peer_skipped
+
+    return plan
+
+
+FORWARD_LIMIT = 1500  # states+parameters: n+m sensitivity columns of n states need quadratic memory
+FINITE_DIFFERENCES_LIMIT = 300  # a finite-difference VJP costs one f evaluation per state
+
+
+def scaling_plan(engines, quick):
+    """Brusselator n×n: forward sensitivities against adjoints, and each engine's VJP cost, as size grows."""
+    grid = (2, 5) if quick else (2, 3, 5, 8, 12, 20, 32, 50, 70)
+    vjp_engines = [e for e in engines if e in ("jax-reverse", "torch")] if quick else engines
+    plan = []
+    for bench in map(brusselator, grid):
+        combos = [sciad_combination("DiscreteAdjoint")]
+        if bench.size <= FORWARD_LIMIT:
+            combos += [sciad_combination("ForwardDiffSensitivity"), sciad_combination("ForwardSensitivity", "jax-forward")]
+        combos += [sciad_combination(claims.PAPER_SENSEALG, e) for e in vjp_engines
+                   if not (e == "finite-differences" and bench.size > FINITE_DIFFERENCES_LIMIT)]
+        if not quick:
+            combos += [sciad_combination(s, "jax-reverse") for s in ("BacksolveAdjoint", "QuadratureAdjoint")]
+        plan.append((bench, combos))
+    skipped = ["peers (the sweep compares sciad's own sensealgs)",
+               f"ForwardSensitivity and ForwardDiffSensitivity above {FORWARD_LIMIT} states+parameters (quadratic memory)",
+               f"finite-differences VJPs above {FINITE_DIFFERENCES_LIMIT} states+parameters"]
+    if quick:
+        skipped.append("engines other than jax-reverse and torch, BacksolveAdjoint, QuadratureAdjoint (quick mode)")
+    return plan, skipped
+
+
+def gpu_crossover_plan(engines, quick):
+    """The spiral at growing hidden size, on every JAX device present."""
+    hidden = (50, 500) if quick else (50, 200, 1000, 2500, 5000, 7500, 10000)
+    vjp = [e for e in engines if e in ("jax-reverse", "enzyme", "torch")]
+    plan = [(spiral_node(h), [sciad_combination(claims.PAPER_SENSEALG, e) for e in vjp]
+             + [sciad_combination("DiscreteAdjoint")]) for h in hidden]
+    return plan, [f"engines other than {', '.join(vjp)} (the crossover compares devices, not engines)"]
+
+
+PLANS = {
+    "lotka-volterra": paper_plan(lotka_volterra),
+    "spiral-node": paper_plan(spiral_node),
+    "scaling": scaling_plan,
+    "gpu-crossover": gpu_crossover_plan,
+}
+
+
+def devices_for(name: str) -> list:
+    """gpu-crossover: every JAX device kind present (CPU always, GPU where one exists); others: JAX's default."""
+    if name != "gpu-crossover":
+        return [jax.devices()[0]]
+    found = [jax.devices("cpu")[0]]
+    try:
+        found.append(jax.devices("gpu")[0])
+    except RuntimeError:
+        pass
+    return found
+
+
+def load_results(root: pathlib.Path) -> dict[str, list[dict]]:
+    """Records of every experiment saved under `root`/NAME/records.json."""
+    out = {}
+    for path in sorted(pathlib.Path(root).glob("*/records.json")):
+        data = json.loads(path.read_text())
+        out[data["experiment"]] = data["records"]
+    return out
+
+
+def write_outputs(name: str, records: list[dict], skipped: list[str], out: pathlib.Path, *, quick: bool) -> str:
+    """records.json, the figure, table.md and claims.md (over every experiment under out's parent); returns the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "records.json").write_text(json.dumps(
+        {"experiment": name, "quick": quick, "skipped": skipped, "records": records}, indent=1))
+    title = f"{name}{' (quick)' if quick else ''}: gradient time, {records[0]['device']}"
+    if name in ("lotka-volterra", "spiral-node"):
+        plots.violin_plot(records, out / f"{name}.png", title)
+    else:
+        xlabel = "states + parameters" + (" (5·hidden + 4)" if name == "gpu-crossover" else " (2n² + 3)")
+        plots.size_plot(records, out / f"{name}.png", title, xlabel=xlabel)
+    table = tables.markdown_table(records, skipped)
+    (out / "table.md").write_text(f"# {name}{' (quick)' if quick else ''}\n\n{table}")
+    results = load_results(out.parent)
+    results[name] = records
+    (out / "claims.md").write_text("# The paper's Appendix B claims against this run\n\n" + claims.claims_table(results))
+    return table
+
+
+def run_experiment(name: str, *, quick: bool = False, repeats: int | None = None, engines=None,
+                   out=None, verbose: bool = True) -> list[dict]:
+    """Run experiment `name` (one of `PLANS`), write its outputs to `out` (default results/NAME)
+    and print the summary table and the claims table. `engines` restricts the `sciad.ad` engines."""
+    if name not in PLANS:
+        raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(PLANS)}")
+    installed = ad.available()
+    if engines is None:
+        engines = installed
+    unknown = [e for e in engines if e not in ad.BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown engines {unknown}; choose from {', '.join(ad.BACKENDS)}")
+    skipped = [f"{e} (not installed)" for e in engines if e not in installed]
+    engines = [e for e in engines if e in installed]
+    repeats = repeats or (3 if quick else 10)
+    out = pathlib.Path(out or pathlib.Path("results") / name)
+    plan, plan_skipped = PLANS[name](engines, quick)
+    skipped += plan_skipped
+    devices = devices_for(name)
+    progress = harness.Progress(sum(len(c) + 1 for _, c in plan) * len(devices))
+    start = time.perf_counter()
+    records = []
+    for bench, combos in plan:
+        records += harness.run(bench, combos, repeats=repeats, devices=devices, progress=progress)
+    progress.close()
+    table = write_outputs(name, records, skipped, out, quick=quick)
+    if verbose:
+        print(table)
+        print((out / "claims.md").read_text())
+        print(f"{name}: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
+    return records

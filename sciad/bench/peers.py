@@ -1,0 +1,118 @@
+"""Peers timed in the same run: diffrax's own adjoints, torchdiffeq and `jax.experimental.ode`.
+
+Same problem, same right-hand side, same tolerances; diffrax with sciad's
+solver (Tsit5), the others with their Dormand–Prince 5(4) (`dopri5`).
+"""
+
+import importlib.util
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sciad.bench.harness import Combination
+from sciad.problems import Benchmark
+from sciad.solve import SOLVERS
+
+
+def _diffrax_objective(bench: Benchmark, adjoint):
+    prob = bench.problem
+    term = dfx.ODETerm(lambda t, u, p: prob.f(u, p, t))
+    t0, t1 = prob.tspan
+
+    def objective(p):
+        u0 = jnp.asarray(prob.u0, p.dtype)
+        sol = dfx.diffeqsolve(term, SOLVERS[bench.solver](), t0, t1, None, u0, args=p,
+                              saveat=dfx.SaveAt(ts=jnp.asarray(bench.saveat, p.dtype)),
+                              stepsize_controller=dfx.PIDController(rtol=bench.rtol, atol=bench.atol),
+                              max_steps=100_000, adjoint=adjoint)
+        return bench.loss(sol.ys)
+
+    return objective
+
+
+def diffrax_peer(adjoint: str) -> Combination:
+    """`diffrax.diffeqsolve` with `adjoint` ("RecursiveCheckpointAdjoint", "BacksolveAdjoint"
+    or "ForwardMode", the last differentiated by `jax.jacfwd`)."""
+
+    def build(bench):
+        objective = _diffrax_objective(bench, getattr(dfx, adjoint)())
+        return jax.jit(jax.jacfwd(objective) if adjoint == "ForwardMode" else jax.grad(objective))
+
+    return Combination(f"diffrax {adjoint}", "jax", build, kind="peer")
+
+
+def jax_odeint_peer() -> Combination:
+    """`jax.experimental.ode.odeint` (dopri5, continuous adjoint by JAX reverse mode)."""
+
+    def build(bench):
+        from jax.experimental.ode import odeint
+
+        prob = bench.problem
+
+        def objective(p):
+            ts = jnp.asarray(bench.saveat, p.dtype)
+            us = odeint(lambda u, t, p: prob.f(u, p, t), jnp.asarray(prob.u0, p.dtype), ts, p,
+                        rtol=bench.rtol, atol=bench.atol, mxstep=100_000)
+            return bench.loss(us)
+
+        return jax.jit(jax.grad(objective))
+
+    return Combination("jax.experimental.ode odeint", "jax", build, kind="peer")
+
+
+def torchdiffeq_peer(adjoint: bool) -> Combination:
+    """torchdiffeq `odeint` (backpropagation through the solver) or `odeint_adjoint`, dopri5,
+    in the benchmark's dtype, on the CPU."""
+
+    def build(bench):
+        import torch
+        import torchdiffeq
+
+        prob = bench.problem
+        dtype = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}[np.dtype(prob.p.dtype)]
+
+        class Rhs(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.p = torch.nn.Parameter(torch.zeros(prob.p.shape[0], dtype=dtype))
+
+            def forward(self, t, u):
+                return prob.f(u, self.p, t)
+
+        rhs = Rhs()
+        u0 = torch.as_tensor(np.asarray(prob.u0), dtype=dtype)
+        ts = torch.as_tensor(bench.saveat, dtype=dtype)
+        solve = torchdiffeq.odeint_adjoint if adjoint else torchdiffeq.odeint
+
+        def grad(p):
+            with torch.no_grad():
+                rhs.p.copy_(torch.as_tensor(np.array(p), dtype=dtype))
+            rhs.p.grad = None
+            us = solve(rhs, u0, ts, rtol=bench.rtol, atol=bench.atol, method="dopri5")
+            bench.loss(us).backward()
+            return rhs.p.grad.numpy().copy()
+
+        return grad
+
+    return Combination(f"torchdiffeq {'odeint_adjoint' if adjoint else 'odeint'}", "torch", build, kind="peer")
+
+
+def peers(*, quick: bool = False) -> tuple[list[Combination], list[str]]:
+    """The peers importable here (quick: without diffrax BacksolveAdjoint) and what was skipped and why."""
+    combos = [diffrax_peer("RecursiveCheckpointAdjoint"), diffrax_peer("ForwardMode")]
+    skipped = []
+    if quick:
+        skipped.append("diffrax BacksolveAdjoint (quick mode)")
+    else:
+        combos.append(diffrax_peer("BacksolveAdjoint"))
+    if importlib.util.find_spec("jax.experimental.ode") is not None:
+        combos.append(jax_odeint_peer())
+    else:
+        skipped.append("jax.experimental.ode odeint (not importable)")
+    if importlib.util.find_spec("torchdiffeq") is not None:
+        combos += [torchdiffeq_peer(False), torchdiffeq_peer(True)]
+    else:
+        skipped.append("torchdiffeq (not installed: pip install 'sciad[peers]')")
+    return combos, skipped

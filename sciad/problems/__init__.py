@@ -1,0 +1,15 @@
+"""Benchmark problems of the AbstractDifferentiation.jl paper (Appendix B) and a size sweep.
+
+Each function returns a `Benchmark`: an `ODEProblem`, its saveat times, a
+loss of the saved states and the tolerances to solve at.
+
+    bench = sciad.problems.lotka_volterra()
+    g = jax.grad(bench.objective)(bench.problem.p)
+"""
+
+from sciad.problems.benchmark import Benchmark
+from sciad.problems.brusselator import brusselator
+from sciad.problems.lotka_volterra import lotka_volterra
+from sciad.problems.spiral import spiral_node
+
+PROBLEMS = {"lotka-volterra": lotka_volterra, "spiral-node": spiral_node, "brusselator": brusselator}

@@ -1,0 +1,36 @@
+"""`Benchmark`: a problem, where to save it, and the scalar loss to differentiate."""
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from sciad.problem import ODEProblem
+from sciad.solve import solve
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """`loss(us)` maps the saved states us (T, n) (any engine's array) to a
+    scalar; `objective(p)` is that loss of the solution at parameters p (m,),
+    solved with `solver` at `rtol`, `atol`. Tighter tolerances for a
+    reference: `dataclasses.replace(bench, rtol=1e-10, atol=1e-10)`."""
+
+    name: str
+    problem: ODEProblem
+    saveat: np.ndarray
+    loss: Callable
+    rtol: float = 1e-6
+    atol: float = 1e-6
+    solver: str = "tsit5"
+
+    @property
+    def size(self) -> int:
+        """States + parameters: the paper's measure of problem size."""
+        return int(self.problem.u0.shape[0] + self.problem.p.shape[0])
+
+    def objective(self, p, sensealg=None):
+        """loss(us) with us solved at parameters p (m,), differentiated by `sensealg`."""
+        sol = solve(self.problem, p=p, saveat=self.saveat, solver=self.solver,
+                    rtol=self.rtol, atol=self.atol, sensealg=sensealg)
+        return self.loss(sol.us)

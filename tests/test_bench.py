@@ -1,0 +1,98 @@
+"""The benchmark harness on a tiny configuration: checks before timing, wrong gradients
+marked, outputs written (JSON, figure, tables), claims evaluated, the command line."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from sciad.bench import claims, experiments, harness, tables
+from sciad.bench.harness import Combination, sciad_combination
+from sciad.bench.peers import torchdiffeq_peer
+from sciad.cli import main
+from sciad.problems import lotka_volterra
+
+
+def wrong_gradient() -> Combination:
+    return Combination("always zero", None, lambda bench: lambda p: np.zeros_like(p))
+
+
+def test_harness_writes_records_figure_and_tables(tmp_path):
+    pytest.importorskip("torchdiffeq")
+    bench = lotka_volterra()
+    combos = [sciad_combination("ForwardDiffSensitivity"), torchdiffeq_peer(adjoint=False), wrong_gradient()]
+    stream = io.StringIO()
+    records = harness.run(bench, combos, repeats=2, progress=harness.Progress(4, stream=stream))
+    assert "4/4" in stream.getvalue()
+    by_label = {r["label"]: r for r in records}
+    assert set(by_label) == {harness.FORWARD_SOLVE, "ForwardDiffSensitivity", "torchdiffeq odeint / torch", "always zero"}
+    good = by_label["ForwardDiffSensitivity"]
+    assert good["ok"] and len(good["times"]) == 2 and good["compile_time"] > 0 and good["rel_error"] < 1e-4
+    assert by_label["torchdiffeq odeint / torch"]["is_peer"] and by_label["torchdiffeq odeint / torch"]["ok"]
+    wrong = by_label["always zero"]
+    assert not wrong["ok"] and wrong["times"] == [] and "gradient off" in wrong["error"]
+
+    out = tmp_path / "lotka-volterra"
+    table = experiments.write_outputs("lotka-volterra", records, ["something (quick mode)"], out, quick=True)
+    saved = json.loads((out / "records.json").read_text())
+    assert saved["experiment"] == "lotka-volterra" and len(saved["records"]) == 4
+    assert {"sensealg", "engine", "device", "times", "compile_time", "rel_error", "ok", "is_peer"} <= set(saved["records"][0])
+    assert (out / "lotka-volterra.png").stat().st_size > 0
+    assert "WRONG gradient" in table and "**ForwardDiffSensitivity**" in table and "something (quick mode)" in table
+    assert "| lotka-volterra |" in (out / "claims.md").read_text()
+
+
+def record(label, sensealg, engine, size, seconds, kind="sciad", ok=True, device="cpu"):
+    return {"problem": "p", "size": size, "sensealg": sensealg, "engine": engine, "label": label, "kind": kind,
+            "is_peer": kind == "peer", "device": device, "times": [seconds] * 3 if ok else [],
+            "compile_time": 1.0, "rel_error": 0.0 if ok else 1.0, "ok": ok,
+            "error": None if ok else "gradient off: relative error 1.00e+00 > 1e-04"}
+
+
+def test_wrong_gradients_never_win():
+    paper = claims.PAPER_SENSEALG
+    lv = [record("a", paper, "enzyme", 6, 0.01), record("b", paper, "torch", 6, 1.0),
+          record("c", paper, "jax-reverse", 6, 1e-6, ok=False)]
+    assert tables.best(lv, kind="sciad")["engine"] == "enzyme"
+    verdict, measured = claims.compiled_vs_tape(lv)
+    assert verdict == "agree" and "×100" in measured
+
+
+def test_claims_table_verdicts():
+    scaling = [record("f", "ForwardDiffSensitivity", None, 11, 0.001), record("a", "DiscreteAdjoint", None, 11, 0.002),
+               record("f", "ForwardDiffSensitivity", None, 500, 0.1), record("a", "DiscreteAdjoint", None, 500, 0.01)]
+    spiral = [record("r", claims.PAPER_SENSEALG, "jax-reverse", 254, 0.002),
+              record("t", claims.PAPER_SENSEALG, "torch", 254, 0.2)]
+    gpu = [record("r", "DiscreteAdjoint", None, 254, 0.002), record("r", "DiscreteAdjoint", None, 254, 0.02, device="gpu"),
+           record("r", "DiscreteAdjoint", None, 50004, 2.0), record("r", "DiscreteAdjoint", None, 50004, 0.2, device="gpu")]
+    table = claims.claims_table({"scaling": scaling, "spiral-node": spiral, "gpu-crossover": gpu})
+    rows = table.splitlines()[2:]
+    assert "not measurable here" in rows[0]
+    assert "| scaling | agree |" in rows[1]
+    assert "| spiral-node | agree |" in rows[2]
+    assert "| gpu-crossover | agree |" in rows[3] and "50004" in rows[3]
+
+
+def test_combination_needs_an_engine_exactly_when_the_sensealg_takes_one():
+    with pytest.raises(ValueError, match="needs engine"):
+        sciad_combination("InterpolatingAdjoint")
+    with pytest.raises(ValueError, match="takes no engine"):
+        sciad_combination("DiscreteAdjoint", "torch")
+
+
+def test_quick_plans_restrict_foreign_engines_and_say_so():
+    engines = ["jax-reverse", "jax-forward", "torch"]
+    (bench, combos), = experiments.PLANS["lotka-volterra"](engines, True)[0]
+    _, skipped = experiments.PLANS["lotka-volterra"](engines, True)
+    torch_combos = [c.sensealg for c in combos if c.engine == "torch" and c.kind == "sciad"]
+    assert torch_combos == [claims.PAPER_SENSEALG]
+    assert any("quick mode" in s for s in skipped)
+
+
+def test_cli_rejects_unknown_benchmark_and_engine(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "nope"])
+    with pytest.raises(SystemExit):
+        main(["bench", "lotka-volterra", "--engines", "nope", "--out", str(tmp_path)])
+    assert "unknown engines" in capsys.readouterr().err
