@@ -1,8 +1,9 @@
 """The backend concept: an engine and its settings, implementing one or two primitives.
 
 A backend implements `value_and_pullback` (reverse mode) or
-`value_and_pushforward` (forward mode), or both; the other primitive and the
-Jacobian are derived here, generically. Functions take a tuple of arrays
+`value_and_pushforward` (forward mode), or both; the other primitive, the
+Jacobian and the gradient are derived here, generically (an engine with a
+faster gradient overrides `value_and_gradient`). Functions take a tuple of arrays
 `xs` and return one array `y`; Jacobians have shape `y.shape + x.shape`.
 """
 
@@ -61,6 +62,13 @@ class AbstractBackend(abc.ABC):
 
         return HigherOrder(self, self)
 
+    # -- a derived operator engines may make faster ---------------------------
+    def value_and_gradient(self, f: Callable, xs: tuple):
+        """`(y, grads)` for scalar `y = f(*xs)`: the pullback of 1."""
+        y, pb = self.value_and_pullback(f, xs)
+        check_scalar(y)
+        return y, pb(self.asarray(np.ones(()), like=y))
+
     # -- primitives (override one or both) -----------------------------------
     def value_and_pullback(self, f: Callable, xs: tuple):
         """`(y, pb)` with `y = f(*xs)` and `pb(w) = tuple(wᵀ ∂y/∂x_i)`."""
@@ -110,6 +118,15 @@ class AbstractBackend(abc.ABC):
             cols = namespace(cols).reshape(cols, (n, _size(y))).T
             jacs.append(namespace(cols).reshape(cols, (*y.shape, *x.shape)))
         return y, tuple(jacs)
+
+
+def check_scalar(y) -> None:
+    """Raise the `gradient` error unless `y` is a scalar."""
+    if tuple(y.shape) != ():
+        raise ValueError(
+            f"gradient needs f to return a scalar, but f returned shape {tuple(y.shape)}: "
+            "use jacobian or vjp for non-scalar outputs"
+        )
 
 
 def _size(x) -> int:

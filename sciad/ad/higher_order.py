@@ -29,7 +29,7 @@ class HigherOrder(AbstractBackend):
         return self.inner.mode
 
     def asarray(self, x, like=None):
-        return self.outer.asarray(x, like)
+        return self.inner.asarray(x, like)
 
     def compile(self, fn):
         return self.outer.compile(fn)

@@ -83,7 +83,11 @@ class Enzyme(AbstractBackend):
     """EnzymeJAX (`enzyme-ad`): compiler-level AD of the lowered program; always
     jitted. Reverse mode only (its forward mode fails on common programs in
     enzyme-ad 0.0.16); no `jax.vmap` (enzyme-ad has no batching rule), so
-    Jacobians loop over pullbacks. Needs Python 3.11 on Linux x86_64."""
+    Jacobians loop over pullbacks. For the same reason a function made with
+    `differentiate_with(f, "enzyme")` cannot be vmapped: `jax.vmap` and
+    `jax.jacrev` of it fail with enzyme-ad's "Batching rule for
+    'enzyme_primal' not implemented" (`jax.jacfwd` works). Needs Python 3.11
+    on Linux x86_64."""
 
     name = "enzyme"
     mode = "reverse"

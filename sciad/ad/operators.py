@@ -19,13 +19,7 @@ from sciad.ad.namespace import namespace
 
 
 def _value_and_gradient(b, f, xs):
-    y, pb = b.value_and_pullback(f, xs)
-    if tuple(y.shape) != ():
-        raise ValueError(
-            f"gradient needs f to return a scalar, but f returned shape {tuple(y.shape)}: "
-            "use jacobian or vjp for non-scalar outputs"
-        )
-    return y, pb(b.asarray(np.ones(()), like=y))
+    return b.value_and_gradient(f, xs)
 
 
 def _value_and_derivative(b, f, xs):
@@ -52,12 +46,13 @@ def _value_and_vjp(b, f, xs, w):
 def _gradient_function(b, f):
     """x -> ∇f(x) with the Hessian composition's inner backend."""
     hb = b.hessian_backend()
-    return lambda x: _value_and_gradient(hb.inner, f, (x,))[1][0]
+    return lambda x: _value_and_gradient(hb.inner, f, (hb.inner.asarray(x),))[1][0]
 
 
 def _value_gradient_and_hessian(b, f, xs):
     hb = b.hessian_backend()
     y, (g,) = _value_and_gradient(hb.inner, f, xs)
+    xs = tuple(hb.outer.asarray(x) for x in xs)
     _, (H,) = hb.outer.value_and_jacobian(_gradient_function(b, f), xs)
     return y, g, H
 
@@ -65,6 +60,7 @@ def _value_gradient_and_hessian(b, f, xs):
 def _hvp(b, f, xs, vs):
     """H v: the outer pushforward of the gradient, or its pullback (H is symmetric)."""
     hb = b.hessian_backend()
+    xs = tuple(hb.outer.asarray(x) for x in xs)
     vs = tuple(hb.outer.asarray(v, like=x) for v, x in zip(vs, xs))
     if hb.outer.mode == "forward":
         return hb.outer.value_and_pushforward(_gradient_function(b, f), xs)[1](vs)
@@ -161,15 +157,22 @@ def _check_inputs(op: str, backend, f, x, vectors) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _compiled(op: str, backend, f, multi: bool) -> Callable:
-    impl, _, _, unwrap = _SPECS[op]
+    impl, n_vectors, _, unwrap = _SPECS[op]
     if multi:
         unwrap = _MULTI[op]
+    asarray = backend.asarray
+    # Lean on purpose: a prepared call is this function, nothing more.
+    if n_vectors == 0:
 
-    def run(x, *vectors):
-        xs = tuple(backend.asarray(xi) for xi in (x if multi else (x,)))
-        if op in ("jvp", "value_and_jvp", "hvp"):
-            vectors = (vectors[0] if multi else (vectors[0],),)
-        return unwrap(impl(backend, f, xs, *vectors))
+        def run(x):
+            return unwrap(impl(backend, f, tuple(map(asarray, x)) if multi else (asarray(x),)))
+
+    else:
+        per_argument = op in ("jvp", "value_and_jvp", "hvp") and not multi
+
+        def run(x, vector):
+            xs = tuple(map(asarray, x)) if multi else (asarray(x),)
+            return unwrap(impl(backend, f, xs, (vector,) if per_argument else vector))
 
     return _explain_tracing_errors(backend.compile(run), backend)
 
@@ -250,6 +253,8 @@ class LazyJacobian:
     __array_ufunc__ = None  # make NumPy defer `w @ J` to __rmatmul__
 
     def __init__(self, backend, f, x, transposed=False):
+        if isinstance(x, tuple):
+            raise TypeError(f"lazy_jacobian takes one array x, not a tuple of {len(x)} arguments")
         _check_inputs("jvp", backend, f, x, (x,))
         self.backend, self.f, self.x, self.transposed = backend, f, x, transposed
         m = int(np.prod(np.shape(f(backend.asarray(x)))))

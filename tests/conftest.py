@@ -1,0 +1,33 @@
+"""Shared test set-up: float64 in JAX, and one parametrization over AD engines.
+
+The library leaves JAX's precision alone; the tests compare derivatives at
+1e-10 relative and so switch on float64 here.
+"""
+
+import jax
+import pytest
+
+import sciad.ad as ad
+
+jax.config.update("jax_enable_x64", True)
+
+
+def pytest_generate_tests(metafunc):
+    """A test with an argument `engine_name` runs once per registry name in
+    `sciad.ad.BACKENDS`, skipped where the engine's package is not installed."""
+    if "engine_name" not in metafunc.fixturenames:
+        return
+    installed = set(ad.available())
+    metafunc.parametrize(
+        "engine_name",
+        [
+            pytest.param(
+                name,
+                id=name,
+                marks=pytest.mark.skipif(
+                    name not in installed, reason=f"package {cls.package!r} is not installed"
+                ),
+            )
+            for name, cls in ad.BACKENDS.items()
+        ],
+    )
