@@ -1,88 +1,11 @@
-"""Validate sensealg selection: is the heuristic pick within 1.5x, and the
-autotuned pick within 1.1x, of the best measured combination?
+"""`sciad bench selection`: see sciad.bench.selection. Arguments as the command's:
 
-    python experiments/selection.py [--quick] [--out results/selection]
-
-For each case the plausible candidates (sciad.select.candidates) are timed in
-interleaved rounds; the heuristic's pick and an independent autotuning trial's
-pick are then looked up in that measurement. Writes selection.json and
-selection.md to --out (and the table to paper/tables/ unless --quick).
+    python experiments/selection.py [--quick] [--out DIR]
 """
 
-import argparse
-import json
-import pathlib
-import shutil
 import sys
 
-import jax
-
-jax.config.update("jax_enable_x64", True)
-
-import sciad  # noqa: E402
-from sciad import problems  # noqa: E402
-from sciad.select import candidates, describe, fastest, features, heuristic, measure  # noqa: E402
-
-
-def cases(quick: bool):
-    yield problems.lotka_volterra()
-    yield problems.spiral_node(hidden=50)
-    for n in (2, 4) if quick else (2, 4, 8, 16):
-        yield problems.brusselator(n)
-
-
-def validate(bench, budget: float, tune_budget: float) -> dict:
-    prob, kw = bench.problem, dict(solver=bench.solver, rtol=bench.rtol, atol=bench.atol)
-    feat = features(prob, bench.saveat, **kw)
-    rows = measure(prob, bench.saveat, bench.loss, candidates(feat), budget=budget, **kw)
-    best = fastest(rows)
-    by_name = {r["name"]: r for r in rows}
-    pick = describe(heuristic(feat)[0])
-    tuned = sciad.select_sensealg(prob, saveat=bench.saveat, loss=bench.loss, autotune=True,
-                                  budget=tune_budget, **kw)
-    tuned_pick = describe(tuned.sensealg)
-
-    def ratio(name):
-        row = by_name.get(name)
-        return row["median_s"] / best["median_s"] if row and "median_s" in row else None
-
-    return {"case": bench.name, "size": bench.size, "features": feat, "best": best["name"],
-            "best_s": best["median_s"], "heuristic": pick, "heuristic_ratio": ratio(pick),
-            "autotuned": tuned_pick, "autotuned_ratio": ratio(tuned_pick), "rows": rows}
-
-
-def table(results: list[dict]) -> str:
-    lines = ["| case | states+params | best (measured) | best median (s) | heuristic pick | ratio | "
-             "autotuned pick | ratio | targets (≤1.5, ≤1.1) |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        h, a = r["heuristic_ratio"], r["autotuned_ratio"]
-        hit = "yes" if (h is not None and h <= 1.5 and a is not None and a <= 1.1) else "**miss**"
-        lines.append(f"| {r['case']} | {r['size']} | {r['best']} | {r['best_s']:.3g} | {r['heuristic']} | "
-                     f"{'–' if h is None else f'{h:.2f}'} | {r['autotuned']} | "
-                     f"{'–' if a is None else f'{a:.2f}'} | {hit} |")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default="results/selection")
-    args = parser.parse_args(argv)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    budget, tune_budget = (2.0, 1.0) if args.quick else (10.0, 3.0)
-    results = []
-    all_cases = list(cases(args.quick))
-    for i, bench in enumerate(all_cases, 1):
-        print(f"[{i}/{len(all_cases)}] {bench.name} (states+params {bench.size})", file=sys.stderr, flush=True)
-        results.append(validate(bench, budget, tune_budget))
-    (out / "selection.json").write_text(json.dumps(results, indent=1, default=str))
-    md = table(results)
-    (out / "selection.md").write_text(md)
-    print(md)
-    if not args.quick:
-        shutil.copy(out / "selection.md", pathlib.Path(__file__).parents[1] / "paper" / "tables" / "selection.md")
-
+from sciad.cli import main
 
 if __name__ == "__main__":
-    main()
+    main(["bench", "selection", *sys.argv[1:]])

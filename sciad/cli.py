@@ -1,8 +1,8 @@
-"""The `sciad` command line: `sciad demo`, `sciad bench NAME ...`."""
+"""The `sciad` command line: `sciad demo`, `sciad bench NAME ...`, `sciad reproduce`."""
 
 import argparse
 
-BENCHMARKS = ("lotka-volterra", "spiral-node", "scaling", "gpu-crossover")
+BENCHMARKS = ("lotka-volterra", "spiral-node", "scaling", "gpu-crossover", "selection")
 
 
 def main(argv=None) -> None:
@@ -15,6 +15,9 @@ def main(argv=None) -> None:
     bench.add_argument("--repeats", type=int, default=None, help="timed calls per combination (default 3 quick, 10 full)")
     bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")
     bench.add_argument("--out", default=None, help="output folder (default results/NAME)")
+    reproduce = commands.add_parser("reproduce", help="run every benchmark and regenerate paper/figures and paper/tables")
+    reproduce.add_argument("--repeats", type=int, default=5, help="timed calls per combination (default 5)")
+    reproduce.add_argument("--quick", action="store_true", help="quick variants of every benchmark (a smoke test)")
     args = parser.parse_args(argv)
     import jax
 
@@ -23,6 +26,14 @@ def main(argv=None) -> None:
         from sciad.demo import main as demo
 
         demo()
+    elif args.command == "reproduce":
+        from sciad.bench.reproduce import reproduce as run_all
+
+        run_all(repeats=args.repeats, quick=args.quick)
+    elif args.command == "bench" and args.name == "selection":
+        from sciad.bench.selection import run_selection
+
+        run_selection(quick=args.quick, out=args.out)
     elif args.command == "bench":
         from sciad.bench import run_experiment
 

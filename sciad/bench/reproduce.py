@@ -1,0 +1,24 @@
+"""`sciad reproduce`: every experiment from scratch, then the paper's figures and tables."""
+
+import pathlib
+import shutil
+
+from sciad.bench.experiments import PLANS, run_experiment
+from sciad.bench.selection import run_selection
+
+
+def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool = False) -> None:
+    """Run the four benchmarks and the selection validation into `results`/NAME, then copy
+    each figure to `paper`/figures and each table (and the claims table) to `paper`/tables."""
+    results, paper = pathlib.Path(results), pathlib.Path(paper)
+    (paper / "figures").mkdir(parents=True, exist_ok=True)
+    (paper / "tables").mkdir(parents=True, exist_ok=True)
+    for name in PLANS:
+        run_experiment(name, quick=quick, repeats=repeats, out=results / name)
+        shutil.copy(results / name / f"{name}.png", paper / "figures" / f"{name}.png")
+        shutil.copy(results / name / "table.md", paper / "tables" / f"{name}.md")
+        shutil.copy(results / name / "records.json", paper / "tables" / f"{name}.json")
+    shutil.copy(results / name / "claims.md", paper / "tables" / "claims.md")
+    run_selection(quick=quick, out=results / "selection")
+    shutil.copy(results / "selection" / "table.md", paper / "tables" / "selection.md")
+    shutil.copy(results / "selection" / "selection.json", paper / "tables" / "selection.json")
