@@ -122,10 +122,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
 
 
 def _evaluations_per_step(solver) -> int | None:
-    """f evaluations per step of an explicit Runge–Kutta solver (FSAL-aware); None when unknown."""
+    """f evaluations per step of an explicit Runge–Kutta solver (FSAL-aware); None otherwise."""
     tableau = getattr(solver, "tableau", None)
-    if tableau is None or getattr(tableau, "implicit", False) or any(
-        getattr(tableau, "a_diagonal", None) is not None for _ in [0]
-    ):
+    if tableau is None or tableau.implicit:
         return None
     return tableau.num_stages - (1 if tableau.fsal else 0)

@@ -57,6 +57,14 @@ class Setup:
                                 dense=dense, adjoint=adjoint)
 
 
+def checked(result, x):
+    """`x`, with a run-time error if the diffrax solve that gave `result` failed
+    (e.g. hit max_steps). diffrax's own check rides on the solve's outputs and
+    is dropped when only its derivatives are used (jax.jit removes it), so the
+    rules that re-solve internally attach it to what they return."""
+    return result.error_if(x, jnp.invert(dfx.is_okay(result)))
+
+
 def stats_vector(sol: dfx.Solution, dtype) -> jax.Array:
     """(steps, accepted, rejected) as a float vector (so it can ride along a differentiable output)."""
     s = sol.stats
@@ -83,7 +91,9 @@ class Products:
     def columns(self, fn: Callable, cols):
         """`fn` over the leading axis of `cols`: vmapped, or a loop for Enzyme (no batching rule)."""
         if isinstance(self.backend, ad.Enzyme):
-            return jax.tree.map(lambda *c: jnp.stack(c), *[fn(c) for c in cols])
+            k = jax.tree.leaves(cols)[0].shape[0]
+            outs = [fn(jax.tree.map(lambda c: c[i], cols)) for i in range(k)]
+            return jax.tree.map(lambda *o: jnp.stack(o), *outs)
         return jax.vmap(fn)(cols)
 
 
@@ -103,8 +113,13 @@ class AbstractSensitivity(eqx.Module):
     def pushforward(self, setup: Setup, residuals, du0, dp):
         """Tangent of us (T, n) in direction (du0, dp)."""
         u0, p = residuals[0], residuals[1]
-        return jax.jvp(lambda u0, p: setup.forward(u0, p, adjoint=dfx.ForwardMode()).ys,
-                       (u0, p), (du0, dp))[1]
+
+        def solve(u0, p):
+            sol = setup.forward(u0, p, adjoint=dfx.ForwardMode())
+            return sol.ys, sol.result
+
+        _, dus, result = jax.jvp(solve, (u0, p), (du0, dp), has_aux=True)
+        return checked(result, dus)
 
     def solve(self, setup: Setup, u0, p):
         """-> (us, stats), differentiable in u0 and p by this algorithm's rules."""

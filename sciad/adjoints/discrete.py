@@ -3,7 +3,7 @@
 import diffrax as dfx
 import jax
 
-from sciad.adjoints.base import AbstractSensitivity, Setup, stats_vector
+from sciad.adjoints.base import AbstractSensitivity, Setup, checked, stats_vector
 
 
 class DiscreteAdjoint(AbstractSensitivity):
@@ -17,8 +17,8 @@ class DiscreteAdjoint(AbstractSensitivity):
 
     def pullback(self, setup: Setup, residuals, w):
         u0, p = residuals
-        _, pb = jax.vjp(lambda u0, p: setup.forward(u0, p).ys, u0, p)
-        return pb(w)
+        _, pb, result = jax.vjp(lambda u0, p: _ys_result(setup.forward(u0, p)), u0, p, has_aux=True)
+        return checked(result, pb(w))
 
 
 class ForwardDiffSensitivity(AbstractSensitivity):
@@ -33,10 +33,14 @@ class ForwardDiffSensitivity(AbstractSensitivity):
 
     def pullback(self, setup: Setup, residuals, w):
         u0, p = residuals
-        jac_u0, jac_p = jax.jacfwd(
-            lambda u0, p: setup.forward(u0, p, adjoint=dfx.ForwardMode()).ys, argnums=(0, 1)
+        (jac_u0, jac_p), result = jax.jacfwd(
+            lambda u0, p: _ys_result(setup.forward(u0, p, adjoint=dfx.ForwardMode())), argnums=(0, 1), has_aux=True
         )(u0, p)
-        return (
+        return checked(result, (
             jax.numpy.tensordot(w, jac_u0, axes=2),
             jax.numpy.tensordot(w, jac_p, axes=2),
-        )
+        ))
+
+
+def _ys_result(sol: dfx.Solution):
+    return sol.ys, sol.result

@@ -1,0 +1,201 @@
+"""Gradient speed of every sensealg against sciad's forward solve and diffrax's built-in adjoints.
+
+Two problems, as in the paper's Appendix B:
+
+* Lotka–Volterra: p = (1.5, 1, 3, 1), u0 = (1, 1), t in [0, 10], loss = sum
+  of both states at t = 0, 0.1, ..., 10; Tsit5, rtol = atol = 1e-6, float64.
+* Spiral neural ODE: u' = NN(u³), NN = Dense(2→50, tanh) → Dense(50→2),
+  float32, u0 = (2, 0), t in [0, 1.5], 30 points, loss = sum of squared
+  errors to the true spiral u' = (u³)ᵀ A, A = [[-0.1, 2], [-2, -0.1]].
+
+Every timed function is a `jax.jit`-compiled gradient wrt p (the forward
+solve: the solution). All are measured in ONE run, repeats interleaved
+(round-robin) so drift hits them alike; the table gives the median time,
+its ratio to sciad's forward solve and to diffrax's best built-in adjoint,
+and the time to the first gradient (trace + compile + one call).
+
+    python experiments/adjoint_speed.py [--repeats 50]
+"""
+
+import argparse
+import time
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import sciad
+import sciad.ad as ad
+from sciad.adjoints import (
+    BacksolveAdjoint,
+    DiscreteAdjoint,
+    ForwardDiffSensitivity,
+    ForwardSensitivity,
+    InterpolatingAdjoint,
+    QuadratureAdjoint,
+)
+
+jax.config.update("jax_enable_x64", True)
+
+# --- problems ---------------------------------------------------------------------
+
+
+def lotka_volterra(u, p, t):
+    xp = ad.namespace(u, p)
+    x, y = u[0], u[1]
+    return xp.stack([p[0] * x - p[1] * x * y, -p[2] * y + p[3] * x * y])
+
+
+HIDDEN = 50
+
+
+def spiral_nn(u, p, t):
+    xp = ad.namespace(u, p)
+    w1 = xp.reshape(p[: 2 * HIDDEN], (HIDDEN, 2))
+    b1 = p[2 * HIDDEN : 3 * HIDDEN]
+    w2 = xp.reshape(p[3 * HIDDEN : 5 * HIDDEN], (2, HIDDEN))
+    b2 = p[5 * HIDDEN :]
+    return xp.matmul(w2, xp.tanh(xp.matmul(w1, u**3) + b1)) + b2
+
+
+def problems():
+    lv = dict(
+        prob=sciad.ODEProblem(lotka_volterra, np.array([1.0, 1.0]), (0.0, 10.0), np.array([1.5, 1.0, 3.0, 1.0])),
+        saveat=np.linspace(0.0, 10.0, 101), tol=1e-6, loss=jnp.sum,
+    )
+    a = np.array([[-0.1, 2.0], [-2.0, -0.1]], np.float32)
+    u0 = np.array([2.0, 0.0], np.float32)
+    ts = np.linspace(0.0, 1.5, 30)
+    truth = dfx.diffeqsolve(dfx.ODETerm(lambda t, u, _: (u**3) @ a), dfx.Tsit5(), 0.0, 1.5, None, jnp.asarray(u0),
+                            saveat=dfx.SaveAt(ts=ts), stepsize_controller=dfx.PIDController(rtol=1e-7, atol=1e-7)).ys
+    rng = np.random.default_rng(0)
+    p = np.concatenate([rng.normal(size=2 * HIDDEN) / np.sqrt(2), np.zeros(HIDDEN),
+                        rng.normal(size=2 * HIDDEN) / np.sqrt(HIDDEN) * 0.1, np.zeros(2)]).astype(np.float32)
+    spiral = dict(
+        prob=sciad.ODEProblem(spiral_nn, u0, (0.0, 1.5), p),
+        saveat=ts, tol=1e-6, loss=lambda us: jnp.sum((us - truth) ** 2),
+    )
+    return {"Lotka–Volterra (float64)": lv, "spiral neural ODE (float32)": spiral}
+
+
+# --- what is timed -------------------------------------------------------------------
+
+
+def sciad_functions(case, sensealgs):
+    prob, saveat, tol, loss = case["prob"], case["saveat"], case["tol"], case["loss"]
+    fns = {"forward solve": jax.jit(lambda p: sciad.solve(prob, p=p, saveat=saveat, rtol=tol, atol=tol).us)}
+    for name, sensealg in sensealgs.items():
+        def value(p, sensealg=sensealg):
+            return loss(sciad.solve(prob, p=p, saveat=saveat, rtol=tol, atol=tol, sensealg=sensealg).us)
+
+        fns[name] = jax.jit(jax.grad(value))
+    return fns
+
+
+def diffrax_functions(case):
+    """diffrax's own adjoints on the same problem, written directly against diffrax."""
+    prob, saveat, tol, loss = case["prob"], case["saveat"], case["tol"], case["loss"]
+    term = dfx.ODETerm(lambda t, u, p: prob.f(u, p, t))
+    t0, t1 = prob.tspan
+
+    def solve(p, adjoint):
+        return dfx.diffeqsolve(term, dfx.Tsit5(), t0, t1, None, jnp.asarray(prob.u0), args=p,
+                               saveat=dfx.SaveAt(ts=jnp.asarray(saveat, prob.u0.dtype)),
+                               stepsize_controller=dfx.PIDController(rtol=tol, atol=tol),
+                               max_steps=100_000, adjoint=adjoint).ys
+
+    return {
+        "diffrax RecursiveCheckpointAdjoint": jax.jit(jax.grad(lambda p: loss(solve(p, dfx.RecursiveCheckpointAdjoint())))),
+        "diffrax BacksolveAdjoint": jax.jit(jax.grad(lambda p: loss(solve(p, dfx.BacksolveAdjoint())))),
+        "diffrax ForwardMode (jacfwd)": jax.jit(jax.jacfwd(lambda p: loss(solve(p, dfx.ForwardMode())))),
+    }
+
+
+def sensealgs(enzyme: bool):
+    algs = {
+        "ForwardDiffSensitivity": ForwardDiffSensitivity(),
+        "ForwardSensitivity(jax-forward)": ForwardSensitivity(),
+        "BacksolveAdjoint(jax-reverse)": BacksolveAdjoint(),
+        "InterpolatingAdjoint(jax-reverse)": InterpolatingAdjoint(),
+        "InterpolatingAdjoint(jax-reverse, ckpt)": InterpolatingAdjoint(checkpointing=True),
+        "QuadratureAdjoint(jax-reverse)": QuadratureAdjoint(),
+        "DiscreteAdjoint": DiscreteAdjoint(),
+    }
+    if enzyme:
+        algs |= {
+            "BacksolveAdjoint(enzyme)": BacksolveAdjoint(vjp="enzyme"),
+            "InterpolatingAdjoint(enzyme)": InterpolatingAdjoint(vjp="enzyme"),
+            "InterpolatingAdjoint(enzyme, ckpt)": InterpolatingAdjoint(vjp="enzyme", checkpointing=True),
+            "QuadratureAdjoint(enzyme)": QuadratureAdjoint(vjp="enzyme"),
+        }
+    return algs
+
+
+def time_all(fns, p, repeats):
+    first, times = {}, {name: [] for name in fns}
+    for name, fn in fns.items():
+        start = time.perf_counter()
+        jax.block_until_ready(fn(p))
+        first[name] = time.perf_counter() - start
+    for _ in range(repeats):  # interleaved: one call of each per round
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(p))
+            times[name].append(time.perf_counter() - start)
+    return first, {name: float(np.median(t)) for name, t in times.items()}
+
+
+def report(title, fns, first, median, targets):
+    forward = median["forward solve"]
+    builtin = {k: v for k, v in median.items() if k.startswith("diffrax")}
+    best_builtin = min(builtin.values())
+    print(f"\n## {title}\n")
+    print(f"| {'method':<42} | {'median ms':>9} | {'× forward':>9} | {'× best diffrax':>14} | {'first grad s':>12} |")
+    print(f"|{'-' * 44}|{'-' * 11}|{'-' * 11}|{'-' * 16}|{'-' * 14}|")
+    for name in fns:
+        print(f"| {name:<42} | {median[name] * 1e3:9.3f} | {median[name] / forward:9.2f} | "
+              f"{median[name] / best_builtin:14.2f} | {first[name]:12.2f} |")
+    for line in targets(median, forward, best_builtin):
+        print(line)
+
+
+def lv_targets(median, forward, best_builtin):
+    sciad_grads = {k: v for k, v in median.items() if not k.startswith("diffrax") and k != "forward solve"}
+    best = min(sciad_grads, key=sciad_grads.get)
+    r1, r2 = sciad_grads[best] / forward, sciad_grads[best] / best_builtin
+    return [
+        f"\nbest sciad gradient: {best}",
+        f"target ≤ 2.5× forward solve:          {r1:.2f}×  {'MET' if r1 <= 2.5 else 'MISSED'}",
+        f"target ≤ 0.8× diffrax's best built-in: {r2:.2f}×  {'MET' if r2 <= 0.8 else 'MISSED'}",
+    ]
+
+
+def spiral_targets(median, forward, best_builtin):
+    rca = median["diffrax RecursiveCheckpointAdjoint"]
+    lines = []
+    for name in ("InterpolatingAdjoint(jax-reverse)", "InterpolatingAdjoint(jax-reverse, ckpt)",
+                 "QuadratureAdjoint(jax-reverse)"):
+        r = median[name] / rca
+        lines.append(f"target {name} ≤ 0.5× diffrax RecursiveCheckpointAdjoint: {r:.2f}×  "
+                     f"{'MET' if r <= 0.5 else 'MISSED'}")
+    return ["", *lines]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--no-enzyme", action="store_true")
+    args = parser.parse_args()
+    enzyme = not args.no_enzyme and "enzyme" in ad.available()
+    print(f"jax {jax.__version__}, diffrax {dfx.__version__ if hasattr(dfx, '__version__') else '?'}, "
+          f"device {jax.devices()[0].device_kind}, repeats {args.repeats} (interleaved)")
+    for (title, case), targets in zip(problems().items(), (lv_targets, spiral_targets)):
+        fns = sciad_functions(case, sensealgs(enzyme)) | diffrax_functions(case)
+        p = jnp.asarray(case["prob"].p)
+        first, median = time_all(fns, p, args.repeats)
+        report(title, fns, first, median, targets)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""The correctness matrix: every sensealg × every installed AD engine.
+
+Gradients of L = Σ u(t_k) (Lotka–Volterra) and L = Σ u(t_k)² (a small neural
+ODE) with respect to u0 and p, taken with `jax.grad` under `jax.jit` at
+rtol = atol = 1e-10 in float64, agree with `DiscreteAdjoint` and with central
+finite differences of the loss to 1e-5 relative.
+
+Foreign engines (torch, autograd, finite differences) run every product of
+f through a host callback, so they use a shorter horizon; the JAX engines
+(jax-*, enzyme) use the full one. XLA's optimisations are switched off for
+this module (`jax_disable_most_optimizations`): the programs are the same,
+they compile in half the time.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad
+import sciad.ad as ad
+from sciad.adjoints import (
+    BacksolveAdjoint,
+    DiscreteAdjoint,
+    ForwardDiffSensitivity,
+    ForwardSensitivity,
+    InterpolatingAdjoint,
+    QuadratureAdjoint,
+)
+
+RTOL = ATOL = 1e-10
+FOREIGN_TOL = 1e-8  # foreign engines: short horizon, tolerance 1e-8 (still 1e-5 agreement)
+AGREEMENT = 1e-5
+FOREIGN = {"torch", "autograd", "finite-differences"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compiles():
+    previous = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
+# --- problems -----------------------------------------------------------------
+
+
+def lotka_volterra(u, p, t):
+    xp = ad.namespace(u, p)
+    x, y = u[0], u[1]
+    return xp.stack([p[0] * x - p[1] * x * y, -p[2] * y + p[3] * x * y])
+
+
+HIDDEN = 8
+
+
+def neural_ode(u, p, t):
+    """2 → 8 (tanh) → 2, parameters flattened into p: W1 (8, 2), b1 (8,), W2 (2, 8), b2 (2,)."""
+    xp = ad.namespace(u, p)
+    w1 = xp.reshape(p[: 2 * HIDDEN], (HIDDEN, 2))
+    b1 = p[2 * HIDDEN : 3 * HIDDEN]
+    w2 = xp.reshape(p[3 * HIDDEN : 5 * HIDDEN], (2, HIDDEN))
+    b2 = p[5 * HIDDEN :]
+    h = xp.tanh(xp.matmul(w1, u) + b1)
+    return xp.matmul(w2, h) + b2
+
+
+def _neural_params():
+    rng = np.random.default_rng(0)
+    return rng.normal(scale=0.5, size=5 * HIDDEN + 2)
+
+
+def case(name: str, short: bool):
+    """(problem, saveat, loss of us) for a named test problem; `short` for foreign engines."""
+    if name == "lotka-volterra":
+        t1 = 1.0 if short else 10.0
+        prob = sciad.ODEProblem(lotka_volterra, np.array([1.0, 1.0]), (0.0, t1), np.array([1.5, 1.0, 3.0, 1.0]))
+        return prob, np.linspace(0.0, t1, round(10 * t1) + 1), jnp.sum
+    t1 = 0.5 if short else 3.0
+    prob = sciad.ODEProblem(neural_ode, np.array([0.5, -0.3]), (0.0, t1), _neural_params())
+    return prob, np.linspace(0.0, t1, round(10 * t1) + 1), lambda us: jnp.sum(us**2)
+
+
+def loss_fn(name, short, sensealg, saveat=None, tol=None):
+    prob, ts, g = case(name, short)
+    ts = ts if saveat is None else saveat
+    tol = tol or (FOREIGN_TOL if short else RTOL)
+
+    def loss(u0, p):
+        return g(sciad.solve(prob, u0=u0, p=p, saveat=ts, rtol=tol, atol=tol, sensealg=sensealg).us)
+
+    return prob, loss
+
+
+def gradient(name, short, sensealg, saveat=None):
+    prob, loss = loss_fn(name, short, sensealg, saveat)
+    g_u0, g_p = jax.jit(jax.grad(loss, argnums=(0, 1)))(prob.u0, prob.p)
+    return np.concatenate([g_u0, g_p])
+
+
+@functools.cache
+def discrete_reference(name, short, saveat=None):
+    return gradient(name, short, DiscreteAdjoint(), None if saveat is None else np.asarray(saveat))
+
+
+@functools.cache
+def finite_difference_reference(name, short):
+    """Central differences of the loss (float64, rtol = atol = 1e-10 always), relative step 1e-5."""
+    prob, loss = loss_fn(name, short, DiscreteAdjoint(), tol=RTOL)
+    loss = jax.jit(loss)
+    x = np.concatenate([prob.u0, prob.p])
+    n = prob.u0.shape[0]
+    grad = np.empty_like(x)
+    for i in range(x.size):
+        h = 1e-5 * max(1.0, abs(x[i]))
+        up, down = x.copy(), x.copy()
+        up[i] += h
+        down[i] -= h
+        grad[i] = (loss(up[:n], up[n:]) - loss(down[:n], down[n:])) / (2 * h)
+    return grad
+
+
+def assert_agrees(grad, reference, what):
+    """Agreement to 1e-5 relative, componentwise, with components far below
+    the gradient's scale compared at 1e-5 of that scale."""
+    np.testing.assert_allclose(
+        grad, reference, rtol=AGREEMENT, atol=AGREEMENT * np.max(np.abs(reference)), err_msg=what
+    )
+
+
+# --- the matrix -----------------------------------------------------------------
+
+WITH_ENGINE = {
+    "ForwardSensitivity": lambda e: ForwardSensitivity(jvp=e),
+    "BacksolveAdjoint": lambda e: BacksolveAdjoint(vjp=e),
+    "InterpolatingAdjoint": lambda e: InterpolatingAdjoint(vjp=e),
+    "InterpolatingAdjoint-checkpointing": lambda e: InterpolatingAdjoint(vjp=e, checkpointing=True),
+    "QuadratureAdjoint": lambda e: QuadratureAdjoint(vjp=e),
+}
+PROBLEMS = ["lotka-volterra", "neural-ode"]
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_discrete_adjoint_matches_finite_differences(problem):
+    for short in (False, True):
+        assert_agrees(discrete_reference(problem, short), finite_difference_reference(problem, short),
+                      f"DiscreteAdjoint vs finite differences ({problem}, short={short})")
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_forward_diff_sensitivity(problem):
+    grad = gradient(problem, False, ForwardDiffSensitivity())
+    assert_agrees(grad, discrete_reference(problem, False), "vs DiscreteAdjoint")
+    assert_agrees(grad, finite_difference_reference(problem, False), "vs finite differences")
+
+
+SLOW_ENGINES = FOREIGN | {"enzyme"}  # host callbacks; Enzyme compiles each product slowly
+
+
+def check_gradient(problem, sensealg, engine):
+    short = engine in FOREIGN
+    grad = gradient(problem, short, WITH_ENGINE[sensealg](engine))
+    assert np.all(np.isfinite(grad))
+    assert_agrees(grad, discrete_reference(problem, short), "vs DiscreteAdjoint")
+    assert_agrees(grad, finite_difference_reference(problem, short), "vs finite differences")
+
+
+@pytest.mark.parametrize("sensealg", list(WITH_ENGINE))
+def test_gradient_lotka_volterra(sensealg, engine_name):
+    check_gradient("lotka-volterra", sensealg, engine_name)
+
+
+@pytest.mark.parametrize("sensealg", list(WITH_ENGINE))
+@pytest.mark.parametrize("engine", [
+    pytest.param(name, marks=[
+        pytest.mark.skipif(name not in ad.available(), reason=f"the {name} engine is not installed"),
+        *([pytest.mark.slow] if name in SLOW_ENGINES else []),
+    ])
+    for name in ad.BACKENDS
+])
+def test_gradient_neural_ode(sensealg, engine):
+    """The neural ODE with the engines that go through host callbacks (and
+    Enzyme) is marked slow: ForwardSensitivity carries n + m = 44 columns."""
+    check_gradient("neural-ode", sensealg, engine)
+
+
+# --- jvp, vmap, checkpoints, saveat ------------------------------------------------
+
+ALL_DEFAULT = {
+    "ForwardDiffSensitivity": ForwardDiffSensitivity(),
+    "ForwardSensitivity": ForwardSensitivity(),
+    "BacksolveAdjoint": BacksolveAdjoint(),
+    "InterpolatingAdjoint": InterpolatingAdjoint(),
+    "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),
+    "QuadratureAdjoint": QuadratureAdjoint(),
+}
+
+
+DU0, DP = np.array([0.3, -0.7]), np.array([0.1, 0.2, -0.5, 0.4])
+
+
+@functools.cache
+def _jvp(sensealg):
+    """Directional derivative of the (short) Lotka–Volterra loss along (DU0, DP)."""
+    prob, loss = loss_fn("lotka-volterra", True, sensealg)
+    return jax.jit(lambda u0, p: jax.jvp(loss, (u0, p), (DU0, DP))[1])(prob.u0, prob.p)
+
+
+@pytest.mark.parametrize("sensealg", list(ALL_DEFAULT))
+def test_jvp_matches_discrete_adjoint(sensealg):
+    expected = _jvp(DiscreteAdjoint())
+    np.testing.assert_allclose(_jvp(ALL_DEFAULT[sensealg]), expected, rtol=AGREEMENT)
+    # forward and reverse agree: the gradient's inner product with the direction
+    np.testing.assert_allclose(discrete_reference("lotka-volterra", True) @ np.concatenate([DU0, DP]),
+                               expected, rtol=AGREEMENT)
+
+
+def test_jvp_with_a_foreign_engine():
+    """ForwardSensitivity's tangent goes through the engine's pushforward."""
+    if "torch" not in ad.available():
+        pytest.skip("torch is not installed")
+    np.testing.assert_allclose(_jvp(ForwardSensitivity(jvp="torch")), _jvp(DiscreteAdjoint()), rtol=AGREEMENT)
+
+
+def test_vmap_of_gradient():
+    prob, loss = loss_fn("lotka-volterra", True, InterpolatingAdjoint())
+    ps = np.stack([prob.p, prob.p * 1.1, prob.p * 0.9])
+    batched = jax.jit(jax.vmap(jax.grad(loss, argnums=1), in_axes=(None, 0)))(prob.u0, ps)
+    _, reference = loss_fn("lotka-volterra", True, DiscreteAdjoint())
+    one = jax.jit(jax.grad(reference, argnums=1))
+    assert batched.shape == ps.shape
+    for i, p in enumerate(ps):
+        np.testing.assert_allclose(batched[i], one(prob.u0, p), rtol=AGREEMENT)
+
+
+def test_jacfwd_and_jacrev_agree():
+    prob, _ = loss_fn("lotka-volterra", True, None)
+
+    def us(p):
+        return sciad.solve(prob, p=p, saveat=[0.3, 0.6, 1.0], rtol=RTOL, atol=ATOL,
+                           sensealg=InterpolatingAdjoint()).us
+
+    np.testing.assert_allclose(jax.jit(jax.jacfwd(us))(prob.p), jax.jit(jax.jacrev(us))(prob.p),
+                               rtol=AGREEMENT, atol=1e-8)
+
+
+@pytest.mark.parametrize("checkpoints", [[0.5], [0.15, 0.234, 0.95], np.linspace(0.0, 1.0, 7)])
+def test_interpolating_adjoint_custom_checkpoints(checkpoints):
+    sensealg = InterpolatingAdjoint(checkpointing=True, checkpoints=checkpoints)
+    assert_agrees(gradient("lotka-volterra", True, sensealg), discrete_reference("lotka-volterra", True),
+                  f"checkpoints {checkpoints}")
+
+
+@pytest.mark.parametrize("sensealg", list(ALL_DEFAULT))
+def test_saveat_without_t0_and_t1(sensealg):
+    """The loss sees u at interior times only: λ starts at 0 at t1, and the
+    gradient wrt u0 is transported back over [t0, first saveat]."""
+    saveat = (0.25, 0.5, 0.8, 0.95)
+    grad = gradient("lotka-volterra", True, ALL_DEFAULT[sensealg], np.asarray(saveat))
+    assert_agrees(grad, discrete_reference("lotka-volterra", True, saveat), "interior saveat")
+
+
+# --- what is not supported raises ---------------------------------------------------
+
+
+def test_unknown_engine_name():
+    for make in WITH_ENGINE.values():
+        with pytest.raises(ValueError, match="unknown AD backend 'no-such-engine'"):
+            make("no-such-engine")
+
+
+def test_engine_must_be_a_backend():
+    with pytest.raises((TypeError, ValueError), match="backend"):
+        InterpolatingAdjoint(vjp=42)
+
+
+def test_checkpoints_need_checkpointing():
+    with pytest.raises(ValueError, match="needs checkpointing=True"):
+        InterpolatingAdjoint(checkpoints=[1.0])
+
+
+def test_checkpoints_outside_tspan():
+    prob, loss = loss_fn("lotka-volterra", True, InterpolatingAdjoint(checkpointing=True, checkpoints=[5.0]))
+    with pytest.raises(ValueError, match="checkpoints must lie inside tspan"):
+        jax.grad(loss, argnums=1)(prob.u0, prob.p)
+
+
+def test_sensealg_class_instead_of_instance():
+    prob, _, _ = case("lotka-volterra", True)
+    with pytest.raises(ValueError, match="unknown sensealg"):
+        sciad.solve(prob, sensealg=InterpolatingAdjoint)

@@ -1,0 +1,289 @@
+"""`sciad.solve` and `sciad.ODEProblem`: what a solve returns, and bad input."""
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+import sciad
+import sciad.ad as ad
+import sciad.ad.errors
+from sciad.adjoints import (
+    BacksolveAdjoint,
+    DiscreteAdjoint,
+    ForwardDiffSensitivity,
+    ForwardSensitivity,
+    InterpolatingAdjoint,
+    QuadratureAdjoint,
+)
+from sciad.solve import SOLVERS
+
+MAX_STEPS_ERROR = "maximum number of solver steps was reached"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compiles():
+    """Same programs, half the compile time: XLA's optimisations off for this module."""
+    previous = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
+def lotka_volterra(u, p, t):
+    xp = ad.namespace(u, p)
+    x, y = u[0], u[1]
+    return xp.stack([p[0] * x - p[1] * x * y, -p[2] * y + p[3] * x * y])
+
+
+def lv(t1=10.0, dtype=np.float64):
+    return sciad.ODEProblem(lotka_volterra, np.array([1.0, 1.0], dtype), (0.0, t1),
+                            np.array([1.5, 1.0, 3.0, 1.0], dtype))
+
+
+# A stiff linear problem u' = A u with eigenvalues -1 and -10⁴, exact solution expm(A t) u0.
+STIFF_A = np.array([[-1.0, 0.0], [9999.0, -10000.0]]) @ np.eye(2)
+
+
+def linear(u, p, t):
+    xp = ad.namespace(u, p)
+    return xp.stack([p[0] * u[0] + p[1] * u[1], p[2] * u[0] + p[3] * u[1]])
+
+
+def stiff():
+    return sciad.ODEProblem(linear, np.array([1.0, 0.0]), (0.0, 2.0), STIFF_A.ravel())
+
+
+# --- what a solve returns ----------------------------------------------------------
+
+
+def test_shapes_and_default_saveat():
+    sol = sciad.solve(lv())
+    assert sol.ts.shape == (2,) and sol.us.shape == (2, 2)
+    np.testing.assert_allclose(sol.ts, [0.0, 10.0])
+    np.testing.assert_allclose(sol.us[0], [1.0, 1.0])
+    assert sol.interpolation is None
+
+    sol = sciad.solve(lv(), saveat=np.linspace(0.0, 10.0, 101))
+    assert sol.ts.shape == (101,) and sol.us.shape == (101, 2)
+
+
+def test_stats():
+    sol = sciad.solve(lv(), saveat=np.linspace(0.0, 10.0, 11))
+    steps = int(sol.stats["steps"])
+    assert steps > 10
+    assert int(sol.stats["accepted_steps"]) + int(sol.stats["rejected_steps"]) == steps
+    assert int(sol.stats["function_evaluations"]) == 6 * steps  # Tsit5: 7 stages, first same as last
+    tight = sciad.solve(lv(), saveat=np.linspace(0.0, 10.0, 11), rtol=1e-10, atol=1e-10)
+    assert int(tight.stats["steps"]) > 3 * steps
+    assert sciad.solve(stiff(), solver="kvaerno5").stats["function_evaluations"] is None  # implicit: unknown
+
+
+def test_dense_interpolation():
+    ts = np.linspace(0.0, 10.0, 41)
+    sol = sciad.solve(lv(), saveat=ts, dense=True, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(sol.interpolation(0.0), [1.0, 1.0], rtol=1e-12)
+    dense = jnp.stack([sol.interpolation(t) for t in ts])
+    np.testing.assert_allclose(dense, sol.us, rtol=1e-7, atol=1e-9)
+    between = sciad.solve(lv(), saveat=[3.33], rtol=1e-8, atol=1e-8).us[0]
+    np.testing.assert_allclose(sol.interpolation(3.33), between, rtol=1e-5)
+
+
+@pytest.mark.parametrize("solver", sorted(SOLVERS))
+def test_named_solvers_agree(solver):
+    reference = sciad.solve(lv(), saveat=[2.5, 5.0], solver="dopri8", rtol=1e-12, atol=1e-12).us
+    us = sciad.solve(lv(), saveat=[2.5, 5.0], solver=solver, rtol=1e-8, atol=1e-8).us
+    np.testing.assert_allclose(us, reference, rtol=1e-5)
+
+
+def test_diffrax_solver_instance():
+    import diffrax
+
+    us = sciad.solve(lv(), solver=diffrax.Heun(), rtol=1e-6, atol=1e-6).us
+    np.testing.assert_allclose(us, sciad.solve(lv()).us, rtol=1e-3)
+
+
+def test_kvaerno5_on_a_stiff_problem():
+    prob = stiff()
+    exact = scipy.linalg.expm(STIFF_A * 2.0) @ prob.u0
+    implicit = sciad.solve(prob, solver="kvaerno5", rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(implicit.us[-1], exact, rtol=1e-6)
+    explicit = sciad.solve(prob, solver="tsit5", rtol=1e-8, atol=1e-8)
+    assert int(implicit.stats["steps"]) * 20 < int(explicit.stats["steps"])
+
+
+def test_jit_and_vmap():
+    prob = lv()
+    saveat = np.linspace(0.0, 10.0, 11)
+    one = jax.jit(lambda u0, p: sciad.solve(prob, u0=u0, p=p, saveat=saveat).us)
+    np.testing.assert_allclose(one(prob.u0, prob.p), sciad.solve(prob, saveat=saveat).us, rtol=1e-12)
+    u0s = np.array([[1.0, 1.0], [2.0, 0.5], [0.5, 2.0]])
+    batched = jax.jit(jax.vmap(lambda u0: sciad.solve(prob, u0=u0, saveat=saveat).us))(u0s)
+    assert batched.shape == (3, 11, 2)
+    for i, u0 in enumerate(u0s):
+        np.testing.assert_allclose(batched[i], one(u0, prob.p), rtol=1e-6)
+
+
+def test_float32_stays_float32():
+    prob = lv(dtype=np.float32)
+    sol = sciad.solve(prob, saveat=np.linspace(0.0, 10.0, 11))
+    assert sol.us.dtype == jnp.float32 and sol.ts.dtype == jnp.float32
+    grad = jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, saveat=[1.0, 2.0]).us))(prob.p)
+    assert grad.dtype == jnp.float32 and np.all(np.isfinite(grad))
+
+
+# --- bad input --------------------------------------------------------------------
+
+
+def test_u0_shape_differs_from_f_output():
+    def f(u, p, t):
+        return jnp.concatenate([u, u[:1]])
+
+    with pytest.raises(ValueError, match=r"f\(u, p, t\) returns shape \(3,\) but u0 has shape \(2,\)"):
+        sciad.ODEProblem(f, np.ones(2), (0.0, 1.0))
+    with pytest.raises(ValueError, match=r"u0 has shape \(3,\) but the problem's u0 has shape \(2,\)"):
+        sciad.solve(lv(), u0=np.ones(3))
+    with pytest.raises(ValueError, match="u0 must be a 1-D array"):
+        sciad.ODEProblem(lotka_volterra, np.ones((2, 1)), (0.0, 1.0), np.ones(4))
+
+
+@pytest.mark.parametrize("name", ["u0", "p"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_input_eagerly(name, bad):
+    prob = lv()
+    value = np.array(getattr(prob, name))
+    value[1] = bad
+    with pytest.raises(ValueError, match=f"{name} contains non-finite values"):
+        sciad.ODEProblem(lotka_volterra, **{"u0": prob.u0, "p": prob.p, name: value}, tspan=(0.0, 1.0))
+    with pytest.raises(ValueError, match=f"{name} contains non-finite values"):
+        sciad.solve(prob, **{name: value})
+
+
+@pytest.mark.parametrize("name", ["u0", "p"])
+def test_non_finite_input_under_jit_is_a_runtime_error(name):
+    prob = lv(t1=1.0)
+    value = np.array(getattr(prob, name))
+    value[0] = np.nan
+
+    def loss(x):
+        return jnp.sum(sciad.solve(prob, **{name: x}).us)
+
+    with pytest.raises(Exception, match=f"{name} contains non-finite values"):
+        jax.block_until_ready(jax.jit(loss)(value))
+    with pytest.raises(Exception, match=f"{name} contains non-finite values"):
+        jax.block_until_ready(jax.jit(jax.grad(loss))(value))
+
+
+@pytest.mark.parametrize("tspan", [(1.0, 0.0), (1.0, 1.0)])
+def test_tspan_reversed_or_empty(tspan):
+    with pytest.raises(ValueError, match="reversed or empty: t1 must be greater than t0"):
+        sciad.ODEProblem(lotka_volterra, np.ones(2), tspan, np.ones(4))
+
+
+def test_tspan_not_a_pair_or_not_finite():
+    with pytest.raises(ValueError, match=r"tspan must be a pair of numbers"):
+        sciad.ODEProblem(lotka_volterra, np.ones(2), (0.0, 1.0, 2.0), np.ones(4))
+    with pytest.raises(ValueError, match="tspan must be finite"):
+        sciad.ODEProblem(lotka_volterra, np.ones(2), (0.0, np.inf), np.ones(4))
+
+
+def test_saveat_unsorted():
+    with pytest.raises(ValueError, match="saveat must be strictly increasing"):
+        sciad.solve(lv(), saveat=[0.0, 2.0, 1.0])
+    with pytest.raises(ValueError, match="saveat must be strictly increasing"):
+        sciad.solve(lv(), saveat=[0.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("saveat", [[-0.5, 1.0], [1.0, 10.5]])
+def test_saveat_outside_tspan(saveat):
+    with pytest.raises(ValueError, match=r"saveat must lie inside tspan \(0.0, 10.0\)"):
+        sciad.solve(lv(), saveat=saveat)
+
+
+def test_unknown_solver_and_sensealg():
+    with pytest.raises(ValueError, match=r"unknown solver 'rk4'; choose one of \['bosh3'"):
+        sciad.solve(lv(), solver="rk4")
+    with pytest.raises(ValueError, match=r"unknown sensealg 'Adjoint'; pass one of \['BacksolveAdjoint'"):
+        sciad.solve(lv(), sensealg="Adjoint")
+
+
+def test_sensealg_by_name():
+    us = sciad.solve(lv(), sensealg="QuadratureAdjoint").us
+    np.testing.assert_allclose(us, sciad.solve(lv()).us)
+
+
+def _needed_steps():
+    return int(sciad.solve(lv(), saveat=np.linspace(0.0, 10.0, 11)).stats["steps"])
+
+
+def _max_steps_loss(sensealg):
+    prob, max_steps = lv(), _needed_steps() - 1
+
+    def loss(p):
+        return jnp.sum(sciad.solve(prob, p=p, saveat=np.linspace(0.0, 10.0, 11), max_steps=max_steps,
+                                   sensealg=sensealg).us)
+
+    return prob, loss
+
+
+def test_max_steps_primal():
+    prob, loss = _max_steps_loss(None)
+    with pytest.raises(Exception, match=MAX_STEPS_ERROR):
+        loss(prob.p)
+    with pytest.raises(Exception, match=MAX_STEPS_ERROR):
+        jax.block_until_ready(jax.jit(loss)(prob.p))
+
+
+SENSEALGS = [DiscreteAdjoint(), ForwardDiffSensitivity(), ForwardSensitivity(), BacksolveAdjoint(),
+             InterpolatingAdjoint(), InterpolatingAdjoint(checkpointing=True), QuadratureAdjoint()]
+
+
+@pytest.mark.parametrize("sensealg", SENSEALGS, ids=lambda s: type(s).__name__)
+def test_max_steps_gradient_under_jit_raises(sensealg):
+    """Under jit the forward solve of a gradient can be dead code; its failure must still surface."""
+    prob, loss = _max_steps_loss(sensealg)
+    with pytest.raises(Exception, match=MAX_STEPS_ERROR):
+        jax.block_until_ready(jax.jit(jax.grad(loss))(prob.p))
+
+
+@pytest.mark.parametrize("sensealg", [DiscreteAdjoint(), InterpolatingAdjoint()], ids=lambda s: type(s).__name__)
+def test_max_steps_jvp_under_jit_raises(sensealg):
+    prob, loss = _max_steps_loss(sensealg)
+    with pytest.raises(Exception, match=MAX_STEPS_ERROR):
+        jax.block_until_ready(jax.jit(lambda p: jax.jvp(loss, (p,), (p,))[1])(prob.p))
+
+
+def test_checkpointed_interval_hits_its_max_steps():
+    prob = lv()
+    sensealg = InterpolatingAdjoint(checkpointing=True, interval_max_steps=3)
+
+    def loss(p):
+        return jnp.sum(sciad.solve(prob, p=p, saveat=[0.0, 10.0], sensealg=sensealg).us)
+
+    with pytest.raises(Exception, match=MAX_STEPS_ERROR):
+        jax.block_until_ready(jax.jit(jax.grad(loss))(prob.p))
+
+
+def test_bad_tolerances_and_max_steps():
+    with pytest.raises(ValueError, match="rtol must be a positive number"):
+        sciad.solve(lv(), rtol=0.0)
+    with pytest.raises(ValueError, match="atol must be a positive number"):
+        sciad.solve(lv(), atol=np.nan)
+    with pytest.raises(ValueError, match="max_steps must be a positive integer"):
+        sciad.solve(lv(), max_steps=0)
+
+
+@pytest.mark.parametrize("engine", ["torch", "autograd", "enzyme"])
+def test_missing_engine_package(monkeypatch, engine):
+    cls = ad.BACKENDS[engine]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(sciad.ad.errors.importlib.util, "find_spec",
+                        lambda name, *a: None if name == cls.package else real(name, *a))
+    with pytest.raises(ad.MissingEngineError, match=rf"pip install 'sciad\[{cls.extra}\]'"):
+        InterpolatingAdjoint(vjp=engine)
+    with pytest.raises(ad.MissingEngineError, match=f"needs the package '{cls.package}'"):
+        ForwardSensitivity(jvp=engine)
+    assert engine not in ad.available()
