@@ -103,7 +103,7 @@ def diffrax_functions(case):
         return dfx.diffeqsolve(term, dfx.Tsit5(), t0, t1, None, jnp.asarray(prob.u0), args=p,
                                saveat=dfx.SaveAt(ts=jnp.asarray(saveat, prob.u0.dtype)),
                                stepsize_controller=dfx.PIDController(rtol=tol, atol=tol),
-                               max_steps=100_000, adjoint=adjoint).ys
+                               max_steps=4096, adjoint=adjoint).ys
 
     return {
         "diffrax RecursiveCheckpointAdjoint": jax.jit(jax.grad(lambda p: loss(solve(p, dfx.RecursiveCheckpointAdjoint())))),

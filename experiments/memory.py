@@ -59,7 +59,7 @@ def main():
             io = (stats.argument_size_in_bytes + stats.output_size_in_bytes) / 1024
             print(f"{horizon:6.0f} {steps:7d} {max_steps:9d} {name:<28} {stats.temp_size_in_bytes * mib:9.3f} "
                   f"{io:12.3f}  {np.array2string(np.asarray(grad), precision=4)}")
-    print("with sciad's default max_steps = 100000 (buffers sized by the budget, not the horizon):")
+    print("with max_steps = 100000 (buffers sized by the budget, not the horizon):")
     for name, sensealg in (("Interpolating", InterpolatingAdjoint()),
                            ("Interpolating(checkpointing)", InterpolatingAdjoint(checkpointing=True))):
         stats, _ = measure(1000.0, sensealg, 100_000)

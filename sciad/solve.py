@@ -81,7 +81,7 @@ def _finite(name: str, x):
 
 
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rtol=1e-6, atol=1e-6,
-          sensealg=None, max_steps=100_000, dense=False) -> Solution:
+          sensealg=None, max_steps=4096, dense=False) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1).
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd; under jax.jit and
@@ -90,7 +90,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
     `sciad.select_sensealg`; or any of `sciad.adjoints.SENSEALGS`, as an
     instance or its name). `solver` is a
     name in `SOLVERS` or a diffrax solver; steps are adaptive (PID control
-    at `rtol`, `atol`). A solve that needs more than `max_steps` steps raises
+    at `rtol`, `atol`). A solve that needs more than `max_steps` steps (default
+    4096, as diffrax; it also sizes the stored interpolation) raises
     an error. With `dense=True` the solution carries an interpolant
     (differentiated by discretise-then-optimise).
     """

@@ -95,14 +95,15 @@ def test_dense_interpolation():
 @pytest.mark.parametrize("solver", sorted(SOLVERS))
 def test_named_solvers_agree(solver):
     reference = sciad.solve(lv(), saveat=[2.5, 5.0], solver="dopri8", rtol=1e-12, atol=1e-12).us
-    us = sciad.solve(lv(), saveat=[2.5, 5.0], solver=solver, rtol=1e-8, atol=1e-8).us
+    # Low-order solvers need more than the default 4096 steps at 1e-8.
+    us = sciad.solve(lv(), saveat=[2.5, 5.0], solver=solver, rtol=1e-8, atol=1e-8, max_steps=100_000).us
     np.testing.assert_allclose(us, reference, rtol=1e-5)
 
 
 def test_diffrax_solver_instance():
     import diffrax
 
-    us = sciad.solve(lv(), solver=diffrax.Heun(), rtol=1e-6, atol=1e-6).us
+    us = sciad.solve(lv(), solver=diffrax.Heun(), rtol=1e-6, atol=1e-6, max_steps=100_000).us
     np.testing.assert_allclose(us, sciad.solve(lv()).us, rtol=1e-3)
 
 
@@ -111,7 +112,7 @@ def test_kvaerno5_on_a_stiff_problem():
     exact = scipy.linalg.expm(STIFF_A * 2.0) @ prob.u0
     implicit = sciad.solve(prob, solver="kvaerno5", rtol=1e-8, atol=1e-8)
     np.testing.assert_allclose(implicit.us[-1], exact, rtol=1e-6)
-    explicit = sciad.solve(prob, solver="tsit5", rtol=1e-8, atol=1e-8)
+    explicit = sciad.solve(prob, solver="tsit5", rtol=1e-8, atol=1e-8, max_steps=100_000)
     assert int(implicit.stats["steps"]) * 20 < int(explicit.stats["steps"])
 
 
@@ -263,7 +264,7 @@ def test_checkpointed_interval_hits_its_max_steps():
     def loss(p):
         return jnp.sum(sciad.solve(prob, p=p, saveat=[0.0, 10.0], sensealg=sensealg).us)
 
-    with pytest.raises(Exception, match=MAX_STEPS_ERROR):
+    with pytest.raises(Exception, match="more than interval_max_steps=3 steps"):
         jax.block_until_ready(jax.jit(jax.grad(loss))(prob.p))
 
 

@@ -35,24 +35,29 @@ def differentiate_with(f: Callable, backend: AbstractBackend | str) -> Callable:
 def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Callable) -> Callable:
     """A JAX function `g(*xs)` with its own forward and reverse rules.
 
-    `forward(*xs) -> (y, residuals)`; `pushforward(residuals, vs) -> tangent of
-    y`; `pullback(residuals, w) -> tuple of cotangents, one per x`. The two
-    rules are declared transposes of each other (`jax.custom_derivatives.
-    linear_call`), so `jax.jvp` runs `pushforward` and `jax.vjp`/`jax.grad`
-    run `pullback`. Only arguments with nonzero tangents enter the linear
-    map, so differentiating some arguments leaves the others constant.
+    `forward(*xs, active) -> (y, residuals)`, where `active` (a tuple of bools,
+    one per x) says which arguments are being differentiated, or is None for
+    a plain evaluation (residuals are then unused); `pushforward(residuals,
+    vs) -> tangent of y`; `pullback(residuals, w) -> tuple of cotangents, one
+    per x` (entries of inactive arguments may be None). The two rules are
+    declared transposes of each other (`jax.custom_derivatives.linear_call`),
+    so `jax.jvp` runs `pushforward` and `jax.vjp`/`jax.grad` run `pullback`.
+    Only arguments with nonzero tangents enter the linear map, so
+    differentiating some arguments leaves the others constant.
     """
 
     @jax.custom_jvp
     def g(*xs):
-        return forward(*xs)[0]
+        return forward(*xs, active=None)[0]
 
     @functools.partial(g.defjvp, symbolic_zeros=True)
     def g_jvp(xs, vs):
-        active = tuple(i for i, v in enumerate(vs) if not isinstance(v, SymbolicZero))
-        y, residuals = forward(*xs)
+        mask = tuple(not isinstance(v, SymbolicZero) for v in vs)
+        active = tuple(i for i, on in enumerate(mask) if on)
         if not active:
+            y = g(*xs)
             return y, jax.tree.map(jnp.zeros_like, y)
+        y, residuals = forward(*xs, active=mask)
 
         def lin(residuals, active_vs):
             full = [jnp.zeros_like(x) for x in xs]
@@ -76,7 +81,7 @@ def _traced(f: Callable, backend: AbstractBackend) -> Callable:
     def pullback(xs, w):
         return tuple(backend.value_and_pullback(f, xs)[1](w))
 
-    return custom_linear_rules(lambda *xs: (f(*xs), xs), pushforward, pullback)
+    return custom_linear_rules(lambda *xs, active: (f(*xs), xs), pushforward, pullback)
 
 
 def _host(f: Callable, backend: AbstractBackend) -> Callable:
@@ -119,7 +124,7 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
 
         return call(host, results, xs, w)
 
-    return custom_linear_rules(lambda *xs: (primal(*xs), xs), pushforward, pullback)
+    return custom_linear_rules(lambda *xs, active: (primal(*xs), xs), pushforward, pullback)
 
 
 def _register_linear_call_batching():

@@ -39,15 +39,16 @@ class Setup:
         return np.unique(np.concatenate([[self.t0], self.ts, np.asarray(extra, float), [self.t1]]))
 
     def diffeqsolve(self, term, y0, args, t0, t1, *, ts=None, dense=False, steps=False,
-                    adjoint=None, max_steps=None, norm=None):
-        """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards)."""
+                    adjoint=None, max_steps=None, norm=None, dt0=None, throw=True):
+        """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards).
+        `dt0` is the first step (None: diffrax selects it, at two extra f evaluations)."""
         controller = dfx.PIDController(rtol=self.rtol, atol=self.atol,
                                        **({} if norm is None else {"norm": norm}))
         saveat = dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
         return dfx.diffeqsolve(
-            term, self.solver, t0, t1, None, y0, args=args, saveat=saveat,
+            term, self.solver, t0, t1, dt0, y0, args=args, saveat=saveat,
             stepsize_controller=controller, max_steps=max_steps or self.max_steps,
-            adjoint=adjoint or dfx.RecursiveCheckpointAdjoint(),
+            adjoint=adjoint or dfx.RecursiveCheckpointAdjoint(), throw=throw,
         )
 
     def forward(self, u0, p, *, ts=None, dense=False, adjoint=None):
@@ -103,15 +104,17 @@ class AbstractSensitivity(eqx.Module):
     through the solver)."""
 
     @abc.abstractmethod
-    def forward(self, setup: Setup, u0, p):
-        """-> (us (T, n), stats (3,), residuals for the rules)."""
+    def forward(self, setup: Setup, u0, p, active):
+        """-> (us (T, n), stats (3,), residuals for the rules). `active` = (u0 is
+        differentiated, p is differentiated), or None when nothing is."""
 
     @abc.abstractmethod
     def pullback(self, setup: Setup, residuals, w):
-        """w (T, n) cotangent of us -> (∂L/∂u0 (n,), ∂L/∂p (m,))."""
+        """w (T, n) cotangent of us -> (∂L/∂u0 (n,), ∂L/∂p (m,)); None where inactive."""
 
     def pushforward(self, setup: Setup, residuals, du0, dp):
-        """Tangent of us (T, n) in direction (du0, dp)."""
+        """Tangent of us (T, n) in direction (du0, dp); by default forward-mode AD
+        through the solver. `residuals` start with (u0, p)."""
         u0, p = residuals[0], residuals[1]
 
         def solve(u0, p):
@@ -124,8 +127,8 @@ class AbstractSensitivity(eqx.Module):
     def solve(self, setup: Setup, u0, p):
         """-> (us, stats), differentiable in u0 and p by this algorithm's rules."""
 
-        def forward(u0, p):
-            us, stats, residuals = self.forward(setup, u0, p)
+        def forward(u0, p, active):
+            us, stats, residuals = self.forward(setup, u0, p, active)
             return (us, stats), residuals
 
         def pushforward(residuals, vs):
@@ -136,3 +139,9 @@ class AbstractSensitivity(eqx.Module):
             return self.pullback(setup, residuals, w[0])
 
         return ad.custom_linear_rules(forward, pushforward, pullback)(u0, p)
+
+
+def plain_forward(setup: Setup, u0, p):
+    """(us, stats, residuals) of an undifferentiated solve."""
+    sol = setup.forward(u0, p)
+    return sol.ys, stats_vector(sol, u0.dtype), (u0, p)

@@ -9,13 +9,14 @@ methods differ in where u(t) comes from on the way back.
 import dataclasses
 
 import diffrax as dfx
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
 import sciad.ad as ad
-from sciad.adjoints.base import AbstractSensitivity, Products, Setup, stats_vector
+from sciad.adjoints.base import AbstractSensitivity, Products, Setup, plain_forward, stats_vector
 
 
 class _ContinuousAdjoint(AbstractSensitivity):
@@ -30,15 +31,20 @@ class _ContinuousAdjoint(AbstractSensitivity):
     def checkpoint_times(self, setup: Setup) -> np.ndarray:
         return np.zeros((0,))
 
-    def forward(self, setup: Setup, u0, p):
+    def forward(self, setup: Setup, u0, p, active):
+        if active is None:
+            return plain_forward(setup, u0, p)
         bps = setup.breakpoints(self.checkpoint_times(setup))
         sol = setup.forward(u0, p, ts=bps, dense=self.stores_interpolation)
         us = sol.ys[np.searchsorted(bps, setup.ts)]
         interpolation = sol.interpolation if self.stores_interpolation else None
-        return us, stats_vector(sol, u0.dtype), (u0, p, sol.ys, interpolation)
+        stats = stats_vector(sol, u0.dtype)
+        return us, stats, (u0, p, sol.ys, interpolation, stats[1])
 
     def pullback(self, setup: Setup, residuals, w):
-        u0, p, u_at, interpolation = residuals
+        u0, p, u_at, interpolation, steps = residuals
+        # The forward pass's mean step starts every interval's solve: no step-size search per restart.
+        dt = (setup.t1 - setup.t0) / jnp.maximum(steps, 1)
         bps = setup.breakpoints(self.checkpoint_times(setup))
         jumps = jnp.zeros((len(bps), u0.shape[0]), w.dtype).at[np.searchsorted(bps, setup.ts)].add(w)
         prods = Products(setup.f, self.vjp)
@@ -46,18 +52,19 @@ class _ContinuousAdjoint(AbstractSensitivity):
 
         def interval(carry, j):
             lam, mu = carry
-            lam, mu = self.backward(setup, prods, p, t[j + 1], t[j], u_at[j], u_at[j + 1], interpolation, lam, mu)
+            dt0 = jnp.minimum(dt, t[j + 1] - t[j])
+            lam, mu = self.backward(setup, prods, p, t[j + 1], t[j], dt0, u_at[j], u_at[j + 1], interpolation, lam, mu)
             return (lam + jumps[j], mu), None
 
         carry = (jumps[-1], jnp.zeros_like(p))
         (lam, mu), _ = jax.lax.scan(interval, carry, jnp.arange(len(bps) - 2, -1, -1))
         return lam, mu
 
-    def backward(self, setup, prods, p, t_from, t_to, u_start, u_end, interpolation, lam, mu):
-        """(λ, μ) at t_to from their values at t_from > t_to, on one interval."""
+    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
+        """(λ, μ) at t_to from their values at t_from > t_to on one interval, first step size dt0 > 0."""
         raise NotImplementedError
 
-    def _lambda_mu(self, setup, prods, p, t_from, t_to, u_of, lam, mu, norm=None, max_steps=None):
+    def _lambda_mu(self, setup, prods, p, t_from, t_to, dt0, u_of, lam, mu, norm=None):
         """Solve (λ, μ) backwards with u(t) = u_of(t)."""
 
         def rhs(t, y, p):
@@ -65,7 +72,7 @@ class _ContinuousAdjoint(AbstractSensitivity):
             _, vu, vp = prods.vjp(u_of(t), p, t, lam)
             return -vu, -vp
 
-        sol = setup.diffeqsolve(dfx.ODETerm(rhs), (lam, mu), p, t_from, t_to, norm=norm, max_steps=max_steps)
+        sol = setup.diffeqsolve(dfx.ODETerm(rhs), (lam, mu), p, t_from, t_to, norm=norm, dt0=-dt0)
         return sol.ys[0][-1], sol.ys[1][-1]
 
 
@@ -77,13 +84,13 @@ class BacksolveAdjoint(_ContinuousAdjoint):
 
     stores_interpolation = False
 
-    def backward(self, setup, prods, p, t_from, t_to, u_start, u_end, interpolation, lam, mu):
+    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
         def rhs(t, y, p):
             u, lam, _ = y
             du, vu, vp = prods.vjp(u, p, t, lam)
             return du, -vu, -vp
 
-        sol = setup.diffeqsolve(dfx.ODETerm(rhs), (u_end, lam, mu), p, t_from, t_to)
+        sol = setup.diffeqsolve(dfx.ODETerm(rhs), (u_end, lam, mu), p, t_from, t_to, dt0=-dt0)
         return sol.ys[1][-1], sol.ys[2][-1]
 
 
@@ -93,20 +100,21 @@ class InterpolatingAdjoint(_ContinuousAdjoint):
     forward solve (memory grows with the number of steps, bounded by
     `max_steps`). `checkpointing=True` keeps only u at the checkpoints
     (default: the saveat times) and re-solves each interval with dense output
-    during the reverse pass (at most `interval_max_steps` steps each), so
-    memory does not grow with the horizon."""
+    during the reverse pass (at most `interval_max_steps` steps each; default
+    4 × max_steps / intervals, at least 64), so memory does not grow with the
+    horizon."""
 
     checkpointing: bool
     checkpoints: tuple | None
-    interval_max_steps: int
+    interval_max_steps: int | None
 
-    def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=4096):
+    def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None):
         super().__init__(vjp)
         if checkpoints is not None and not checkpointing:
             raise ValueError("InterpolatingAdjoint(checkpoints=...) needs checkpointing=True")
         self.checkpointing = bool(checkpointing)
         self.checkpoints = None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints))
-        self.interval_max_steps = int(interval_max_steps)
+        self.interval_max_steps = None if interval_max_steps is None else int(interval_max_steps)
 
     @property
     def stores_interpolation(self):
@@ -120,11 +128,24 @@ class InterpolatingAdjoint(_ContinuousAdjoint):
             raise ValueError(f"checkpoints must lie inside tspan ({setup.t0}, {setup.t1}), got {self.checkpoints}")
         return c
 
-    def backward(self, setup, prods, p, t_from, t_to, u_start, u_end, interpolation, lam, mu):
+    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
         if self.checkpointing:  # re-solve this interval forward with dense output
-            interpolation = setup.diffeqsolve(setup.term(), u_start, p, t_to, t_from, dense=True,
-                                              max_steps=self.interval_max_steps).interpolation
-        return self._lambda_mu(setup, prods, p, t_from, t_to, interpolation.evaluate, lam, mu)
+            max_steps = self.steps_per_interval(setup)
+            sol = setup.diffeqsolve(
+                setup.term(), u_start, p, t_to, t_from, dense=True, max_steps=max_steps, dt0=dt0, throw=False)
+            lam = eqx.error_if(lam, jnp.invert(dfx.is_okay(sol.result)),
+                               f"InterpolatingAdjoint(checkpointing=True): an interval between checkpoints needed "
+                               f"more than interval_max_steps={max_steps} steps; pass a larger "
+                               "interval_max_steps or more checkpoints")
+            interpolation = sol.interpolation
+        return self._lambda_mu(setup, prods, p, t_from, t_to, dt0, interpolation.evaluate, lam, mu)
+
+    def steps_per_interval(self, setup: Setup) -> int:
+        """interval_max_steps, or by default 4 × max_steps / intervals (at least 64, at most max_steps)."""
+        if self.interval_max_steps is not None:
+            return self.interval_max_steps
+        intervals = len(setup.breakpoints(self.checkpoint_times(setup))) - 1
+        return int(min(setup.max_steps, max(64, 4 * setup.max_steps // intervals)))
 
 
 class QuadratureAdjoint(_ContinuousAdjoint):
@@ -135,6 +156,6 @@ class QuadratureAdjoint(_ContinuousAdjoint):
 
     stores_interpolation = True
 
-    def backward(self, setup, prods, p, t_from, t_to, u_start, u_end, interpolation, lam, mu):
-        return self._lambda_mu(setup, prods, p, t_from, t_to, interpolation.evaluate, lam, mu,
+    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
+        return self._lambda_mu(setup, prods, p, t_from, t_to, dt0, interpolation.evaluate, lam, mu,
                                norm=lambda y: optx.rms_norm(y[0]))

@@ -1,11 +1,10 @@
 """The forward sensitivity equations."""
 
-
 import diffrax as dfx
 import jax.numpy as jnp
 
 import sciad.ad as ad
-from sciad.adjoints.base import AbstractSensitivity, Products, Setup, stats_vector
+from sciad.adjoints.base import AbstractSensitivity, Products, Setup, plain_forward, stats_vector
 
 
 class ForwardSensitivity(AbstractSensitivity):
@@ -13,8 +12,9 @@ class ForwardSensitivity(AbstractSensitivity):
     as one augmented system with error control on u and S. `jvp` is the
     engine for the Jacobian-vector products (a backend or registry name).
 
-    A directional tangent (jvp) carries one sensitivity column; a gradient
-    carries all n + m columns (cost grows with n + m: best for small problems).
+    The forward pass carries one sensitivity column per differentiated input
+    (n for u0, m for p: cost grows with n + m, best for small problems); jvps
+    and gradients are products with the sensitivities at the saveat times.
     """
 
     jvp: ad.AbstractBackend
@@ -22,8 +22,14 @@ class ForwardSensitivity(AbstractSensitivity):
     def __init__(self, jvp="jax-forward"):
         self.jvp = ad.get(jvp)
 
-    def _solve(self, setup: Setup, u0, p, s0, dps):
-        """u and sensitivity columns S (k, n) with S(t0) = s0, each column's p-direction in dps (k, m)."""
+    def forward(self, setup: Setup, u0, p, active):
+        if active is None:
+            return plain_forward(setup, u0, p)
+        n, m = u0.shape[0], p.shape[0]
+        sizes = [k if on else 0 for k, on in zip((n, m), active)]
+        # Column c starts at S(t0) = ∂u0/∂x_c and is driven by ∂f/∂p · ∂p/∂x_c.
+        s0 = jnp.concatenate([jnp.eye(sizes[0], n, dtype=u0.dtype), jnp.zeros((sizes[1], n), u0.dtype)])
+        dps = jnp.concatenate([jnp.zeros((sizes[0], m), p.dtype), jnp.eye(sizes[1], m, dtype=p.dtype)])
         prods = Products(setup.f, self.jvp)
 
         def rhs(t, y, p):
@@ -34,21 +40,12 @@ class ForwardSensitivity(AbstractSensitivity):
 
         sol = setup.diffeqsolve(dfx.ODETerm(rhs), (u0, s0), p, setup.t0, setup.t1,
                                 ts=jnp.asarray(setup.ts, u0.dtype))
-        return sol
-
-    def forward(self, setup: Setup, u0, p):
-        sol = setup.forward(u0, p)
-        return sol.ys, stats_vector(sol, u0.dtype), (u0, p)
-
-    def pushforward(self, setup: Setup, residuals, du0, dp):
-        u0, p = residuals
-        sol = self._solve(setup, u0, p, du0[None], dp[None])
-        return sol.ys[1][:, 0]
+        us, sens = sol.ys  # sens: (T, columns, n)
+        blocks = (sens[:, : sizes[0]] if active[0] else None, sens[:, sizes[0]:] if active[1] else None)
+        return us, stats_vector(sol, u0.dtype), (u0, p, blocks)
 
     def pullback(self, setup: Setup, residuals, w):
-        u0, p = residuals
-        n, m = u0.shape[0], p.shape[0]
-        eye = jnp.eye(n + m, dtype=u0.dtype)
-        sol = self._solve(setup, u0, p, eye[:, :n], eye[:, n:])
-        grads = jnp.einsum("tn,tkn->k", w, sol.ys[1])  # S: (T, n+m columns, n)
-        return grads[:n], grads[n:]
+        return tuple(None if s is None else jnp.einsum("tn,tkn->k", w, s) for s in residuals[2])
+
+    def pushforward(self, setup: Setup, residuals, du0, dp):
+        return sum(jnp.einsum("tkn,k->tn", s, v) for s, v in zip(residuals[2], (du0, dp)) if s is not None)

@@ -26,7 +26,7 @@ def _diffrax_objective(bench: Benchmark, adjoint):
         sol = dfx.diffeqsolve(term, SOLVERS[bench.solver](), t0, t1, None, u0, args=p,
                               saveat=dfx.SaveAt(ts=jnp.asarray(bench.saveat, p.dtype)),
                               stepsize_controller=dfx.PIDController(rtol=bench.rtol, atol=bench.atol),
-                              max_steps=100_000, adjoint=adjoint)
+                              max_steps=4096, adjoint=adjoint)
         return bench.loss(sol.ys)
 
     return objective
