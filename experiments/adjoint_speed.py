@@ -27,6 +27,7 @@ import numpy as np
 
 import sciad
 import sciad.ad as ad
+from sciad.problems import lotka_volterra, spiral_node
 from sciad.adjoints import (
     BacksolveAdjoint,
     DiscreteAdjoint,
@@ -41,42 +42,10 @@ jax.config.update("jax_enable_x64", True)
 # --- problems ---------------------------------------------------------------------
 
 
-def lotka_volterra(u, p, t):
-    xp = ad.namespace(u, p)
-    x, y = u[0], u[1]
-    return xp.stack([p[0] * x - p[1] * x * y, -p[2] * y + p[3] * x * y])
-
-
-HIDDEN = 50
-
-
-def spiral_nn(u, p, t):
-    xp = ad.namespace(u, p)
-    w1 = xp.reshape(p[: 2 * HIDDEN], (HIDDEN, 2))
-    b1 = p[2 * HIDDEN : 3 * HIDDEN]
-    w2 = xp.reshape(p[3 * HIDDEN : 5 * HIDDEN], (2, HIDDEN))
-    b2 = p[5 * HIDDEN :]
-    return xp.matmul(w2, xp.tanh(xp.matmul(w1, u**3) + b1)) + b2
-
-
 def problems():
-    lv = dict(
-        prob=sciad.ODEProblem(lotka_volterra, np.array([1.0, 1.0]), (0.0, 10.0), np.array([1.5, 1.0, 3.0, 1.0])),
-        saveat=np.linspace(0.0, 10.0, 101), tol=1e-6, loss=jnp.sum,
-    )
-    a = np.array([[-0.1, 2.0], [-2.0, -0.1]], np.float32)
-    u0 = np.array([2.0, 0.0], np.float32)
-    ts = np.linspace(0.0, 1.5, 30)
-    truth = dfx.diffeqsolve(dfx.ODETerm(lambda t, u, _: (u**3) @ a), dfx.Tsit5(), 0.0, 1.5, None, jnp.asarray(u0),
-                            saveat=dfx.SaveAt(ts=ts), stepsize_controller=dfx.PIDController(rtol=1e-7, atol=1e-7)).ys
-    rng = np.random.default_rng(0)
-    p = np.concatenate([rng.normal(size=2 * HIDDEN) / np.sqrt(2), np.zeros(HIDDEN),
-                        rng.normal(size=2 * HIDDEN) / np.sqrt(HIDDEN) * 0.1, np.zeros(2)]).astype(np.float32)
-    spiral = dict(
-        prob=sciad.ODEProblem(spiral_nn, u0, (0.0, 1.5), p),
-        saveat=ts, tol=1e-6, loss=lambda us: jnp.sum((us - truth) ** 2),
-    )
-    return {"Lotka–Volterra (float64)": lv, "spiral neural ODE (float32)": spiral}
+    """The paper's two problems, as `sciad.problems` builds them."""
+    cases = {"Lotka–Volterra (float64)": lotka_volterra(), "spiral neural ODE (float32)": spiral_node(hidden=50)}
+    return {name: dict(prob=b.problem, saveat=b.saveat, tol=b.rtol, loss=b.loss) for name, b in cases.items()}
 
 
 # --- what is timed -------------------------------------------------------------------

@@ -31,3 +31,13 @@ def pytest_generate_tests(metafunc):
             for name, cls in ad.BACKENDS.items()
         ],
     )
+
+
+@pytest.fixture(scope="module")
+def fast_compiles():
+    """Same programs, about half the compile time: XLA's optimisations off for a
+    module (`pytestmark = pytest.mark.usefixtures("fast_compiles")`)."""
+    previous = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)

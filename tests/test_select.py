@@ -1,7 +1,6 @@
 """select_sensealg: heuristic picks, autotuning, caching, errors."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -38,8 +37,10 @@ def test_many_parameters_get_an_adjoint():
     rng = np.random.default_rng(0)
     prob = sciad.ODEProblem(linear_many_params, rng.normal(size=12), (0.0, 1.0), 0.1 * rng.normal(size=144))
     choice = sciad.select_sensealg(prob, saveat=np.linspace(0, 1, 5))
-    assert isinstance(choice.sensealg, (sciad.QuadratureAdjoint, sciad.InterpolatingAdjoint))
+    assert isinstance(choice.sensealg, sciad.BacksolveAdjoint)
     assert choice.sensealg.vjp.name == "jax-reverse"
+    stiff = sciad.select_sensealg(prob, saveat=np.linspace(0, 1, 5), solver="kvaerno5")
+    assert isinstance(stiff.sensealg, sciad.InterpolatingAdjoint) and "stiff" in stiff.report()
 
 
 def test_memory_budget_turns_on_checkpointing():

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import sciad
+from sciad.problems.lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
 from sciad.adjoints import (
     BacksolveAdjoint,
@@ -36,21 +37,10 @@ AGREEMENT = 1e-5
 FOREIGN = {"torch", "autograd", "finite-differences"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-    previous = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 # --- problems -----------------------------------------------------------------
-
-
-def lotka_volterra(u, p, t):
-    xp = ad.namespace(u, p)
-    x, y = u[0], u[1]
-    return xp.stack([p[0] * x - p[1] * x * y, -p[2] * y + p[3] * x * y])
 
 
 HIDDEN = 8

@@ -9,6 +9,7 @@ import pytest
 import scipy.linalg
 
 import sciad
+from sciad.problems.lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
 import sciad.ad.errors
 from sciad.adjoints import (
@@ -24,19 +25,7 @@ from sciad.solve import SOLVERS
 MAX_STEPS_ERROR = "maximum number of solver steps was reached"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-    """Same programs, half the compile time: XLA's optimisations off for this module."""
-    previous = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
-
-
-def lotka_volterra(u, p, t):
-    xp = ad.namespace(u, p)
-    x, y = u[0], u[1]
-    return xp.stack([p[0] * x - p[1] * x * y, -p[2] * y + p[3] * x * y])
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def lv(t1=10.0, dtype=np.float64):

@@ -6,7 +6,6 @@ between breakpoints (t0, the saveat times, the checkpoints, t1); the
 methods differ in where u(t) comes from on the way back.
 """
 
-import dataclasses
 
 import diffrax as dfx
 import equinox as eqx
