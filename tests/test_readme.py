@@ -1,0 +1,27 @@
+"""The README's Python snippets run as written."""
+
+import pathlib
+import re
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+README = pathlib.Path(__file__).parents[1] / "README.md"
+SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_snippets():
+    assert len(SNIPPETS) >= 3
+
+
+def test_readme_snippets_run_in_order(capsys):
+    namespace: dict = {}
+    for i, code in enumerate(SNIPPETS):
+        try:
+            exec(compile(code, f"README.md snippet {i}", "exec"), namespace)
+        except Exception as e:  # name the snippet that broke
+            pytest.fail(f"README snippet {i} failed: {e!r}\n{code}")
+    out = capsys.readouterr().out
+    assert "jax-reverse" in out and "chosen:" in out
