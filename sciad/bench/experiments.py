@@ -63,13 +63,15 @@ def scaling_plan(engines, quick):
         if bench.size <= FORWARD_LIMIT:
             combos += [sciad_combination("ForwardDiffSensitivity"), sciad_combination("ForwardSensitivity", "jax-forward")]
         combos += [sciad_combination(claims.PAPER_SENSEALG, e) for e in vjp_engines
-                   if not (e == "finite-differences" and bench.size > FINITE_DIFFERENCES_LIMIT)]
+                   if not (e == "finite-differences" and bench.size > FINITE_DIFFERENCES_LIMIT)
+                   and not (e == "jax-forward" and bench.size > FORWARD_LIMIT)]
         if not quick:
             combos += [sciad_combination(s, "jax-reverse") for s in ("BacksolveAdjoint", "QuadratureAdjoint")]
         plan.append((bench, combos))
     skipped = ["peers (the sweep compares sciad's own sensealgs)",
                f"ForwardSensitivity and ForwardDiffSensitivity above {FORWARD_LIMIT} states+parameters (quadratic memory)",
-               f"finite-differences VJPs above {FINITE_DIFFERENCES_LIMIT} states+parameters"]
+               f"finite-differences VJPs above {FINITE_DIFFERENCES_LIMIT} states+parameters",
+               f"jax-forward VJPs above {FORWARD_LIMIT} states+parameters (n + m pushforwards per product)"]
     if quick:
         skipped.append("engines other than jax-reverse and torch, BacksolveAdjoint, QuadratureAdjoint (quick mode)")
     return plan, skipped
