@@ -17,3 +17,4 @@ from sciad.adjoints import (
 from sciad.problem import ODEProblem
 from sciad.select import Choice, select_sensealg
 from sciad.solve import SOLVERS, Solution, solve
+from sciad import problems  # noqa: E402  (builds on solve)

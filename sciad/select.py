@@ -41,6 +41,11 @@ class Choice:
     candidates: list[dict]
     autotuned: bool = False
 
+    @property
+    def name(self) -> str:
+        """The chosen sensealg with its engine, e.g. `BacksolveAdjoint(jax-reverse)`."""
+        return describe(self.sensealg)
+
     def report(self) -> str:
         """A Markdown explanation: the features, then one row per candidate."""
         lines = [f"chosen: {describe(self.sensealg)} ({'autotuned' if self.autotuned else 'heuristic'})", ""]
