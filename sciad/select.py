@@ -24,9 +24,11 @@ from sciad.adjoints import (
 )
 from sciad.problem import ODEProblem
 
-# States + parameters below which forward mode wins. The paper saw ~100 in Julia; with
-# sciad's adjoints the measured crossover lies between 11 and 35 (paper/tables/selection.md).
-FORWARD_MODE_LIMIT = 16
+# Parameters up to which forward sensitivities win. Forward mode carries one tangent per
+# parameter, so its cost grows with m whatever the number of states; an adjoint costs a few
+# solves whatever m is. Measured (paper/tables/scaling.md, lotka-volterra.md): forward wins
+# with 3-4 parameters up to 9,800 states, adjoints win with 252 parameters.
+FORWARD_MODE_PARAMETERS = 8
 STIFF_LIMIT = 1e3  # |λ_max| (t1 - t0) above which the problem is treated as stiff
 
 
@@ -101,8 +103,9 @@ def heuristic(feat: dict) -> tuple[AbstractSensitivity, str]:
     n, m = feat["states"], feat["parameters"]
     stiff = feat["implicit solver"] or feat["stiffness |λ|·T"] > STIFF_LIMIT
     over_budget = feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]
-    if n + m < FORWARD_MODE_LIMIT and not over_budget:
-        return ForwardDiffSensitivity(), f"n + m = {n + m} < {FORWARD_MODE_LIMIT}: forward mode is cheapest"
+    if m <= FORWARD_MODE_PARAMETERS and not over_budget:
+        return ForwardSensitivity(), (f"m = {m} ≤ {FORWARD_MODE_PARAMETERS} parameters: forward mode "
+                                      "(one tangent per parameter) is cheapest")
     if over_budget:
         return InterpolatingAdjoint(checkpointing=True), "stored interpolation exceeds the memory budget: checkpoint"
     if stiff:
@@ -147,10 +150,10 @@ def _key(prob: ODEProblem, saveat, solver, rtol, atol) -> str:
 def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = None, autotune=False,
                     memory_budget=None, budget=20.0, solver="tsit5", rtol=1e-6, atol=1e-6,
                     cache_dir=None) -> Choice:
-    """Choose a sensealg (with its engine) for gradients of `loss(us)` (default
-    Σ us) of `prob` saved at `saveat`.
+    """Choose a sensealg (with its engine) for gradients with respect to p of
+    `loss(us)` (default Σ us) of `prob` saved at `saveat`.
 
-    The heuristic uses sizes (forward mode below 100 states + parameters),
+    The heuristic uses sizes (forward sensitivities up to 8 parameters),
     stiffness (Jacobian spectral radius × horizon, implicit solver: no
     backsolve), the memory of the stored interpolation against
     `memory_budget` bytes (checkpointing), and the device. With
@@ -205,7 +208,7 @@ def _from_name(name: str) -> AbstractSensitivity:
 
 def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, solver="tsit5",
             rtol=1e-6, atol=1e-6, max_rounds=50) -> list[dict]:
-    """Time the gradient of `loss(us)` wrt (u0, p) for each `(sensealg, reason)`.
+    """Time the gradient of `loss(us)` wrt p for each `(sensealg, reason)`.
 
     Each candidate is compiled and run once (`compile_s`), its gradient checked
     against `DiscreteAdjoint` (`rel_error`, `ok`), then the candidates are run
@@ -215,16 +218,15 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
     from sciad.solve import solve
 
     def gradient(sensealg):
-        def value(u0, p):
-            out = loss(solve(prob, u0=u0, p=p, saveat=ts, solver=solver, rtol=rtol, atol=atol,
-                             sensealg=sensealg).us)
+        def value(p):
+            out = loss(solve(prob, p=p, saveat=ts, solver=solver, rtol=rtol, atol=atol, sensealg=sensealg).us)
             if jnp.shape(out) != ():
                 raise ValueError(f"loss must return a scalar, got shape {jnp.shape(out)}")
             return out
 
-        return jax.jit(jax.grad(value, argnums=(0, 1)))
+        return jax.jit(jax.grad(value))
 
-    ref = jax.tree.leaves(gradient(DiscreteAdjoint())(prob.u0, prob.p))
+    ref = jax.tree.leaves(gradient(DiscreteAdjoint())(prob.p))
     scale = max(float(jnp.max(jnp.abs(r))) for r in ref) or 1.0
     tol = max(1e-4, 1e3 * rtol)
     rows, runnable = [], []
@@ -234,7 +236,7 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
         try:
             grad = gradient(sensealg)
             start = time.perf_counter()
-            g = jax.block_until_ready(grad(prob.u0, prob.p))
+            g = jax.block_until_ready(grad(prob.p))
             row["compile_s"] = time.perf_counter() - start
         except (ValueError, TypeError, RuntimeError) as e:
             row["ok"] = f"failed: {str(e).splitlines()[0][:60]}"
@@ -246,7 +248,7 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
     for _ in range(max_rounds):
         for grad, row in runnable:
             start = time.perf_counter()
-            jax.block_until_ready(grad(prob.u0, prob.p))
+            jax.block_until_ready(grad(prob.p))
             row["times_s"].append(time.perf_counter() - start)
         if time.perf_counter() > deadline:
             break

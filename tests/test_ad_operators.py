@@ -437,3 +437,17 @@ def test_torch_gradient_under_no_grad():
         y, g = ad.value_and_gradient(ad.Torch(), s.f, s.x)
     assert not y.requires_grad and not g.requires_grad
     assert_close((y, g), (s.f(s.x), s.jacobian(s.x)), 1e-10)
+
+
+def test_array_api_concat_is_differentiated_by_every_engine(engine_name):
+    """`xp.concat` must keep the tape (autograd's own `concat` silently drops it)."""
+    backend = ad.get(engine_name)
+
+    def f(x):
+        xp = ad.namespace(x)
+        return xp.concat([xp.reshape(x[:2] ** 2, (-1,)), xp.roll(x, 1)])
+
+    x = np.array([0.5, -1.0, 2.0])
+    expected = np.vstack([np.diag(2 * x)[:2], np.roll(np.eye(3), 1, axis=0)])
+    tol = 1e-6 if engine_name == "finite-differences" else 1e-12
+    np.testing.assert_allclose(np.asarray(backend.numpy(ad.jacobian(backend, f, x))), expected, atol=tol)

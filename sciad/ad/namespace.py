@@ -1,5 +1,6 @@
 """One function definition for every engine: the array module of an array."""
 
+import functools
 import types
 
 import numpy as np
@@ -24,7 +25,17 @@ def namespace(*xs) -> types.ModuleType:
 
             return xp
         if module.startswith("autograd"):
-            import autograd.numpy as anp
-
-            return anp
+            return _autograd_namespace()
     return np
+
+
+@functools.cache
+def _autograd_namespace() -> types.ModuleType:
+    """`autograd.numpy` with array-API names it lacks a rule for: its `concat`
+    is NumPy's, which silently drops the tape for boxes inside the list."""
+    import autograd.numpy as anp
+
+    xp = types.ModuleType("autograd.numpy (sciad)")
+    xp.__dict__.update({k: v for k, v in vars(anp).items() if not k.startswith("__")})
+    xp.concat = anp.concatenate
+    return xp
