@@ -29,6 +29,9 @@ from sciad.problem import ODEProblem
 # solves whatever m is. Measured (paper/tables/scaling.md, lotka-volterra.md): forward wins
 # with 3-4 parameters up to 9,800 states, adjoints win with 252 parameters.
 FORWARD_MODE_PARAMETERS = 8
+# Below this many forward steps per saveat interval the continuous adjoints' restarts (λ jumps at
+# every save point) cost more than differentiating the steps (spiral: 1.9x, paper/tables/selection.md).
+FEW_STEPS_PER_SAVE = 3
 STIFF_LIMIT = 1e3  # |λ_max| (t1 - t0) above which the problem is treated as stiff
 
 
@@ -92,6 +95,7 @@ def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, 
         "stiffness |λ|·T": round(spectral * (t1 - t0), 3),
         "implicit solver": solver in ("kvaerno3", "kvaerno5"),
         "forward steps": steps,
+        "save points": int(np.size(saveat)),
         "interpolation bytes": dense_bytes,
         "memory budget": memory_budget,
         "device": jax.default_backend(),
@@ -108,6 +112,10 @@ def heuristic(feat: dict) -> tuple[AbstractSensitivity, str]:
                                       "(one tangent per parameter) is cheapest")
     if over_budget:
         return InterpolatingAdjoint(checkpointing=True), "stored interpolation exceeds the memory budget: checkpoint"
+    steps_per_save = feat["forward steps"] / max(feat["save points"], 1)
+    if steps_per_save < FEW_STEPS_PER_SAVE:
+        return DiscreteAdjoint(), (f"{steps_per_save:.1f} steps per save point: a continuous adjoint would "
+                                   "restart at nearly every step; discretise-then-optimise does not")
     if stiff:
         return InterpolatingAdjoint(), "stiff: no backsolve; adjoint on the stored interpolation"
     return BacksolveAdjoint(), ("non-stiff: backsolve with compiled reverse-mode VJPs (u is reset at every "

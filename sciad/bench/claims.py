@@ -6,6 +6,7 @@ COMPILED = ("jax-reverse", "jax-transpose", "enzyme")
 TAPE = ("torch", "autograd")
 FORWARD = ("ForwardDiffSensitivity", "ForwardSensitivity")
 PAPER_SENSEALG = "InterpolatingAdjoint(checkpointing)"  # the paper's Figures 2 and 3
+NOISE = 1.3  # timing ratios below this are not significant on a shared 2-core machine (3 repeats)
 
 
 def _fastest(records, keep):
@@ -59,7 +60,13 @@ def compiled_reverse_spiral(spiral) -> tuple[str, str]:
         return "not measurable here", "needs spiral-node CPU records"
     ranking = sorted((r for r in cpu if r["ok"] and r["times"] and r["kind"] == "sciad"), key=median)
     text = ", ".join(f"{r['engine']} {1e3 * median(r):.3g} ms" for r in ranking)
-    return ("agree" if winner["engine"] in ("jax-reverse", "jax-transpose") else "disagree"), f"{PAPER_SENSEALG}: {text}"
+    traced = _fastest(cpu, lambda r: r["engine"] in ("jax-reverse", "jax-transpose"))
+    if winner["engine"] in ("jax-reverse", "jax-transpose"):
+        return "agree", f"{PAPER_SENSEALG}: {text}"
+    if winner["engine"] in COMPILED and traced and median(traced) <= NOISE * median(winner):
+        return ("agree within noise", f"{PAPER_SENSEALG}: {text}; the compiled reverse engines tie "
+                f"({traced['engine']} is ×{median(traced) / median(winner):.2f} the fastest, below ×{NOISE})")
+    return "disagree", f"{PAPER_SENSEALG}: {text}"
 
 
 def gpu_crossover(records) -> tuple[str, str]:
