@@ -8,8 +8,9 @@ Two problems, as in the paper's Appendix B:
   float32, u0 = (2, 0), t in [0, 1.5], 30 points, loss = sum of squared
   errors to the true spiral u' = (u³)ᵀ A, A = [[-0.1, 2], [-2, -0.1]].
 
-Every timed function is a `jax.jit`-compiled gradient wrt p (the forward
-solve: the solution). All are measured in ONE run, repeats interleaved
+Every timed function is a `jax.jit`-compiled gradient wrt p, built as
+`sciad bench` builds its combinations and diffrax peers (the forward solve:
+the loss). All are measured in ONE run, repeats interleaved
 (round-robin) so drift hits them alike; the table gives the median time,
 its ratio to sciad's forward solve and to diffrax's best built-in adjoint,
 and the time to the first gradient (trace + compile + one call).
@@ -20,85 +21,26 @@ and the time to the first gradient (trace + compile + one call).
 import argparse
 import time
 
-import diffrax as dfx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import sciad
 import sciad.ad as ad
+from sciad.bench.harness import forward_solve, sciad_combination
+from sciad.bench.peers import diffrax_peer
 from sciad.problems import lotka_volterra, spiral_node
-from sciad.adjoints import (
-    BacksolveAdjoint,
-    DiscreteAdjoint,
-    ForwardDiffSensitivity,
-    ForwardSensitivity,
-    InterpolatingAdjoint,
-    QuadratureAdjoint,
-)
 
 jax.config.update("jax_enable_x64", True)
 
-# --- problems ---------------------------------------------------------------------
+ADJOINTS = ("BacksolveAdjoint", "InterpolatingAdjoint", "InterpolatingAdjoint(checkpointing)", "QuadratureAdjoint")
 
 
-def problems():
-    """The paper's two problems, as `sciad.problems` builds them."""
-    cases = {"Lotka–Volterra (float64)": lotka_volterra(), "spiral neural ODE (float32)": spiral_node(hidden=50)}
-    return {name: dict(prob=b.problem, saveat=b.saveat, tol=b.rtol, loss=b.loss) for name, b in cases.items()}
-
-
-# --- what is timed -------------------------------------------------------------------
-
-
-def sciad_functions(case, sensealgs):
-    prob, saveat, tol, loss = case["prob"], case["saveat"], case["tol"], case["loss"]
-    fns = {"forward solve": jax.jit(lambda p: sciad.solve(prob, p=p, saveat=saveat, rtol=tol, atol=tol).us)}
-    for name, sensealg in sensealgs.items():
-        def value(p, sensealg=sensealg):
-            return loss(sciad.solve(prob, p=p, saveat=saveat, rtol=tol, atol=tol, sensealg=sensealg).us)
-
-        fns[name] = jax.jit(jax.grad(value))
-    return fns
-
-
-def diffrax_functions(case):
-    """diffrax's own adjoints on the same problem, written directly against diffrax."""
-    prob, saveat, tol, loss = case["prob"], case["saveat"], case["tol"], case["loss"]
-    term = dfx.ODETerm(lambda t, u, p: prob.f(u, p, t))
-    t0, t1 = prob.tspan
-
-    def solve(p, adjoint):
-        return dfx.diffeqsolve(term, dfx.Tsit5(), t0, t1, None, jnp.asarray(prob.u0), args=p,
-                               saveat=dfx.SaveAt(ts=jnp.asarray(saveat, prob.u0.dtype)),
-                               stepsize_controller=dfx.PIDController(rtol=tol, atol=tol),
-                               max_steps=4096, adjoint=adjoint).ys
-
-    return {
-        "diffrax RecursiveCheckpointAdjoint": jax.jit(jax.grad(lambda p: loss(solve(p, dfx.RecursiveCheckpointAdjoint())))),
-        "diffrax BacksolveAdjoint": jax.jit(jax.grad(lambda p: loss(solve(p, dfx.BacksolveAdjoint())))),
-        "diffrax ForwardMode (jacfwd)": jax.jit(jax.jacfwd(lambda p: loss(solve(p, dfx.ForwardMode())))),
-    }
-
-
-def sensealgs(enzyme: bool):
-    algs = {
-        "ForwardDiffSensitivity": ForwardDiffSensitivity(),
-        "ForwardSensitivity(jax-forward)": ForwardSensitivity(),
-        "BacksolveAdjoint(jax-reverse)": BacksolveAdjoint(),
-        "InterpolatingAdjoint(jax-reverse)": InterpolatingAdjoint(),
-        "InterpolatingAdjoint(jax-reverse, ckpt)": InterpolatingAdjoint(checkpointing=True),
-        "QuadratureAdjoint(jax-reverse)": QuadratureAdjoint(),
-        "DiscreteAdjoint": DiscreteAdjoint(),
-    }
-    if enzyme:
-        algs |= {
-            "BacksolveAdjoint(enzyme)": BacksolveAdjoint(vjp="enzyme"),
-            "InterpolatingAdjoint(enzyme)": InterpolatingAdjoint(vjp="enzyme"),
-            "InterpolatingAdjoint(enzyme, ckpt)": InterpolatingAdjoint(vjp="enzyme", checkpointing=True),
-            "QuadratureAdjoint(enzyme)": QuadratureAdjoint(vjp="enzyme"),
-        }
-    return algs
+def combinations(enzyme: bool):
+    """The forward solve, every sensealg (JAX engines), and diffrax's three built-in adjoints."""
+    combos = [forward_solve(), sciad_combination("ForwardDiffSensitivity"),
+              sciad_combination("ForwardSensitivity", "jax-forward"), sciad_combination("DiscreteAdjoint")]
+    combos += [sciad_combination(a, e) for e in ("jax-reverse", *(("enzyme",) if enzyme else ())) for a in ADJOINTS]
+    return combos + [diffrax_peer(a) for a in ("RecursiveCheckpointAdjoint", "BacksolveAdjoint", "ForwardMode")]
 
 
 def time_all(fns, p, repeats):
@@ -116,21 +58,21 @@ def time_all(fns, p, repeats):
 
 
 def report(title, fns, first, median, targets):
-    forward = median["forward solve"]
+    forward = median["forward solve (no gradient)"]
     builtin = {k: v for k, v in median.items() if k.startswith("diffrax")}
     best_builtin = min(builtin.values())
     print(f"\n## {title}\n")
-    print(f"| {'method':<42} | {'median ms':>9} | {'× forward':>9} | {'× best diffrax':>14} | {'first grad s':>12} |")
-    print(f"|{'-' * 44}|{'-' * 11}|{'-' * 11}|{'-' * 16}|{'-' * 14}|")
+    print(f"| {'method':<50} | {'median ms':>9} | {'× forward':>9} | {'× best diffrax':>14} | {'first grad s':>12} |")
+    print(f"|{'-' * 52}|{'-' * 11}|{'-' * 11}|{'-' * 16}|{'-' * 14}|")
     for name in fns:
-        print(f"| {name:<42} | {median[name] * 1e3:9.3f} | {median[name] / forward:9.2f} | "
+        print(f"| {name:<50} | {median[name] * 1e3:9.3f} | {median[name] / forward:9.2f} | "
               f"{median[name] / best_builtin:14.2f} | {first[name]:12.2f} |")
     for line in targets(median, forward, best_builtin):
         print(line)
 
 
 def lv_targets(median, forward, best_builtin):
-    sciad_grads = {k: v for k, v in median.items() if not k.startswith("diffrax") and k != "forward solve"}
+    sciad_grads = {k: v for k, v in median.items() if not k.startswith("diffrax") and k != "forward solve (no gradient)"}
     best = min(sciad_grads, key=sciad_grads.get)
     r1, r2 = sciad_grads[best] / forward, sciad_grads[best] / best_builtin
     return [
@@ -141,10 +83,10 @@ def lv_targets(median, forward, best_builtin):
 
 
 def spiral_targets(median, forward, best_builtin):
-    rca = median["diffrax RecursiveCheckpointAdjoint"]
+    rca = median["diffrax RecursiveCheckpointAdjoint / jax"]
     lines = []
-    for name in ("InterpolatingAdjoint(jax-reverse)", "InterpolatingAdjoint(jax-reverse, ckpt)",
-                 "QuadratureAdjoint(jax-reverse)"):
+    for name in ("InterpolatingAdjoint / jax-reverse", "InterpolatingAdjoint(checkpointing) / jax-reverse",
+                 "QuadratureAdjoint / jax-reverse"):
         r = median[name] / rca
         lines.append(f"target {name} ≤ 0.5× diffrax RecursiveCheckpointAdjoint: {r:.2f}×  "
                      f"{'MET' if r <= 0.5 else 'MISSED'}")
@@ -157,12 +99,12 @@ def main():
     parser.add_argument("--no-enzyme", action="store_true")
     args = parser.parse_args()
     enzyme = not args.no_enzyme and "enzyme" in ad.available()
-    print(f"jax {jax.__version__}, diffrax {dfx.__version__ if hasattr(dfx, '__version__') else '?'}, "
-          f"device {jax.devices()[0].device_kind}, repeats {args.repeats} (interleaved)")
-    for (title, case), targets in zip(problems().items(), (lv_targets, spiral_targets)):
-        fns = sciad_functions(case, sensealgs(enzyme)) | diffrax_functions(case)
-        p = jnp.asarray(case["prob"].p)
-        first, median = time_all(fns, p, args.repeats)
+    print(f"jax {jax.__version__}, device {jax.devices()[0].device_kind}, repeats {args.repeats} (interleaved)")
+    cases = (("Lotka–Volterra (float64)", lotka_volterra(), lv_targets),
+             ("spiral neural ODE (float32)", spiral_node(hidden=50), spiral_targets))
+    for title, bench, targets in cases:
+        fns = {combo.label: combo.build(bench) for combo in combinations(enzyme)}
+        first, median = time_all(fns, jnp.asarray(bench.problem.p), args.repeats)
         report(title, fns, first, median, targets)
 
 

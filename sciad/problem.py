@@ -77,3 +77,21 @@ def check_rhs(f: Callable, u0, p, t0: float) -> None:
             f"f(u, p, t) returns shape {tuple(out.shape)} but u0 has shape {tuple(np.shape(u0))}: "
             "they must match"
         )
+
+
+def check_saveat(saveat, t0: float, t1: float) -> np.ndarray:
+    """`saveat` as sorted times (T,) inside [t0, t1] (default: t0 and t1); a clear error otherwise."""
+    if saveat is None:
+        return np.array([t0, t1])
+    if isinstance(saveat, jax.core.Tracer):
+        raise TypeError("saveat must be concrete (NumPy or Python numbers), not traced by jax.jit")
+    ts = np.atleast_1d(np.asarray(saveat, dtype=float))
+    if ts.ndim != 1 or ts.size == 0:
+        raise ValueError(f"saveat must be a non-empty 1-D sequence of times, got shape {ts.shape}")
+    if not np.all(np.isfinite(ts)):
+        raise ValueError("saveat contains non-finite times")
+    if np.any(np.diff(ts) <= 0):
+        raise ValueError("saveat must be strictly increasing (sorted, no repeats): sort it with numpy.unique")
+    if ts[0] < t0 or ts[-1] > t1:
+        raise ValueError(f"saveat must lie inside tspan ({t0}, {t1}), got [{ts[0]}, {ts[-1]}]")
+    return ts

@@ -22,7 +22,8 @@ from sciad.adjoints import (
     InterpolatingAdjoint,
     QuadratureAdjoint,
 )
-from sciad.problem import ODEProblem
+from sciad.problem import ODEProblem, check_saveat
+from sciad.solve import get_solver, solve
 
 # Parameters up to which forward sensitivities win. Forward mode carries one tangent per
 # parameter, so its cost grows with m whatever the number of states; an adjoint costs a few
@@ -79,15 +80,13 @@ def describe(sensealg: AbstractSensitivity) -> str:
 
 def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, memory_budget=None) -> dict:
     """Cheap facts about the problem: sizes, stiffness, steps, memory, device."""
-    from sciad.solve import _solver, solve
-
     n, m = prob.u0.shape[0], prob.p.shape[0]
     t0, t1 = prob.tspan
     jac = jax.jacfwd(lambda u: prob.f(u, prob.p, jnp.asarray(t0, u.dtype)))(jnp.asarray(prob.u0))
     spectral = float(np.max(np.abs(np.linalg.eigvals(np.asarray(jac, dtype=float))), initial=0.0))
     sol = solve(prob, saveat=saveat, solver=solver, rtol=rtol, atol=atol, sensealg=DiscreteAdjoint())
     steps = int(sol.stats["steps"])
-    stages = getattr(getattr(_solver(solver), "tableau", None), "num_stages", 7)
+    stages = getattr(getattr(get_solver(solver), "tableau", None), "num_stages", 7)
     dense_bytes = steps * (stages + 1) * n * np.dtype(prob.u0.dtype).itemsize
     return {
         "states": n,
@@ -104,7 +103,7 @@ def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, 
 
 def heuristic(feat: dict) -> tuple[AbstractSensitivity, str]:
     """The rule-based pick and its reason, from `features`."""
-    n, m = feat["states"], feat["parameters"]
+    m = feat["parameters"]
     stiff = feat["implicit solver"] or feat["stiffness |λ|·T"] > STIFF_LIMIT
     over_budget = feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]
     if m <= FORWARD_MODE_PARAMETERS and not over_budget:
@@ -171,11 +170,9 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     are cached by the problem's structure in memory and, with `cache_dir`, on
     disk.
     """
-    from sciad.solve import _saveat
-
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
-    ts = _saveat(saveat, *prob.tspan)
+    ts = check_saveat(saveat, *prob.tspan)
     loss = loss or (lambda us: jnp.sum(us))
     key = _key(prob, ts, solver, rtol, atol) + ("-tuned" if autotune else "")
     if key not in _CACHE and cache_dir is not None and (pathlib.Path(cache_dir) / f"{key}.json").exists():
@@ -223,8 +220,6 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
     in interleaved rounds (so machine noise hits all alike) until `budget`
     seconds of timed runs are spent (at least one round): `median_s`, `times_s`.
     """
-    from sciad.solve import solve
-
     def gradient(sensealg):
         def value(p):
             out = loss(solve(prob, p=p, saveat=ts, solver=solver, rtol=rtol, atol=atol, sensealg=sensealg).us)

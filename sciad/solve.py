@@ -10,7 +10,7 @@ import numpy as np
 
 from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint
 from sciad.adjoints.base import Setup
-from sciad.problem import ODEProblem, check_vector
+from sciad.problem import ODEProblem, check_saveat, check_vector
 
 SOLVERS = {
     "tsit5": dfx.Tsit5,
@@ -33,7 +33,8 @@ class Solution(eqx.Module):
     interpolation: Any = None
 
 
-def _solver(solver) -> dfx.AbstractSolver:
+def get_solver(solver) -> dfx.AbstractSolver:
+    """A diffrax solver: `solver` itself, or a new one by its name in `SOLVERS`."""
     if isinstance(solver, dfx.AbstractSolver):
         return solver
     if solver not in SOLVERS:
@@ -49,23 +50,6 @@ def _sensealg(sensealg) -> AbstractSensitivity:
     if isinstance(sensealg, str) and sensealg in SENSEALGS:
         return SENSEALGS[sensealg]()
     raise ValueError(f"unknown sensealg {sensealg!r}; pass one of {sorted(SENSEALGS)} (an instance or its name)")
-
-
-def _saveat(saveat, t0: float, t1: float) -> np.ndarray:
-    if saveat is None:
-        return np.array([t0, t1])
-    if isinstance(saveat, jax.core.Tracer):
-        raise TypeError("saveat must be concrete (NumPy or Python numbers), not traced by jax.jit")
-    ts = np.atleast_1d(np.asarray(saveat, dtype=float))
-    if ts.ndim != 1 or ts.size == 0:
-        raise ValueError(f"saveat must be a non-empty 1-D sequence of times, got shape {ts.shape}")
-    if not np.all(np.isfinite(ts)):
-        raise ValueError("saveat contains non-finite times")
-    if np.any(np.diff(ts) <= 0):
-        raise ValueError("saveat must be strictly increasing (sorted, no repeats): sort it with numpy.unique")
-    if ts[0] < t0 or ts[-1] > t1:
-        raise ValueError(f"saveat must lie inside tspan ({t0}, {t1}), got [{ts[0]}, {ts[-1]}]")
-    return ts
 
 
 def _like(name: str, x, ref):
@@ -107,7 +91,7 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
     t0, t1 = prob.tspan
-    setup = Setup(prob.f, _solver(solver), t0, t1, _saveat(saveat, t0, t1), float(rtol), float(atol), int(max_steps))
+    setup = Setup(prob.f, get_solver(solver), t0, t1, check_saveat(saveat, t0, t1), float(rtol), float(atol), int(max_steps))
     if isinstance(sensealg, str) and sensealg == "auto":
         from sciad.select import select_sensealg
 
