@@ -102,7 +102,9 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
         "steps": stats[0], "accepted_steps": stats[1], "rejected_steps": stats[2],
         "function_evaluations": stats[0] * evals if evals else None,
     }
-    interpolation = setup.forward(u0, p, dense=True).interpolation.evaluate if dense else None
+    interpolation = None
+    if dense:
+        interpolation = setup.forward(u0, p, dense=True, adjoint=dfx.RecursiveCheckpointAdjoint()).interpolation.evaluate
     return Solution(jnp.asarray(setup.ts, dtype), us, solution_stats, interpolation)
 
 

@@ -23,11 +23,19 @@ class AbstractBackend(abc.ABC):
 
     Subclasses set `name` (the registry name), `mode` ("reverse" when the
     native primitive is the pullback, "forward" when it is the pushforward),
-    and `package`/`extra` when the engine is an optional install.
+    and `package`/`extra` when the engine is an optional install. Capabilities:
+    `traced` (its products are JAX programs, traced into the caller's and
+    differentiable again by JAX; otherwise they run on the host through
+    callbacks), `higher_order` (JAX can differentiate its traced products
+    again: second derivatives through code that uses them) and `vmappable`
+    (`jax.vmap` can batch its products; otherwise batches run as a loop).
     """
 
     name: ClassVar[str]
     mode: ClassVar[str]
+    traced: ClassVar[bool] = False
+    higher_order: ClassVar[bool] = False
+    vmappable: ClassVar[bool] = True
     package: ClassVar[str | None] = None
     extra: ClassVar[str | None] = None
 

@@ -6,10 +6,10 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.custom_derivatives import SymbolicZero, linear_call
+from jax.custom_derivatives import SymbolicZero
 
 from sciad.ad.backend import AbstractBackend
-from sciad.ad.jax_backends import Enzyme, _JaxTraced
+from sciad.ad.linear import linear_map
 from sciad.ad.registry import get
 
 
@@ -27,12 +27,13 @@ def differentiate_with(f: Callable, backend: AbstractBackend | str) -> Callable:
     only one), joined by a custom linear rule so both directions are native.
     """
     backend = get(backend)
-    if isinstance(backend, (_JaxTraced, Enzyme)):
+    if backend.traced:
         return _traced(f, backend)
     return _host(f, backend)
 
 
-def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Callable) -> Callable:
+def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Callable, *,
+                        vmappable: bool = True, nondifferentiable: str | None = None) -> Callable:
     """A JAX function `g(*xs)` with its own forward and reverse rules.
 
     `forward(*xs, active) -> (y, residuals)`, where `active` (a tuple of bools,
@@ -40,10 +41,16 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
     a plain evaluation (residuals are then unused); `pushforward(residuals,
     vs) -> tangent of y`; `pullback(residuals, w) -> tuple of cotangents, one
     per x` (entries of inactive arguments may be None). The two rules are
-    declared transposes of each other (`jax.custom_derivatives.linear_call`),
-    so `jax.jvp` runs `pushforward` and `jax.vjp`/`jax.grad` run `pullback`.
+    declared transposes of each other (`sciad.ad.linear.linear_map`), so
+    `jax.jvp` runs `pushforward` and `jax.vjp`/`jax.grad` run `pullback`.
     Only arguments with nonzero tangents enter the linear map, so
     differentiating some arguments leaves the others constant.
+
+    The rules are differentiable again: an outer `jax.jvp` differentiates
+    `forward` and the rules themselves (forward-over-reverse Hessians, Newton
+    steps through the rules), so everything they run must support forward
+    mode. `vmappable=False` batches the rules with a loop; `nondifferentiable`
+    (a reason) makes second derivatives raise it.
     """
 
     @jax.custom_jvp
@@ -69,7 +76,8 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
             cotangents = pullback(residuals, w)
             return tuple(cotangents[i] for i in active)
 
-        return y, linear_call(lin, lin_t, residuals, tuple(vs[i] for i in active))
+        return y, linear_map(lin, lin_t, residuals, tuple(vs[i] for i in active), vmappable=vmappable,
+                             nondifferentiable=nondifferentiable)
 
     return g
 
@@ -81,7 +89,11 @@ def _traced(f: Callable, backend: AbstractBackend) -> Callable:
     def pullback(xs, w):
         return tuple(backend.value_and_pullback(f, xs)[1](w))
 
-    return custom_linear_rules(lambda *xs, active: (f(*xs), xs), pushforward, pullback)
+    return custom_linear_rules(
+        lambda *xs, active: (f(*xs), xs), pushforward, pullback, vmappable=backend.vmappable,
+        nondifferentiable=None if backend.higher_order else (
+            f"second derivatives through the {backend.name!r} engine are not available (it cannot "
+            "differentiate its own derivatives): use jax-reverse, jax-forward or jax-transpose here"))
 
 
 def _host(f: Callable, backend: AbstractBackend) -> Callable:
@@ -124,41 +136,8 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
 
         return call(host, results, xs, w)
 
-    return custom_linear_rules(lambda *xs, active: (primal(*xs), xs), pushforward, pullback)
-
-
-def _register_linear_call_batching():
-    """vmap over `linear_call`, which JAX leaves without a batching rule: the
-    callee and its transpose are vmapped, unbatched linear inputs broadcast."""
-    from jax._src.custom_derivatives import linear_call_p
-    from jax._src.interpreters import batching
-
-    if linear_call_p in getattr(batching, "fancy_primitive_batchers", {}):
-        return
-
-    def rule(args, dims, *, callee, transpose_thunk, num_callee_consts, num_res):
-        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-        args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-        axes = [None if d is None else 0 for d in dims]
-        nres = num_callee_consts + num_res
-        res, res_axes = tuple(args[:nres]), tuple(axes[:nres])
-        lin = tuple(a if d is not None else jnp.broadcast_to(a, (size, *a.shape)) for a, d in zip(args[nres:], axes[nres:]))
-
-        def fun(res, lin):
-            run = lambda r, l: jax.core.eval_jaxpr(callee.jaxpr, callee.consts, *r, *l)  # noqa: E731
-            return tuple(jax.vmap(run, in_axes=(res_axes, 0))(res, lin))
-
-        def fun_transpose(res, cts):
-            jaxpr, t_consts = transpose_thunk()
-            consts, r = res[:num_callee_consts], res[num_callee_consts:]
-            del consts  # the transpose has its own constants
-            run = lambda r, c: jax.core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *t_consts, *r, *c)  # noqa: E731
-            return tuple(jax.vmap(run, in_axes=(res_axes[num_callee_consts:], 0))(r, cts))
-
-        out = linear_call(fun, fun_transpose, res, lin)
-        return list(out), [0] * len(out)
-
-    batching.primitive_batchers[linear_call_p] = rule
-
-
-_register_linear_call_batching()
+    return custom_linear_rules(
+        lambda *xs, active: (primal(*xs), xs), pushforward, pullback,
+        nondifferentiable=f"second derivatives through the host engine {backend.name!r} are not available "
+                          "inside JAX (its products run in host callbacks, which JAX cannot differentiate): "
+                          "use a JAX engine (jax-reverse, jax-forward, jax-transpose) here")

@@ -13,6 +13,8 @@ from sciad.ad.backend import AbstractBackend
 class _JaxTraced(AbstractBackend):
     """Shared by the JAX engines: JAX arrays, `jax.jit`, `jax.vmap`."""
 
+    traced = True
+    higher_order = True
     jit: bool = True
 
     def asarray(self, x, like=None):
@@ -83,14 +85,15 @@ class Enzyme(AbstractBackend):
     """EnzymeJAX (`enzyme-ad`): compiler-level AD of the lowered program; always
     jitted. Reverse mode only (its forward mode fails on common programs in
     enzyme-ad 0.0.16); no `jax.vmap` (enzyme-ad has no batching rule), so
-    Jacobians loop over pullbacks. For the same reason a function made with
-    `differentiate_with(f, "enzyme")` cannot be vmapped: `jax.vmap` and
-    `jax.jacrev` of it fail with enzyme-ad's "Batching rule for
-    'enzyme_primal' not implemented" (`jax.jacfwd` works). Needs Python 3.11
-    on Linux x86_64."""
+    Jacobians loop over pullbacks, and batches of the products of a function
+    made with `differentiate_with(f, "enzyme")` run as a `jax.lax.map` loop;
+    no second derivatives (enzyme-ad cannot differentiate its own
+    derivatives). Needs Python 3.11 on Linux x86_64."""
 
     name = "enzyme"
     mode = "reverse"
+    traced = True
+    vmappable = False
     package = "enzyme_ad"
     extra = "enzyme"
 

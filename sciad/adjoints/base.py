@@ -4,6 +4,7 @@ solve differentiable."""
 
 import abc
 import dataclasses
+import typing
 from typing import Callable
 
 import diffrax as dfx
@@ -31,8 +32,20 @@ class Setup:
     atol: float
     max_steps: int
 
-    def term(self) -> dfx.ODETerm:
-        return dfx.ODETerm(lambda t, u, p: self.f(u, p, t))
+    @property
+    def implicit(self) -> bool:
+        """Whether the solver is implicit (then the adjoint systems are solved implicitly too)."""
+        return is_implicit(self.solver)
+
+    def term(self, vector_field: Callable | None = None):
+        """`vector_field(t, y, args)` (default: f) as the term the solver takes; IMEX solvers
+        (KenCarp) get it as their implicit part, with a zero explicit part."""
+        vector_field = vector_field or (lambda t, u, p: self.f(u, p, t))
+        term = dfx.ODETerm(vector_field)
+        if typing.get_origin(self.solver.term_structure) is dfx.MultiTerm:
+            zero = dfx.ODETerm(lambda t, y, args: jax.tree.map(jnp.zeros_like, y))
+            return dfx.MultiTerm(zero, term)
+        return term
 
     def breakpoints(self, extra=()) -> np.ndarray:
         """Sorted unique times t0, ts, `extra`, t1: where the adjoint state jumps or restarts."""
@@ -41,14 +54,16 @@ class Setup:
     def diffeqsolve(self, term, y0, args, t0, t1, *, ts=None, dense=False, steps=False,
                     adjoint=None, max_steps=None, norm=None, dt0=None, throw=True):
         """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards).
-        `dt0` is the first step (None: diffrax selects it, at two extra f evaluations)."""
+        `dt0` is the first step (None: diffrax selects it, at two extra f evaluations).
+        Solves inside the rules run in diffrax's `ForwardMode` (JAX never reverse-differentiates
+        them, and an outer `jax.jvp` can enter them: second derivatives)."""
         controller = dfx.PIDController(rtol=self.rtol, atol=self.atol,
                                        **({} if norm is None else {"norm": norm}))
         saveat = dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
         return dfx.diffeqsolve(
             term, self.solver, t0, t1, dt0, y0, args=args, saveat=saveat,
             stepsize_controller=controller, max_steps=max_steps or self.max_steps,
-            adjoint=adjoint or dfx.RecursiveCheckpointAdjoint(), throw=throw,
+            adjoint=adjoint or dfx.ForwardMode(), throw=throw,
         )
 
     def forward(self, u0, p, *, ts=None, dense=False, adjoint=None):
@@ -56,6 +71,11 @@ class Setup:
         ts = self.ts if ts is None else ts
         return self.diffeqsolve(self.term(), u0, p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
                                 dense=dense, adjoint=adjoint)
+
+
+def is_implicit(solver: dfx.AbstractSolver) -> bool:
+    """Whether a diffrax solver is implicit (declares a root finder for its stages)."""
+    return isinstance(solver, dfx.AbstractImplicitSolver)
 
 
 def checked(result, x):
@@ -89,13 +109,6 @@ class Products:
     def jvp(self, u, p, t, du, dp):
         return jax.jvp(lambda u, p: self.g(u, p, t), (u, p), (du, dp))
 
-    def columns(self, fn: Callable, cols):
-        """`fn` over the leading axis of `cols`: vmapped, or a loop for Enzyme (no batching rule)."""
-        if isinstance(self.backend, ad.Enzyme):
-            k = jax.tree.leaves(cols)[0].shape[0]
-            outs = [fn(jax.tree.map(lambda c: c[i], cols)) for i in range(k)]
-            return jax.tree.map(lambda *o: jnp.stack(o), *outs)
-        return jax.vmap(fn)(cols)
 
 
 class AbstractSensitivity(eqx.Module):
@@ -118,7 +131,7 @@ class AbstractSensitivity(eqx.Module):
         u0, p = residuals[0], residuals[1]
 
         def solve(u0, p):
-            sol = setup.forward(u0, p, adjoint=dfx.ForwardMode())
+            sol = setup.forward(u0, p)
             return sol.ys, sol.result
 
         _, dus, result = jax.jvp(solve, (u0, p), (du0, dp), has_aux=True)

@@ -64,14 +64,15 @@ class _ContinuousAdjoint(AbstractSensitivity):
         raise NotImplementedError
 
     def _lambda_mu(self, setup, prods, p, t_from, t_to, dt0, u_of, lam, mu, norm=None):
-        """Solve (λ, μ) backwards with u(t) = u_of(t)."""
+        """Solve (λ, μ) backwards with u(t) = u_of(t) on [t_to, t_from] (held there: implicit
+        solvers evaluate stages slightly past the interval, where an interpolation is undefined)."""
 
         def rhs(t, y, p):
             lam, _ = y
-            _, vu, vp = prods.vjp(u_of(t), p, t, lam)
+            _, vu, vp = prods.vjp(u_of(jnp.clip(t, t_to, t_from)), p, t, lam)
             return -vu, -vp
 
-        sol = setup.diffeqsolve(dfx.ODETerm(rhs), (lam, mu), p, t_from, t_to, norm=norm, dt0=-dt0)
+        sol = setup.diffeqsolve(setup.term(rhs), (lam, mu), p, t_from, t_to, norm=norm, dt0=-dt0)
         return sol.ys[0][-1], sol.ys[1][-1]
 
 
@@ -89,7 +90,7 @@ class BacksolveAdjoint(_ContinuousAdjoint):
             du, vu, vp = prods.vjp(u, p, t, lam)
             return du, -vu, -vp
 
-        sol = setup.diffeqsolve(dfx.ODETerm(rhs), (u_end, lam, mu), p, t_from, t_to, dt0=-dt0)
+        sol = setup.diffeqsolve(setup.term(rhs), (u_end, lam, mu), p, t_from, t_to, dt0=-dt0)
         return sol.ys[1][-1], sol.ys[2][-1]
 
 

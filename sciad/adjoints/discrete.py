@@ -3,6 +3,7 @@
 import diffrax as dfx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sciad.adjoints.base import AbstractSensitivity, Setup, checked, plain_forward, stats_vector
 
@@ -21,17 +22,69 @@ class DiscreteAdjoint(AbstractSensitivity):
     """Reverse-mode AD through the solver's steps with diffrax's recursive
     checkpointing (`RecursiveCheckpointAdjoint`): the exact gradient of the
     discrete solution. The baseline every other sensealg is checked against.
-    The forward pass records the reverse pass's residuals (no re-solve)."""
+    The forward pass records the reverse pass's residuals (no re-solve).
+
+    Differentiated again (Hessians, forward-over-reverse), the reverse pass
+    is replayed through diffrax's `DirectAdjoint`, which forward mode can
+    enter: the same discrete derivative, at more memory."""
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
-        _, pb, (us, stats, result) = jax.vjp(_solution(setup), u0, p, has_aux=True)
+        us, stats, result, pb = _recorded(setup)(u0, p)
         return us, stats, (u0, p, pb, result)
 
     def pullback(self, setup: Setup, residuals, w):
-        _, _, pb, result = residuals
-        return checked(result, pb(w))
+        u0, p, pb, result = residuals
+        return checked(result, _replayed(setup)(u0, p, pb, w))
+
+
+def _zero_tangents(tree):
+    """Zero tangents for a PyTree of arrays (float0 for integer leaves)."""
+    return jax.tree.map(lambda x: jnp.zeros_like(x) if jnp.issubdtype(x.dtype, jnp.inexact)
+                        else np.zeros(x.shape, jax.dtypes.float0), tree)
+
+
+def _recorded(setup: Setup):
+    """(u0, p) -> (us, stats, result, pb): the forward solve with recursive checkpoints and the
+    pullback `pb` they make. Forward mode sees the solution's tangent (through the solver's
+    steps) and no tangent for `pb`, which `_replayed` recomputes instead of reading."""
+
+    @jax.custom_jvp
+    def record(u0, p):
+        _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint()), u0, p,
+                                             has_aux=True)
+        return us, stats, result, pb
+
+    @record.defjvp
+    def record_jvp(primals, tangents):
+        out = record(*primals)
+        _, dus = jax.jvp(lambda u0, p: setup.forward(u0, p).ys, primals, tangents)
+        return out, (dus, *_zero_tangents(out[1:]))
+
+    return record
+
+
+def _replayed(setup: Setup):
+    """(u0, p, pb, w) -> pb(w) = wᵀ ∂us/∂(u0, p); its derivative in (u0, p, w) is forward mode
+    through the reverse pass of a `DirectAdjoint` solve (recursive checkpoints admit no jvp)."""
+
+    @jax.custom_jvp
+    def replay(u0, p, pb, w):
+        return pb(w)
+
+    @replay.defjvp
+    def replay_jvp(primals, tangents):
+        u0, p, pb, w = primals
+        du0, dp, _, dw = tangents
+
+        def pullback(u0, p, w):
+            return jax.vjp(lambda u0, p: setup.forward(u0, p, adjoint=dfx.DirectAdjoint()).ys, u0, p)[1](w)
+
+        _, tangent = jax.jvp(pullback, (u0, p, w), (du0, dp, dw))
+        return pb(w), tangent
+
+    return replay
 
 
 class ForwardDiffSensitivity(AbstractSensitivity):
@@ -46,7 +99,7 @@ class ForwardDiffSensitivity(AbstractSensitivity):
             return plain_forward(setup, u0, p)
         argnums = tuple(i for i, on in enumerate(active) if on)
         jacs, (us, stats, result) = jax.jacfwd(
-            _solution(setup, dfx.ForwardMode()), argnums=argnums, has_aux=True)(u0, p)
+            _solution(setup), argnums=argnums, has_aux=True)(u0, p)
         full = [None, None]
         for i, jac in zip(argnums, jacs):
             full[i] = checked(result, jac)

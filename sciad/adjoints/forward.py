@@ -1,6 +1,6 @@
 """The forward sensitivity equations."""
 
-import diffrax as dfx
+import jax
 import jax.numpy as jnp
 
 import sciad.ad as ad
@@ -35,10 +35,10 @@ class ForwardSensitivity(AbstractSensitivity):
         def rhs(t, y, p):
             u, s = y
             du = setup.f(u, p, t)
-            ds = prods.columns(lambda c: prods.jvp(u, p, t, c[0], c[1])[1], (s, dps))
+            ds = jax.vmap(lambda s, dp: prods.jvp(u, p, t, s, dp)[1])(s, dps)
             return du, ds
 
-        sol = setup.diffeqsolve(dfx.ODETerm(rhs), (u0, s0), p, setup.t0, setup.t1,
+        sol = setup.diffeqsolve(setup.term(rhs), (u0, s0), p, setup.t0, setup.t1,
                                 ts=jnp.asarray(setup.ts, u0.dtype))
         us, sens = sol.ys  # sens: (T, columns, n)
         blocks = (sens[:, : sizes[0]] if active[0] else None, sens[:, sizes[0]:] if active[1] else None)

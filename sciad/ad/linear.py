@@ -1,0 +1,214 @@
+"""`linear_map`: a linear function with a declared transpose, differentiable again.
+
+`linear_map(fun, transpose, residuals, linear)` evaluates `fun(residuals, linear)`,
+which is linear in `linear` (and possibly nonlinear in `residuals`), and declares
+`transpose(residuals, cotangent)` its transpose. It is what JAX's
+`jax.custom_derivatives.linear_call` is, with the rules that make the rules
+built on it composable:
+
+- JVP: the product rule in both arguments, `fun(r, dl) + ∂_r fun(r, l)[dr]`.
+  The second term (nonzero when an outer transformation differentiates the
+  residuals: Hessians, Newton steps of implicit solvers) is itself a
+  `linear_map` in `dr`, whose transpose is reverse mode through `fun`;
+  `linear_call` asserts `dr = 0` instead.
+- transpose: `transpose(r, ·)`, whose own transpose is `fun(r, ·)` again.
+- batching: `jax.vmap` of both, or, for engines that cannot be vmapped
+  (`vmappable=False`), a sequential `jax.lax.map` over the batch.
+
+A map whose `fun` runs outside JAX (a host callback) cannot be differentiated
+in its residuals; `nondifferentiable` then gives the reason, raised as a clear
+error when that is attempted. Functions closing over traced values are
+traced at once and the values hoisted into the residuals, so they are
+differentiated too.
+"""
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax._src import core
+from jax._src import linear_util as lu
+from jax._src.ad_util import Zero
+from jax._src.api_util import debug_info
+from jax._src.interpreters import ad as jax_ad
+from jax._src.interpreters import batching, mlir
+from jax._src.interpreters import partial_eval as pe
+
+linear_map_p = core.Primitive("sciad_linear_map")
+linear_map_p.multiple_results = True
+
+
+class HigherOrderError(NotImplementedError):
+    """A derivative of a rule that this rule cannot provide (named in the message)."""
+
+
+def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, vmappable: bool = True,
+               nondifferentiable: str | None = None):
+    """`fun(residuals, linear)` (PyTrees of arrays in and out), linear in `linear`,
+    with `transpose(residuals, cotangent) -> cotangent of linear` as its transpose."""
+    res_flat, res_tree = jax.tree.flatten(residuals)
+    lin_flat, lin_tree = jax.tree.flatten(linear)
+    out_tree = []
+
+    def flat_fun(*args):
+        out = fun(jax.tree.unflatten(res_tree, args[: len(res_flat)]),
+                  jax.tree.unflatten(lin_tree, args[len(res_flat):]))
+        flat, tree = jax.tree.flatten(out)
+        out_tree.append(tree)
+        return flat
+
+    callee, consts = _trace(flat_fun, [*res_flat, *lin_flat])
+
+    def flat_transpose(*args):
+        cts = transpose(jax.tree.unflatten(res_tree, args[: len(res_flat)]),
+                        jax.tree.unflatten(out_tree[0], args[len(res_flat):]))
+        flat, tree = jax.tree.flatten(cts)
+        if tree != lin_tree:
+            raise TypeError(f"linear_map: the transpose returned structure {tree}, but the linear "
+                            f"input has structure {lin_tree}")
+        return flat
+
+    @functools.cache
+    def transpose_thunk():
+        return _trace(flat_transpose, [*res_flat, *callee.out_avals])
+
+    out = linear_map_p.bind(*consts, *res_flat, *lin_flat, callee=callee, transpose_thunk=transpose_thunk,
+                            num_consts=len(consts), num_res=len(res_flat), vmappable=vmappable,
+                            nondifferentiable=nondifferentiable)
+    return jax.tree.unflatten(out_tree[0], out)
+
+
+def _trace(flat_fun: Callable, args) -> tuple[core.ClosedJaxpr, list]:
+    """`flat_fun` as a closed jaxpr taking (closed-over values, *args), and those values."""
+    avals = [core.typeof(a) if not isinstance(a, core.AbstractValue) else a for a in args]
+    wrapped = lu.wrap_init(flat_fun, debug_info=debug_info("sciad linear_map", flat_fun, avals, {}))
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, avals)
+    return pe.close_jaxpr(pe.convert_constvars_jaxpr(jaxpr)), consts
+
+
+def _run(jaxpr: core.ClosedJaxpr, *args):
+    return core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
+
+
+def _impl(*args, callee, **_):
+    return _run(callee, *args)
+
+
+def _abstract_eval(*args, callee, **_):
+    return callee.out_avals, callee.effects
+
+
+def _is_zero(t) -> bool:
+    return type(t) is Zero or getattr(t, "dtype", None) == jax.dtypes.float0
+
+
+def _jvp(primals, tangents, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable):
+    params = dict(callee=callee, transpose_thunk=transpose_thunk, num_consts=num_consts, num_res=num_res,
+                  vmappable=vmappable, nondifferentiable=nondifferentiable)
+    nres = num_consts + num_res
+    res, lin = list(primals[:nres]), list(primals[nres:])
+    dres, dlin = tangents[:nres], tangents[nres:]
+    out = linear_map_p.bind(*primals, **params)
+    terms = []
+    if not all(_is_zero(t) for t in dlin):
+        dlin = [jax_ad.instantiate_zeros(t) if type(t) is Zero else t for t in dlin]
+        terms.append(linear_map_p.bind(*res, *dlin, **params))
+    active = [i for i, t in enumerate(dres) if not _is_zero(t)]
+    if active:
+        if nondifferentiable is not None:
+            raise HigherOrderError(nondifferentiable)
+        terms.append(_residual_term(callee, res, lin, active, [dres[i] for i in active], vmappable))
+    if not terms:
+        return out, [Zero(a.to_tangent_aval()) for a in callee.out_avals]
+    return out, [sum(ts[1:], ts[0]) for ts in zip(*terms)]
+
+
+def _residual_term(callee, res, lin, active, dres, vmappable):
+    """∂_r fun(r, l)[dr] for the residuals at positions `active`: a linear_map in dr."""
+
+    def at(res, lin, moving):
+        full = list(res)
+        for i, r in zip(active, moving):
+            full[i] = r
+        return _run(callee, *full, *lin)
+
+    def pushforward(rl, dr):
+        res, lin = rl
+        moving = [res[i] for i in active]
+        return jax.jvp(lambda *m: at(res, lin, m), moving, list(dr))[1]
+
+    def pullback(rl, ct):
+        res, lin = rl
+        moving = [res[i] for i in active]
+        try:
+            _, pb = jax.vjp(lambda *m: at(res, lin, m), *moving)
+            return list(pb(ct))
+        except Exception as e:  # a rule whose inside forward mode can enter but reverse mode cannot
+            raise HigherOrderError(
+                "reverse-over-reverse differentiation is not available for this rule (its inner solves "
+                "support forward mode only): take second derivatives forward-over-reverse, e.g. "
+                "jax.hessian(f), jax.jacfwd(jax.grad(f)) or jax.jvp(jax.grad(f), (x,), (v,))"
+            ) from e
+
+    return linear_map(pushforward, pullback, (res, lin), dres, vmappable=vmappable)
+
+
+def _transpose(cts, *args, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable):
+    nres = num_consts + num_res
+    res, lin = args[:nres], args[nres:]
+    if any(jax_ad.is_undefined_primal(r) for r in res):
+        raise HigherOrderError("linear_map: transposing with respect to a residual (a nonlinear input)")
+    consts, user_res = res[:num_consts], res[num_consts:]
+    t_jaxpr, t_consts = transpose_thunk()
+    cts = [jax_ad.instantiate_zeros(ct) if type(ct) is Zero else ct for ct in cts]
+    cts = [jnp.zeros(a.shape, a.dtype) if ct is None else ct for ct, a in zip(cts, callee.out_avals)]
+    out = linear_map_p.bind(*t_consts, *user_res, *cts, callee=t_jaxpr,
+                            transpose_thunk=lambda: (callee, list(consts)), num_consts=len(t_consts),
+                            num_res=num_res, vmappable=vmappable, nondifferentiable=nondifferentiable)
+    return [None] * nres + list(out)
+
+
+def _batch(axis_data, args, dims, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable):
+    """vmap of the map and of its transpose (or lax.map where the engine cannot be vmapped);
+    unbatched linear inputs are broadcast so the batched map stays linear in all of them."""
+    params = dict(callee=callee, transpose_thunk=transpose_thunk, num_consts=num_consts, num_res=num_res,
+                  vmappable=vmappable, nondifferentiable=nondifferentiable)
+    if all(d is None for d in dims):
+        out = linear_map_p.bind(*args, **params)
+        return out, [None] * len(out)
+    size = axis_data.size
+    args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    batched = [d is not None for d in dims]
+    nres = num_consts + num_res
+    res, res_batched = list(args[:nres]), batched[:nres]
+    lin = [a if b else jnp.broadcast_to(a, (size, *a.shape)) for a, b in zip(args[nres:], batched[nres:])]
+
+    def rows(jaxpr, consts, res, res_batched, rest):
+        """`jaxpr(*consts, *res, *rest)` row by row: `res` batched where `res_batched`, `rest` all batched."""
+        def row(batched_res, rest_row):
+            it = iter(batched_res)
+            return _run(jaxpr, *consts, *(next(it) if b else r for r, b in zip(res, res_batched)), *rest_row)
+
+        batched_res = [r for r, b in zip(res, res_batched) if b]
+        if vmappable:
+            return jax.vmap(row)(batched_res, list(rest))
+        return jax.lax.map(lambda xs: row(*xs), (batched_res, list(rest)))
+
+    def fun(res, lin):
+        return rows(callee, [], res, res_batched, lin)
+
+    def transpose(res, cts):  # the transpose jaxpr takes (its own consts, the user residuals, cotangents)
+        jaxpr, t_consts = transpose_thunk()
+        return rows(jaxpr, t_consts, res[num_consts:], res_batched[num_consts:], cts)
+
+    out = linear_map(fun, transpose, res, lin, vmappable=vmappable, nondifferentiable=nondifferentiable)
+    return out, [0] * len(out)
+
+
+linear_map_p.def_impl(_impl)
+linear_map_p.def_effectful_abstract_eval(_abstract_eval)
+jax_ad.primitive_jvps[linear_map_p] = _jvp
+jax_ad.primitive_transposes[linear_map_p] = _transpose
+batching.fancy_primitive_batchers[linear_map_p] = _batch
+mlir.register_lowering(linear_map_p, mlir.lower_fun(_impl, multiple_results=True))
