@@ -43,6 +43,12 @@ class HigherOrderError(NotImplementedError):
     """A derivative of a rule that this rule cannot provide (named in the message)."""
 
 
+REVERSE_OVER_REVERSE = (
+    "reverse-over-reverse differentiation is not available here (the rules' inner solves support "
+    "forward mode only): take second derivatives forward-over-reverse, e.g. jax.hessian(f), "
+    "jax.jacfwd(jax.grad(f)) or jax.jvp(jax.grad(f), (x,), (v,))")
+
+
 def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, vmappable: bool = True,
                nondifferentiable: str | None = None):
     """`fun(residuals, linear)` (PyTrees of arrays in and out), linear in `linear`,
@@ -77,6 +83,29 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, vmappab
                             num_consts=len(consts), num_res=len(res_flat), vmappable=vmappable,
                             nondifferentiable=nondifferentiable)
     return jax.tree.unflatten(out_tree[0], out)
+
+
+def forward_mode_only(tree, reason: str):
+    """`tree` unchanged; its tangents flow forward, but pulling a cotangent back through them
+    (reverse mode over code whose derivatives only forward mode can enter) raises `reason`."""
+    leaves, treedef = jax.tree.flatten(tree)
+    inexact = [i for i, x in enumerate(leaves) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+
+    def refuse(_, cotangent):
+        raise HigherOrderError(reason)
+
+    @jax.custom_jvp
+    def mark(xs):
+        return xs
+
+    @mark.defjvp
+    def mark_jvp(primals, tangents):
+        return primals[0], linear_map(lambda _, v: v, refuse, (), tangents[0])
+
+    marked = mark([leaves[i] for i in inexact])
+    for i, x in zip(inexact, marked):
+        leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
 
 
 def _trace(flat_fun: Callable, args) -> tuple[core.ClosedJaxpr, list]:
@@ -145,11 +174,7 @@ def _residual_term(callee, res, lin, active, dres, vmappable):
             _, pb = jax.vjp(lambda *m: at(res, lin, m), *moving)
             return list(pb(ct))
         except Exception as e:  # a rule whose inside forward mode can enter but reverse mode cannot
-            raise HigherOrderError(
-                "reverse-over-reverse differentiation is not available for this rule (its inner solves "
-                "support forward mode only): take second derivatives forward-over-reverse, e.g. "
-                "jax.hessian(f), jax.jacfwd(jax.grad(f)) or jax.jvp(jax.grad(f), (x,), (v,))"
-            ) from e
+            raise HigherOrderError(REVERSE_OVER_REVERSE) from e
 
     return linear_map(pushforward, pullback, (res, lin), dres, vmappable=vmappable)
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad.ad as ad
+from sciad.ad.linear import REVERSE_OVER_REVERSE, forward_mode_only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +143,9 @@ class AbstractSensitivity(eqx.Module):
 
         def forward(u0, p, active):
             us, stats, residuals = self.forward(setup, u0, p, active)
-            return (us, stats), residuals
+            if active is None:
+                return (us, stats), residuals
+            return forward_mode_only(((us, stats), residuals), REVERSE_OVER_REVERSE)
 
         def pushforward(residuals, vs):
             dus = self.pushforward(setup, residuals, *vs)

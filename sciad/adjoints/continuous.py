@@ -6,6 +6,7 @@ between breakpoints (t0, the saveat times, the checkpoints, t1); the
 methods differ in where u(t) comes from on the way back.
 """
 
+import warnings
 
 import diffrax as dfx
 import equinox as eqx
@@ -50,18 +51,24 @@ class _ContinuousAdjoint(AbstractSensitivity):
         t = jnp.asarray(bps, u0.dtype)
 
         def interval(carry, j):
-            lam, mu = carry
+            lam, mu, drift = carry
             dt0 = jnp.minimum(dt, t[j + 1] - t[j])
-            lam, mu = self.backward(setup, prods, p, t[j + 1], t[j], dt0, u_at[j], u_at[j + 1], interpolation, lam, mu)
-            return (lam + jumps[j], mu), None
+            lam, mu, d = self.backward(setup, prods, p, t[j + 1], t[j], dt0, u_at[j], u_at[j + 1], interpolation,
+                                       lam, mu)
+            return (lam + jumps[j], mu, jnp.maximum(drift, d)), None
 
-        carry = (jumps[-1], jnp.zeros_like(p))
-        (lam, mu), _ = jax.lax.scan(interval, carry, jnp.arange(len(bps) - 2, -1, -1))
-        return lam, mu
+        carry = (jumps[-1], jnp.zeros_like(p), jnp.zeros((), w.dtype))
+        (lam, mu, drift), _ = jax.lax.scan(interval, carry, jnp.arange(len(bps) - 2, -1, -1))
+        return self.check_drift((lam, mu), drift)
 
     def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
-        """(λ, μ) at t_to from their values at t_from > t_to on one interval, first step size dt0 > 0."""
+        """(λ, μ, drift) at t_to from λ, μ at t_from > t_to on one interval, first step size dt0 > 0;
+        `drift` ≥ 0 measures how far a state re-solved backwards ends from the stored u(t_to)."""
         raise NotImplementedError
+
+    def check_drift(self, cotangents, drift):
+        """The cotangents, checked against the largest `drift` of the backward pass (no check by default)."""
+        return cotangents
 
     def _lambda_mu(self, setup, prods, p, t_from, t_to, dt0, u_of, lam, mu, norm=None):
         """Solve (λ, μ) backwards with u(t) = u_of(t) on [t_to, t_from] (held there: implicit
@@ -73,16 +80,47 @@ class _ContinuousAdjoint(AbstractSensitivity):
             return -vu, -vp
 
         sol = setup.diffeqsolve(setup.term(rhs), (lam, mu), p, t_from, t_to, norm=norm, dt0=-dt0)
-        return sol.ys[0][-1], sol.ys[1][-1]
+        return sol.ys[0][-1], sol.ys[1][-1], jnp.zeros((), lam.dtype)
+
+
+DRIFT_TOLERANCE = 100.0
+UNSTABLE = ("BacksolveAdjoint: the state re-solved backwards in time departs from the forward solution "
+            "(or the backward solve failed), so this problem is unstable backwards in time (stiff or "
+            "dissipative) and the gradient would be wrong. Use InterpolatingAdjoint (checkpointing=True "
+            "bounds its memory) or QuadratureAdjoint.")
+
+
+def _warn_unstable(unstable, drift, tolerance):
+    if unstable:
+        warnings.warn(f"{UNSTABLE} (drift {float(drift):.3g} × tolerance, limit {tolerance:g})", RuntimeWarning,
+                      stacklevel=2)
 
 
 class BacksolveAdjoint(_ContinuousAdjoint):
     """Continuous adjoint that re-solves u backwards with λ and μ (O(1) memory
     per interval). At every saveat time u is reset to the stored forward value
-    (SciML's checkpointed backsolve). Inaccurate on problems that are unstable
-    backwards in time (stiff or dissipative ones): use InterpolatingAdjoint."""
+    (SciML's checkpointed backsolve).
+
+    Wrong on problems that are unstable backwards in time (stiff or
+    dissipative ones), so it checks itself at no extra cost: where u is reset,
+    the u re-solved backwards must match the stored forward value within
+    `drift_tolerance` × (atol + rtol |u|) (RMS over states). Beyond it, or when
+    the backward solve fails, `on_instability="raise"` (default) raises an
+    error recommending InterpolatingAdjoint; `"warn"` warns and returns the
+    gradient anyway."""
 
     stores_interpolation = False
+    on_instability: str
+    drift_tolerance: float
+
+    def __init__(self, vjp="jax-reverse", on_instability="raise", drift_tolerance=DRIFT_TOLERANCE):
+        super().__init__(vjp)
+        if on_instability not in ("raise", "warn"):
+            raise ValueError(f"BacksolveAdjoint(on_instability=...) must be 'raise' or 'warn', got {on_instability!r}")
+        if not drift_tolerance > 0:
+            raise ValueError(f"BacksolveAdjoint(drift_tolerance=...) must be positive, got {drift_tolerance!r}")
+        self.on_instability = on_instability
+        self.drift_tolerance = float(drift_tolerance)
 
     def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
         def rhs(t, y, p):
@@ -90,8 +128,18 @@ class BacksolveAdjoint(_ContinuousAdjoint):
             du, vu, vp = prods.vjp(u, p, t, lam)
             return du, -vu, -vp
 
-        sol = setup.diffeqsolve(setup.term(rhs), (u_end, lam, mu), p, t_from, t_to, dt0=-dt0)
-        return sol.ys[1][-1], sol.ys[2][-1]
+        sol = setup.diffeqsolve(setup.term(rhs), (u_end, lam, mu), p, t_from, t_to, dt0=-dt0, throw=False)
+        scale = setup.atol + setup.rtol * jnp.abs(u_start)
+        drift = jnp.sqrt(jnp.mean(((sol.ys[0][-1] - u_start) / scale) ** 2))
+        drift = jnp.where(dfx.is_okay(sol.result), drift, jnp.inf)
+        return sol.ys[1][-1], sol.ys[2][-1], jax.lax.stop_gradient(drift)
+
+    def check_drift(self, cotangents, drift):
+        unstable = drift > self.drift_tolerance
+        if self.on_instability == "raise":
+            return eqx.error_if(cotangents, unstable, UNSTABLE + " Or pass BacksolveAdjoint(on_instability='warn').")
+        jax.debug.callback(_warn_unstable, unstable, drift, self.drift_tolerance)
+        return cotangents
 
 
 class InterpolatingAdjoint(_ContinuousAdjoint):
