@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad.ad as ad
+from sciad.adjoints.base import is_implicit
 from sciad.adjoints import (
     AbstractSensitivity,
     BacksolveAdjoint,
@@ -92,7 +93,7 @@ def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, 
         "states": n,
         "parameters": m,
         "stiffness |λ|·T": round(spectral * (t1 - t0), 3),
-        "implicit solver": solver in ("kvaerno3", "kvaerno5"),
+        "implicit solver": is_implicit(get_solver(solver)),
         "forward steps": steps,
         "save points": int(np.size(saveat)),
         "interpolation bytes": dense_bytes,
@@ -241,8 +242,8 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
             start = time.perf_counter()
             g = jax.block_until_ready(grad(prob.p))
             row["compile_s"] = time.perf_counter() - start
-        except (ValueError, TypeError, RuntimeError) as e:
-            row["ok"] = f"failed: {str(e).splitlines()[0][:60]}"
+        except Exception as e:  # a candidate that cannot run here is reported, not fatal
+            row["ok"] = f"failed: {type(e).__name__}: {_first_line(e)[:80]}"
             continue
         err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), ref)) / scale
         row["rel_error"], row["ok"] = err, bool(np.isfinite(err) and err < tol)
@@ -258,6 +259,13 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
     for _, row in runnable:
         row["median_s"] = float(np.median(row["times_s"]))
     return rows
+
+
+def _first_line(error: Exception) -> str:
+    """The first line of an error's message that says what went wrong (JAX wraps run-time errors)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line and not line.startswith("File")]
+    return (named or lines or [""])[-1 if named else 0]
 
 
 def fastest(rows: list[dict]) -> dict | None:

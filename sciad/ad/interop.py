@@ -9,7 +9,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from sciad.ad.backend import AbstractBackend
-from sciad.ad.linear import linear_map
+from sciad.ad.linear import HigherOrderError, linear_map
 from sciad.ad.registry import get
 
 
@@ -25,6 +25,9 @@ def differentiate_with(f: Callable, backend: AbstractBackend | str) -> Callable:
     the benchmarks). Tangents use the engine's pushforward and cotangents its
     pullback (the other one derived from the Jacobian where the engine has
     only one), joined by a custom linear rule so both directions are native.
+    Second derivatives (Hessians, Newton steps through the products) work for
+    engines that declare `higher_order` and raise a clear
+    `sciad.ad.linear.HigherOrderError` for the others.
     """
     backend = get(backend)
     if backend.traced:
@@ -110,6 +113,11 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
     def call(host_fn, result, *args):
         return jax.pure_callback(host_fn, result, *args, vmap_method="sequential")
 
+    no_second_order = (f"second derivatives through the host engine {backend.name!r} are not available inside "
+                       "JAX (its products run in host callbacks, which JAX cannot differentiate): use a JAX "
+                       "engine (jax-reverse, jax-forward, jax-transpose) here")
+
+    @jax.custom_jvp
     def primal(*xs):
         result = out_struct(xs)
 
@@ -117,6 +125,10 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
             return backend.numpy(f(*engine(xs))).astype(result.dtype)
 
         return call(host, result, *xs)
+
+    @primal.defjvp
+    def primal_jvp(xs, vs):  # reached only when the rules' forward pass is differentiated again
+        raise HigherOrderError(no_second_order)
 
     def pushforward(xs, vs):
         result = out_struct(xs)
@@ -136,8 +148,5 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
 
         return call(host, results, xs, w)
 
-    return custom_linear_rules(
-        lambda *xs, active: (primal(*xs), xs), pushforward, pullback,
-        nondifferentiable=f"second derivatives through the host engine {backend.name!r} are not available "
-                          "inside JAX (its products run in host callbacks, which JAX cannot differentiate): "
-                          "use a JAX engine (jax-reverse, jax-forward, jax-transpose) here")
+    return custom_linear_rules(lambda *xs, active: (primal(*xs), xs), pushforward, pullback,
+                               nondifferentiable=no_second_order)

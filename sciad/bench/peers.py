@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad.bench.harness import Combination
+from sciad.adjoints.base import step_controller
 from sciad.problems import Benchmark
 from sciad.solve import SOLVERS
 
@@ -23,10 +24,11 @@ def _diffrax_objective(bench: Benchmark, adjoint):
 
     def objective(p):
         u0 = jnp.asarray(prob.u0, p.dtype)
-        sol = dfx.diffeqsolve(term, SOLVERS[bench.solver](), t0, t1, None, u0, args=p,
+        solver = SOLVERS[bench.solver]()
+        sol = dfx.diffeqsolve(term, solver, t0, t1, None, u0, args=p,
                               saveat=dfx.SaveAt(ts=jnp.asarray(bench.saveat, p.dtype)),
-                              stepsize_controller=dfx.PIDController(rtol=bench.rtol, atol=bench.atol),
-                              max_steps=4096, adjoint=adjoint)
+                              stepsize_controller=step_controller(solver, bench.rtol, bench.atol),
+                              max_steps=bench.max_steps, adjoint=adjoint)
         return bench.loss(sol.ys)
 
     return objective

@@ -8,8 +8,10 @@ loss of the saved states and the tolerances to solve at.
 """
 
 from sciad.problems.benchmark import Benchmark
-from sciad.problems.brusselator import brusselator
+from sciad.problems.brusselator import brusselator, brusselator_pde
 from sciad.problems.lotka_volterra import lotka_volterra
+from sciad.problems.oregonator import oregonator
 from sciad.problems.spiral import spiral_node
 
-PROBLEMS = {"lotka-volterra": lotka_volterra, "spiral-node": spiral_node, "brusselator": brusselator}
+PROBLEMS = {"lotka-volterra": lotka_volterra, "spiral-node": spiral_node, "brusselator": brusselator,
+            "brusselator-pde": brusselator_pde, "oregonator": oregonator}

@@ -13,7 +13,7 @@ from sciad.solve import solve
 class Benchmark:
     """`loss(us)` maps the saved states us (T, n) (any engine's array) to a
     scalar; `objective(p)` is that loss of the solution at parameters p (m,),
-    solved with `solver` at `rtol`, `atol`. Tighter tolerances for a
+    solved with `solver` at `rtol`, `atol` in at most `max_steps` steps. Tighter tolerances for a
     reference: `dataclasses.replace(bench, rtol=1e-10, atol=1e-10)`."""
 
     name: str
@@ -23,6 +23,7 @@ class Benchmark:
     rtol: float = 1e-6
     atol: float = 1e-6
     solver: str = "tsit5"
+    max_steps: int = 4096
 
     @property
     def size(self) -> int:
@@ -32,5 +33,5 @@ class Benchmark:
     def objective(self, p, sensealg=None):
         """loss(us) with us solved at parameters p (m,), differentiated by `sensealg`."""
         sol = solve(self.problem, p=p, saveat=self.saveat, solver=self.solver,
-                    rtol=self.rtol, atol=self.atol, sensealg=sensealg)
+                    rtol=self.rtol, atol=self.atol, sensealg=sensealg, max_steps=self.max_steps)
         return self.loss(sol.us)
