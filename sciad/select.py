@@ -243,7 +243,7 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
             g = jax.block_until_ready(grad(prob.p))
             row["compile_s"] = time.perf_counter() - start
         except Exception as e:  # a candidate that cannot run here is reported, not fatal
-            row["ok"] = f"failed: {type(e).__name__}: {_first_line(e)[:80]}"
+            row["ok"] = f"failed: {_first_line(e)[:200]}"
             continue
         err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), ref)) / scale
         row["rel_error"], row["ok"] = err, bool(np.isfinite(err) and err < tol)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint
-from sciad.adjoints.base import Setup
+from sciad.adjoints.base import Setup, is_implicit
 from sciad.problem import ODEProblem, check_saveat, check_vector
 
 SOLVERS = {
@@ -111,6 +111,6 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
 def _evaluations_per_step(solver) -> int | None:
     """f evaluations per step of an explicit Runge–Kutta solver (FSAL-aware); None otherwise."""
     tableau = getattr(solver, "tableau", None)
-    if tableau is None or tableau.implicit:
+    if tableau is None or is_implicit(solver):
         return None
     return tableau.num_stages - (1 if tableau.fsal else 0)
