@@ -1,0 +1,77 @@
+"""Cost of one Hessian-vector product against one gradient, for every sensealg.
+
+Lotka–Volterra and the spiral neural ODE (the paper's set-ups, `sciad.problems`);
+for each sensealg (JAX engines), a `jax.jit`-compiled gradient wrt p and a
+forward-over-reverse HVP `jax.jvp(jax.grad(L), (p,), (v,))`, timed in one
+process, repeats interleaved; the table gives the median times and their ratio.
+
+    python experiments/hvp_cost.py [--repeats 20] [--out results/hvp-cost]
+"""
+
+import argparse
+import json
+import pathlib
+import time
+
+import jax
+import numpy as np
+
+from sciad.bench.harness import SENSEALGS
+from sciad.problems import lotka_volterra, spiral_node
+
+jax.config.update("jax_enable_x64", True)
+
+
+def sensealgs():
+    """(label, sensealg) for every sensealg with its JAX engine (jax-forward for ForwardSensitivity)."""
+    for name, make in SENSEALGS.items():
+        yield name, make("jax-forward" if name == "ForwardSensitivity" else "jax-reverse")
+
+
+def main(repeats: int, out: pathlib.Path):
+    rows = []
+    for bench in (lotka_volterra(), spiral_node()):
+        p = bench.problem.p
+        v = np.random.default_rng(0).normal(size=p.shape).astype(p.dtype)
+        fns = {}
+        for name, alg in sensealgs():
+            grad = jax.jit(jax.grad(lambda p, alg=alg: bench.objective(p, alg)))
+            hvp = jax.jit(lambda p, v, grad=grad: jax.jvp(grad, (p,), (v,))[1])
+            fns[(name, "gradient")] = lambda grad=grad: grad(p)
+            fns[(name, "hvp")] = lambda hvp=hvp: hvp(p, v)
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            print(f"{bench.name} {key[0]} {key[1]}: compiled in {time.perf_counter() - start:.1f} s", flush=True)
+        times = {key: [] for key in fns}
+        for _ in range(repeats):
+            for key, fn in fns.items():
+                start = time.perf_counter()
+                jax.block_until_ready(fn())
+                times[key].append(time.perf_counter() - start)
+        for name, _ in sensealgs():
+            g, h = np.median(times[(name, "gradient")]), np.median(times[(name, "hvp")])
+            rows.append({"problem": bench.name, "sensealg": name, "gradient_s": g, "hvp_s": h, "ratio": h / g})
+    best = {}
+    for r in rows:
+        if r["problem"] not in best or r["gradient_s"] < best[r["problem"]]["gradient_s"]:
+            best[r["problem"]] = r
+    lines = ["| problem | sensealg | gradient (ms) | HVP (ms) | HVP / gradient |", "|---|---|---|---|---|"]
+    for r in rows:
+        mark = " (fastest gradient)" if best[r["problem"]] is r else ""
+        lines.append(f"| {r['problem']} | {r['sensealg']}{mark} | {1e3 * r['gradient_s']:.2f} | "
+                     f"{1e3 * r['hvp_s']:.2f} | {r['ratio']:.2f} |")
+    table = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "records.json").write_text(json.dumps({"repeats": repeats, "device": jax.devices()[0].device_kind,
+                                                  "rows": rows}, indent=1))
+    (out / "table.md").write_text(f"# HVP / gradient cost\n\n{table}\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/hvp-cost"))
+    args = parser.parse_args()
+    main(args.repeats, args.out)
