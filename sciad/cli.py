@@ -2,7 +2,7 @@
 
 import argparse
 
-BENCHMARKS = ("lotka-volterra", "spiral-node", "scaling", "gpu-crossover", "selection")
+BENCHMARKS = ("lotka-volterra", "spiral-node", "scaling", "gpu-crossover", "stiff", "selection")
 
 
 def main(argv=None) -> None:

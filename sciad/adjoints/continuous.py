@@ -53,17 +53,18 @@ class _ContinuousAdjoint(AbstractSensitivity):
         def interval(carry, j):
             lam, mu, drift = carry
             dt0 = jnp.minimum(dt, t[j + 1] - t[j])
-            lam, mu, d = self.backward(setup, prods, p, t[j + 1], t[j], dt0, u_at[j], u_at[j + 1], interpolation,
-                                       lam, mu)
-            return (lam + jumps[j], mu, jnp.maximum(drift, d)), None
+            lam, mu, drift = self.backward(setup, prods, p, t[j + 1], t[j], dt0, u_at[j], u_at[j + 1],
+                                           interpolation, lam, mu, drift)
+            return (lam + jumps[j], mu, drift), None
 
         carry = (jumps[-1], jnp.zeros_like(p), jnp.zeros((), w.dtype))
         (lam, mu, drift), _ = jax.lax.scan(interval, carry, jnp.arange(len(bps) - 2, -1, -1))
         return self.check_drift((lam, mu), drift)
 
-    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
+    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu, drift):
         """(λ, μ, drift) at t_to from λ, μ at t_from > t_to on one interval, first step size dt0 > 0;
-        `drift` ≥ 0 measures how far a state re-solved backwards ends from the stored u(t_to)."""
+        `drift` ≥ 0, the largest so far, measures how far a state re-solved backwards ends from the
+        stored u(t_to)."""
         raise NotImplementedError
 
     def check_drift(self, cotangents, drift):
@@ -80,7 +81,7 @@ class _ContinuousAdjoint(AbstractSensitivity):
             return -vu, -vp
 
         sol = setup.diffeqsolve(setup.term(rhs), (lam, mu), p, t_from, t_to, norm=norm, dt0=-dt0)
-        return sol.ys[0][-1], sol.ys[1][-1], jnp.zeros((), lam.dtype)
+        return sol.ys[0][-1], sol.ys[1][-1]
 
 
 DRIFT_TOLERANCE = 100.0
@@ -122,17 +123,22 @@ class BacksolveAdjoint(_ContinuousAdjoint):
         self.on_instability = on_instability
         self.drift_tolerance = float(drift_tolerance)
 
-    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
+    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu, drift):
         def rhs(t, y, p):
             u, lam, _ = y
             du, vu, vp = prods.vjp(u, p, t, lam)
             return du, -vu, -vp
 
-        sol = setup.diffeqsolve(setup.term(rhs), (u_end, lam, mu), p, t_from, t_to, dt0=-dt0, throw=False)
-        scale = setup.atol + setup.rtol * jnp.abs(u_start)
-        drift = jnp.sqrt(jnp.mean(((sol.ys[0][-1] - u_start) / scale) ** 2))
-        drift = jnp.where(dfx.is_okay(sol.result), drift, jnp.inf)
-        return sol.ys[1][-1], sol.ys[2][-1], jax.lax.stop_gradient(drift)
+        def solve():
+            sol = setup.diffeqsolve(setup.term(rhs), (u_end, lam, mu), p, t_from, t_to, dt0=-dt0, throw=False)
+            scale = setup.atol + setup.rtol * jnp.abs(u_start)
+            d = jnp.sqrt(jnp.mean(((sol.ys[0][-1] - u_start) / scale) ** 2))
+            d = jnp.where(dfx.is_okay(sol.result), d, jnp.inf)
+            return sol.ys[1][-1], sol.ys[2][-1], jnp.maximum(drift, jax.lax.stop_gradient(d))
+
+        # Once unstable, the result is refused: the remaining intervals are not solved (a stiff
+        # problem's backward solve can take max_steps in every one of them).
+        return jax.lax.cond(drift > self.drift_tolerance, lambda: (lam, mu, drift), solve)
 
     def check_drift(self, cotangents, drift):
         unstable = drift > self.drift_tolerance
@@ -176,7 +182,7 @@ class InterpolatingAdjoint(_ContinuousAdjoint):
             raise ValueError(f"checkpoints must lie inside tspan ({setup.t0}, {setup.t1}), got {self.checkpoints}")
         return c
 
-    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
+    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu, drift):
         if self.checkpointing:  # re-solve this interval forward with dense output
             max_steps = self.steps_per_interval(setup)
             sol = setup.diffeqsolve(
@@ -186,7 +192,7 @@ class InterpolatingAdjoint(_ContinuousAdjoint):
                                f"more than interval_max_steps={max_steps} steps; pass a larger "
                                "interval_max_steps or more checkpoints")
             interpolation = sol.interpolation
-        return self._lambda_mu(setup, prods, p, t_from, t_to, dt0, interpolation.evaluate, lam, mu)
+        return *self._lambda_mu(setup, prods, p, t_from, t_to, dt0, interpolation.evaluate, lam, mu), drift
 
     def steps_per_interval(self, setup: Setup) -> int:
         """interval_max_steps, or by default 4 × max_steps / intervals (at least 64, at most max_steps)."""
@@ -204,6 +210,6 @@ class QuadratureAdjoint(_ContinuousAdjoint):
 
     stores_interpolation = True
 
-    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu):
-        return self._lambda_mu(setup, prods, p, t_from, t_to, dt0, interpolation.evaluate, lam, mu,
-                               norm=lambda y: optx.rms_norm(y[0]))
+    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu, drift):
+        return *self._lambda_mu(setup, prods, p, t_from, t_to, dt0, interpolation.evaluate, lam, mu,
+                                norm=lambda y: optx.rms_norm(y[0])), drift

@@ -10,7 +10,8 @@ import sciad.ad as ad
 from sciad.bench import claims, harness, plots, tables
 from sciad.bench.harness import TAKES_ENGINE, sciad_combination
 from sciad.bench.peers import peers
-from sciad.problems import brusselator, lotka_volterra, spiral_node
+from sciad.bench.peers import diffrax_peer
+from sciad.problems import brusselator, brusselator_pde, lotka_volterra, oregonator, spiral_node
 
 
 def _sensealg_matrix(engines, *, quick: bool):
@@ -86,11 +87,33 @@ def gpu_crossover_plan(engines, quick):
     return plan, [f"engines other than {', '.join(vjp)} (the crossover compares devices, not engines)"]
 
 
+STIFF_PEERS = ("RecursiveCheckpointAdjoint", "ForwardMode", "DirectAdjoint")
+
+
+def stiff_plan(engines, quick):
+    """The Oregonator and the Brusselator PDE with Kvaerno5: every sensealg × JAX-traced engine
+    (quick: jax-reverse, jax-forward for ForwardSensitivity) and diffrax's adjoints, in one run."""
+    traced = [e for e in engines if ad.BACKENDS[e].traced]
+    combos, skipped = _sensealg_matrix(traced, quick=False)
+    if quick:
+        keep = {"ForwardSensitivity": "jax-forward"}
+        combos = [c for c in combos if c.engine in (None, keep.get(c.sensealg, "jax-reverse"))]
+        skipped.append("engines other than jax-reverse (jax-forward for ForwardSensitivity) (quick mode)")
+    combos += [diffrax_peer(a) for a in STIFF_PEERS]
+    skipped += [f"{e} (host engine: one callback per product inside every Newton iteration)"
+                for e in engines if e not in traced]
+    skipped.append("diffrax BacksolveAdjoint, torchdiffeq and jax.experimental.ode (unstable backwards "
+                   "or explicit solvers on stiff problems)")
+    benches = [oregonator(), brusselator_pde(6 if quick else 16)]
+    return [(bench, combos) for bench in benches], skipped
+
+
 PLANS = {
     "lotka-volterra": paper_plan(lotka_volterra),
     "spiral-node": paper_plan(spiral_node),
     "scaling": scaling_plan,
     "gpu-crossover": gpu_crossover_plan,
+    "stiff": stiff_plan,
 }
 
 
@@ -121,7 +144,7 @@ def write_outputs(name: str, records: list[dict], skipped: list[str], out: pathl
     (out / "records.json").write_text(json.dumps(
         {"experiment": name, "quick": quick, "skipped": skipped, "records": records}, indent=1))
     title = f"{name}{' (quick)' if quick else ''}: gradient time, {records[0]['device']}"
-    if name in ("lotka-volterra", "spiral-node"):
+    if name in ("lotka-volterra", "spiral-node", "stiff"):
         plots.violin_plot(records, out / f"{name}.png", title)
     else:
         xlabel = "states + parameters" + (" (5·hidden + 4)" if name == "gpu-crossover" else " (2n² + 3)")

@@ -13,11 +13,25 @@ COLORS = {"sciad": "tab:blue", "peer": "tab:orange", "baseline": "tab:gray"}
 
 
 def violin_plot(records, path, title: str) -> None:
-    """One horizontal violin per combination (times in seconds, log axis), sciad in blue,
-    peers in orange, the forward solve in gray; wrong or failed combinations listed without data."""
+    """One panel per problem, one horizontal violin per combination (times in seconds, log axis),
+    sciad in blue, peers in orange, the forward solve in gray; wrong or failed combinations listed without data."""
     order = {"baseline": 0, "sciad": 1, "peer": 2}
-    records = sorted(records, key=lambda r: (order[r["kind"]], r["label"]))
-    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.32 * len(records)))
+    problems = {}
+    for r in sorted(records, key=lambda r: (order[r["kind"]], r["label"])):
+        problems.setdefault(r["problem"], []).append(r)
+    heights = [len(group) for group in problems.values()]
+    fig, axes = plt.subplots(len(problems), 1, figsize=(9, 1.0 + 0.32 * sum(heights) + 0.6 * (len(problems) - 1)),
+                             height_ratios=heights, squeeze=False)
+    for ax, (problem, group) in zip(axes[:, 0], problems.items()):
+        _violins(ax, group)
+        ax.set_title(title if len(problems) == 1 else f"{title}: {problem}")
+    axes[-1, 0].set_xlabel("time per gradient (s, log scale)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _violins(ax, records) -> None:
     for i, r in enumerate(records):
         times = np.asarray(r["times"])
         if r["ok"] and times.size >= 2 and np.ptp(times) > 0:
@@ -35,12 +49,7 @@ def violin_plot(records, path, title: str) -> None:
     ticks = ax.get_xticks()
     ax.set_xticks(ticks)
     ax.set_xticklabels([f"$10^{{{t:g}}}$" for t in ticks])
-    ax.set_xlabel("time per gradient (s, log scale)")
-    ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def size_plot(records, path, title: str, *, xlabel="states + parameters") -> None:
