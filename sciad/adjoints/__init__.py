@@ -1,12 +1,8 @@
-"""Sensitivity algorithms (sensealgs), named as in SciMLSensitivity.jl."""
+"""Sensitivity algorithms (sensealgs), named as in SciMLSensitivity.jl; `SENSEALGS`,
+`describe` and `parse` map them to and from names with every option."""
 
 from sciad.adjoints.base import AbstractSensitivity
 from sciad.adjoints.continuous import BacksolveAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from sciad.adjoints.discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints.forward import ForwardSensitivity
-
-SENSEALGS = {
-    cls.__name__: cls
-    for cls in (ForwardDiffSensitivity, ForwardSensitivity, BacksolveAdjoint,
-                InterpolatingAdjoint, QuadratureAdjoint, DiscreteAdjoint)
-}
+from sciad.adjoints.registry import SENSEALGS, describe, engine_option, parse
