@@ -1,11 +1,10 @@
-"""Choosing the sensitivity algorithm and VJP engine for a problem: a
-heuristic from cheap features, optional autotuning, and an explanation."""
+"""Choosing the sensitivity algorithm for a problem outside `jit`: the trace-time heuristic
+(`sciad.auto`) on an `ODEProblem`, or autotuning: the plausible candidates timed on the
+problem, their gradients checked, the fastest correct one chosen."""
 
-import dataclasses
 import hashlib
 import json
 import pathlib
-import time
 from typing import Callable
 
 import jax
@@ -13,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad.ad as ad
-from sciad.adjoints.base import is_implicit
 from sciad.adjoints import (
     AbstractSensitivity,
     BacksolveAdjoint,
@@ -22,109 +20,25 @@ from sciad.adjoints import (
     ForwardSensitivity,
     InterpolatingAdjoint,
     QuadratureAdjoint,
+    describe,
+    parse,
 )
+from sciad.auto import Choice, auto_sensealg
+from sciad.auto import features as trace_features
 from sciad.problem import ODEProblem, check_saveat
 from sciad.solve import get_solver, solve
-
-# Parameters up to which forward sensitivities win. Forward mode carries one tangent per
-# parameter, so its cost grows with m whatever the number of states; an adjoint costs a few
-# solves whatever m is. Measured (paper/tables/scaling.md, lotka-volterra.md): forward wins
-# with 3-4 parameters up to 9,800 states, adjoints win with 252 parameters.
-FORWARD_MODE_PARAMETERS = 8
-# Below this many forward steps per saveat interval the continuous adjoints' restarts (λ jumps at
-# every save point) cost more than differentiating the steps (spiral: 1.9x, paper/tables/selection.md).
-FEW_STEPS_PER_SAVE = 3
-STIFF_LIMIT = 1e3  # |λ_max| (t1 - t0) above which the problem is treated as stiff
+from sciad.timing import fastest, interleaved, timed
 
 
-@dataclasses.dataclass
-class Choice:
-    """The chosen `sensealg`, the `features` that drove it and the
-    `candidates` considered (dicts: name, reason, and when autotuned
-    median_s, compile_s, rel_error, ok)."""
-
-    sensealg: AbstractSensitivity
-    features: dict
-    candidates: list[dict]
-    autotuned: bool = False
-
-    @property
-    def name(self) -> str:
-        """The chosen sensealg with its engine, e.g. `BacksolveAdjoint(jax-reverse)`."""
-        return describe(self.sensealg)
-
-    def report(self) -> str:
-        """A Markdown explanation: the features, then one row per candidate."""
-        lines = [f"chosen: {describe(self.sensealg)} ({'autotuned' if self.autotuned else 'heuristic'})", ""]
-        lines += [f"- {k}: {v}" for k, v in self.features.items()]
-        lines += ["", "| candidate | why considered | median (s) | compile (s) | rel. error | ok |",
-                  "|---|---|---|---|---|---|"]
-        for c in self.candidates:
-            cells = [_fmt(c.get(k)) for k in ("median_s", "compile_s", "rel_error", "ok")]
-            lines.append(f"| {c['name']} | {c['reason']} | " + " | ".join(cells) + " |")
-        return "\n".join(lines)
-
-
-def _fmt(x) -> str:
-    if x is None:
-        return "–"
-    return f"{x:.3g}" if isinstance(x, float) else str(x)
-
-
-def describe(sensealg: AbstractSensitivity) -> str:
-    """`Name(engine)`, e.g. `InterpolatingAdjoint(jax-reverse, checkpointing)`."""
-    parts = [getattr(sensealg, k).name for k in ("vjp", "jvp") if hasattr(sensealg, k)]
-    if getattr(sensealg, "checkpointing", False):
-        parts.append("checkpointing")
-    return f"{type(sensealg).__name__}({', '.join(parts)})"
-
-
-def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, memory_budget=None) -> dict:
-    """Cheap facts about the problem: sizes, stiffness, steps, memory, device."""
-    n, m = prob.u0.shape[0], prob.p.shape[0]
-    t0, t1 = prob.tspan
-    jac = jax.jacfwd(lambda u: prob.f(u, prob.p, jnp.asarray(t0, u.dtype)))(jnp.asarray(prob.u0))
-    spectral = float(np.max(np.abs(np.linalg.eigvals(np.asarray(jac, dtype=float))), initial=0.0))
-    sol = solve(prob, saveat=saveat, solver=solver, rtol=rtol, atol=atol, sensealg=DiscreteAdjoint())
-    steps = int(sol.stats["steps"])
-    stages = getattr(getattr(get_solver(solver), "tableau", None), "num_stages", 7)
-    dense_bytes = steps * (stages + 1) * n * np.dtype(prob.u0.dtype).itemsize
-    return {
-        "states": n,
-        "parameters": m,
-        "stiffness |λ|·T": round(spectral * (t1 - t0), 3),
-        "implicit solver": is_implicit(get_solver(solver)),
-        "forward steps": steps,
-        "save points": int(np.size(saveat)),
-        "interpolation bytes": dense_bytes,
-        "memory budget": memory_budget,
-        "device": jax.default_backend(),
-    }
-
-
-def heuristic(feat: dict) -> tuple[AbstractSensitivity, str]:
-    """The rule-based pick and its reason, from `features`."""
-    m = feat["parameters"]
-    stiff = feat["implicit solver"] or feat["stiffness |λ|·T"] > STIFF_LIMIT
-    over_budget = feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]
-    if m <= FORWARD_MODE_PARAMETERS and not over_budget:
-        return ForwardSensitivity(), (f"m = {m} ≤ {FORWARD_MODE_PARAMETERS} parameters: forward mode "
-                                      "(one tangent per parameter) is cheapest")
-    if over_budget:
-        return InterpolatingAdjoint(checkpointing=True), "stored interpolation exceeds the memory budget: checkpoint"
-    steps_per_save = feat["forward steps"] / max(feat["save points"], 1)
-    if steps_per_save < FEW_STEPS_PER_SAVE:
-        return DiscreteAdjoint(), (f"{steps_per_save:.1f} steps per save point: a continuous adjoint would "
-                                   "restart at nearly every step; discretise-then-optimise does not")
-    if stiff:
-        return InterpolatingAdjoint(), "stiff: no backsolve; adjoint on the stored interpolation"
-    return BacksolveAdjoint(), ("non-stiff: backsolve with compiled reverse-mode VJPs (u is reset at every "
-                                "saveat time, so backward error growth stays within one interval)")
+def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
+             memory_budget=None) -> dict:
+    """`sciad.auto.features` of `prob` saved at `saveat` with `solver` (a name or a diffrax solver)."""
+    return trace_features(prob.u0, prob.p, check_saveat(saveat, *prob.tspan), solver=get_solver(solver),
+                          rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget)
 
 
 def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
     """The plausible (sensealg, reason) pairs for a problem with these `features`."""
-    stiff = feat["implicit solver"] or feat["stiffness |λ|·T"] > STIFF_LIMIT
     out = [
         (ForwardDiffSensitivity(), "forward mode through the solver"),
         (ForwardSensitivity(jvp="jax-forward"), "forward sensitivity equations"),
@@ -133,8 +47,8 @@ def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
         (QuadratureAdjoint(), "quadrature adjoint"),
         (DiscreteAdjoint(), "discretise-then-optimise"),
     ]
-    if not stiff:
-        out.append((BacksolveAdjoint(), "backsolve (non-stiff)"))
+    if not feat["implicit solver"]:
+        out.append((BacksolveAdjoint(), "backsolve (explicit solver)"))
     if "enzyme" in ad.available():
         out.append((InterpolatingAdjoint(vjp="enzyme"), "compiler-level VJPs"))
     if feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]:
@@ -143,87 +57,66 @@ def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
     return out
 
 
-_CACHE: dict[str, dict] = {}
-
-
-def _key(prob: ODEProblem, saveat, solver, rtol, atol) -> str:
-    f = prob.f
-    ident = [getattr(f, "__module__", ""), getattr(f, "__qualname__", repr(type(f))),
-             prob.u0.shape, str(prob.u0.dtype), prob.p.shape, str(prob.p.dtype),
-             prob.tspan, np.asarray(saveat).tolist() if saveat is not None else None,
-             str(solver), rtol, atol, jax.default_backend()]
-    return hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
-
-
 def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = None, autotune=False,
-                    memory_budget=None, budget=20.0, solver="tsit5", rtol=1e-6, atol=1e-6,
+                    memory_budget=None, budget=20.0, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
                     cache_dir=None) -> Choice:
     """Choose a sensealg (with its engine) for gradients with respect to p of
-    `loss(us)` (default Σ us) of `prob` saved at `saveat`.
+    `loss(us)` (default: the sum of every saved value) of `prob` saved at `saveat`.
 
-    The heuristic uses sizes (forward sensitivities up to 8 parameters),
-    stiffness (Jacobian spectral radius × horizon, implicit solver: no
-    backsolve), the memory of the stored interpolation against
-    `memory_budget` bytes (checkpointing), and the device. With
-    `autotune=True` the plausible candidates are timed on this problem within
-    `budget` seconds of timed runs (compile time recorded apart, not counted), their gradients checked
-    against `DiscreteAdjoint`, and the fastest correct one chosen; decisions
-    are cached by the problem's structure in memory and, with `cache_dir`, on
-    disk.
+    Without `autotune`, the trace-time rule of `sciad.auto` (what
+    `sensealg="auto"` uses): sizes, the number of save points, whether the
+    solver is implicit, the stored interpolation's bytes against
+    `memory_budget`. With `autotune=True` the plausible candidates are timed
+    on this problem in interleaved rounds within `budget` seconds (compile
+    time recorded apart, not counted), their gradients checked against
+    `DiscreteAdjoint`, and the fastest correct one chosen. With `cache_dir`,
+    autotuned choices are kept on disk, keyed on everything that changes
+    them: f, loss, u0, p, tspan, saveat, solver, tolerances, max_steps,
+    memory budget, timing budget and device.
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
     ts = check_saveat(saveat, *prob.tspan)
-    loss = loss or (lambda us: jnp.sum(us))
-    key = _key(prob, ts, solver, rtol, atol) + ("-tuned" if autotune else "")
-    if key not in _CACHE and cache_dir is not None and (pathlib.Path(cache_dir) / f"{key}.json").exists():
-        _CACHE[key] = json.loads((pathlib.Path(cache_dir) / f"{key}.json").read_text())
-    if key in _CACHE and memory_budget is None:
-        entry = _CACHE[key]
-        return Choice(_from_name(entry["chosen"]), entry["features"], entry["candidates"], entry["autotuned"])
-
-    feat = features(prob, ts, solver=solver, rtol=rtol, atol=atol, memory_budget=memory_budget)
-    pick, why = heuristic(feat)
+    kw = dict(solver=get_solver(solver), rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget)
     if not autotune:
-        choice = Choice(pick, feat, [{"name": describe(pick), "reason": why}])
-    else:
-        choice = _autotune(prob, ts, loss, feat, budget, solver, rtol, atol)
-    _CACHE[key] = {"chosen": describe(choice.sensealg), "features": feat,
-                   "candidates": choice.candidates, "autotuned": choice.autotuned}
-    if cache_dir is not None:
-        pathlib.Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        (pathlib.Path(cache_dir) / f"{key}.json").write_text(json.dumps(_CACHE[key], default=str))
+        return auto_sensealg(prob.u0, prob.p, ts, **kw)
+    loss = loss or (lambda us: sum(jnp.sum(x) for x in jax.tree.leaves(us)))
+    path = None if cache_dir is None else pathlib.Path(cache_dir) / f"{_key(prob, ts, loss, solver, kw, budget)}.json"
+    if path is not None and path.exists():
+        entry = json.loads(path.read_text())
+        return Choice(parse(entry["chosen"]), entry["features"], entry["candidates"], autotuned=True)
+    choice = _autotune(prob, ts, loss, trace_features(prob.u0, prob.p, ts, **kw), budget, solver, rtol, atol, max_steps)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"chosen": choice.name, "features": choice.features,
+                                    "candidates": choice.candidates}, default=str))
     return choice
 
 
-def _from_name(name: str) -> AbstractSensitivity:
-    """Rebuild a sensealg from `describe`'s output."""
-    cls_name, _, rest = name.partition("(")
-    args = [a.strip() for a in rest.rstrip(")").split(",") if a.strip()]
-    checkpointing = "checkpointing" in args
-    engines = [a for a in args if a != "checkpointing"]
-    from sciad.adjoints import SENSEALGS
+def _key(prob: ODEProblem, ts, loss, solver, kw, budget) -> str:
+    """A digest of everything the autotuned answer depends on (functions by name, or by value repr)."""
+    def ident(fn):
+        return f"{fn.__module__}.{fn.__qualname__}" if hasattr(fn, "__code__") else repr(fn)
 
-    cls = SENSEALGS[cls_name]
-    if cls is ForwardSensitivity:
-        return cls(jvp=engines[0])
-    if cls is InterpolatingAdjoint:
-        return cls(vjp=engines[0], checkpointing=checkpointing)
-    return cls(vjp=engines[0]) if engines else cls()
+    values = [np.asarray(x).tobytes() for x in jax.tree.leaves((prob.u0, prob.p, ts))]
+    parts = [ident(prob.f), ident(loss), values, jax.tree.structure((prob.u0, prob.p)), prob.tspan, str(solver),
+             sorted((k, str(v)) for k, v in kw.items()), budget, jax.default_backend()]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
 def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, solver="tsit5",
-            rtol=1e-6, atol=1e-6, max_rounds=50) -> list[dict]:
+            rtol=1e-6, atol=1e-6, max_steps=4096, max_rounds=50) -> list[dict]:
     """Time the gradient of `loss(us)` wrt p for each `(sensealg, reason)`.
 
     Each candidate is compiled and run once (`compile_s`), its gradient checked
-    against `DiscreteAdjoint` (`rel_error`, `ok`), then the candidates are run
-    in interleaved rounds (so machine noise hits all alike) until `budget`
-    seconds of timed runs are spent (at least one round): `median_s`, `times_s`.
+    against `DiscreteAdjoint` (`rel_error`, `ok`), then the correct ones are
+    timed by `sciad.timing.interleaved` until `budget` seconds of timed runs
+    are spent (at least one round, at most `max_rounds`): `median_s`, `times_s`.
     """
     def gradient(sensealg):
         def value(p):
-            out = loss(solve(prob, p=p, saveat=ts, solver=solver, rtol=rtol, atol=atol, sensealg=sensealg).us)
+            out = loss(solve(prob, p=p, saveat=ts, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps,
+                             sensealg=sensealg).us)
             if jnp.shape(out) != ():
                 raise ValueError(f"loss must return a scalar, got shape {jnp.shape(out)}")
             return out
@@ -239,25 +132,16 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
         rows.append(row)
         try:
             grad = gradient(sensealg)
-            start = time.perf_counter()
-            g = jax.block_until_ready(grad(prob.p))
-            row["compile_s"] = time.perf_counter() - start
+            g, row["compile_s"] = timed(lambda: grad(prob.p))
         except Exception as e:  # a candidate that cannot run here is reported, not fatal
             row["ok"] = f"failed: {_first_line(e)[:200]}"
             continue
         err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), ref)) / scale
         row["rel_error"], row["ok"] = err, bool(np.isfinite(err) and err < tol)
         runnable.append((grad, row))
-    deadline = time.perf_counter() + budget
-    for _ in range(max_rounds):
-        for grad, row in runnable:
-            start = time.perf_counter()
-            jax.block_until_ready(grad(prob.p))
-            row["times_s"].append(time.perf_counter() - start)
-        if time.perf_counter() > deadline:
-            break
-    for _, row in runnable:
-        row["median_s"] = float(np.median(row["times_s"]))
+    times = interleaved([lambda grad=grad: grad(prob.p) for grad, _ in runnable], rounds=max_rounds, budget=budget)
+    for (_, row), t in zip(runnable, times):
+        row["times_s"], row["median_s"] = t, float(np.median(t))
     return rows
 
 
@@ -268,18 +152,12 @@ def _first_line(error: Exception) -> str:
     return (named or lines or [""])[-1 if named else 0]
 
 
-def fastest(rows: list[dict]) -> dict | None:
-    """The fastest row with a correct gradient (None if there is none)."""
-    correct = [r for r in rows if r.get("ok") is True]
-    return min(correct, key=lambda r: r["median_s"]) if correct else None
-
-
-def _autotune(prob, ts, loss, feat, budget, solver, rtol, atol) -> Choice:
+def _autotune(prob, ts, loss, feat, budget, solver, rtol, atol, max_steps) -> Choice:
     trial = candidates(feat)
     if budget / len(trial) < 0.01:
         raise ValueError(f"autotune budget={budget} s is too small to time {len(trial)} candidates: "
                          f"give at least {0.01 * len(trial):.2f} s (compile time is not counted)")
-    rows = measure(prob, ts, loss, trial, budget=budget, solver=solver, rtol=rtol, atol=atol)
+    rows = measure(prob, ts, loss, trial, budget=budget, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
     best = fastest(rows)
     if best is None:
         raise ValueError("no candidate sensealg produced a correct gradient for this problem:\n"

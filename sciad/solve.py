@@ -92,10 +92,11 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
         raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
     t0, t1 = prob.tspan
     setup = Setup(prob.f, get_solver(solver), t0, t1, check_saveat(saveat, t0, t1), float(rtol), float(atol), int(max_steps))
-    if isinstance(sensealg, str) and sensealg == "auto":
-        from sciad.select import select_sensealg
+    if isinstance(sensealg, str) and sensealg == "auto":  # decided from shapes and settings: works under jit
+        from sciad.auto import auto_sensealg
 
-        sensealg = select_sensealg(prob, saveat=setup.ts, solver=solver, rtol=rtol, atol=atol).sensealg
+        sensealg = auto_sensealg(u0, p, setup.ts, solver=setup.solver, rtol=rtol, atol=atol,
+                                 max_steps=setup.max_steps).sensealg
     us, stats = _sensealg(sensealg).solve(setup, u0, p)
     evals = _evaluations_per_step(setup.solver)
     solution_stats = {

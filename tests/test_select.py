@@ -1,10 +1,18 @@
-"""select_sensealg: heuristic picks, autotuning, caching, errors."""
+"""select_sensealg: heuristic picks (from trace-time facts, under jit), autotuning, caching,
+errors; the sensealg registry's names round-trip every option."""
 
+import dataclasses
+import subprocess
+import sys
+import textwrap
+
+import diffrax as dfx
 import jax
 import numpy as np
 import pytest
 
 import sciad
+from sciad.adjoints import SENSEALGS, describe, engine_option, parse
 
 
 def lotka_volterra(u, p, t):
@@ -71,9 +79,13 @@ def test_autotune_picks_a_correct_candidate_and_caches(lv, tmp_path):
     best = min((c for c in timed if c["ok"] is True), key=lambda c: c["median_s"])
     assert best["name"] == sciad.select.describe(choice.sensealg)
     assert list(tmp_path.glob("*.json"))
-    sciad.select._CACHE.clear()  # the disk cache answers now
     again = sciad.select_sensealg(short, saveat=[0.5, 1.0], autotune=True, budget=2.0, cache_dir=tmp_path)
     assert sciad.select.describe(again.sensealg) == best["name"]
+    assert again.candidates == choice.candidates  # answered from disk, not measured again
+    other = sciad.select_sensealg(short, saveat=[0.5, 1.0], autotune=True, budget=2.0, cache_dir=tmp_path,
+                                  memory_budget=10)  # another budget: another key, measured again
+    assert len(list(tmp_path.glob("*.json"))) == 2
+    assert not any("InterpolatingAdjoint(jax-reverse)" == c["name"] for c in other.candidates)
 
 
 def test_autotune_budget_too_small(lv):
@@ -89,3 +101,88 @@ def test_autotune_rejects_non_scalar_loss(lv):
 def test_select_rejects_bad_problem():
     with pytest.raises(TypeError, match="ODEProblem"):
         sciad.select_sensealg("not a problem", saveat=TS)
+
+
+def test_memory_budget_changes_the_answer_for_the_same_problem(lv):
+    rng = np.random.default_rng(1)
+    prob = sciad.ODEProblem(linear_many_params, rng.normal(size=12), (0.0, 1.0), 0.1 * rng.normal(size=144))
+    assert isinstance(sciad.select_sensealg(prob, saveat=[1.0]).sensealg, sciad.BacksolveAdjoint)
+    assert sciad.select_sensealg(prob, saveat=[1.0], memory_budget=10).sensealg.checkpointing
+    assert isinstance(sciad.select_sensealg(prob, saveat=[1.0]).sensealg, sciad.BacksolveAdjoint)
+
+
+def test_heuristic_reads_sizes_of_pytrees_and_runs_on_tracers():
+    u0 = {"x": np.zeros(3), "v": np.zeros(3)}
+    p = (np.zeros((4, 5)), np.zeros(2), "static")
+    feat = sciad.auto.features(u0, p, np.linspace(0, 1, 7), solver=dfx.Tsit5(), rtol=1e-6, atol=1e-6)
+    assert (feat["states"], feat["parameters"], feat["save points"]) == (6, 22, 7)
+    assert feat["implicit solver"] is False and feat["interpolation bytes"] == 4096 * 8 * 6 * 8
+
+    def pick(p, ts):
+        choice = sciad.auto.auto_sensealg(u0, p, ts, solver=dfx.Kvaerno5(), rtol=1e-6, atol=1e-6)
+        assert isinstance(choice.sensealg, sciad.InterpolatingAdjoint)  # decided while tracing
+        return p
+
+    jax.jit(pick)(np.zeros(30), np.linspace(0, 1, 2))
+
+
+def test_auto_under_jit_in_a_fresh_process_matches_discrete_adjoint():
+    """No un-jitted call first: the choice is made while tracing."""
+    code = textwrap.dedent("""
+        import equinox as eqx, jax, numpy as np
+        jax.config.update("jax_enable_x64", True)
+        import sciad
+
+        def f(u, p, t):
+            xp = sciad.ad.namespace(u, p)
+            return -u + xp.tanh(xp.reshape(p, (12, 12)) @ u)
+
+        rng = np.random.default_rng(0)
+        prob = sciad.ODEProblem(f, rng.normal(size=12), (0.0, 1.0), 0.1 * rng.normal(size=144))
+        ts = np.linspace(0.0, 1.0, 5)
+        def loss(p, sensealg):
+            return sciad.solve(prob, p=p, saveat=ts, sensealg=sensealg).us.sum()
+        ref = jax.grad(loss)(prob.p, sciad.DiscreteAdjoint())
+        for wrap in (jax.jit, eqx.filter_jit):
+            g = wrap(jax.grad(lambda p: loss(p, "auto")))(prob.p)
+            np.testing.assert_allclose(g, ref, rtol=1e-3, atol=1e-8)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def every_option_changed(cls):
+    """An instance of `cls` with every option away from its default."""
+    changed = {"vjp": "jax-transpose", "jvp": "finite-differences", "checkpointing": True,
+               "checkpoints": (0.25, 0.5), "interval_max_steps": 99, "on_instability": "warn",
+               "drift_tolerance": 7.5}
+    names = {f.name for f in dataclasses.fields(cls())}
+    missing = names - set(changed)
+    assert not missing, f"add a changed value for {cls.__name__}'s options {missing} to this test"
+    return cls(**{k: v for k, v in changed.items() if k in names})
+
+
+@pytest.mark.parametrize("name", list(SENSEALGS))
+def test_names_round_trip_every_option(name):
+    for sensealg in (SENSEALGS[name](), every_option_changed(SENSEALGS[name])):
+        text = describe(sensealg)
+        assert parse(text) == sensealg, text
+        assert text.startswith(f"{name}(")
+    option = engine_option(SENSEALGS[name])
+    if option:
+        rebuilt = parse(describe(sensealg, engine=False), **{option: "jax-forward"})
+        assert getattr(rebuilt, option).name == "jax-forward"
+    assert describe(SENSEALGS[name]()) == describe(parse(name))
+
+
+def test_names_keep_engine_settings_and_reject_unknown_options():
+    s = sciad.InterpolatingAdjoint(sciad.ad.JaxReverse(jit=False), checkpointing=True)
+    assert describe(s) == "InterpolatingAdjoint(jax-reverse(jit=False), checkpointing=True)"
+    assert parse(describe(s)) == s
+    with pytest.raises(ValueError, match="has no option bogus"):
+        parse("InterpolatingAdjoint(bogus=1)")
+    with pytest.raises(ValueError, match="unknown sensealg"):
+        parse("GaussAdjoint()")
+    with pytest.raises(ValueError, match="in quotes"):
+        parse("BacksolveAdjoint(on_instability=warn)")
