@@ -19,20 +19,21 @@ and the time to the first gradient (trace + compile + one call).
 """
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import sciad.ad as ad
-from sciad.bench.harness import forward_solve, sciad_combination
-from sciad.bench.peers import diffrax_peer
 from sciad.problems import lotka_volterra, spiral_node
+from sciad.timing import interleaved, timed
+
+from sciad_bench.harness import forward_solve, sciad_combination
+from sciad_bench.peers import diffrax_peer
 
 jax.config.update("jax_enable_x64", True)
 
-ADJOINTS = ("BacksolveAdjoint", "InterpolatingAdjoint", "InterpolatingAdjoint(checkpointing)", "QuadratureAdjoint")
+ADJOINTS = ("BacksolveAdjoint", "InterpolatingAdjoint", "InterpolatingAdjoint(checkpointing=True)", "QuadratureAdjoint")
 
 
 def combinations(enzyme: bool):
@@ -44,17 +45,10 @@ def combinations(enzyme: bool):
 
 
 def time_all(fns, p, repeats):
-    first, times = {}, {name: [] for name in fns}
-    for name, fn in fns.items():
-        start = time.perf_counter()
-        jax.block_until_ready(fn(p))
-        first[name] = time.perf_counter() - start
-    for _ in range(repeats):  # interleaved: one call of each per round
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn(p))
-            times[name].append(time.perf_counter() - start)
-    return first, {name: float(np.median(t)) for name, t in times.items()}
+    """Seconds to the first call and median seconds per call of each fn(p), `repeats` interleaved rounds."""
+    first = {name: timed(lambda fn=fn: fn(p))[1] for name, fn in fns.items()}
+    times = interleaved([lambda fn=fn: fn(p) for fn in fns.values()], rounds=repeats)
+    return first, {name: float(np.median(t)) for name, t in zip(fns, times)}
 
 
 def report(title, fns, first, median, targets):
@@ -85,7 +79,7 @@ def lv_targets(median, forward, best_builtin):
 def spiral_targets(median, forward, best_builtin):
     rca = median["diffrax RecursiveCheckpointAdjoint / jax"]
     lines = []
-    for name in ("InterpolatingAdjoint / jax-reverse", "InterpolatingAdjoint(checkpointing) / jax-reverse",
+    for name in ("InterpolatingAdjoint / jax-reverse", "InterpolatingAdjoint(checkpointing=True) / jax-reverse",
                  "QuadratureAdjoint / jax-reverse"):
         r = median[name] / rca
         lines.append(f"target {name} ≤ 0.5× diffrax RecursiveCheckpointAdjoint: {r:.2f}×  "

@@ -1,4 +1,4 @@
-"""`sciad bench gpu-crossover`: see sciad.bench.experiments. Arguments as the command's, e.g. `--quick`:
+"""`sciad bench gpu-crossover`: see sciad_bench.experiments. Arguments as the command's, e.g. `--quick`:
 
     python experiments/gpu_crossover.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
 """

@@ -1,4 +1,4 @@
-"""`sciad bench lotka-volterra`: see sciad.bench.experiments. Arguments as the command's, e.g. `--quick`:
+"""`sciad bench lotka-volterra`: see sciad_bench.experiments. Arguments as the command's, e.g. `--quick`:
 
     python experiments/lotka_volterra.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
 """

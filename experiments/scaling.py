@@ -1,4 +1,4 @@
-"""`sciad bench scaling`: see sciad.bench.experiments. Arguments as the command's, e.g. `--quick`:
+"""`sciad bench scaling`: see sciad_bench.experiments. Arguments as the command's, e.g. `--quick`:
 
     python experiments/scaling.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
 """

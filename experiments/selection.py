@@ -1,4 +1,4 @@
-"""`sciad bench selection`: see sciad.bench.selection. Arguments as the command's:
+"""`sciad bench selection`: see sciad_bench.selection. Arguments as the command's:
 
     python experiments/selection.py [--quick] [--out DIR]
 """

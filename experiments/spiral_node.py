@@ -1,4 +1,4 @@
-"""`sciad bench spiral-node`: see sciad.bench.experiments. Arguments as the command's, e.g. `--quick`:
+"""`sciad bench spiral-node`: see sciad_bench.experiments. Arguments as the command's, e.g. `--quick`:
 
     python experiments/spiral_node.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
 """

@@ -1,49 +1,38 @@
-"""The `sciad` command line: `sciad demo`, `sciad bench NAME ...`, `sciad reproduce`."""
+"""The `sciad` command line: `sciad demo`; `sciad bench NAME ...` and `sciad reproduce` run the
+benchmark product (`sciad_bench`, installed with `pip install 'sciad[bench]'`)."""
 
 import argparse
+import sys
 
-BENCHMARKS = ("lotka-volterra", "spiral-node", "scaling", "gpu-crossover", "stiff", "selection")
+BENCH_COMMANDS = ("bench", "reproduce")
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] and argv[0] in BENCH_COMMANDS:
+        return _bench_main()(argv)
     parser = argparse.ArgumentParser(prog="sciad", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="differentiate one function with every installed engine")
-    bench = commands.add_parser("bench", help="time ODE gradients over every sensealg × engine and peers")
-    bench.add_argument("name", choices=BENCHMARKS)
-    bench.add_argument("--quick", action="store_true", help="fewer combinations and repeats (under two minutes)")
-    bench.add_argument("--repeats", type=int, default=None, help="timed calls per combination (default 3 quick, 10 full)")
-    bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")
-    bench.add_argument("--out", default=None, help="output folder (default results/NAME)")
-    reproduce = commands.add_parser("reproduce", help="run every benchmark and regenerate paper/figures and paper/tables")
-    reproduce.add_argument("--repeats", type=int, default=5, help="timed calls per combination (default 5)")
-    reproduce.add_argument("--quick", action="store_true", help="quick variants of every benchmark (a smoke test)")
-    args = parser.parse_args(argv)
+    commands.add_parser("bench", help="time ODE gradients over every sensealg × engine and peers (see sciad bench -h)")
+    commands.add_parser("reproduce", help="run every benchmark and regenerate paper/ (see sciad reproduce -h)")
+    parser.parse_args(argv)
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    if args.command == "demo":
-        from sciad.demo import main as demo
+    from sciad.demo import main as demo
 
-        demo()
-    elif args.command == "reproduce":
-        from sciad.bench.reproduce import reproduce as run_all
+    demo()
 
-        run_all(repeats=args.repeats, quick=args.quick)
-    elif args.command == "bench" and args.name == "selection":
-        from sciad.bench.selection import run_selection
 
-        run_selection(quick=args.quick, out=args.out)
-    elif args.command == "bench":
-        from sciad.bench import run_experiment
-
-        engines = None if args.engines is None else [e.strip() for e in args.engines.split(",") if e.strip()]
-        if args.repeats is not None and args.repeats < 1:
-            parser.error("--repeats must be at least 1")
-        try:
-            run_experiment(args.name, quick=args.quick, repeats=args.repeats, engines=engines, out=args.out)
-        except ValueError as e:
-            parser.error(str(e))
+def _bench_main():
+    """The benchmark product's command line, or a clear error naming the install extra."""
+    try:
+        from sciad_bench.cli import main
+    except ModuleNotFoundError as e:
+        raise SystemExit(f"sciad bench and sciad reproduce need the benchmark product, which needs {e.name!r}: "
+                         "pip install 'sciad[bench]'") from None
+    return main
 
 
 if __name__ == "__main__":

@@ -7,11 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from sciad.bench import claims, experiments, harness, tables
-from sciad.bench.harness import Combination, sciad_combination
-from sciad.bench.peers import torchdiffeq_peer
+import sciad
+
 from sciad.cli import main
 from sciad.problems import lotka_volterra
+
+pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sciad[bench]'")
+from sciad_bench import claims, experiments, harness, tables  # noqa: E402
+from sciad_bench.harness import Combination, sciad_combination  # noqa: E402
+from sciad_bench.peers import torchdiffeq_peer  # noqa: E402
 
 
 def wrong_gradient() -> Combination:
@@ -32,6 +36,7 @@ def test_harness_writes_records_figure_and_tables(tmp_path):
     assert by_label["torchdiffeq odeint / torch"]["is_peer"] and by_label["torchdiffeq odeint / torch"]["ok"]
     wrong = by_label["always zero"]
     assert not wrong["ok"] and wrong["times"] == [] and "gradient off" in wrong["error"]
+    assert good["median_s"] == np.median(good["times"]) and wrong["median_s"] is None
 
     out = tmp_path / "lotka-volterra"
     table = experiments.write_outputs("lotka-volterra", records, ["something (quick mode)"], out, quick=True)
@@ -46,6 +51,7 @@ def test_harness_writes_records_figure_and_tables(tmp_path):
 def record(label, sensealg, engine, size, seconds, kind="sciad", ok=True, device="cpu"):
     return {"problem": "p", "size": size, "sensealg": sensealg, "engine": engine, "label": label, "kind": kind,
             "is_peer": kind == "peer", "device": device, "times": [seconds] * 3 if ok else [],
+            "median_s": seconds if ok else None,
             "compile_time": 1.0, "rel_error": 0.0 if ok else 1.0, "ok": ok,
             "error": None if ok else "gradient off: relative error 1.00e+00 > 1e-04"}
 
@@ -79,6 +85,15 @@ def test_combination_needs_an_engine_exactly_when_the_sensealg_takes_one():
         sciad_combination("InterpolatingAdjoint")
     with pytest.raises(ValueError, match="takes no engine"):
         sciad_combination("DiscreteAdjoint", "torch")
+
+
+def test_matrix_covers_every_registered_sensealg():
+    engines = ["jax-reverse", "jax-forward"]
+    (bench, combos), = experiments.PLANS["lotka-volterra"](engines, False)[0]
+    names = {c.sensealg.partition("(")[0] for c in combos if c.kind == "sciad"}
+    assert names == set(sciad.adjoints.SENSEALGS)
+    alg = sciad.adjoints.parse(claims.PAPER_SENSEALG)
+    assert isinstance(alg, sciad.InterpolatingAdjoint) and alg.checkpointing
 
 
 def test_quick_plans_restrict_foreign_engines_and_say_so():

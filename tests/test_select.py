@@ -168,7 +168,7 @@ def test_names_round_trip_every_option(name):
     for sensealg in (SENSEALGS[name](), every_option_changed(SENSEALGS[name])):
         text = describe(sensealg)
         assert parse(text) == sensealg, text
-        assert text.startswith(f"{name}(")
+        assert text.partition("(")[0] == name
     option = engine_option(SENSEALGS[name])
     if option:
         rebuilt = parse(describe(sensealg, engine=False), **{option: "jax-forward"})

@@ -27,15 +27,17 @@ SENSEALGS: dict[str, type[AbstractSensitivity]] = {
 
 
 def engine_option(sensealg: AbstractSensitivity | type[AbstractSensitivity] | str) -> str | None:
-    """The option holding the sensealg's engine ("vjp", "jvp"), or None when it takes none."""
-    default = _class(sensealg)()
+    """The option holding the sensealg's engine ("vjp", "jvp"), or None when it takes none;
+    `sensealg` is one, its class, or its name as `describe` writes it."""
+    default = _class(parse(sensealg) if isinstance(sensealg, str) else sensealg)()
     return next((f.name for f in dataclasses.fields(default) if isinstance(getattr(default, f.name), ad.AbstractBackend)),
                 None)
 
 
 def describe(sensealg: AbstractSensitivity, *, engine: bool = True) -> str:
     """`Name(engine, option=value, ...)`: every option that differs from its default
-    (`engine=False` leaves the engine out). `parse` rebuilds the sensealg from it."""
+    (`engine=False` leaves the engine out; `Name` alone when nothing is left). `parse`
+    rebuilds the sensealg from it."""
     default = type(sensealg)()
     parts = []
     for field in dataclasses.fields(sensealg):
@@ -44,7 +46,7 @@ def describe(sensealg: AbstractSensitivity, *, engine: bool = True) -> str:
             parts += [_engine(value)] if engine else []
         elif value != getattr(default, field.name):
             parts.append(f"{field.name}={value!r}")
-    return f"{type(sensealg).__name__}({', '.join(parts)})"
+    return type(sensealg).__name__ + (f"({', '.join(parts)})" if parts else "")
 
 
 def parse(text: str, **options) -> AbstractSensitivity:

@@ -1,17 +1,19 @@
 """The paper's Appendix B claims next to what a run measured: agree / disagree / not measurable here."""
 
-from sciad.bench.tables import median
+from sciad.timing import fastest
+
+from sciad_bench.harness import VARIANTS
 
 COMPILED = ("jax-reverse", "jax-transpose", "enzyme")
 TAPE = ("torch", "autograd")
 FORWARD = ("ForwardDiffSensitivity", "ForwardSensitivity")
-PAPER_SENSEALG = "InterpolatingAdjoint(checkpointing)"  # the paper's Figures 2 and 3
+PAPER_SENSEALG = VARIANTS[-1]  # InterpolatingAdjoint(checkpointing=True): the paper's Figures 2 and 3
 NOISE = 1.3  # timing ratios below this are not significant on a shared 2-core machine (3 repeats)
 
 
 def _fastest(records, keep):
-    ok = [r for r in records if r["ok"] and r["times"] and r["kind"] == "sciad" and keep(r)]
-    return min(ok, key=median) if ok else None
+    return fastest([r for r in records if r["kind"] == "sciad" and keep(r)])
+
 
 
 def compiled_vs_tape(lv) -> tuple[str, str]:
@@ -19,10 +21,10 @@ def compiled_vs_tape(lv) -> tuple[str, str]:
     tape = _fastest(lv, lambda r: r["sensealg"] == PAPER_SENSEALG and r["engine"] in TAPE)
     if not (compiled and tape):
         return "not measurable here", "needs Lotka–Volterra records with a compiled and a tape engine"
-    ratio = median(tape) / median(compiled)
+    ratio = tape['median_s'] / compiled['median_s']
     verdict = "agree" if ratio >= 5 else "disagree"
-    return verdict, (f"{PAPER_SENSEALG}: {compiled['engine']} {1e3 * median(compiled):.3g} ms vs "
-                     f"{tape['engine']} {1e3 * median(tape):.3g} ms (×{ratio:.0f}); the tape engines here also "
+    return verdict, (f"{PAPER_SENSEALG}: {compiled['engine']} {1e3 * compiled['median_s']:.3g} ms vs "
+                     f"{tape['engine']} {1e3 * tape['median_s']:.3g} ms (×{ratio:.0f}); the tape engines here also "
                      "pay a host round trip per product")
 
 
@@ -38,10 +40,10 @@ def forward_below_100(records) -> tuple[str, str]:
             wins[size] = (fwd, adj)
     if not wins:
         return "not measurable here", "needs forward and adjoint records at some size"
-    parts = [f"{s}: {'forward' if f is not None and median(f) < median(a) else 'adjoint'} "
-             f"(best adjoint / best forward time = {median(a) / median(f):.2g})" for s, (f, a) in wins.items()]
-    small = [median(f) < median(a) for s, (f, a) in wins.items() if s < 100]
-    large = [median(f) < median(a) for s, (f, a) in wins.items() if s >= 100]
+    parts = [f"{s}: {'forward' if f is not None and f['median_s'] < a['median_s'] else 'adjoint'} "
+             f"(best adjoint / best forward time = {a['median_s'] / f['median_s']:.2g})" for s, (f, a) in wins.items()]
+    small = [f['median_s'] < a['median_s'] for s, (f, a) in wins.items() if s < 100]
+    large = [f['median_s'] < a['median_s'] for s, (f, a) in wins.items() if s >= 100]
     if not small:
         return "not measurable here", "no size below 100 measured; " + "; ".join(parts)
     if all(small) and not all(large or [False]):
@@ -58,14 +60,14 @@ def compiled_reverse_spiral(spiral) -> tuple[str, str]:
     winner = _fastest(cpu, lambda r: True)
     if winner is None:
         return "not measurable here", "needs spiral-node CPU records"
-    ranking = sorted((r for r in cpu if r["ok"] and r["times"] and r["kind"] == "sciad"), key=median)
-    text = ", ".join(f"{r['engine']} {1e3 * median(r):.3g} ms" for r in ranking)
+    ranking = sorted((r for r in cpu if r["ok"] and r['median_s'] and r["kind"] == "sciad"), key=lambda r: r['median_s'])
+    text = ", ".join(f"{r['engine']} {1e3 * r['median_s']:.3g} ms" for r in ranking)
     traced = _fastest(cpu, lambda r: r["engine"] in ("jax-reverse", "jax-transpose"))
     if winner["engine"] in ("jax-reverse", "jax-transpose"):
         return "agree", f"{PAPER_SENSEALG}: {text}"
-    if winner["engine"] in COMPILED and traced and median(traced) <= NOISE * median(winner):
+    if winner["engine"] in COMPILED and traced and traced['median_s'] <= NOISE * winner['median_s']:
         return ("agree within noise", f"{PAPER_SENSEALG}: {text}; the compiled reverse engines tie "
-                f"({traced['engine']} is ×{median(traced) / median(winner):.2f} the fastest, below ×{NOISE})")
+                f"({traced['engine']} is ×{traced['median_s'] / winner['median_s']:.2f} the fastest, below ×{NOISE})")
     return "disagree", f"{PAPER_SENSEALG}: {text}"
 
 
@@ -77,7 +79,7 @@ def gpu_crossover(records) -> tuple[str, str]:
     for size in sizes:
         best_gpu = _fastest([r for r in gpu if r["size"] == size], lambda r: True)
         best_cpu = _fastest([r for r in records if r["size"] == size and r["device"].startswith("cpu")], lambda r: True)
-        if best_gpu and best_cpu and median(best_gpu) < median(best_cpu):
+        if best_gpu and best_cpu and best_gpu['median_s'] < best_cpu['median_s']:
             return "agree", f"GPU faster from {size} states+parameters (hidden ≈ {(size - 4) // 5})"
     return "disagree", f"GPU never faster up to {sizes[-1]} states+parameters"
 

@@ -11,10 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sciad.bench.harness import Combination
 from sciad.adjoints.base import step_controller
 from sciad.problems import Benchmark
-from sciad.solve import SOLVERS
+from sciad.solve import get_solver
+
+from sciad_bench.harness import Combination
 
 
 def _diffrax_objective(bench: Benchmark, adjoint):
@@ -24,7 +25,7 @@ def _diffrax_objective(bench: Benchmark, adjoint):
 
     def objective(p):
         u0 = jnp.asarray(prob.u0, p.dtype)
-        solver = SOLVERS[bench.solver]()
+        solver = get_solver(bench.solver)
         sol = dfx.diffeqsolve(term, solver, t0, t1, None, u0, args=p,
                               saveat=dfx.SaveAt(ts=jnp.asarray(bench.saveat, p.dtype)),
                               stepsize_controller=step_controller(solver, bench.rtol, bench.atol),
@@ -116,5 +117,5 @@ def peers(*, quick: bool = False) -> tuple[list[Combination], list[str]]:
     if importlib.util.find_spec("torchdiffeq") is not None:
         combos += [torchdiffeq_peer(False), torchdiffeq_peer(True)]
     else:
-        skipped.append("torchdiffeq (not installed: pip install 'sciad[peers]')")
+        skipped.append("torchdiffeq (not installed: pip install 'sciad[bench]')")
     return combos, skipped

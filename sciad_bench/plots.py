@@ -7,8 +7,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sciad.bench.tables import median  # noqa: E402
-
 COLORS = {"sciad": "tab:blue", "peer": "tab:orange", "baseline": "tab:gray"}
 
 
@@ -56,7 +54,7 @@ def size_plot(records, path, title: str, *, xlabel="states + parameters") -> Non
     """Median time against problem size per combination (and device), log–log; correct results only."""
     lines = {}
     for r in records:
-        m = median(r)
+        m = r["median_s"]
         if r["ok"] and m is not None:
             key = r["label"] + (f" [{r['device']}]" if len({x["device"] for x in records}) > 1 else "")
             lines.setdefault(key, []).append((r["size"], m, r["kind"]))

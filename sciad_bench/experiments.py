@@ -7,18 +7,19 @@ import time
 import jax
 
 import sciad.ad as ad
-from sciad.bench import claims, harness, plots, tables
-from sciad.bench.harness import TAKES_ENGINE, sciad_combination
-from sciad.bench.peers import peers
-from sciad.bench.peers import diffrax_peer
+from sciad.adjoints import engine_option
 from sciad.problems import brusselator, brusselator_pde, lotka_volterra, oregonator, spiral_node
+
+from sciad_bench import claims, harness, plots, tables
+from sciad_bench.harness import VARIANTS, sciad_combination
+from sciad_bench.peers import diffrax_peer, peers
 
 
 def _sensealg_matrix(engines, *, quick: bool):
     """Every sensealg × engine plus the engine-free sensealgs; quick: all engines under the
     paper's checkpointed InterpolatingAdjoint only, ForwardSensitivity with jax-forward only."""
     combos, skipped = [], []
-    for sensealg in TAKES_ENGINE:
+    for sensealg in (v for v in VARIANTS if engine_option(v)):
         chosen = engines
         if quick and sensealg != claims.PAPER_SENSEALG:
             chosen = [e for e in engines if sensealg == "ForwardSensitivity" and e == "jax-forward"]
@@ -26,7 +27,7 @@ def _sensealg_matrix(engines, *, quick: bool):
         if len(chosen) < len(engines):
             rest = ", ".join(e for e in engines if e not in chosen)
             skipped.append(f"{sensealg} {f'with {rest} ' if chosen else ''}(quick mode)")
-    combos += [sciad_combination("ForwardDiffSensitivity"), sciad_combination("DiscreteAdjoint")]
+    combos += [sciad_combination(v) for v in VARIANTS if not engine_option(v)]
     return combos, skipped
 
 

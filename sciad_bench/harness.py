@@ -2,12 +2,13 @@
 
 Every combination's gradient is checked against a tight-tolerance reference
 (float64, `DiscreteAdjoint` at rtol = atol = 1e-10) before it is timed; one
-outside `tolerance` is marked `ok = False` and never counts as a win.
+outside `tolerance` is marked `ok = False` and never counts as a win. The
+correct ones are timed together in interleaved rounds, so machine noise hits
+them alike.
 """
 
 import dataclasses
 import sys
-import time
 from typing import Callable
 
 import jax
@@ -15,22 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad
+from sciad.adjoints import SENSEALGS, describe, engine_option, parse
 from sciad.problems import Benchmark
+from sciad.timing import interleaved, timed
 
 REFERENCE_TOLERANCE = 1e-10
-
-# Sensealgs by the labels used in records; the ones that take an engine get it as their only argument.
-SENSEALGS: dict[str, Callable] = {
-    "ForwardSensitivity": lambda e: sciad.ForwardSensitivity(jvp=e),
-    "BacksolveAdjoint": lambda e: sciad.BacksolveAdjoint(vjp=e),
-    "InterpolatingAdjoint": lambda e: sciad.InterpolatingAdjoint(vjp=e),
-    "InterpolatingAdjoint(checkpointing)": lambda e: sciad.InterpolatingAdjoint(vjp=e, checkpointing=True),
-    "QuadratureAdjoint": lambda e: sciad.QuadratureAdjoint(vjp=e),
-    "ForwardDiffSensitivity": lambda e: sciad.ForwardDiffSensitivity(),
-    "DiscreteAdjoint": lambda e: sciad.DiscreteAdjoint(),
-}
-TAKES_ENGINE = ("ForwardSensitivity", "BacksolveAdjoint", "InterpolatingAdjoint",
-                "InterpolatingAdjoint(checkpointing)", "QuadratureAdjoint")
+# The sensealgs benchmarked, as `sciad.adjoints.describe` names them without their engine.
+VARIANTS = (*SENSEALGS, describe(sciad.InterpolatingAdjoint(checkpointing=True), engine=False))
 FORWARD_SOLVE = "forward solve (no gradient)"
 
 
@@ -50,15 +42,14 @@ class Combination:
 
 
 def sciad_combination(sensealg: str, engine: str | None = None) -> Combination:
-    """`sensealg` (a key of `SENSEALGS`) with `engine` (a `sciad.ad` name, for those in `TAKES_ENGINE`)."""
-    if (engine is None) == (sensealg in TAKES_ENGINE):
+    """`sensealg` (a name `sciad.adjoints.parse` reads, without engine) with `engine` (a `sciad.ad`
+    name, exactly for the sensealgs that take one)."""
+    option = engine_option(sensealg)
+    if (engine is None) == (option is not None):
         raise ValueError(f"{sensealg} {'needs' if engine is None else 'takes no'} engine")
-
-    def build(bench: Benchmark):
-        alg = SENSEALGS[sensealg](engine)
-        return jax.jit(jax.grad(lambda p: bench.objective(p, alg)))
-
-    return Combination(sensealg, engine, build)
+    alg = parse(sensealg, **({option: engine} if option else {}))
+    return Combination(describe(alg, engine=False), engine,
+                       lambda bench: jax.jit(jax.grad(lambda p: bench.objective(p, alg))))
 
 
 def forward_solve() -> Combination:
@@ -100,10 +91,6 @@ def device_name(device) -> str:
     return device.platform if kind == device.platform else f"{device.platform}:{kind}"
 
 
-def _block(x):
-    return jax.block_until_ready(x) if isinstance(x, jax.Array) else x
-
-
 def _relative_error(g, ref: np.ndarray) -> float:
     g = np.asarray(g, np.float64).ravel()
     if g.shape != ref.shape or not np.all(np.isfinite(g)):
@@ -111,48 +98,40 @@ def _relative_error(g, ref: np.ndarray) -> float:
     return float(np.linalg.norm(g - ref) / np.linalg.norm(ref))
 
 
-def time_combination(combo: Combination, bench: Benchmark, reference: np.ndarray, *, repeats: int,
-                     device, tolerance: float, progress: Progress) -> dict:
-    """One record: compile time (first call), the gradient check, then `repeats` timed calls after a warm-up.
-
-    A combination that fails (raises) or gives a wrong gradient is not timed further.
-    """
+def check_combination(combo: Combination, bench: Benchmark, reference: np.ndarray, *, device,
+                      tolerance: float) -> tuple[dict, Callable | None]:
+    """A record with the compile time (first call) and the gradient check, and the call to time
+    (None when the combination failed or gave a wrong gradient: it is not timed)."""
     record = {"problem": bench.name, "size": bench.size, "sensealg": combo.sensealg, "engine": combo.engine,
               "label": combo.label, "kind": combo.kind, "is_peer": combo.kind == "peer",
-              "device": device_name(device), "times": [], "compile_time": None, "rel_error": None,
-              "ok": False, "error": None}
+              "device": device_name(device), "times": [], "median_s": None, "compile_time": None,
+              "rel_error": None, "ok": False, "error": None}
     p = jax.device_put(jnp.asarray(bench.problem.p), device)
     try:
         with jax.default_device(device):
             fn = combo.build(bench)
-            start = time.perf_counter()
-            out = _block(fn(p))
-            record["compile_time"] = time.perf_counter() - start
-            if combo.kind == "baseline":
-                record["ok"] = bool(np.isfinite(np.asarray(out)))
-            else:
-                record["rel_error"] = _relative_error(out, reference)
-                record["ok"] = record["rel_error"] <= tolerance
-            if not record["ok"]:
-                record["error"] = f"gradient off: relative error {record['rel_error']:.2e} > {tolerance:.0e}"
-                return record
-            _block(fn(p))  # warm-up
-            for i in range(repeats):
-                progress.show(f"{combo.label} ({i + 1}/{repeats})")
-                start = time.perf_counter()
-                _block(fn(p))
-                record["times"].append(time.perf_counter() - start)
+            out, record["compile_time"] = timed(lambda: fn(p))
+        if combo.kind == "baseline":
+            record["ok"] = bool(np.isfinite(np.asarray(out)))
+        else:
+            record["rel_error"] = _relative_error(out, reference)
+            record["ok"] = record["rel_error"] <= tolerance
+        if not record["ok"]:
+            record["error"] = f"gradient off: relative error {record['rel_error']:.2e} > {tolerance:.0e}"
+            return record, None
     except Exception as e:  # a combination that cannot run is reported, not fatal
         record["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-        record["ok"] = False
-    return record
+        return record, None
+    return record, lambda: fn(p)
 
 
 def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10, devices=None,
         tolerance: float | None = None, progress: Progress | None = None) -> list[dict]:
     """Records for `combinations` (plus the forward-solve baseline) on each of `devices` (default: JAX's first).
 
-    `tolerance` on the gradient's relative error defaults to 100 × the benchmark's rtol.
+    Each is compiled and its gradient checked (`tolerance` on the relative error, default 100 × the
+    benchmark's rtol); the correct ones are then called once more (warm-up) and timed together,
+    `repeats` interleaved rounds per device (`sciad.timing.interleaved`).
     """
     devices = devices or [jax.devices()[0]]
     tolerance = 100 * bench.rtol if tolerance is None else tolerance
@@ -162,11 +141,20 @@ def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10,
     reference = reference_gradient(bench)
     records = []
     for device in devices:
+        timed_calls = []
         for combo in combinations:
             progress.show(f"{bench.name}: {combo.label} (compiling)")
-            records.append(time_combination(combo, bench, reference, repeats=repeats, device=device,
-                                            tolerance=tolerance, progress=progress))
+            record, call = check_combination(combo, bench, reference, device=device, tolerance=tolerance)
+            records.append(record)
+            if call is not None:
+                timed_calls.append((record, call))
             progress.step(f"{bench.name}: {combo.label}")
+        with jax.default_device(device):
+            interleaved([call for _, call in timed_calls], rounds=1)  # warm-up
+            times = interleaved([call for _, call in timed_calls], rounds=repeats,
+                                on_round=lambda i: progress.show(f"{bench.name}: timing round {i + 1}/{repeats}"))
+        for (record, _), t in zip(timed_calls, times):
+            record["times"], record["median_s"] = t, float(np.median(t))
     if own:
         progress.close()
     return records

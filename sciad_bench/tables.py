@@ -1,12 +1,8 @@
 """Markdown tables of benchmark records: median time and its ratios to the forward solve and the best peer."""
 
-import numpy as np
+from sciad.timing import fastest
 
-from sciad.bench.harness import FORWARD_SOLVE
-
-
-def median(record) -> float | None:
-    return float(np.median(record["times"])) if record["times"] else None
+from sciad_bench.harness import FORWARD_SOLVE
 
 
 def _group(records):
@@ -25,24 +21,22 @@ def status(record) -> str:
 
 
 def with_ratios(records) -> list[dict]:
-    """Each record with `median`, `vs_forward` (median / forward-solve median) and
-    `vs_best_peer` (median / fastest correct peer's median), per problem and device."""
+    """Each record with `vs_forward` (median / forward-solve median) and `vs_best_peer`
+    (median / fastest correct peer's median), per problem and device."""
     rows = []
     for group in _group(records).values():
-        base = [median(r) for r in group if r["sensealg"] == FORWARD_SOLVE and r["ok"] and r["times"]]
-        peer = [median(r) for r in group if r["is_peer"] and r["ok"] and r["times"]]
+        base = fastest([r for r in group if r["sensealg"] == FORWARD_SOLVE])
+        peer = fastest([r for r in group if r["is_peer"]])
         for r in group:
-            m = median(r)
-            rows.append({**r, "median": m,
-                         "vs_forward": m / base[0] if m and base else None,
-                         "vs_best_peer": m / min(peer) if m and peer else None})
+            m = r["median_s"]
+            rows.append({**r, "vs_forward": m / base["median_s"] if m and base else None,
+                         "vs_best_peer": m / peer["median_s"] if m and peer else None})
     return rows
 
 
 def best(records, *, kind: str) -> dict | None:
     """The fastest correct record of `kind` ("sciad", "peer")."""
-    ok = [r for r in with_ratios(records) if r["kind"] == kind and r["ok"] and r["median"]]
-    return min(ok, key=lambda r: r["median"]) if ok else None
+    return fastest([r for r in records if r["kind"] == kind])
 
 
 def _fmt(x, spec):
@@ -56,12 +50,12 @@ def markdown_table(records, skipped=()) -> str:
              "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for (problem, device), group in _group(with_ratios(records)).items():
         winner = best(group, kind="sciad")
-        for r in sorted(group, key=lambda r: (r["median"] is None, r["median"] or 0.0)):
+        for r in sorted(group, key=lambda r: (r["median_s"] is None, r["median_s"] or 0.0)):
             label = r["label"] + (" (peer)" if r["is_peer"] else "")
             if winner is not None and r is not None and r["label"] == winner["label"] and r["kind"] == "sciad":
                 label = f"**{label}**"
             lines.append(
-                f"| {problem} | {label} | {device} | {_fmt(r['median'] and 1e3 * r['median'], '.3g')} | "
+                f"| {problem} | {label} | {device} | {_fmt(r['median_s'] and 1e3 * r['median_s'], '.3g')} | "
                 f"{_fmt(r['vs_forward'], '.3g')} | {_fmt(r['vs_best_peer'], '.3g')} | "
                 f"{_fmt(r['compile_time'], '.2f')} | {_fmt(r['rel_error'], '.1e')} | {status(r).replace('|', '/')} |")
     if skipped:

@@ -2,8 +2,9 @@
 within 1.5x, and the autotuned pick within 1.1x, of the best measured combination?
 
 For each case the plausible candidates (`sciad.select.candidates`) are timed
-in interleaved rounds; the heuristic's pick and an independent autotuning
-trial's pick are then looked up in that measurement.
+in interleaved rounds; the heuristic's pick (`sciad.auto`, what
+`sensealg="auto"` chooses) and an independent autotuning trial's pick are
+then looked up in that measurement.
 """
 
 import json
@@ -12,7 +13,10 @@ import sys
 
 import sciad
 from sciad import problems
-from sciad.select import candidates, describe, fastest, features, heuristic, measure
+from sciad.adjoints import describe
+from sciad.auto import heuristic
+from sciad.select import candidates, features, measure
+from sciad.timing import fastest
 
 
 def cases(quick: bool):
@@ -23,7 +27,7 @@ def cases(quick: bool):
 
 
 def validate(bench, budget: float, tune_budget: float) -> dict:
-    prob, kw = bench.problem, dict(solver=bench.solver, rtol=bench.rtol, atol=bench.atol)
+    prob, kw = bench.problem, dict(solver=bench.solver, rtol=bench.rtol, atol=bench.atol, max_steps=bench.max_steps)
     feat = features(prob, bench.saveat, **kw)
     rows = measure(prob, bench.saveat, bench.loss, candidates(feat), budget=budget, **kw)
     best = fastest(rows)

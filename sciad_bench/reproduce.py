@@ -3,8 +3,8 @@
 import pathlib
 import shutil
 
-from sciad.bench.experiments import PLANS, run_experiment
-from sciad.bench.selection import run_selection
+from sciad_bench.experiments import PLANS, run_experiment
+from sciad_bench.selection import run_selection
 
 
 def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool = False) -> None:

@@ -1,0 +1,43 @@
+"""`sciad bench NAME ...` and `sciad reproduce` (the `sciad` command hands them over here)."""
+
+import argparse
+
+from sciad_bench.experiments import PLANS
+
+BENCHMARKS = (*PLANS, "selection")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="sciad", description="sciad's benchmarks and the paper's reproduction")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser("bench", help="time ODE gradients over every sensealg × engine and peers")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("--quick", action="store_true", help="fewer combinations and repeats (under two minutes)")
+    bench.add_argument("--repeats", type=int, default=None, help="timed calls per combination (default 3 quick, 10 full)")
+    bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")
+    bench.add_argument("--out", default=None, help="output folder (default results/NAME)")
+    reproduce = commands.add_parser("reproduce", help="run every benchmark and regenerate paper/figures and paper/tables")
+    reproduce.add_argument("--repeats", type=int, default=5, help="timed calls per combination (default 5)")
+    reproduce.add_argument("--quick", action="store_true", help="quick variants of every benchmark (a smoke test)")
+    args = parser.parse_args(argv)
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    if args.command == "reproduce":
+        from sciad_bench.reproduce import reproduce as run_all
+
+        run_all(repeats=args.repeats, quick=args.quick)
+    elif args.name == "selection":
+        from sciad_bench.selection import run_selection
+
+        run_selection(quick=args.quick, out=args.out)
+    else:
+        from sciad_bench.experiments import run_experiment
+
+        engines = None if args.engines is None else [e.strip() for e in args.engines.split(",") if e.strip()]
+        if args.repeats is not None and args.repeats < 1:
+            parser.error("--repeats must be at least 1")
+        try:
+            run_experiment(args.name, quick=args.quick, repeats=args.repeats, engines=engines, out=args.out)
+        except ValueError as e:
+            parser.error(str(e))
