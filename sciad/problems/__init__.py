@@ -1,4 +1,6 @@
-"""Benchmark problems of the AbstractDifferentiation.jl paper (Appendix B) and a size sweep.
+"""Benchmark problems of the AbstractDifferentiation.jl paper (Appendix B), stiff problems
+and the Brusselator of the size sweep, for tests, examples and the benchmark product
+(`sciad_bench`, which times them).
 
 Each function returns a `Benchmark`: an `ODEProblem`, its saveat times, a
 loss of the saved states and the tolerances to solve at.

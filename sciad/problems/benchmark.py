@@ -5,6 +5,7 @@ from typing import Callable
 
 import numpy as np
 
+from sciad.auto import size
 from sciad.problem import ODEProblem
 from sciad.solve import solve
 
@@ -27,8 +28,8 @@ class Benchmark:
 
     @property
     def size(self) -> int:
-        """States + parameters: the paper's measure of problem size."""
-        return int(self.problem.u0.shape[0] + self.problem.p.shape[0])
+        """States + parameters (entries of their array leaves): the paper's measure of problem size."""
+        return size(self.problem.u0) + size(self.problem.p)
 
     def objective(self, p, sensealg=None):
         """loss(us) with us solved at parameters p (m,), differentiated by `sensealg`."""
