@@ -52,10 +52,7 @@ class SquaredError:
 
 def spiral_data(u0: np.ndarray, ts: np.ndarray) -> np.ndarray:
     """The true spiral at `ts` (T, 2), float32, from a tight float64 RK45 solve (NumPy, no JAX precision needed)."""
-    try:
-        from scipy.integrate import solve_ivp
-    except ModuleNotFoundError:
-        raise ModuleNotFoundError("spiral_node's reference data is solved with SciPy: pip install 'sciad[bench]'") from None
+    from scipy.integrate import solve_ivp  # SciPy comes with JAX
 
     sol = solve_ivp(lambda t, u: spiral_rhs(u, None, t), (ts[0], ts[-1]), u0.astype(np.float64),
                     t_eval=ts, rtol=1e-10, atol=1e-10)
