@@ -23,17 +23,26 @@ class AbstractBackend(abc.ABC):
 
     Subclasses set `name` (the registry name), `mode` ("reverse" when the
     native primitive is the pullback, "forward" when it is the pushforward),
-    and `package`/`extra` when the engine is an optional install. Capabilities:
-    `traced` (its products are JAX programs, traced into the caller's and
-    differentiable again by JAX; otherwise they run on the host through
-    callbacks), `higher_order` (JAX can differentiate its traced products
-    again: second derivatives through code that uses them) and `vmappable`
-    (`jax.vmap` can batch its products; otherwise batches run as a loop).
+    and `package`/`extra` when the engine is an optional install. Code asks
+    these capabilities, never the engine's type:
+
+    - `traced`: its products are JAX programs, traced into the caller's.
+    - `host`: its products run on the host (Python, NumPy, torch); called
+      from JAX they go through host callbacks (`differentiate_with`).
+    - `compiled`: a function is traced once into a compiled program, so
+      value-dependent Python branches are refused (JAX engines with
+      `jit=True`, Enzyme).
+    - `higher_order`: JAX can differentiate its traced products again
+      (second derivatives through code that uses them).
+    - `vmappable`: `jax.vmap` can batch its products; otherwise batches run
+      as a loop.
     """
 
     name: ClassVar[str]
     mode: ClassVar[str]
     traced: ClassVar[bool] = False
+    host: ClassVar[bool] = False
+    compiled: ClassVar[bool] = False
     higher_order: ClassVar[bool] = False
     vmappable: ClassVar[bool] = True
     package: ClassVar[str | None] = None
@@ -64,11 +73,10 @@ class AbstractBackend(abc.ABC):
             return tuple(namespace(*o).stack(list(o)) for o in zip(*outs))
         return namespace(*outs).stack(outs)
 
-    def hessian_backend(self) -> "AbstractBackend":
-        """The composition used for Hessians when none is given (this engine over itself)."""
-        from sciad.ad.higher_order import HigherOrder
-
-        return HigherOrder(self, self)
+    def hessian_engines(self) -> tuple["AbstractBackend", "AbstractBackend"]:
+        """`(outer, inner)` for Hessians: `outer` differentiates the `inner` gradient
+        (by default this engine over itself)."""
+        return self, self
 
     # -- a derived operator engines may make faster ---------------------------
     def value_and_gradient(self, f: Callable, xs: tuple):

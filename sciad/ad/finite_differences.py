@@ -21,6 +21,7 @@ class FiniteDifferences(AbstractBackend):
 
     name = "finite-differences"
     mode = "forward"
+    host = True
 
     def __post_init__(self):
         if self.step is not None and not (np.isfinite(self.step) and self.step > 0):

@@ -12,7 +12,9 @@ class HigherOrder(AbstractBackend):
     `HigherOrder(JaxForward(), JaxReverse())`). First-order operators use
     `inner`. The two engines must compose: `outer` must be able to trace
     through `inner` (JAX over JAX, torch over torch, autograd over autograd,
-    finite differences over anything)."""
+    finite differences over anything). Its capabilities are its engines':
+    first-order products and batches run on `inner`, compilation on
+    `outer`."""
 
     outer: AbstractBackend
     inner: AbstractBackend
@@ -28,6 +30,26 @@ class HigherOrder(AbstractBackend):
     def mode(self):
         return self.inner.mode
 
+    @property
+    def traced(self):
+        return self.outer.traced and self.inner.traced
+
+    @property
+    def host(self):
+        return self.outer.host or self.inner.host
+
+    @property
+    def compiled(self):
+        return self.outer.compiled
+
+    @property
+    def higher_order(self):
+        return self.outer.higher_order and self.inner.higher_order
+
+    @property
+    def vmappable(self):
+        return self.inner.vmappable
+
     def asarray(self, x, like=None):
         return self.inner.asarray(x, like)
 
@@ -37,8 +59,8 @@ class HigherOrder(AbstractBackend):
     def map(self, fn, batch):
         return self.inner.map(fn, batch)
 
-    def hessian_backend(self):
-        return self
+    def hessian_engines(self):
+        return self.outer, self.inner
 
     def value_and_pullback(self, f, xs):
         return self.inner.value_and_pullback(f, xs)

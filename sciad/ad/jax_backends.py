@@ -26,10 +26,13 @@ class _JaxTraced(AbstractBackend):
     def map(self, fn: Callable, batch):
         return jax.vmap(fn)(batch)
 
-    def hessian_backend(self) -> AbstractBackend:
-        from sciad.ad.higher_order import HigherOrder
+    @property
+    def compiled(self) -> bool:
+        return self.jit
 
-        return HigherOrder(JaxForward(jit=self.jit), self)
+    def hessian_engines(self) -> tuple[AbstractBackend, AbstractBackend]:
+        """Forward over this engine."""
+        return JaxForward(jit=self.jit), self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +58,6 @@ class JaxForward(_JaxTraced):
     def value_and_pushforward(self, f, xs):
         y = f(*xs)
         return y, lambda vs: jax.jvp(f, xs, tuple(vs))[1]
-
-    def hessian_backend(self) -> AbstractBackend:
-        from sciad.ad.higher_order import HigherOrder
-
-        return HigherOrder(self, self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +91,7 @@ class Enzyme(AbstractBackend):
     name = "enzyme"
     mode = "reverse"
     traced = True
+    compiled = True
     vmappable = False
     package = "enzyme_ad"
     extra = "enzyme"
@@ -111,8 +110,3 @@ class Enzyme(AbstractBackend):
 
     def value_and_pullback(self, f, xs):
         return jax.vjp(self._lower(f), *xs)
-
-    def hessian_backend(self) -> AbstractBackend:
-        from sciad.ad.higher_order import HigherOrder
-
-        return HigherOrder(self, self)

@@ -43,28 +43,27 @@ def _value_and_vjp(b, f, xs, w):
     return y, pb(b.asarray(w, like=y))
 
 
-def _gradient_function(b, f):
-    """x -> ∇f(x) with the Hessian composition's inner backend."""
-    hb = b.hessian_backend()
-    return lambda x: _value_and_gradient(hb.inner, f, (hb.inner.asarray(x),))[1][0]
+def _gradient_function(inner, f):
+    """x -> ∇f(x) computed by `inner`."""
+    return lambda x: _value_and_gradient(inner, f, (inner.asarray(x),))[1][0]
 
 
 def _value_gradient_and_hessian(b, f, xs):
-    hb = b.hessian_backend()
-    y, (g,) = _value_and_gradient(hb.inner, f, xs)
-    xs = tuple(hb.outer.asarray(x) for x in xs)
-    _, (H,) = hb.outer.value_and_jacobian(_gradient_function(b, f), xs)
+    outer, inner = b.hessian_engines()
+    y, (g,) = _value_and_gradient(inner, f, xs)
+    xs = tuple(outer.asarray(x) for x in xs)
+    _, (H,) = outer.value_and_jacobian(_gradient_function(inner, f), xs)
     return y, g, H
 
 
 def _hvp(b, f, xs, vs):
     """H v: the outer pushforward of the gradient, or its pullback (H is symmetric)."""
-    hb = b.hessian_backend()
-    xs = tuple(hb.outer.asarray(x) for x in xs)
-    vs = tuple(hb.outer.asarray(v, like=x) for v, x in zip(vs, xs))
-    if hb.outer.mode == "forward":
-        return hb.outer.value_and_pushforward(_gradient_function(b, f), xs)[1](vs)
-    return hb.outer.value_and_pullback(_gradient_function(b, f), xs)[1](vs[0])[0]
+    outer, inner = b.hessian_engines()
+    xs = tuple(outer.asarray(x) for x in xs)
+    vs = tuple(outer.asarray(v, like=x) for v, x in zip(vs, xs))
+    if outer.mode == "forward":
+        return outer.value_and_pushforward(_gradient_function(inner, f), xs)[1](vs)
+    return outer.value_and_pullback(_gradient_function(inner, f), xs)[1](vs[0])[0]
 
 
 # -- the operator table -------------------------------------------------------
@@ -221,7 +220,7 @@ def _operator(name: str, doc: str) -> Callable:
 derivative = _operator("derivative", "f'(x) for scalar x (shape of f's output).")
 gradient = _operator("gradient", "∇f(x) for scalar f (shape of x; a tuple for a tuple x).")
 jacobian = _operator("jacobian", "∂f/∂x, shape f(x).shape + x.shape (a tuple for a tuple x).")
-hessian = _operator("hessian", "∇²f(x) for scalar f, shape x.shape + x.shape, via backend.hessian_backend().")
+hessian = _operator("hessian", "∇²f(x) for scalar f, shape x.shape + x.shape, via backend.hessian_engines() (outer over inner).")
 hvp = _operator("hvp", "∇²f(x) v (shape of x), forward-over-reverse by default.")
 jvp = _operator("jvp", "jvp(b, f, x, v) = ∂f/∂x · v (shape of f(x)); v a tuple for a tuple x.")
 vjp = _operator("vjp", "vjp(b, f, x, w) = wᵀ ∂f/∂x (shape of x; a tuple for a tuple x).")

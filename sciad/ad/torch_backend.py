@@ -17,6 +17,7 @@ class Torch(AbstractBackend):
 
     name = "torch"
     mode = "reverse"
+    host = True
     package = "torch"
     extra = "torch"
 
