@@ -3,6 +3,7 @@
 import functools
 from typing import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +26,9 @@ def differentiate_with(f: Callable, backend: AbstractBackend | str) -> Callable:
     the benchmarks). Tangents use the engine's pushforward and cotangents its
     pullback (the other one derived from the Jacobian where the engine has
     only one), joined by a custom linear rule so both directions are native.
+    On host engines only the differentiated arguments are variables; the
+    others (e.g. `t` in `f(u, p, t)`) are constants to the engine: no tape,
+    no boxes, no finite-difference columns.
     Second derivatives (Hessians, Newton steps through the products) work for
     engines that declare `higher_order` and raise a clear
     `sciad.ad.linear.HigherOrderError` for the others.
@@ -85,7 +89,38 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
     return g
 
 
+class _Point(eqx.Module):
+    """Where the rules linearise `f`: the arguments `xs`, and which of them are
+    differentiated (`active`, static: it shapes the engine's work)."""
+
+    xs: tuple
+    active: tuple = eqx.field(static=True)
+
+
+def _active(xs: tuple, active: tuple) -> tuple:
+    return tuple(x for x, on in zip(xs, active) if on)
+
+
+def _restricted(f: Callable, xs: tuple, active: tuple) -> Callable:
+    """`f` as a function of the differentiated arguments only; the others are held
+    at `xs`, constants to the engine (no tape, no finite-difference columns)."""
+
+    def g(*moving):
+        it = iter(moving)
+        return f(*(next(it) if on else x for x, on in zip(xs, active)))
+
+    return g
+
+
+def _expanded(cotangents, active: tuple) -> tuple:
+    """Cotangents of the active arguments, as one entry per argument (None where inactive)."""
+    it = iter(cotangents)
+    return tuple(next(it) if on else None for on in active)
+
+
 def _traced(f: Callable, backend: AbstractBackend) -> Callable:
+    """Traced in whole: JAX drops the unused cotangents (Enzyme fails on closures over traced values)."""
+
     def pushforward(xs, vs):
         return backend.value_and_pushforward(f, xs)[1](vs)
 
@@ -130,23 +165,27 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
     def primal_jvp(xs, vs):  # reached only when the rules' forward pass is differentiated again
         raise HigherOrderError(no_second_order)
 
-    def pushforward(xs, vs):
-        result = out_struct(xs)
+    def pushforward(at, vs):
+        result = out_struct(at.xs)
 
         def host(xs, vs):
-            tangent = backend.value_and_pushforward(f, engine(xs))[1](engine(vs))
+            xs = engine(xs)
+            tangent = backend.value_and_pushforward(_restricted(f, xs, at.active), _active(xs, at.active))[1](
+                engine(vs))
             return backend.numpy(tangent).astype(result.dtype)
 
-        return call(host, result, xs, vs)
+        return call(host, result, at.xs, _active(vs, at.active))
 
-    def pullback(xs, w):
-        results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs)
+    def pullback(at, w):
+        results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in _active(at.xs, at.active))
 
         def host(xs, w):
-            cotangents = backend.value_and_pullback(f, engine(xs))[1](backend.asarray(np.asarray(w)))
+            xs = engine(xs)
+            pb = backend.value_and_pullback(_restricted(f, xs, at.active), _active(xs, at.active))[1]
+            cotangents = pb(backend.asarray(np.asarray(w)))
             return tuple(backend.numpy(c).astype(r.dtype) for c, r in zip(cotangents, results))
 
-        return call(host, results, xs, w)
+        return _expanded(call(host, results, at.xs, w), at.active)
 
-    return custom_linear_rules(lambda *xs, active: (primal(*xs), xs), pushforward, pullback,
+    return custom_linear_rules(lambda *xs, active: (primal(*xs), _Point(xs, active)), pushforward, pullback,
                                nondifferentiable=no_second_order)
