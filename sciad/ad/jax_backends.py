@@ -109,4 +109,28 @@ class Enzyme(AbstractBackend):
         return enzyme_jax_ir()(f)
 
     def value_and_pullback(self, f, xs):
+        for primitive in _primitives(jax.make_jaxpr(f)(*xs)):
+            if primitive in ENZYME_REFUSES:
+                raise NotImplementedError(
+                    f"enzyme-ad 0.0.16 cannot differentiate `{primitive}` (jax.numpy.{primitive}): "
+                    f"{ENZYME_REFUSES[primitive]}; use another engine for this function, e.g. 'jax-reverse'")
         return jax.vjp(self._lower(f), *xs)
+
+
+# JAX primitives enzyme-ad 0.0.16 mis-differentiates, refused before lowering (tests/test_namespace.py).
+ENZYME_REFUSES = {
+    "atanh": "its derivative has the wrong sign",
+    "acosh": "its derivative is wrong",
+    "tan": "it has no adjoint rule for stablehlo.tan",
+    "sort": "it crashes the process",
+}
+
+
+def _primitives(jaxpr):
+    """Names of the primitives in `jaxpr` and the jaxprs nested in its equations."""
+    for eqn in jaxpr.eqns:
+        yield eqn.primitive.name
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                if hasattr(sub, "eqns"):
+                    yield from _primitives(sub)
