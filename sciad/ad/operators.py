@@ -1,10 +1,15 @@
 """Operators derived from a backend's primitives, called `op(backend, f, x, ...)`.
 
 `x` is an array (NumPy or the engine's own), or for `gradient`, `jacobian`,
-`jvp`, `vjp`, `value_and_*` of those, a tuple of arrays (results are then
-tuples). Results are the engine's own arrays; `numpy.asarray` converts them.
-Shapes: for `f: x (n...) -> y (m...)`, `jacobian` is `(m..., n...)`,
-`hessian` is `(n..., n...)`.
+`jvp`, `vjp`, `value_and_*` of those, a tuple of arguments (results are then
+tuples), each an array or a PyTree of arrays (dicts, lists, tuples on every
+engine; any PyTree, e.g. equinox modules, on the JAX-traced ones). Results
+are the engine's own arrays; `numpy.asarray` converts them. Shapes: for
+`f: x (n...) -> y (m...)`, `jacobian` is `(m..., n...)`, `hessian` is
+`(n..., n...)`. For a PyTree argument, per-argument results have its
+structure, with one array per leaf: the gradient and `vjp` the leaf's
+shape, the Jacobian `y.shape + leaf.shape` (the Jacobian w.r.t. a dict is
+a dict); `v` for `jvp` has x's structure.
 """
 
 import functools
@@ -12,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from sciad.ad import trees
 from sciad.ad.backend import AbstractBackend
 from sciad.ad.namespace import namespace
 
@@ -117,8 +123,9 @@ def _check_float(arg: str, x) -> None:
         )
 
 
-def _check_inputs(op: str, backend, f, x, vectors) -> bool:
-    """Validate the call; return whether `x` is a tuple of arguments."""
+def _check_inputs(op: str, backend, f, x, vectors):
+    """Validate the call; return `(multi, tree)`: whether `x` is a tuple of arguments,
+    and their PyTree structure, or None when every argument is an array."""
     if not isinstance(backend, AbstractBackend):
         raise TypeError(f"backend must be a sciad.ad backend (e.g. sciad.ad.get('jax-reverse')), got {backend!r}")
     if not callable(f):
@@ -130,8 +137,12 @@ def _check_inputs(op: str, backend, f, x, vectors) -> bool:
     xs = x if multi else (x,)
     if multi and not xs:
         raise ValueError(f"{op}: x is an empty tuple; pass at least one array")
-    for i, xi in enumerate(xs):
-        _check_float(f"x[{i}]" if multi else "x", xi)
+    tree, static = trees.structure(xs, backend.host, multi)
+    if not multi_ok and not trees.is_flat(tree):
+        raise TypeError(f"{op} takes one array x, not a {type(x).__name__} PyTree: ravel it "
+                        "(jax.flatten_util.ravel_pytree) or use the first-order operators, which take PyTrees")
+    for name, leaf in trees.named_leaves("x", xs, multi):
+        _check_float(name, leaf)
     if op in ("derivative", "value_and_derivative") and tuple(np.shape(x)) != ():
         raise ValueError(f"derivative needs a scalar x, got shape {tuple(np.shape(x))}: use jacobian or jvp")
     if len(vectors) != n_vectors:
@@ -141,14 +152,15 @@ def _check_inputs(op: str, backend, f, x, vectors) -> bool:
         vs = v if multi else (v,)
         if multi and (not isinstance(v, tuple) or len(v) != len(xs)):
             raise ValueError(f"v must be a tuple of {len(xs)} arrays, one per argument in x")
-        for i, (vi, xi) in enumerate(zip(vs, xs)):
-            name = f"v[{i}]" if multi else "v"
+        trees.check_like("v", vs, xs, multi)
+        for (name, vi), (x_name, xi) in zip(trees.named_leaves("v", vs, multi), trees.named_leaves("x", xs, multi)):
             _check_float(name, vi)
             if tuple(np.shape(vi)) != tuple(np.shape(xi)):
-                raise ValueError(f"{name} has shape {tuple(np.shape(vi))} but x has shape {tuple(np.shape(xi))}: they must match")
+                raise ValueError(f"{name} has shape {tuple(np.shape(vi))} but {x_name} has shape "
+                                 f"{tuple(np.shape(xi))}: they must match")
     if op in ("vjp", "value_and_vjp"):
         _check_float("w", vectors[0])
-    return multi
+    return multi, None if trees.is_flat(tree) and not static else (tree, static)
 
 
 # -- compilation and dispatch ------------------------------------------------
@@ -201,16 +213,47 @@ def prepare(backend: AbstractBackend, op, f: Callable, x, *vectors) -> Callable:
     name = op if isinstance(op, str) else getattr(op, "__name__", None)
     if name not in _SPECS:
         raise ValueError(f"op must be one of {sorted(_SPECS)} (or the function), got {op!r}")
-    multi = _check_inputs(name, backend, f, x, vectors)
-    compiled = _compiled(name, backend, f, multi)
-    compiled(x, *vectors)  # trace and compile now
-    return compiled.__wrapped__
+    run = _runner(name, backend, f, *_check_inputs(name, backend, f, x, vectors))
+    run(x, *vectors)  # trace and compile now
+    return run.__wrapped__
+
+
+def _runner(op: str, backend, f, multi: bool, tree) -> Callable:
+    """`op`'s compiled call `(x, *vectors)`; with the call without error translation as `__wrapped__`."""
+    if tree is None:
+        return _compiled(op, backend, f, multi)
+    compiled = _compiled(op, backend, trees.flat_function(f, *tree), True)
+
+    def call(x, *vectors):
+        return _on_leaves(op, compiled, tree, multi, x, vectors)
+
+    call.__wrapped__ = lambda x, *vectors: _on_leaves(op, compiled.__wrapped__, tree, multi, x, vectors)
+    return call
+
+
+# Where a result holds one entry per argument: the whole result, its second item, or nowhere.
+_PER_ARGUMENT = {"gradient": ..., "jacobian": ..., "vjp": ..., "value_and_gradient": 1,
+                 "value_and_jacobian": 1, "value_and_vjp": 1, "jvp": None, "value_and_jvp": None}
+
+
+def _on_leaves(op: str, compiled: Callable, tree, multi: bool, x, vectors):
+    """`op` on PyTree arguments (`tree` = (structure, static leaves)): run on their
+    differentiated leaves, per-argument results regrouped to x's structure."""
+    leaves = trees.array_leaves(x if multi else (x,), *tree)
+    if op in ("jvp", "value_and_jvp"):
+        vectors = (trees.array_leaves(vectors[0] if multi else (vectors[0],), *tree),)
+    result = compiled(leaves, *vectors)
+    where = _PER_ARGUMENT[op]
+    if where is ...:
+        return trees.regroup(result, *tree, multi)
+    if where == 1:
+        return result[0], trees.regroup(result[1], *tree, multi)
+    return result
 
 
 def _operator(name: str, doc: str) -> Callable:
     def op(backend, f, x, *vectors):
-        multi = _check_inputs(name, backend, f, x, vectors)
-        return _compiled(name, backend, f, multi)(x, *vectors)
+        return _runner(name, backend, f, *_check_inputs(name, backend, f, x, vectors))(x, *vectors)
 
     op.__name__ = op.__qualname__ = name
     op.__doc__ = doc
@@ -254,7 +297,8 @@ class LazyJacobian:
     def __init__(self, backend, f, x, transposed=False):
         if isinstance(x, tuple):
             raise TypeError(f"lazy_jacobian takes one array x, not a tuple of {len(x)} arguments")
-        _check_inputs("jvp", backend, f, x, (x,))
+        if _check_inputs("jvp", backend, f, x, (x,))[1] is not None:
+            raise TypeError(f"lazy_jacobian takes one array x, not a {type(x).__name__} PyTree: use jvp and vjp")
         self.backend, self.f, self.x, self.transposed = backend, f, x, transposed
         m = int(np.prod(np.shape(f(backend.asarray(x)))))
         n = int(np.prod(np.shape(x)))
