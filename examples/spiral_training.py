@@ -1,8 +1,9 @@
 """Train the spiral neural ODE (Chen et al. 2018; the paper's Appendix B, Example 2).
 
-The network is an equinox MLP, u' = NN(u³) with 2 → hidden → 2 and tanh; its
-parameters are flattened into the flat vector p that sciad differentiates, and
-optax's Adam follows the gradients that sciad's sensitivity algorithm returns.
+The network is an equinox MLP, u' = NN(u³) with 2 → hidden → 2 and tanh,
+passed to sciad as the parameters p itself (a PyTree; its activation is a static
+leaf); `eqx.filter_value_and_grad` returns gradients with the MLP's structure and
+optax's Adam follows them.
 
     python examples/spiral_training.py            # 500 iterations, 50 hidden units
 """
@@ -16,7 +17,6 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 import optax
-from jax.flatten_util import ravel_pytree
 
 import sciad
 from sciad.problems.spiral import spiral_data
@@ -28,16 +28,15 @@ U0 = np.array([2.0, 0.0], np.float32)
 TS = np.linspace(0.0, 1.5, 30)
 
 
+def field(u, mlp, t):
+    """u' = MLP(u³)."""
+    return mlp(u**3)
+
+
 def neural_ode(hidden: int, seed: int) -> sciad.ODEProblem:
-    """u' = MLP(u³) as an ODEProblem whose p is the MLP's weights, flattened."""
+    """u' = MLP(u³) as an ODEProblem whose parameters p are the MLP."""
     mlp = eqx.nn.MLP(2, 2, width_size=hidden, depth=1, activation=jnp.tanh, key=jax.random.key(seed))
-    weights, structure = eqx.partition(mlp, eqx.is_inexact_array)
-    p0, unravel = ravel_pytree(weights)
-
-    def f(u, p, t):
-        return eqx.combine(unravel(p), structure)(u**3)
-
-    return sciad.ODEProblem(f, U0, (0.0, 1.5), np.asarray(p0, np.float32))
+    return sciad.ODEProblem(field, U0, (0.0, 1.5), mlp)
 
 
 def main(iterations: int = 500, hidden: int = 50, learning_rate: float = 0.05, sensealg="auto",
@@ -52,7 +51,8 @@ def main(iterations: int = 500, hidden: int = 50, learning_rate: float = 0.05, s
     prob = neural_ode(hidden, seed)
     if sensealg == "auto":
         sensealg = sciad.select_sensealg(prob, saveat=TS, rtol=1e-5, atol=1e-5).sensealg
-    print(f"{prob.p.size} parameters, gradients by {sciad.select.describe(sensealg)}")
+    size = sum(x.size for x in jax.tree.leaves(eqx.filter(prob.p, eqx.is_array)))
+    print(f"{size} parameters, gradients by {sciad.adjoints.describe(sensealg)}")
 
     def predict(p, ts=TS):
         return sciad.solve(prob, p=p, saveat=ts, rtol=1e-5, atol=1e-5, sensealg=sensealg).us
@@ -62,13 +62,13 @@ def main(iterations: int = 500, hidden: int = 50, learning_rate: float = 0.05, s
 
     optimizer = optax.adam(learning_rate)
 
-    @jax.jit
+    @eqx.filter_jit
     def step(p, state):
-        value, grad = jax.value_and_grad(loss)(p)
-        updates, state = optimizer.update(grad, state, p)
-        return optax.apply_updates(p, updates), state, value
+        value, grad = eqx.filter_value_and_grad(loss)(p)
+        updates, state = optimizer.update(grad, state, eqx.filter(p, eqx.is_array))
+        return eqx.apply_updates(p, updates), state, value
 
-    p, state = jnp.asarray(prob.p), optimizer.init(jnp.asarray(prob.p))
+    p, state = prob.p, optimizer.init(eqx.filter(prob.p, eqx.is_array))
     losses, start = [], time.perf_counter()
     for i in range(iterations):
         p, state, value = step(p, state)
@@ -86,7 +86,7 @@ def main(iterations: int = 500, hidden: int = 50, learning_rate: float = 0.05, s
     plt.close(fig)
 
     fine = np.linspace(0.0, 1.5, 300)
-    fitted, initial = np.asarray(predict(p, fine)), np.asarray(predict(jnp.asarray(prob.p), fine))
+    fitted, initial = np.asarray(predict(p, fine)), np.asarray(predict(prob.p, fine))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     for k, name in enumerate("xy"):
         left.plot(TS, data[:, k], "o", ms=4, color=f"C{k}", label=f"{name} data")
@@ -101,7 +101,7 @@ def main(iterations: int = 500, hidden: int = 50, learning_rate: float = 0.05, s
     fig.tight_layout()
     fig.savefig(out / "spiral_fit.png", dpi=120)
     plt.close(fig)
-    return {"losses": np.array(losses + [final]), "p": np.asarray(p)}
+    return {"losses": np.array(losses + [final]), "p": p}
 
 
 if __name__ == "__main__":

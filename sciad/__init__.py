@@ -14,6 +14,7 @@ from sciad.adjoints import (
     InterpolatingAdjoint,
     QuadratureAdjoint,
 )
+from sciad.errors import SolveError
 from sciad.problem import ODEProblem
 from sciad.select import Choice, select_sensealg
 from sciad.solve import SOLVERS, Solution, solve

@@ -1,48 +1,87 @@
 """`ODEProblem`: u' = f(u, p, t), u(t0) = u0, on tspan = (t0, t1)."""
 
-import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from sciad.errors import error_if
+from sciad.pytrees import leaf_names
 
-@dataclasses.dataclass(frozen=True)
-class ODEProblem:
+
+class ODEProblem(eqx.Module):
     """An initial value problem u' = f(u, p, t) on tspan = (t0, t1).
 
-    `f(u, p, t)` maps u (n,) and the flat parameter vector p (m,) to du/dt
-    (n,); write it once with `sciad.ad.namespace(u)` so every engine can run
-    it. `u0` is (n,), `p` (m,) (or None: no parameters). Checked here:
-    shapes, finite values, t1 > t0, and that f returns the shape of u0.
+    `u0` is any PyTree of float arrays (a vector, a dict of arrays, ...) and
+    `f(u, p, t)` returns du/dt with u0's structure and shapes; `p` is any
+    PyTree (arrays, dicts, an equinox model; its non-array leaves are static)
+    or None (no parameters: an empty vector). `f` may close over other values,
+    traced ones included (their gradients are right). Write f with
+    `sciad.ad.namespace(u)` so every engine can run it. Checked here:
+    structures, float leaves, finite values, t1 > t0, and that f returns u0's
+    structure (by tracing, without running it). A PyTree itself.
     """
 
     f: Callable
-    u0: jax.Array
-    tspan: tuple[float, float]
-    p: jax.Array | None = None
+    u0: Any
+    tspan: tuple[float, float] = eqx.field(static=True)
+    p: Any = None
 
-    def __post_init__(self):
-        if not callable(self.f):
-            raise TypeError(f"ODEProblem(f=...): f must be callable f(u, p, t), got {self.f!r}")
-        object.__setattr__(self, "u0", check_vector("u0", self.u0))
-        p = np.zeros((0,)) if self.p is None else self.p
-        object.__setattr__(self, "p", check_vector("p", p))
-        object.__setattr__(self, "tspan", check_tspan(self.tspan))
-        check_rhs(self.f, self.u0, self.p, self.tspan[0])
+    def __init__(self, f: Callable, u0, tspan, p=None):
+        if not callable(f):
+            raise TypeError(f"ODEProblem(f=...): f must be callable f(u, p, t), got {f!r}")
+        self.f = f
+        self.u0 = check_state("u0", u0)
+        self.p = check_params("p", np.zeros((0,)) if p is None else p)
+        self.tspan = check_tspan(tspan)
+        check_rhs(f, self.u0, self.p, self.tspan[0])
 
 
-def check_vector(name: str, x):
-    """`x` as a 1-D float array; a clear error for other shapes, dtypes, non-finite values."""
-    if not isinstance(x, jax.core.Tracer):
-        x = np.asarray(x)
-    if x.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array (flat vector), got shape {tuple(x.shape)}: flatten it")
-    if not np.issubdtype(x.dtype, np.floating):
-        raise TypeError(f"{name} has dtype {x.dtype}; pass a float array, e.g. numpy.asarray({name}, dtype=float)")
+def _leaf_error(name: str, x) -> str | None:
+    """Why array leaf `name` = x cannot be a state or parameter (None if it can)."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return f"{name} has dtype {x.dtype}; pass a float array, e.g. numpy.asarray({name}, dtype=float)"
     if not isinstance(x, jax.core.Tracer) and not np.all(np.isfinite(x)):
-        raise ValueError(f"{name} contains non-finite values (NaN or inf): {x}")
-    return x
+        return f"{name} contains non-finite values (NaN or inf): {x}"
+    return None
+
+
+def check_state(name: str, tree):
+    """`tree` (a state: every leaf an array or number) with float array leaves; a clear error naming the bad leaf."""
+    def leaf(path, x):
+        label = name + jax.tree_util.keystr(path)
+        if not (eqx.is_array_like(x) and not isinstance(x, (bool, str))):
+            raise TypeError(f"{label} is a {type(x).__name__}; every leaf of {name} must be a float array or number")
+        x = x if isinstance(x, jax.Array) else np.asarray(x, dtype=float if isinstance(x, (int, float)) else None)
+        error = _leaf_error(label, x)
+        if error:
+            raise (TypeError if "dtype" in error else ValueError)(error)
+        return x
+
+    return jax.tree_util.tree_map_with_path(leaf, tree)
+
+
+def check_params(name: str, tree):
+    """`tree` (parameters): array leaves must be float and finite; other leaves are static and left as they are."""
+    for label, x in leaf_names(tree, name):
+        if eqx.is_array(x):
+            error = _leaf_error(label, x)
+            if error:
+                raise (TypeError if "dtype" in error else ValueError)(error)
+    return tree
+
+
+def check_like(name: str, tree, ref):
+    """`tree` in place of the problem's `ref`: the same structure and leaf shapes, else a clear error."""
+    if jax.tree.structure(tree) != jax.tree.structure(ref):
+        raise ValueError(f"{name} has structure {jax.tree.structure(tree)} but the problem's {name} has structure "
+                         f"{jax.tree.structure(ref)}: pass a PyTree like the problem's")
+    for (label, x), (_, r) in zip(leaf_names(tree, name), leaf_names(ref, name)):
+        if eqx.is_array_like(x) and np.shape(x) != np.shape(r):
+            raise ValueError(f"{label} has shape {tuple(np.shape(x))} but the problem's {label} has shape "
+                             f"{tuple(np.shape(r))}")
 
 
 def check_tspan(tspan) -> tuple[float, float]:
@@ -62,29 +101,44 @@ def check_tspan(tspan) -> tuple[float, float]:
 
 
 def check_rhs(f: Callable, u0, p, t0: float) -> None:
-    """f must map (u0, p, t0) to an array of u0's shape (checked by tracing, no run)."""
-    import jax.numpy as jnp
-
+    """f must map (u0, p, t0) to u0's structure and shapes (checked by tracing, no run)."""
     try:
-        out = jax.eval_shape(lambda u, p: f(u, p, jnp.asarray(t0, u.dtype)), u0, p)
+        out = eqx.filter_eval_shape(lambda u, p: f(u, p, jnp.asarray(t0, jnp.result_type(*jax.tree.leaves(u)))), u0, p)
     except jax.errors.ConcretizationTypeError as e:
         raise ValueError(
             "f(u, p, t) has value-dependent Python control flow, which JAX cannot trace into the "
             "ODE solver: write branches with jnp.where / jax.lax.cond"
         ) from e
-    if tuple(out.shape) != tuple(np.shape(u0)):
-        raise ValueError(
-            f"f(u, p, t) returns shape {tuple(out.shape)} but u0 has shape {tuple(np.shape(u0))}: "
-            "they must match"
-        )
+    if jax.tree.structure(out) != jax.tree.structure(u0):
+        raise ValueError(f"f(u, p, t) returns {_describe(out)} but u0 is {_describe(u0)}: they must match "
+                         "(return one array with xp.stack / xp.asarray for a vector state)")
+    for (label, y), (_, u) in zip(leaf_names(out, "f(u, p, t)"), leaf_names(u0, "u0")):
+        if tuple(y.shape) != tuple(np.shape(u)):
+            raise ValueError(f"{label} returns shape {tuple(y.shape)} but u0{label[len('f(u, p, t)'):]} has shape "
+                             f"{tuple(np.shape(u))}: they must match")
 
 
-def check_saveat(saveat, t0: float, t1: float) -> np.ndarray:
-    """`saveat` as sorted times (T,) inside [t0, t1] (default: t0 and t1); a clear error otherwise."""
+def _describe(tree) -> str:
+    leaves = jax.tree.leaves(tree)
+    if len(leaves) == 1 and jax.tree.structure(tree).num_nodes == 1:
+        return f"an array of shape {tuple(np.shape(leaves[0]))}"
+    return f"a PyTree {jax.tree.structure(tree)}"
+
+
+def check_saveat(saveat, t0: float, t1: float):
+    """`saveat` as sorted times (T,) inside [t0, t1] (default: t0 and t1); a clear error otherwise.
+
+    Concrete times are checked now and returned as NumPy; traced ones (under `jax.jit`, `jax.vmap`)
+    must be a non-empty 1-D array and are checked when the program runs."""
     if saveat is None:
         return np.array([t0, t1])
     if isinstance(saveat, jax.core.Tracer):
-        raise TypeError("saveat must be concrete (NumPy or Python numbers), not traced by jax.jit")
+        if saveat.ndim != 1 or saveat.shape[0] == 0:
+            raise ValueError(f"saveat must be a non-empty 1-D array of times, got shape {tuple(saveat.shape)}")
+        if not jnp.issubdtype(saveat.dtype, jnp.floating):
+            raise TypeError(f"saveat has dtype {saveat.dtype}; pass float times")
+        bad = ~jnp.all(jnp.isfinite(saveat)) | jnp.any(jnp.diff(saveat) <= 0) | (saveat[0] < t0) | (saveat[-1] > t1)
+        return error_if(saveat, bad, f"saveat must be finite, strictly increasing times inside tspan ({t0}, {t1})")
     ts = np.atleast_1d(np.asarray(saveat, dtype=float))
     if ts.ndim != 1 or ts.size == 0:
         raise ValueError(f"saveat must be a non-empty 1-D sequence of times, got shape {ts.shape}")

@@ -1,5 +1,6 @@
 """`solve`: integrate an `ODEProblem` with diffrax, differentiably by a chosen sensealg."""
 
+import dataclasses
 from typing import Any
 
 import diffrax as dfx
@@ -9,8 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint
-from sciad.adjoints.base import Setup, is_implicit
-from sciad.problem import ODEProblem, check_saveat, check_vector
+from sciad.adjoints.base import Bound, Setup, is_implicit
+from sciad.errors import error_if
+from sciad.problem import ODEProblem, check_like, check_params, check_saveat, check_state
+from sciad.vector_field import VectorField
 
 SOLVERS = {
     "tsit5": dfx.Tsit5,
@@ -23,12 +26,12 @@ SOLVERS = {
 
 
 class Solution(eqx.Module):
-    """`ts` (T,), `us` (T, n); `stats` with `steps`, `accepted_steps`,
-    `rejected_steps`, `function_evaluations` of the forward solve; with
-    `dense=True`, `interpolation(t)` evaluates u at any t in tspan."""
+    """`ts` (T,); `us`: u0's structure with a leading time axis (T, ...), like diffrax's `ys`;
+    `stats` (integers) with `steps`, `accepted_steps`, `rejected_steps`, `function_evaluations`
+    of the forward solve; with `dense=True`, `interpolation(t)` evaluates u (u0's structure) at any t in tspan."""
 
     ts: jax.Array
-    us: jax.Array
+    us: Any
     stats: dict[str, Any]
     interpolation: Any = None
 
@@ -52,26 +55,19 @@ def _sensealg(sensealg) -> AbstractSensitivity:
     raise ValueError(f"unknown sensealg {sensealg!r}; pass one of {sorted(SENSEALGS)} (an instance or its name)")
 
 
-def _like(name: str, x, ref):
-    x = check_vector(name, x)
-    if x.shape != ref.shape:
-        raise ValueError(f"{name} has shape {tuple(x.shape)} but the problem's {name} has shape {tuple(ref.shape)}")
-    return x
-
-
 def _finite(name: str, x):
     """Non-finite values under jit: a runtime error instead of NaN gradients."""
-    return eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), f"{name} contains non-finite values (NaN or inf)")
+    return error_if(x, ~jnp.all(jnp.isfinite(x)), f"{name} contains non-finite values (NaN or inf)")
 
 
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rtol=1e-6, atol=1e-6,
           sensealg=None, max_steps=4096, dense=False) -> Solution:
-    """Solve `prob` and save u at `saveat` (default: t0 and t1).
+    """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
 
-    Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd; under jax.jit and
-    jax.vmap) with respect to `u0` (n,) and `p` (m,) passed here, by the rules
-    of `sensealg` (default `InterpolatingAdjoint()`; `"auto"` picks one with
-    `sciad.select_sensealg`; or any of `sciad.adjoints.SENSEALGS`, as an
+    Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
+    jax.vmap) with respect to `u0` and `p` passed here (PyTrees like the problem's) and to
+    values f closes over, by the rules of `sensealg` (default `InterpolatingAdjoint()`;
+    `"auto"` picks one with `sciad.select_sensealg`; or any of `sciad.adjoints.SENSEALGS`, as an
     instance or its name). `solver` is a
     name in `SOLVERS` or a diffrax solver; steps are adaptive (PID control
     at `rtol`, `atol`). A solve that needs more than `max_steps` steps (default
@@ -81,32 +77,49 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
-    u0 = prob.u0 if u0 is None else _like("u0", u0, prob.u0)
-    p = prob.p if p is None else _like("p", p, prob.p)
-    dtype = jnp.result_type(u0, p)
-    u0, p = _finite("u0", jnp.asarray(u0, dtype)), _finite("p", jnp.asarray(p, dtype))
+    if u0 is None:
+        u0 = prob.u0
+    else:
+        check_like("u0", u0, prob.u0)
+        u0 = check_state("u0", u0)
+    if p is None:
+        p = prob.p
+    else:
+        check_like("p", p, prob.p)
+        p = check_params("p", p)
     for name, tol in (("rtol", rtol), ("atol", atol)):
         if not (np.isfinite(tol) and tol > 0):
             raise ValueError(f"{name} must be a positive number, got {tol}")
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
     t0, t1 = prob.tspan
-    setup = Setup(prob.f, get_solver(solver), t0, t1, check_saveat(saveat, t0, t1), float(rtol), float(atol), int(max_steps))
+    ts = check_saveat(saveat, t0, t1)
     if isinstance(sensealg, str) and sensealg == "auto":  # decided from shapes and settings: works under jit
         from sciad.auto import auto_sensealg
 
-        sensealg = auto_sensealg(u0, p, setup.ts, solver=setup.solver, rtol=rtol, atol=atol,
-                                 max_steps=setup.max_steps).sensealg
-    us, stats = _sensealg(sensealg).solve(setup, u0, p)
+        sensealg = auto_sensealg(u0, p, ts, solver=get_solver(solver), rtol=rtol, atol=atol,
+                                 max_steps=int(max_steps)).sensealg
+    sensealg = _sensealg(sensealg)
+    field, closure = VectorField.of(prob.f, u0, p, t0, host=any(not e.traced for e in sensealg.engines()))
+    dtype = field.dtype
+    setup = Setup(field, get_solver(solver), t0, t1, None, float(rtol), float(atol), int(max_steps))
+    u0_flat = _finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
+    p_flat = _finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
+    c_flat = jnp.asarray(field.c.ravel(closure), dtype)
+    ts = jnp.asarray(ts, dtype)
+    us, stats = sensealg.solve(setup, u0_flat, p_flat, c_flat, ts)
     evals = _evaluations_per_step(setup.solver)
+    steps = stats.astype(jnp.int32)
     solution_stats = {
-        "steps": stats[0], "accepted_steps": stats[1], "rejected_steps": stats[2],
-        "function_evaluations": stats[0] * evals if evals else None,
+        "steps": steps[0], "accepted_steps": steps[1], "rejected_steps": steps[2],
+        "function_evaluations": steps[0] * evals if evals else None,
     }
     interpolation = None
     if dense:
-        interpolation = setup.forward(u0, p, dense=True, adjoint=dfx.RecursiveCheckpointAdjoint()).interpolation.evaluate
-    return Solution(jnp.asarray(setup.ts, dtype), us, solution_stats, interpolation)
+        bound = dataclasses.replace(setup, f=Bound(field, c_flat, None), ts=ts)
+        dense_sol = bound.forward(u0_flat, p_flat, dense=True, adjoint=dfx.RecursiveCheckpointAdjoint())
+        interpolation = lambda t: field.u.unravel(dense_sol.interpolation.evaluate(t))  # noqa: E731
+    return Solution(ts, jax.vmap(field.u.unravel)(us), solution_stats, interpolation)
 
 
 def _evaluations_per_step(solver) -> int | None:

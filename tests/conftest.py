@@ -33,6 +33,11 @@ def pytest_generate_tests(metafunc):
     )
 
 
+def slow_except(values, fast):
+    """`values` as pytest params, all but those in `fast` marked slow (the full matrix runs in CI)."""
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
 @pytest.fixture(scope="module")
 def fast_compiles():
     """Same programs, about half the compile time: XLA's optimisations off for a

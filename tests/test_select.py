@@ -70,6 +70,7 @@ def test_auto_in_solve_matches_discrete_adjoint(lv):
     np.testing.assert_allclose(auto, ref, rtol=1e-3)  # continuous vs discrete gradient at rtol = 1e-6
 
 
+@pytest.mark.slow
 def test_autotune_picks_a_correct_candidate_and_caches(lv, tmp_path):
     short = sciad.ODEProblem(lotka_volterra, np.ones(2), (0.0, 1.0), lv.p)
     choice = sciad.select_sensealg(short, saveat=[0.5, 1.0], autotune=True, budget=2.0, cache_dir=tmp_path)

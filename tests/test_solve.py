@@ -136,8 +136,8 @@ def test_u0_shape_differs_from_f_output():
         sciad.ODEProblem(f, np.ones(2), (0.0, 1.0))
     with pytest.raises(ValueError, match=r"u0 has shape \(3,\) but the problem's u0 has shape \(2,\)"):
         sciad.solve(lv(), u0=np.ones(3))
-    with pytest.raises(ValueError, match="u0 must be a 1-D array"):
-        sciad.ODEProblem(lotka_volterra, np.ones((2, 1)), (0.0, 1.0), np.ones(4))
+    with pytest.raises(ValueError, match=r"f\(u, p, t\) returns a PyTree .* but u0 is an array of shape \(2,\)"):
+        sciad.ODEProblem(lambda u, p, t: [u[0], u[1]], np.ones(2), (0.0, 1.0))
 
 
 @pytest.mark.parametrize("name", ["u0", "p"])
@@ -277,3 +277,16 @@ def test_missing_engine_package(monkeypatch, engine):
     with pytest.raises(ad.MissingEngineError, match=f"needs the package '{cls.package}'"):
         ForwardSensitivity(jvp=engine)
     assert engine not in ad.available()
+
+
+def test_run_time_errors_under_jit_end_with_one_clear_message():
+    prob = lv(t1=10.0)
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, saveat=[5.0, 10.0], max_steps=5).us)))
+    with pytest.raises(Exception) as info:
+        jax.block_until_ready(grad(prob.p))
+    message = str(info.value).strip()
+    assert message.splitlines()[-1].startswith("SolveError: the ODE solve needed more than max_steps=5 steps: "
+                                               "pass a larger max_steps")
+    assert "filter_jit" not in message and len(message.splitlines()) < 12
+    with pytest.raises(Exception, match="SolveError: the ODE solve needed more than max_steps=5"):
+        sciad.solve(prob, saveat=[5.0, 10.0], max_steps=5)

@@ -20,6 +20,7 @@ import pytest
 
 import sciad
 import sciad.ad as ad
+from conftest import slow_except
 from sciad.ad.linear import HigherOrderError
 from sciad.adjoints import (
     BacksolveAdjoint,
@@ -60,7 +61,8 @@ def assert_agrees(actual, expected, what):
                                err_msg=what)
 
 
-@pytest.mark.parametrize("sensealg", list(SENSEALGS))
+@pytest.mark.parametrize("sensealg", slow_except(list(SENSEALGS), fast=["InterpolatingAdjoint", "BacksolveAdjoint",
+                                                                       "ForwardDiffSensitivity"]))
 @pytest.mark.parametrize("problem", list(BENCHES))
 def test_every_sensealg_with_kvaerno5(problem, sensealg):
     assert bench(problem).solver == "kvaerno5"
@@ -104,7 +106,8 @@ SOLVERS = {"kvaerno3": "kvaerno3", "Kvaerno4()": dfx.Kvaerno4(), "KenCarp4()": d
 
 
 @pytest.mark.parametrize("solver", list(SOLVERS))
-@pytest.mark.parametrize("sensealg", ["ForwardSensitivity", "InterpolatingAdjoint", "QuadratureAdjoint"])
+@pytest.mark.parametrize("sensealg", slow_except(["ForwardSensitivity", "InterpolatingAdjoint", "QuadratureAdjoint"],
+                                                 fast=["InterpolatingAdjoint"]))
 def test_implicit_solvers_by_name_and_instance(sensealg, solver):
     tol = 1e-5 if solver == "ImplicitEuler()" else TOL  # first order: loose tolerance, loose agreement
     got = relaxation_gradient(SENSEALGS[sensealg], SOLVERS[solver], tol)
@@ -181,6 +184,7 @@ def test_selection_asks_the_solver_whether_it_is_implicit():
     assert not isinstance(choice.sensealg, BacksolveAdjoint)
 
 
+@pytest.mark.slow
 def test_autotune_marks_a_failing_candidate_and_goes_on(monkeypatch):
     import sciad.select as select
 

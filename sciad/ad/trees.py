@@ -25,16 +25,21 @@ def structure(xs: tuple, host: bool, multi: bool) -> tuple[jax.tree_util.PyTreeD
     """`(tree, static)`: the PyTree structure of the arguments `xs` and their static leaves as
     `(position, leaf)` pairs; on host engines only `HOST_CONTAINERS` nest."""
     if host:
-        for path, node in jax.tree_util.tree_flatten_with_path(
-            xs, is_leaf=lambda n: type(n) not in HOST_CONTAINERS and n is not None
-        )[0]:
-            if jax.tree.structure(node) != jax.tree.structure(0):
-                raise TypeError(
-                    f"x{keystr(path if multi else path[1:])} is a {type(node).__name__}, which a host engine cannot hold (it takes "
-                    f"dicts, lists and tuples of arrays): pass its arrays in one of those, or use a JAX engine "
-                    f"('jax-reverse', 'jax-forward'), which takes any PyTree")
+        check_host(xs if multi else xs[0], "x")
     leaves, tree = jax.tree.flatten(xs)
     return tree, tuple((i, leaf) for i, leaf in enumerate(leaves) if not is_array(leaf))
+
+
+def check_host(tree, name: str) -> None:
+    """Raise unless `tree` (called `name` in the error) nests only `HOST_CONTAINERS`, as a host engine needs."""
+    for path, node in jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda n: type(n) not in HOST_CONTAINERS and n is not None
+    )[0]:
+        if jax.tree.structure(node) != jax.tree.structure(0):
+            raise TypeError(
+                f"{name}{keystr(path)} is a {type(node).__name__}, which a host engine cannot hold (it takes "
+                f"dicts, lists and tuples of arrays): pass its arrays in one of those, or use a JAX engine "
+                f"('jax-reverse', 'jax-forward'), which takes any PyTree")
 
 
 def is_flat(tree: jax.tree_util.PyTreeDef) -> bool:

@@ -4,6 +4,7 @@ solve differentiable."""
 
 import abc
 import dataclasses
+import functools
 import typing
 from typing import Callable
 
@@ -15,23 +16,22 @@ import numpy as np
 
 import sciad.ad as ad
 from sciad.ad.linear import REVERSE_OVER_REVERSE, forward_mode_only
+from sciad.errors import solver_failure
 
 
-@dataclasses.dataclass(frozen=True)
-class Setup:
-    """Everything about a solve except u0 and p (static, known at trace time).
-
-    `ts` (T,) are the saveat times, strictly increasing inside [t0, t1].
-    """
+class Setup(eqx.Module):
+    """Everything about a solve except u0 and p: `f(u, p, t)` on flat vectors u (n,), p (m,);
+    `ts` (T,) the saveat times, strictly increasing inside [t0, t1]. A PyTree: its traced parts
+    (the save times, values f closes over) are leaves, so a custom rule can take it as an argument."""
 
     f: Callable
     solver: dfx.AbstractSolver
-    t0: float
-    t1: float
-    ts: np.ndarray
-    rtol: float
-    atol: float
-    max_steps: int
+    t0: float = eqx.field(static=True)
+    t1: float = eqx.field(static=True)
+    ts: typing.Any
+    rtol: float = eqx.field(static=True)
+    atol: float = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
 
     @property
     def implicit(self) -> bool:
@@ -48,9 +48,16 @@ class Setup:
             return dfx.MultiTerm(zero, term)
         return term
 
-    def breakpoints(self, extra=()) -> np.ndarray:
-        """Sorted unique times t0, ts, `extra`, t1: where the adjoint state jumps or restarts."""
-        return np.unique(np.concatenate([[self.t0], self.ts, np.asarray(extra, float), [self.t1]]))
+    def breakpoints(self, extra=()) -> jax.Array:
+        """Sorted times t0, ts, `extra`, t1 (T + 2 + len(extra), repeats kept: zero-length intervals):
+        where the adjoint state jumps or restarts."""
+        ts = jnp.asarray(self.ts)
+        times = [jnp.full((1,), self.t0, ts.dtype), ts, jnp.asarray(extra, ts.dtype), jnp.full((1,), self.t1, ts.dtype)]
+        return jnp.sort(jnp.concatenate(times))
+
+    def saved(self, bps: jax.Array) -> jax.Array:
+        """Indices (T,) of the saveat times among the breakpoints `bps`."""
+        return jnp.searchsorted(bps, jnp.asarray(self.ts, bps.dtype))
 
     def diffeqsolve(self, term, y0, args, t0, t1, *, ts=None, dense=False, steps=False,
                     adjoint=None, max_steps=None, norm=None, dt0=None, throw=True):
@@ -60,11 +67,15 @@ class Setup:
         them, and an outer `jax.jvp` can enter them: second derivatives)."""
         controller = step_controller(self.solver, self.rtol, self.atol, norm)
         saveat = dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
-        return dfx.diffeqsolve(
+        max_steps = max_steps or self.max_steps
+        sol = dfx.diffeqsolve(
             term, self.solver, t0, t1, dt0, y0, args=args, saveat=saveat,
-            stepsize_controller=controller, max_steps=max_steps or self.max_steps,
-            adjoint=adjoint or dfx.ForwardMode(), throw=throw,
+            stepsize_controller=controller, max_steps=max_steps,
+            adjoint=adjoint or dfx.ForwardMode(), throw=False,
         )
+        if not throw:
+            return sol
+        return eqx.tree_at(lambda s: s.ys, sol, solver_failure(sol.ys, sol.result, max_steps))
 
     def forward(self, u0, p, *, ts=None, dense=False, adjoint=None):
         """The forward solve from t0 to t1, saving at `ts` (default: the saveat times)."""
@@ -86,12 +97,12 @@ def is_implicit(solver: dfx.AbstractSolver) -> bool:
     return isinstance(solver, dfx.AbstractImplicitSolver)
 
 
-def checked(result, x):
+def checked(setup: Setup, result, x):
     """`x`, with a run-time error if the diffrax solve that gave `result` failed
-    (e.g. hit max_steps). diffrax's own check rides on the solve's outputs and
-    is dropped when only its derivatives are used (jax.jit removes it), so the
-    rules that re-solve internally attach it to what they return."""
-    return result.error_if(x, jnp.invert(dfx.is_okay(result)))
+    (e.g. hit max_steps). The check on a solve's outputs is dropped when only
+    their derivatives are used (jax.jit removes it), so the rules that re-solve
+    internally attach it to what they return."""
+    return solver_failure(x, result, setup.max_steps)
 
 
 def stats_vector(sol: dfx.Solution, dtype) -> jax.Array:
@@ -104,19 +115,20 @@ class Products:
     """f's derivative products from JAX code, computed by one `sciad.ad` backend:
     `vjp(u, p, t, λ) -> (f, λᵀ∂f/∂u, λᵀ∂f/∂p)`, `jvp(u, p, t, du, dp) -> (f, ∂f/∂u du + ∂f/∂p dp)`.
     JAX engines are traced in; torch, autograd and finite differences run
-    through `sciad.ad.differentiate_with` (a host callback per product)."""
+    through `sciad.ad.differentiate_with` (a host callback per product).
+    `f` is a `Bound` field: its closure values enter the engine as a constant argument."""
 
-    def __init__(self, f: Callable, backend):
+    def __init__(self, f: "Bound", backend):
         self.backend = ad.get(backend)
-        self.g = ad.differentiate_with(f, self.backend)
+        self.g = ad.differentiate_with(f.open(), self.backend)
+        self.c = f.c
 
     def vjp(self, u, p, t, lam):
-        y, pb = jax.vjp(lambda u, p: self.g(u, p, t), u, p)
+        y, pb = jax.vjp(lambda u, p: self.g(u, p, self.c, t), u, p)
         return (y, *pb(lam))
 
     def jvp(self, u, p, t, du, dp):
-        return jax.jvp(lambda u, p: self.g(u, p, t), (u, p), (du, dp))
-
+        return jax.jvp(lambda u, p: self.g(u, p, self.c, t), (u, p), (du, dp))
 
 
 class AbstractSensitivity(eqx.Module):
@@ -143,25 +155,80 @@ class AbstractSensitivity(eqx.Module):
             return sol.ys, sol.result
 
         _, dus, result = jax.jvp(solve, (u0, p), (du0, dp), has_aux=True)
-        return checked(result, dus)
+        return checked(setup, result, dus)
 
-    def solve(self, setup: Setup, u0, p):
-        """-> (us, stats), differentiable in u0 and p by this algorithm's rules."""
+    def engines(self) -> tuple:
+        """The `sciad.ad` backends this sensealg runs f's products on."""
+        return ()
 
-        def forward(u0, p, active):
-            us, stats, residuals = self.forward(setup, u0, p, active)
+    def solve(self, setup: Setup, u0, p, c, ts):
+        """-> (us (T, n), stats (3,)), differentiable in u0 (n,), p (m,) and c (k,) by this
+        algorithm's rules. Here `setup.f` is f(u, p, c, t) and `setup.ts` unused: c are values f
+        closes over (bound as constants, or appended to p when they are differentiated) and ts
+        (T,) the save times (not differentiable)."""
+        m = p.shape[0]
+
+        def bind(c, ts, merged: bool) -> Setup:
+            if merged:
+                return dataclasses.replace(setup, f=Bound(setup.f, jnp.zeros((0,), c.dtype), m), ts=ts)
+            return dataclasses.replace(setup, f=Bound(setup.f, c, None), ts=ts)
+
+        def forward(u0, p, c, ts, active):
             if active is None:
+                us, stats, residuals = self.forward(bind(c, ts, False), u0, p, None)
                 return (us, stats), residuals
-            return forward_mode_only(((us, stats), residuals), REVERSE_OVER_REVERSE)
+            if active[3]:
+                raise ValueError("sciad.solve is not differentiable with respect to saveat: pass the save "
+                                 "times as constants (jax.lax.stop_gradient) or differentiate the solution instead")
+            merged = active[2]
+            us, stats, residuals = self.forward(bind(c, ts, merged), u0, jnp.concatenate([p, c]) if merged else p,
+                                                (active[0], active[1] or merged))
+            return forward_mode_only(((us, stats), _Residuals(residuals, c, ts, merged)), REVERSE_OVER_REVERSE)
 
-        def pushforward(residuals, vs):
-            dus = self.pushforward(setup, residuals, *vs)
+        def pushforward(res, vs):
+            du0, dp, dc, _ = vs
+            dus = self.pushforward(bind(res.c, res.ts, res.merged), res.inner, du0,
+                                   jnp.concatenate([dp, dc]) if res.merged else dp)
             return dus, jnp.zeros((3,), dus.dtype)
 
-        def pullback(residuals, w):
-            return self.pullback(setup, residuals, w[0])
+        def pullback(res, w):
+            g_u0, g_p = self.pullback(bind(res.c, res.ts, res.merged), res.inner, w[0])
+            if not res.merged:
+                return g_u0, g_p, None, None
+            return g_u0, g_p[:m], g_p[m:], None
 
-        return ad.custom_linear_rules(forward, pushforward, pullback)(u0, p)
+        return ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, ts)
+
+
+class Bound(eqx.Module):
+    """`f(u, p, t)` from `field(u, p, c, t)`: with the closure values `c` held, or, when `m` is
+    given, with p = [p; c] (c appended to the m parameters; `c` then empty)."""
+
+    field: Callable
+    c: jax.Array
+    m: int | None = eqx.field(static=True)
+
+    def __call__(self, u, p, t):
+        return self.open()(u, p, self.c, t)
+
+    def open(self) -> Callable:
+        """`g(u, p, c, t)`: f with `c` as an argument (an engine sees no traced value it closes over)."""
+        return functools.partial(_open, self.field, self.m)
+
+
+def _open(field, m, u, p, c, t):
+    if m is None:
+        return field(u, p, c, t)
+    return field(u, p[:m], p[m:], t)
+
+
+class _Residuals(eqx.Module):
+    """A sensealg's residuals with the closure `c`, the save times `ts` and whether c was appended to p."""
+
+    inner: typing.Any
+    c: jax.Array
+    ts: jax.Array
+    merged: bool = eqx.field(static=True)
 
 
 def plain_forward(setup: Setup, u0, p):

@@ -17,6 +17,7 @@ import optimistix as optx
 
 import sciad.ad as ad
 from sciad.adjoints.base import AbstractSensitivity, Products, Setup, plain_forward, stats_vector
+from sciad.errors import error_if
 
 
 class _ContinuousAdjoint(AbstractSensitivity):
@@ -28,6 +29,9 @@ class _ContinuousAdjoint(AbstractSensitivity):
     def __init__(self, vjp="jax-reverse"):
         self.vjp = ad.get(vjp)
 
+    def engines(self) -> tuple:
+        return (self.vjp,)
+
     def checkpoint_times(self, setup: Setup) -> np.ndarray:
         return np.zeros((0,))
 
@@ -36,7 +40,7 @@ class _ContinuousAdjoint(AbstractSensitivity):
             return plain_forward(setup, u0, p)
         bps = setup.breakpoints(self.checkpoint_times(setup))
         sol = setup.forward(u0, p, ts=bps, dense=self.stores_interpolation)
-        us = sol.ys[np.searchsorted(bps, setup.ts)]
+        us = sol.ys[setup.saved(bps)]
         interpolation = sol.interpolation if self.stores_interpolation else None
         stats = stats_vector(sol, u0.dtype)
         return us, stats, (u0, p, sol.ys, interpolation, stats[1])
@@ -46,9 +50,9 @@ class _ContinuousAdjoint(AbstractSensitivity):
         # The forward pass's mean step starts every interval's solve: no step-size search per restart.
         dt = (setup.t1 - setup.t0) / jnp.maximum(steps, 1)
         bps = setup.breakpoints(self.checkpoint_times(setup))
-        jumps = jnp.zeros((len(bps), u0.shape[0]), w.dtype).at[np.searchsorted(bps, setup.ts)].add(w)
+        jumps = jnp.zeros((len(bps), u0.shape[0]), w.dtype).at[setup.saved(bps)].add(w)
         prods = Products(setup.f, self.vjp)
-        t = jnp.asarray(bps, u0.dtype)
+        t = bps.astype(u0.dtype)
 
         def interval(carry, j):
             lam, mu, drift = carry
@@ -143,7 +147,7 @@ class BacksolveAdjoint(_ContinuousAdjoint):
     def check_drift(self, cotangents, drift):
         unstable = drift > self.drift_tolerance
         if self.on_instability == "raise":
-            return eqx.error_if(cotangents, unstable, UNSTABLE + " Or pass BacksolveAdjoint(on_instability='warn').")
+            return error_if(cotangents, unstable, UNSTABLE + " Or pass BacksolveAdjoint(on_instability='warn').")
         jax.debug.callback(_warn_unstable, unstable, drift, self.drift_tolerance)
         return cotangents
 
@@ -187,7 +191,7 @@ class InterpolatingAdjoint(_ContinuousAdjoint):
             max_steps = self.steps_per_interval(setup)
             sol = setup.diffeqsolve(
                 setup.term(), u_start, p, t_to, t_from, dense=True, max_steps=max_steps, dt0=dt0, throw=False)
-            lam = eqx.error_if(lam, jnp.invert(dfx.is_okay(sol.result)),
+            lam = error_if(lam, jnp.invert(dfx.is_okay(sol.result)),
                                f"InterpolatingAdjoint(checkpointing=True): an interval between checkpoints needed "
                                f"more than interval_max_steps={max_steps} steps; pass a larger "
                                "interval_max_steps or more checkpoints")

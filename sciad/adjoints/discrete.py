@@ -1,6 +1,7 @@
 """Differentiating through the solver's steps: discretise-then-optimise."""
 
 import diffrax as dfx
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,7 +37,7 @@ class DiscreteAdjoint(AbstractSensitivity):
 
     def pullback(self, setup: Setup, residuals, w):
         u0, p, pb, result = residuals
-        return checked(result, _replayed(setup)(u0, p, pb, w))
+        return checked(setup, result, _replayed(setup)(u0, p, pb, w))
 
 
 def _zero_tangents(tree):
@@ -49,9 +50,11 @@ def _recorded(setup: Setup):
     """(u0, p) -> (us, stats, result, pb): the forward solve with recursive checkpoints and the
     pullback `pb` they make. Forward mode sees the solution's tangent (through the solver's
     steps) and no tangent for `pb`, which `_replayed` recomputes instead of reading."""
+    arrays, rest = eqx.partition(setup, eqx.is_array)  # traced parts enter the rule as arguments
 
     @jax.custom_jvp
-    def record(u0, p):
+    def record(u0, p, arrays):
+        setup = eqx.combine(arrays, rest)
         _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint()), u0, p,
                                              has_aux=True)
         return us, stats, result, pb
@@ -59,24 +62,28 @@ def _recorded(setup: Setup):
     @record.defjvp
     def record_jvp(primals, tangents):
         out = record(*primals)
-        _, dus = jax.jvp(lambda u0, p: setup.forward(u0, p).ys, primals, tangents)
+        u0, p, arrays = primals
+        setup = eqx.combine(arrays, rest)
+        _, dus = jax.jvp(lambda u0, p: setup.forward(u0, p).ys, (u0, p), tangents[:2])
         return out, (dus, *_zero_tangents(out[1:]))
 
-    return record
+    return lambda u0, p: record(u0, p, arrays)
 
 
 def _replayed(setup: Setup):
     """(u0, p, pb, w) -> pb(w) = wᵀ ∂us/∂(u0, p); its derivative in (u0, p, w) is forward mode
     through the reverse pass of a `DirectAdjoint` solve (recursive checkpoints admit no jvp)."""
+    arrays, rest = eqx.partition(setup, eqx.is_array)
 
     @jax.custom_jvp
-    def replay(u0, p, pb, w):
+    def replay(u0, p, pb, w, arrays):
         return pb(w)
 
     @replay.defjvp
     def replay_jvp(primals, tangents):
-        u0, p, pb, w = primals
-        du0, dp, _, dw = tangents
+        u0, p, pb, w, arrays = primals
+        du0, dp, _, dw, _ = tangents
+        setup = eqx.combine(arrays, rest)
 
         def pullback(u0, p, w):
             return jax.vjp(lambda u0, p: setup.forward(u0, p, adjoint=dfx.DirectAdjoint()).ys, u0, p)[1](w)
@@ -84,7 +91,7 @@ def _replayed(setup: Setup):
         _, tangent = jax.jvp(pullback, (u0, p, w), (du0, dp, dw))
         return pb(w), tangent
 
-    return replay
+    return lambda u0, p, pb, w: replay(u0, p, pb, w, arrays)
 
 
 class ForwardDiffSensitivity(AbstractSensitivity):
@@ -102,7 +109,7 @@ class ForwardDiffSensitivity(AbstractSensitivity):
             _solution(setup), argnums=argnums, has_aux=True)(u0, p)
         full = [None, None]
         for i, jac in zip(argnums, jacs):
-            full[i] = checked(result, jac)
+            full[i] = checked(setup, result, jac)
         return us, stats, (u0, p, tuple(full))
 
     def pullback(self, setup: Setup, residuals, w):

@@ -22,6 +22,9 @@ class ForwardSensitivity(AbstractSensitivity):
     def __init__(self, jvp="jax-forward"):
         self.jvp = ad.get(jvp)
 
+    def engines(self) -> tuple:
+        return (self.jvp,)
+
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)

@@ -1,0 +1,74 @@
+"""Run-time checks inside compiled solves, raised as one `SolveError` naming the cause and the fix.
+
+`equinox.error_if` would do, but outside `equinox.filter_jit` it appends a
+paragraph asking for `filter_jit` and JAX logs the callback's traceback a
+second time; under a user's `jax.jit` the useful line drowned in them.
+"""
+
+import functools
+import logging
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class SolveError(RuntimeError):
+    """A check sciad makes while a (possibly compiled) solve runs: non-finite inputs, too many
+    steps, an unstable BacksolveAdjoint, an interval budget. Under `jax.jit` it reaches the
+    user wrapped in JAX's runtime error; its message is the last line there."""
+
+
+def error_if(x, pred, message: str):
+    """`x` (a PyTree of arrays), raising `SolveError(message)` when the program runs with `pred` true.
+    Transparent to differentiation and batching; no host call unless `pred` holds."""
+    return _error(x, jnp.any(pred).astype(jnp.int32), (message,))
+
+
+def solver_failure(x, result: dfx.RESULTS, max_steps: int):
+    """`x`, raising a `SolveError` when the diffrax solve that gave `result` failed (e.g. ran out of steps)."""
+    # diffrax's RESULTS (an equinox Enumeration) keeps its messages and item indices private
+    messages = tuple(_failure(i, m, max_steps) for i, m in enumerate(dfx.RESULTS._index_to_message[1:], 1))
+    return _error(x, result._value, messages)
+
+
+def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
+    if index == dfx.RESULTS.max_steps_reached._value:
+        return (f"the ODE solve needed more than max_steps={max_steps} steps: pass a larger max_steps to "
+                "sciad.solve (or looser rtol/atol; a stiff problem needs an implicit solver, e.g. solver='kvaerno5')")
+    return f"the ODE solver failed: {diffrax_message}"
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _error(x, index, messages: tuple):
+    """`x`; `index` > 0 raises `messages[index - 1]` when the program runs."""
+
+    def raises(index):
+        index = int(np.max(index))  # batched under vmap: the first failing member's message
+        if index > 0:
+            raise SolveError(messages[index - 1])
+        return np.zeros(np.shape(index), np.int32)
+
+    def check():
+        return jax.pure_callback(raises, jax.ShapeDtypeStruct((), jnp.int32), index, vmap_method="broadcast_all")
+
+    token = jax.lax.cond(index > 0, check, lambda: jnp.zeros((), jnp.int32))
+    return jax.tree.map(lambda leaf: leaf + token.astype(leaf.dtype) if jnp.issubdtype(leaf.dtype, jnp.inexact)
+                        else leaf, x)
+
+
+@_error.defjvp
+def _error_jvp(messages, primals, tangents):
+    x, index = primals
+    return _error(x, index, messages), tangents[0]
+
+
+class _QuietSolveErrors(logging.Filter):
+    """JAX logs an exception raised in a callback before re-raising it: not ours, which reach the user once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], SolveError))
+
+
+logging.getLogger("jax._src.callback").addFilter(_QuietSolveErrors())
