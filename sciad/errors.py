@@ -9,6 +9,7 @@ import functools
 import logging
 
 import diffrax as dfx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,8 +22,9 @@ class SolveError(RuntimeError):
 
 
 def error_if(x, pred, message: str):
-    """`x` (a PyTree of arrays), raising `SolveError(message)` when the program runs with `pred` true.
-    Transparent to differentiation and batching; no host call unless `pred` holds."""
+    """`x` (a PyTree of arrays), raising `SolveError(message)` when the program runs with `pred` true
+    (under `jax.vmap`: for any batch member). Transparent to differentiation; no host call unless
+    `pred` holds."""
     return _error(x, jnp.any(pred).astype(jnp.int32), (message,))
 
 
@@ -35,8 +37,9 @@ def solver_failure(x, result: dfx.RESULTS, max_steps: int):
 
 def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
     if index == dfx.RESULTS.max_steps_reached._value:
-        return (f"the ODE solve needed more than max_steps={max_steps} steps: pass a larger max_steps to "
-                "sciad.solve (or looser rtol/atol; a stiff problem needs an implicit solver, e.g. solver='kvaerno5')")
+        return (f"the maximum number of solver steps was reached: the ODE solve needed more than "
+                f"max_steps={max_steps} steps; pass a larger max_steps to sciad.solve (or looser rtol/atol; a "
+                "stiff problem needs an implicit solver, e.g. solver='kvaerno5')")
     return f"the ODE solver failed: {diffrax_message}"
 
 
@@ -45,13 +48,14 @@ def _error(x, index, messages: tuple):
     """`x`; `index` > 0 raises `messages[index - 1]` when the program runs."""
 
     def raises(index):
-        index = int(np.max(index))  # batched under vmap: the first failing member's message
         if index > 0:
-            raise SolveError(messages[index - 1])
-        return np.zeros(np.shape(index), np.int32)
+            raise SolveError(messages[int(index) - 1])
+        return np.zeros((), np.int32)
+
+    index = eqxi.unvmap_max(index)  # one check for a whole batch: the cond stays a cond under vmap
 
     def check():
-        return jax.pure_callback(raises, jax.ShapeDtypeStruct((), jnp.int32), index, vmap_method="broadcast_all")
+        return jax.pure_callback(raises, jax.ShapeDtypeStruct((), jnp.int32), index)
 
     token = jax.lax.cond(index > 0, check, lambda: jnp.zeros((), jnp.int32))
     return jax.tree.map(lambda leaf: leaf + token.astype(leaf.dtype) if jnp.issubdtype(leaf.dtype, jnp.inexact)
