@@ -21,6 +21,15 @@ class SolveError(RuntimeError):
     user wrapped in JAX's runtime error; its message is the last line there."""
 
 
+def summary(error: Exception) -> str:
+    """The line of `error` that says what went wrong: the `SolveError` line of a JAX runtime error
+    that wraps one, else the last line naming an error type, else the first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line and not line.startswith("File")]
+    solve = [line for line in named if line.startswith("SolveError")]
+    return (solve or named[-1:] or lines[:1] or [type(error).__name__])[0]
+
+
 def error_if(x, pred, message: str):
     """`x` (a PyTree of arrays), raising `SolveError(message)` when the program runs with `pred` true
     (under `jax.vmap`: for any batch member). Transparent to differentiation; no host call unless

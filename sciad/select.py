@@ -25,6 +25,7 @@ from sciad.adjoints import (
 )
 from sciad.auto import Choice, auto_sensealg
 from sciad.auto import features as trace_features
+from sciad.errors import summary
 from sciad.problem import ODEProblem, check_saveat
 from sciad.solve import get_solver, solve
 from sciad.timing import fastest, interleaved, timed
@@ -134,7 +135,7 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
             grad = gradient(sensealg)
             g, row["compile_s"] = timed(lambda: grad(prob.p))
         except Exception as e:  # a candidate that cannot run here is reported, not fatal
-            row["ok"] = f"failed: {_first_line(e)[:200]}"
+            row["ok"] = f"failed: {summary(e)[:200]}"
             continue
         err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), ref)) / scale
         row["rel_error"], row["ok"] = err, bool(np.isfinite(err) and err < tol)
@@ -143,13 +144,6 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, 
     for (_, row), t in zip(runnable, times):
         row["times_s"], row["median_s"] = t, float(np.median(t))
     return rows
-
-
-def _first_line(error: Exception) -> str:
-    """The first line of an error's message that says what went wrong (JAX wraps run-time errors)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    named = [line for line in lines if "Error" in line and not line.startswith("File")]
-    return (named or lines or [""])[-1 if named else 0]
 
 
 def _autotune(prob, ts, loss, feat, budget, solver, rtol, atol, max_steps) -> Choice:

@@ -17,6 +17,7 @@ import numpy as np
 
 import sciad
 from sciad.adjoints import SENSEALGS, describe, engine_option, parse
+from sciad.errors import summary
 from sciad.problems import Benchmark
 from sciad.timing import interleaved, timed
 
@@ -120,7 +121,7 @@ def check_combination(combo: Combination, bench: Benchmark, reference: np.ndarra
             record["error"] = f"gradient off: relative error {record['rel_error']:.2e} > {tolerance:.0e}"
             return record, None
     except Exception as e:  # a combination that cannot run is reported, not fatal
-        record["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        record["error"] = f"{type(e).__name__}: {summary(e)[:300]}"
         return record, None
     return record, lambda: fn(p)
 

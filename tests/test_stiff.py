@@ -61,8 +61,7 @@ def assert_agrees(actual, expected, what):
                                err_msg=what)
 
 
-@pytest.mark.parametrize("sensealg", slow_except(list(SENSEALGS), fast=["InterpolatingAdjoint", "BacksolveAdjoint",
-                                                                       "ForwardDiffSensitivity"]))
+@pytest.mark.parametrize("sensealg", slow_except(list(SENSEALGS), fast=["InterpolatingAdjoint", "BacksolveAdjoint"]))
 @pytest.mark.parametrize("problem", list(BENCHES))
 def test_every_sensealg_with_kvaerno5(problem, sensealg):
     assert bench(problem).solver == "kvaerno5"
@@ -105,7 +104,7 @@ SOLVERS = {"kvaerno3": "kvaerno3", "Kvaerno4()": dfx.Kvaerno4(), "KenCarp4()": d
            "ImplicitEuler()": dfx.ImplicitEuler()}
 
 
-@pytest.mark.parametrize("solver", list(SOLVERS))
+@pytest.mark.parametrize("solver", slow_except(list(SOLVERS), fast=["Kvaerno4()", "KenCarp4()"]))
 @pytest.mark.parametrize("sensealg", slow_except(["ForwardSensitivity", "InterpolatingAdjoint", "QuadratureAdjoint"],
                                                  fast=["InterpolatingAdjoint"]))
 def test_implicit_solvers_by_name_and_instance(sensealg, solver):

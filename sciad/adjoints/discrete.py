@@ -51,13 +51,16 @@ def _recorded(setup: Setup):
     pullback `pb` they make. Forward mode sees the solution's tangent (through the solver's
     steps) and no tangent for `pb`, which `_replayed` recomputes instead of reading."""
     arrays, rest = eqx.partition(setup, eqx.is_array)  # traced parts enter the rule as arguments
+    structure = []  # pb's PyTree structure: the rule returns its leaves (each trace builds a new structure)
 
     @jax.custom_jvp
     def record(u0, p, arrays):
         setup = eqx.combine(arrays, rest)
         _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint()), u0, p,
                                              has_aux=True)
-        return us, stats, result, pb
+        leaves, treedef = jax.tree.flatten(pb)
+        structure[:] = [treedef]
+        return us, stats, result, leaves
 
     @record.defjvp
     def record_jvp(primals, tangents):
@@ -67,7 +70,11 @@ def _recorded(setup: Setup):
         _, dus = jax.jvp(lambda u0, p: setup.forward(u0, p).ys, (u0, p), tangents[:2])
         return out, (dus, *_zero_tangents(out[1:]))
 
-    return lambda u0, p: record(u0, p, arrays)
+    def recorded(u0, p):
+        us, stats, result, leaves = record(u0, p, arrays)
+        return us, stats, result, jax.tree.unflatten(structure[0], leaves)
+
+    return recorded
 
 
 def _replayed(setup: Setup):
