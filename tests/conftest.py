@@ -14,19 +14,20 @@ jax.config.update("jax_enable_x64", True)
 
 def pytest_generate_tests(metafunc):
     """A test with an argument `engine_name` runs once per registry name in
-    `sciad.ad.BACKENDS`, skipped where the engine's package is not installed."""
+    `sciad.ad.BACKENDS`, skipped where the engine's package is not installed
+    (and marked slow for the engines a module lists in `SLOW_ENGINES`)."""
     if "engine_name" not in metafunc.fixturenames:
         return
     installed = set(ad.available())
+    slow = getattr(metafunc.module, "SLOW_ENGINES", ())
     metafunc.parametrize(
         "engine_name",
         [
             pytest.param(
                 name,
                 id=name,
-                marks=pytest.mark.skipif(
-                    name not in installed, reason=f"package {cls.package!r} is not installed"
-                ),
+                marks=[pytest.mark.skipif(name not in installed, reason=f"package {cls.package!r} is not installed"),
+                       *([pytest.mark.slow] if name in slow else [])],
             )
             for name, cls in ad.BACKENDS.items()
         ],

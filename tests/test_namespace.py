@@ -50,6 +50,9 @@ def _matrix(x):
     return namespace(x).reshape(x, (2, 2))
 
 
+# Enzyme compiles each case on its own (several seconds each): the full table runs with the slow tests.
+SLOW_ENGINES = ("enzyme",)
+
 CASES = {
     **{name: _unary(name) for name in UNARY},
     "acosh": _unary("acosh", 1.5),
