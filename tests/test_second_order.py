@@ -23,6 +23,7 @@ from sciad.adjoints import (
     ForwardSensitivity,
     InterpolatingAdjoint,
     QuadratureAdjoint,
+    GaussAdjoint,
 )
 from sciad.problems.lotka_volterra import lotka_volterra_rhs
 
@@ -42,6 +43,7 @@ SENSEALGS = {
     "InterpolatingAdjoint": InterpolatingAdjoint(),
     "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),
     "QuadratureAdjoint": QuadratureAdjoint(),
+    "GaussAdjoint": GaussAdjoint(),
     "InterpolatingAdjoint(jax-forward)": InterpolatingAdjoint(vjp="jax-forward"),
 }
 

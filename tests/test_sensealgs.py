@@ -27,6 +27,7 @@ from sciad.adjoints import (
     DiscreteAdjoint,
     ForwardDiffSensitivity,
     ForwardSensitivity,
+    GaussAdjoint,
     InterpolatingAdjoint,
     QuadratureAdjoint,
 )
@@ -128,6 +129,7 @@ WITH_ENGINE = {
     "InterpolatingAdjoint": lambda e: InterpolatingAdjoint(vjp=e),
     "InterpolatingAdjoint-checkpointing": lambda e: InterpolatingAdjoint(vjp=e, checkpointing=True),
     "QuadratureAdjoint": lambda e: QuadratureAdjoint(vjp=e),
+    "GaussAdjoint": lambda e: GaussAdjoint(vjp=e),
 }
 PROBLEMS = ["lotka-volterra", "neural-ode"]
 
@@ -185,6 +187,11 @@ ALL_DEFAULT = {
     "InterpolatingAdjoint": InterpolatingAdjoint(),
     "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),
     "QuadratureAdjoint": QuadratureAdjoint(),
+    "GaussAdjoint": GaussAdjoint(),
+    "GaussAdjoint-checkpointing": GaussAdjoint(checkpointing=True),
+    "BacksolveAdjoint-seminorm": BacksolveAdjoint(seminorm=True),
+    "InterpolatingAdjoint-seminorm": InterpolatingAdjoint(seminorm=True),
+    "DiscreteAdjoint-recursive": DiscreteAdjoint(stored_steps=8),
 }
 
 
@@ -269,6 +276,12 @@ def test_engine_must_be_a_backend():
 def test_checkpoints_need_checkpointing():
     with pytest.raises(ValueError, match="needs checkpointing=True"):
         InterpolatingAdjoint(checkpoints=[1.0])
+
+
+def test_stored_steps_must_be_positive():
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match=r"DiscreteAdjoint\(stored_steps=...\) must be a positive int"):
+            DiscreteAdjoint(stored_steps=bad)
 
 
 def test_checkpoints_outside_tspan():

@@ -19,6 +19,7 @@ from sciad.adjoints import (
     ForwardSensitivity,
     InterpolatingAdjoint,
     QuadratureAdjoint,
+    GaussAdjoint,
 )
 from sciad.solve import SOLVERS
 
@@ -228,7 +229,7 @@ def test_max_steps_primal():
 
 
 SENSEALGS = [DiscreteAdjoint(), ForwardDiffSensitivity(), ForwardSensitivity(), BacksolveAdjoint(),
-             InterpolatingAdjoint(), InterpolatingAdjoint(checkpointing=True), QuadratureAdjoint()]
+             InterpolatingAdjoint(), InterpolatingAdjoint(checkpointing=True), QuadratureAdjoint(), GaussAdjoint()]
 
 
 @pytest.mark.parametrize("sensealg", SENSEALGS, ids=lambda s: type(s).__name__)

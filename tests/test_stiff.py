@@ -29,6 +29,7 @@ from sciad.adjoints import (
     ForwardSensitivity,
     InterpolatingAdjoint,
     QuadratureAdjoint,
+    GaussAdjoint,
 )
 from sciad.problems import brusselator_pde, oregonator
 
@@ -43,6 +44,7 @@ SENSEALGS = {
     "InterpolatingAdjoint": InterpolatingAdjoint(),
     "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),
     "QuadratureAdjoint": QuadratureAdjoint(),
+    "GaussAdjoint": GaussAdjoint(),
 }
 
 

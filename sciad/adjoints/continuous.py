@@ -16,13 +16,18 @@ import numpy as np
 import optimistix as optx
 
 import sciad.ad as ad
-from sciad.adjoints.base import AbstractSensitivity, Products, Setup, plain_forward, stats_vector
+from sciad.adjoints.base import AbstractSensitivity, Products, Setup, checked, plain_forward, stats_vector
+from sciad.adjoints.stepping import Marcher
 from sciad.errors import error_if
 
 
 class _ContinuousAdjoint(AbstractSensitivity):
     """The backward sweep shared by the continuous adjoints; `vjp` is the engine
-    for the vector-Jacobian products λᵀ∂f/∂u, λᵀ∂f/∂p."""
+    for the vector-Jacobian products λᵀ∂f/∂u, λᵀ∂f/∂p.
+
+    One `Marcher` runs the whole sweep: it steps to each breakpoint, where the
+    subclass applies λ's jump (and resets what it resets), and continues with
+    the same solver state and step size."""
 
     vjp: ad.AbstractBackend
 
@@ -47,45 +52,96 @@ class _ContinuousAdjoint(AbstractSensitivity):
 
     def pullback(self, setup: Setup, residuals, w):
         u0, p, u_at, interpolation, steps = residuals
-        # The forward pass's mean step starts every interval's solve: no step-size search per restart.
-        dt = (setup.t1 - setup.t0) / jnp.maximum(steps, 1)
         bps = setup.breakpoints(self.checkpoint_times(setup))
         jumps = jnp.zeros((len(bps), u0.shape[0]), w.dtype).at[setup.saved(bps)].add(w)
-        prods = Products(setup.f, self.vjp)
         t = bps.astype(u0.dtype)
+        prods = Products(setup.f, self.vjp)
+        marcher = self.marcher(setup, prods)
+        # The forward pass's mean step is the first one tried: no step-size search.
+        dt0 = (setup.t1 - setup.t0) / jnp.maximum(steps, 1)
+        march = marcher.start(self.initial(u_at[-1], jumps[-1], p), self.start_args(setup, p, u_at, interpolation, t),
+                              t[-1], dt0, self.quadrature(p))
 
         def interval(carry, j):
-            lam, mu, drift = carry
-            dt0 = jnp.minimum(dt, t[j + 1] - t[j])
-            lam, mu, drift = self.backward(setup, prods, p, t[j + 1], t[j], dt0, u_at[j], u_at[j + 1],
-                                           interpolation, lam, mu, drift)
-            return (lam + jumps[j], mu, drift), None
+            march, drift = carry
+            march, drift = self.backward(setup, prods, marcher, march, p, t[j + 1], t[j], u_at[j], interpolation,
+                                         drift)
+            return (march.jumped(self.jump(march.y, jumps[j], u_at[j])), drift), None
 
-        carry = (jumps[-1], jnp.zeros_like(p), jnp.zeros((), w.dtype))
-        (lam, mu, drift), _ = jax.lax.scan(interval, carry, jnp.arange(len(bps) - 2, -1, -1))
-        return self.check_drift((lam, mu), drift)
+        (march, drift), _ = jax.lax.scan(interval, (march, jnp.zeros((), w.dtype)), jnp.arange(len(bps) - 2, -1, -1))
+        # A failed backward solve (out of steps between two breakpoints, or the solver's own
+        # failure) raises, unless the drift check reports it (BacksolveAdjoint's instability).
+        result = dfx.RESULTS.where(drift <= self.drift_limit(), march.result, dfx.RESULTS.successful)
+        return self.check_drift(checked(setup, result, self.cotangents(march)), drift)
 
-    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu, drift):
-        """(λ, μ, drift) at t_to from λ, μ at t_from > t_to on one interval, first step size dt0 > 0;
-        `drift` ≥ 0, the largest so far, measures how far a state re-solved backwards ends from the
-        stored u(t_to)."""
+    def marcher(self, setup: Setup, prods: Products) -> Marcher:
+        """The backward system, stepped with `setup`'s solver."""
         raise NotImplementedError
+
+    def initial(self, u1, lam1, p):
+        """The backward system's state at t1, from u(t1), λ(t1) and p."""
+        raise NotImplementedError
+
+    def args(self, p, interpolation, t_to, t_from):
+        """The backward system's `args` on [t_to, t_from]: p, and where u(t) comes from."""
+        return p, _Held(interpolation, t_to, t_from)
+
+    def start_args(self, setup, p, u_at, interpolation, t):
+        """`args` of the last interval, or their structure (what the march starts from)."""
+        return self.args(p, interpolation, t[-2], t[-1])
+
+    def quadrature(self, p):
+        """What the march accumulates over its steps besides its state (None: nothing)."""
+        return None
+
+    def jump(self, y, w, u):
+        """The state after the jump at a breakpoint: λ += w (w: ∂L/∂u there, u: the stored u(t))."""
+        lam, mu = y
+        return lam + w, mu
+
+    def cotangents(self, march):
+        """(∂L/∂u0, ∂L/∂p) from the march at t0."""
+        return march.y
+
+    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift):
+        """(march at t_to, drift) from the march at t_from > t_to; `drift` ≥ 0, the largest so far,
+        measures how far a state re-solved backwards ends from the stored u(t_to) (u_start)."""
+        args = self.args(p, interpolation, t_to, t_from)
+        return marcher.advance(march, args, t_to, setup.max_steps, self.on_step(setup, prods, args)), drift
+
+    def on_step(self, setup, prods, args):
+        """What each accepted backward step adds to the march's quadrature (None: nothing)."""
+        return None
+
+    def drift_limit(self) -> float:
+        return np.inf
 
     def check_drift(self, cotangents, drift):
         """The cotangents, checked against the largest `drift` of the backward pass (no check by default)."""
         return cotangents
 
-    def _lambda_mu(self, setup, prods, p, t_from, t_to, dt0, u_of, lam, mu, norm=None):
-        """Solve (λ, μ) backwards with u(t) = u_of(t) on [t_to, t_from] (held there: implicit
-        solvers evaluate stages slightly past the interval, where an interpolation is undefined)."""
 
-        def rhs(t, y, p):
-            lam, _ = y
-            _, vu, vp = prods.vjp(u_of(jnp.clip(t, t_to, t_from)), p, t, lam)
-            return -vu, -vp
+class _Held(eqx.Module):
+    """u(t) from an interpolation, held at the ends of [t_to, t_from] (implicit solvers evaluate
+    stages slightly past the interval, where an interpolation is undefined)."""
 
-        sol = setup.diffeqsolve(setup.term(rhs), (lam, mu), p, t_from, t_to, norm=norm, dt0=-dt0)
-        return sol.ys[0][-1], sol.ys[1][-1]
+    interpolation: object
+    t_to: jax.Array
+    t_from: jax.Array
+
+    def evaluate(self, t):
+        return self.interpolation.evaluate(jnp.clip(t, self.t_to, self.t_from))
+
+
+def _lambda_mu_rhs(prods: Products):
+    """(λ, μ)' = -(λᵀ∂f/∂u, λᵀ∂f/∂p) with u(t) from args = (p, u_of)."""
+
+    def rhs(t, y, args):
+        p, u_of = args
+        _, vu, vp = prods.vjp(u_of.evaluate(t), p, t, y[0])
+        return -vu, -vp
+
+    return rhs
 
 
 DRIFT_TOLERANCE = 100.0
@@ -104,7 +160,8 @@ def _warn_unstable(unstable, drift, tolerance):
 class BacksolveAdjoint(_ContinuousAdjoint):
     """Continuous adjoint that re-solves u backwards with λ and μ (O(1) memory
     per interval). At every saveat time u is reset to the stored forward value
-    (SciML's checkpointed backsolve).
+    (SciML's checkpointed backsolve). `seminorm=True` leaves μ out of the error
+    control (Kidger et al. 2021): the steps are set by (u, λ), 2n values, not 2n + m.
 
     Wrong on problems that are unstable backwards in time (stiff or
     dissipative ones), so it checks itself at no extra cost: where u is reset,
@@ -117,8 +174,9 @@ class BacksolveAdjoint(_ContinuousAdjoint):
     stores_interpolation = False
     on_instability: str
     drift_tolerance: float
+    seminorm: bool
 
-    def __init__(self, vjp="jax-reverse", on_instability="raise", drift_tolerance=DRIFT_TOLERANCE):
+    def __init__(self, vjp="jax-reverse", on_instability="raise", drift_tolerance=DRIFT_TOLERANCE, seminorm=False):
         super().__init__(vjp)
         if on_instability not in ("raise", "warn"):
             raise ValueError(f"BacksolveAdjoint(on_instability=...) must be 'raise' or 'warn', got {on_instability!r}")
@@ -126,23 +184,43 @@ class BacksolveAdjoint(_ContinuousAdjoint):
             raise ValueError(f"BacksolveAdjoint(drift_tolerance=...) must be positive, got {drift_tolerance!r}")
         self.on_instability = on_instability
         self.drift_tolerance = float(drift_tolerance)
+        self.seminorm = bool(seminorm)
 
-    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu, drift):
+    def marcher(self, setup, prods):
         def rhs(t, y, p):
             u, lam, _ = y
             du, vu, vp = prods.vjp(u, p, t, lam)
             return du, -vu, -vp
 
+        return Marcher(setup, rhs, (lambda y: optx.rms_norm(y[:2])) if self.seminorm else None)
+
+    def initial(self, u1, lam1, p):
+        return u1, lam1, jnp.zeros_like(p)
+
+    def args(self, p, interpolation, t_to, t_from):
+        return p
+
+    def jump(self, y, w, u):
+        _, lam, mu = y
+        return u, lam + w, mu
+
+    def cotangents(self, march):
+        return march.y[1:]
+
+    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift):
         def solve():
-            sol = setup.diffeqsolve(setup.term(rhs), (u_end, lam, mu), p, t_from, t_to, dt0=-dt0, throw=False)
+            m = marcher.advance(march, p, t_to, setup.max_steps)
             scale = setup.atol + setup.rtol * jnp.abs(u_start)
-            d = jnp.sqrt(jnp.mean(((sol.ys[0][-1] - u_start) / scale) ** 2))
-            d = jnp.where(dfx.is_okay(sol.result), d, jnp.inf)
-            return sol.ys[1][-1], sol.ys[2][-1], jnp.maximum(drift, jax.lax.stop_gradient(d))
+            d = jnp.sqrt(jnp.mean(((m.y[0] - u_start) / scale) ** 2))
+            d = jnp.where(dfx.is_successful(m.result), d, jnp.inf)
+            return m, jnp.maximum(drift, jax.lax.stop_gradient(d))
 
         # Once unstable, the result is refused: the remaining intervals are not solved (a stiff
         # problem's backward solve can take max_steps in every one of them).
-        return jax.lax.cond(drift > self.drift_tolerance, lambda: (lam, mu, drift), solve)
+        return jax.lax.cond(drift > self.drift_tolerance, lambda: (march, drift), solve)
+
+    def drift_limit(self) -> float:
+        return self.drift_tolerance
 
     def check_drift(self, cotangents, drift):
         unstable = drift > self.drift_tolerance
@@ -152,15 +230,13 @@ class BacksolveAdjoint(_ContinuousAdjoint):
         return cotangents
 
 
-class InterpolatingAdjoint(_ContinuousAdjoint):
-    """Continuous adjoint with u(t) from the forward solution's dense
-    interpolation. `checkpointing=False` stores the interpolation of the whole
-    forward solve (memory grows with the number of steps, bounded by
-    `max_steps`). `checkpointing=True` keeps only u at the checkpoints
-    (default: the saveat times) and re-solves each interval with dense output
-    during the reverse pass (at most `interval_max_steps` steps each; default
-    4 × max_steps / intervals, at least 64), so memory does not grow with the
-    horizon."""
+class _Interpolated(_ContinuousAdjoint):
+    """A continuous adjoint with u(t) from a dense interpolation of the forward solve.
+    `checkpointing=False` stores the interpolation of the whole forward solve (memory grows
+    with the number of steps, bounded by `max_steps`). `checkpointing=True` keeps only u at
+    the checkpoints (default: the saveat times) and re-solves each interval with dense output
+    during the reverse pass (at most `interval_max_steps` steps each; default 4 × max_steps /
+    intervals, at least 64), so memory does not grow with the horizon."""
 
     checkpointing: bool
     checkpoints: tuple | None
@@ -169,7 +245,7 @@ class InterpolatingAdjoint(_ContinuousAdjoint):
     def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None):
         super().__init__(vjp)
         if checkpoints is not None and not checkpointing:
-            raise ValueError("InterpolatingAdjoint(checkpoints=...) needs checkpointing=True")
+            raise ValueError(f"{type(self).__name__}(checkpoints=...) needs checkpointing=True")
         self.checkpointing = bool(checkpointing)
         self.checkpoints = None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints))
         self.interval_max_steps = None if interval_max_steps is None else int(interval_max_steps)
@@ -186,17 +262,27 @@ class InterpolatingAdjoint(_ContinuousAdjoint):
             raise ValueError(f"checkpoints must lie inside tspan ({setup.t0}, {setup.t1}), got {self.checkpoints}")
         return c
 
-    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu, drift):
-        if self.checkpointing:  # re-solve this interval forward with dense output
-            max_steps = self.steps_per_interval(setup)
-            sol = setup.diffeqsolve(
-                setup.term(), u_start, p, t_to, t_from, dense=True, max_steps=max_steps, dt0=dt0, throw=False)
-            lam = error_if(lam, jnp.invert(dfx.is_okay(sol.result)),
-                               f"InterpolatingAdjoint(checkpointing=True): an interval between checkpoints needed "
-                               f"more than interval_max_steps={max_steps} steps; pass a larger "
-                               "interval_max_steps or more checkpoints")
-            interpolation = sol.interpolation
-        return *self._lambda_mu(setup, prods, p, t_from, t_to, dt0, interpolation.evaluate, lam, mu), drift
+    def start_args(self, setup, p, u_at, interpolation, t):
+        if self.checkpointing:  # the structure of a re-solved interval's args
+            return eqx.filter_eval_shape(
+                lambda: self.args(p, self.resolved(setup, p, t[-1], t[-2], u_at[-2], t[-1] - t[-2])[0],
+                                  t[-2], t[-1]))
+        return super().start_args(setup, p, u_at, interpolation, t)
+
+    def resolved(self, setup, p, t_from, t_to, u_start, dt0):
+        """(interpolation, ok): this interval re-solved forward from u_start with dense output."""
+        sol = setup.diffeqsolve(setup.term(), u_start, p, t_to, t_from, dense=True,
+                                max_steps=self.steps_per_interval(setup), dt0=dt0, throw=False)
+        return sol.interpolation, dfx.is_okay(sol.result)
+
+    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift):
+        if self.checkpointing:
+            interpolation, ok = self.resolved(setup, p, t_from, t_to, u_start, jnp.minimum(march.dt, t_from - t_to))
+            march = error_if(march, jnp.invert(ok),
+                             f"{type(self).__name__}(checkpointing=True): an interval between checkpoints needed "
+                             f"more than interval_max_steps={self.steps_per_interval(setup)} steps; pass a larger "
+                             "interval_max_steps or more checkpoints")
+        return super().backward(setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift)
 
     def steps_per_interval(self, setup: Setup) -> int:
         """interval_max_steps, or by default 4 × max_steps / intervals (at least 64, at most max_steps)."""
@@ -206,14 +292,91 @@ class InterpolatingAdjoint(_ContinuousAdjoint):
         return int(min(setup.max_steps, max(64, 4 * setup.max_steps // intervals)))
 
 
+class InterpolatingAdjoint(_Interpolated):
+    """Continuous adjoint solving (λ, μ) backwards with u(t) from a dense interpolation of the
+    forward solve. `seminorm=True` leaves μ out of the error control (Kidger et al. 2021):
+    λ alone (n values) sets the steps. `checkpointing=False` stores the interpolation of the
+    whole forward solve (memory grows with the number of steps, bounded by `max_steps`).
+    `checkpointing=True` keeps only u at the checkpoints (default: the saveat times) and
+    re-solves each interval with dense output during the reverse pass (at most
+    `interval_max_steps` steps each; default 4 × max_steps / intervals, at least 64), so
+    memory does not grow with the horizon."""
+
+    seminorm: bool
+
+    def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None,
+                 seminorm=False):
+        super().__init__(vjp, checkpointing, checkpoints, interval_max_steps)
+        self.seminorm = bool(seminorm)
+
+    def marcher(self, setup, prods):
+        return Marcher(setup, _lambda_mu_rhs(prods), _on_lambda if self.seminorm else None)
+
+    def initial(self, u1, lam1, p):
+        return lam1, jnp.zeros_like(p)
+
+
+def _on_lambda(y):
+    """Error control on λ alone: a seminorm of (λ, μ)."""
+    return optx.rms_norm(y[0])
+
+
 class QuadratureAdjoint(_ContinuousAdjoint):
     """Continuous adjoint that solves λ backwards with u from the stored
     interpolation and obtains ∂L/∂p = ∫ λᵀ ∂f/∂p dt as a quadrature along λ's
     steps: μ rides along with the solver's stages but is left out of error
-    control, so the step count is set by λ alone (n states, not n + m)."""
+    control, so the step count is set by λ alone (n states, not n + m). The same
+    as `InterpolatingAdjoint(seminorm=True)`, under SciMLSensitivity's name."""
 
     stores_interpolation = True
 
-    def backward(self, setup, prods, p, t_from, t_to, dt0, u_start, u_end, interpolation, lam, mu, drift):
-        return *self._lambda_mu(setup, prods, p, t_from, t_to, dt0, interpolation.evaluate, lam, mu,
-                                norm=lambda y: optx.rms_norm(y[0])), drift
+    def marcher(self, setup, prods):
+        return Marcher(setup, _lambda_mu_rhs(prods), _on_lambda)
+
+    def initial(self, u1, lam1, p):
+        return lam1, jnp.zeros_like(p)
+
+
+class GaussAdjoint(_Interpolated):
+    """Continuous adjoint that solves λ alone backwards (n values; u(t) from the forward
+    interpolation, with InterpolatingAdjoint's checkpointing options) and integrates
+    ∂L/∂p = ∫ λᵀ ∂f/∂p dt by Gauss–Legendre quadrature on each accepted λ step, as
+    SciMLSensitivity's GaussAdjoint: μ is in neither the solver's stages nor its error
+    control. Each step costs one more batched VJP at the quadrature nodes (λ there from the
+    step's own dense output)."""
+
+    def marcher(self, setup, prods):
+        def rhs(t, lam, args):
+            p, u_of = args
+            return -prods.vjp(u_of.evaluate(t), p, t, lam)[1]
+
+        return Marcher(setup, rhs)
+
+    def initial(self, u1, lam1, p):
+        return lam1
+
+    def quadrature(self, p):
+        return jnp.zeros_like(p)
+
+    def jump(self, y, w, u):
+        return y + w
+
+    def cotangents(self, march):
+        return march.y, march.quadrature
+
+    def on_step(self, setup, prods, args):
+        p, u_of = args
+        nodes, weights = np.polynomial.legendre.leggauss(_gauss_nodes(setup))
+
+        def integrate(mu, t_start, t_end, lam_of):
+            ts = t_end + (t_start - t_end) * jnp.asarray((nodes + 1) / 2, mu.dtype)
+            vp = jax.vmap(lambda t: prods.vjp(u_of.evaluate(t), p, t, lam_of.evaluate(t))[2])(ts)
+            return mu + (t_start - t_end) / 2 * jnp.tensordot(jnp.asarray(weights, mu.dtype), vp, axes=1)
+
+        return integrate
+
+
+def _gauss_nodes(setup: Setup) -> int:
+    """Gauss–Legendre nodes per step: k nodes integrate degree 2k - 1 exactly, k from the solver's order."""
+    order = setup.solver.order(setup.term()) or 4
+    return max(2, (order + 2) // 2)

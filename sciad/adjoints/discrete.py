@@ -8,6 +8,9 @@ import numpy as np
 
 from sciad.adjoints.base import AbstractSensitivity, Setup, checked, plain_forward, stats_vector
 
+STORE_ALL_BYTES = 2**28  # every step's state kept below this (256 MiB), recursive checkpoints above
+STATE_COPIES = 3  # a checkpoint holds about three copies of the state (y, the FSAL stage, the step's start)
+
 
 def _solution(setup: Setup, adjoint=None):
     """(u0, p) -> (us, (us, stats, result)): a solve shaped for jax.vjp / jax.jacfwd with has_aux."""
@@ -20,19 +23,39 @@ def _solution(setup: Setup, adjoint=None):
 
 
 class DiscreteAdjoint(AbstractSensitivity):
-    """Reverse-mode AD through the solver's steps with diffrax's recursive
-    checkpointing (`RecursiveCheckpointAdjoint`): the exact gradient of the
-    discrete solution. The baseline every other sensealg is checked against.
-    The forward pass records the reverse pass's residuals (no re-solve).
+    """Reverse-mode AD through the solver's steps with diffrax's
+    `RecursiveCheckpointAdjoint`: the exact gradient of the discrete solution.
+    The baseline every other sensealg is checked against. The forward pass
+    records the reverse pass's residuals (no re-solve).
+
+    `stored_steps=None` stores every step (no recomputation) when `max_steps`
+    steps' states fit in `STORE_ALL_BYTES`, and otherwise checkpoints
+    recursively (O(log max_steps) states, O(n log n) recomputation); an int
+    sets the number of steps stored (diffrax's `checkpoints`; memory ≈
+    stored_steps × the solver's state).
 
     Differentiated again (Hessians, forward-over-reverse), the reverse pass
     is replayed through diffrax's `DirectAdjoint`, which forward mode can
     enter: the same discrete derivative, at more memory."""
 
+    stored_steps: int | None = None
+
+    def __post_init__(self):
+        if self.stored_steps is not None and not (isinstance(self.stored_steps, int) and self.stored_steps > 0):
+            raise ValueError(f"DiscreteAdjoint(stored_steps=...) must be a positive int or None, got "
+                             f"{self.stored_steps!r}")
+
+    def checkpoint_count(self, setup: Setup, u0) -> int | None:
+        """Checkpoints for diffrax (None: its recursive default)."""
+        if self.stored_steps is not None:
+            return self.stored_steps
+        step_bytes = STATE_COPIES * u0.size * u0.dtype.itemsize
+        return setup.max_steps if setup.max_steps * step_bytes <= STORE_ALL_BYTES else None
+
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
-        us, stats, result, pb = _recorded(setup)(u0, p)
+        us, stats, result, pb = _recorded(setup, self.checkpoint_count(setup, u0))(u0, p)
         return us, stats, (u0, p, pb, result)
 
     def pullback(self, setup: Setup, residuals, w):
@@ -46,8 +69,8 @@ def _zero_tangents(tree):
                         else np.zeros(x.shape, jax.dtypes.float0), tree)
 
 
-def _recorded(setup: Setup):
-    """(u0, p) -> (us, stats, result, pb): the forward solve with recursive checkpoints and the
+def _recorded(setup: Setup, checkpoints: int | None):
+    """(u0, p) -> (us, stats, result, pb): the forward solve with `checkpoints` checkpoints and the
     pullback `pb` they make. Forward mode sees the solution's tangent (through the solver's
     steps) and no tangent for `pb`, which `_replayed` recomputes instead of reading."""
     arrays, rest = eqx.partition(setup, eqx.is_array)  # traced parts enter the rule as arguments
@@ -56,7 +79,7 @@ def _recorded(setup: Setup):
     @jax.custom_jvp
     def record(u0, p, arrays):
         setup = eqx.combine(arrays, rest)
-        _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint()), u0, p,
+        _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints)), u0, p,
                                              has_aux=True)
         leaves, treedef = jax.tree.flatten(pb)
         structure[:] = [treedef]

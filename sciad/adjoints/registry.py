@@ -15,14 +15,14 @@ import dataclasses
 
 import sciad.ad as ad
 from sciad.adjoints.base import AbstractSensitivity
-from sciad.adjoints.continuous import BacksolveAdjoint, InterpolatingAdjoint, QuadratureAdjoint
+from sciad.adjoints.continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from sciad.adjoints.discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints.forward import ForwardSensitivity
 
 SENSEALGS: dict[str, type[AbstractSensitivity]] = {
     cls.__name__: cls
     for cls in (ForwardDiffSensitivity, ForwardSensitivity, BacksolveAdjoint,
-                InterpolatingAdjoint, QuadratureAdjoint, DiscreteAdjoint)
+                InterpolatingAdjoint, QuadratureAdjoint, GaussAdjoint, DiscreteAdjoint)
 }
 
 

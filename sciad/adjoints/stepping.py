@@ -1,0 +1,145 @@
+"""Adaptive stepping backwards in time across breakpoints, with the solver carried over them.
+
+The continuous adjoints solve their backward systems on intervals between
+breakpoints (save times, checkpoints), where the adjoint state jumps. A new
+diffrax solve per interval would restart the solver there: a new first step,
+a reset step-size controller, a fresh FSAL evaluation. `Marcher` instead
+keeps one solver state, one controller state and the current step size over
+the whole backward pass: it steps to each breakpoint (clipping the last step
+of an interval, then resuming with the step size it had proposed), applies
+the jump, and continues with `made_jump` set (FSAL solvers re-evaluate their
+first stage, nothing else restarts).
+
+Time runs backwards: the system is stepped in s = -t, so the solver and the
+controller see an ordinary forward solve. Everything here is plain JAX
+(`lax.while_loop`), so it can be differentiated in forward mode again
+(Hessians) and batched.
+"""
+
+from typing import Callable
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from diffrax._root_finder import use_stepsize_tol  # diffrax's marker (no public name): the controller's tolerances
+
+from sciad.adjoints.base import Setup, step_controller
+
+
+class March(eqx.Module):
+    """Where a backward pass stands: time t, state y, the step size dt (> 0) to try next,
+    the solver's and controller's states, whether y just jumped, the running `quadrature`
+    (see `Marcher.advance`) and the diffrax `result` (out of steps, or the solver's own failure)."""
+
+    t: jax.Array
+    y: object
+    dt: jax.Array
+    solver_state: object
+    controller_state: object
+    made_jump: jax.Array
+    quadrature: object
+    result: dfx.RESULTS
+
+    def jumped(self, y) -> "March":
+        """This march with its state replaced by `y` (a jump at the current time)."""
+        return eqx.tree_at(lambda m: (m.y, m.made_jump), self, (y, jnp.asarray(True)))
+
+
+class Marcher(eqx.Module):
+    """Steps `rhs(t, y, args)` backwards in time with `setup`'s solver and tolerances (`norm`:
+    the controller's norm, None for the RMS norm over all of y)."""
+
+    setup: Setup
+    rhs: Callable
+    norm: Callable | None = None
+
+    def _terms(self):
+        rhs = self.rhs
+        return self.setup.term(lambda s, y, args: jax.tree.map(jnp.negative, rhs(-s, y, args)))
+
+    def _solver(self):
+        """The setup's solver as `diffrax.diffeqsolve` would run it in `ForwardMode`: stages as a
+        plain `lax.scan` where it has a choice (its default scan is a custom_vjp, which forward
+        mode cannot enter), and a root finder's tolerances left to the step-size controller
+        taken from the controller."""
+        solver = self.setup.solver
+        if getattr(solver, "scan_kind", "lax") is None:
+            solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
+        finder = getattr(solver, "root_finder", None)
+        if finder is not None:
+            controller = self._controller()
+            for name in ("rtol", "atol", "norm"):
+                if getattr(finder, name, None) is use_stepsize_tol:
+                    solver = eqx.tree_at(lambda s: getattr(s.root_finder, name), solver, getattr(controller, name))
+        return solver
+
+    def _controller(self):
+        return step_controller(self.setup.solver, self.setup.rtol, self.setup.atol, self.norm)
+
+    def start(self, y, args, t, dt0, quadrature=None) -> March:
+        """A march at time t from state y, first trying the step dt0 > 0. `args` may be abstract
+        (`jax.ShapeDtypeStruct` leaves): the march starts as after a jump, so the solver's first
+        step computes what its state would hold (e.g. an FSAL stage)."""
+        terms, solver = self._terms(), self._solver()
+        # Step sizes and times carry no derivative (as in diffrax's controllers).
+        dt0 = jax.lax.stop_gradient(jnp.asarray(dt0, jnp.result_type(t)))
+        s = jax.lax.stop_gradient(-jnp.asarray(t, dt0.dtype))
+        _, controller_state = self._controller().init(terms, s, s + dt0, y, dt0, None, solver.func,
+                                                      solver.error_order(terms))
+        shape = eqx.filter_eval_shape(lambda y, args: solver.init(terms, s, s + dt0, y, args), y, args)
+        solver_state = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shape)
+        return March(-s, y, dt0, solver_state, controller_state, jnp.asarray(True), quadrature,
+                     dfx.RESULTS.successful)
+
+    def advance(self, march: March, args, t_to, max_steps: int, on_step: Callable | None = None) -> March:
+        """`march` stepped back to time t_to ≤ march.t in at most `max_steps` steps.
+        `on_step(quadrature, t_start, t_end, interpolation) -> quadrature` runs on each accepted
+        step (t_end < t_start; `interpolation.evaluate(t)` gives y inside it) and accumulates
+        into `march.quadrature`."""
+        terms, solver, controller = self._terms(), self._solver(), self._controller()
+        error_order = solver.error_order(terms)
+        s_to = jax.lax.stop_gradient(-jnp.asarray(t_to, march.dt.dtype))
+
+        def cond(carry):
+            m, steps = carry
+            return (-m.t < s_to) & dfx.is_successful(m.result)
+
+        def body(carry):
+            m, steps = carry
+            s = -m.t
+            clipped = m.dt >= s_to - s
+            s1 = jnp.where(clipped, s_to, s + m.dt)
+            y1, y_error, dense_info, solver_state, result = solver.step(
+                terms, s, s1, m.y, args, m.solver_state, m.made_jump)
+            y_error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), y_error)
+            keep, next_s, next_s1, _, controller_state, _ = controller.adapt_step_size(
+                s, s1, m.y, y1, args, y_error, error_order, m.controller_state)
+            # After a step clipped to a breakpoint, resume with the step size proposed before it.
+            dt = jax.lax.stop_gradient(jnp.where(keep & clipped, jnp.maximum(next_s1 - next_s, m.dt),
+                                                 next_s1 - next_s))
+            quadrature = m.quadrature
+            if on_step is not None:
+                interpolation = solver.interpolation_cls(t0=s, t1=s1, **dense_info)
+                stepped = on_step(quadrature, -s, -s1, _Reversed(interpolation))
+                quadrature = jax.tree.map(lambda a, b: jnp.where(keep, a, b), stepped, quadrature)
+            select = lambda a, b: jax.tree.map(lambda x, y: jnp.where(keep, x, y), a, b)
+            steps = steps + 1
+            result = dfx.RESULTS.where(keep, result, dfx.RESULTS.successful)
+            out_of_steps = (steps >= max_steps) & ~(keep & clipped) & dfx.is_successful(result)
+            result = dfx.RESULTS.where(out_of_steps, dfx.RESULTS.max_steps_reached, result)
+            m = March(jnp.where(keep, -s1, m.t), select(y1, m.y), dt, select(solver_state, m.solver_state),
+                      controller_state, jnp.where(keep, False, m.made_jump), quadrature, result)
+            return m, steps
+
+        march, _ = jax.lax.while_loop(cond, body, (march, jnp.asarray(0)))
+        return march
+
+
+class _Reversed(eqx.Module):
+    """A step's interpolation in s = -t, evaluated at t."""
+
+    interpolation: dfx.AbstractLocalInterpolation
+
+    def evaluate(self, t):
+        return self.interpolation.evaluate(-t)
