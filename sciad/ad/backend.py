@@ -68,10 +68,17 @@ class AbstractBackend(abc.ABC):
 
     def map(self, fn: Callable, batch):
         """`fn` applied to each row of `batch`, results stacked (a tuple stacks per item)."""
-        outs = [fn(b) for b in batch]
-        if isinstance(outs[0], tuple):
-            return tuple(namespace(*o).stack(list(o)) for o in zip(*outs))
-        return namespace(*outs).stack(outs)
+        return _stacked([fn(b) for b in batch])
+
+    def map_batch(self, product: Callable, args: tuple, batched: tuple[bool, ...]):
+        """`product(engine, *member)` for every member of a batch, results stacked on a
+        leading axis (a tuple stacks per item), in one call: what a host callback under
+        `jax.vmap` runs. `args` are engine arrays, `args[i]` (B, ...) where `batched[i]`,
+        otherwise shared by all members. `product` computes with `engine`'s primitives
+        (`value_and_pullback`, `value_and_pushforward`). Here a loop with `engine = self`;
+        an engine with its own batching overrides it (Torch: `torch.func.vmap`)."""
+        size = next(len(a) for a, b in zip(args, batched) if b)
+        return _stacked([product(self, *(a[i] if b else a for a, b in zip(args, batched))) for i in range(size)])
 
     def hessian_engines(self) -> tuple["AbstractBackend", "AbstractBackend"]:
         """`(outer, inner)` for Hessians: `outer` differentiates the `inner` gradient
@@ -143,6 +150,13 @@ def check_scalar(y) -> None:
             f"gradient needs f to return a scalar, but f returned shape {tuple(y.shape)}: "
             "use jacobian or vjp for non-scalar outputs"
         )
+
+
+def _stacked(outs: list):
+    """Results of a map stacked on a leading axis (tuples per item)."""
+    if isinstance(outs[0], tuple):
+        return tuple(namespace(*o).stack(list(o)) for o in zip(*outs))
+    return namespace(*outs).stack(outs)
 
 
 def _size(x) -> int:

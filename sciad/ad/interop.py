@@ -1,6 +1,7 @@
 """`differentiate_with`: call a function from JAX, differentiate it with any engine."""
 
 import functools
+import math
 from typing import Callable
 
 import equinox as eqx
@@ -23,9 +24,12 @@ def differentiate_with(f: Callable, backend: AbstractBackend | str) -> Callable:
     caller's program. Foreign engines (torch, autograd, finite-differences)
     run on the host through `jax.pure_callback`: each value, jvp and vjp is one
     round trip from the compiled program to Python (a real cost, reported by
-    the benchmarks). Tangents use the engine's pushforward and cotangents its
-    pullback (the other one derived from the Jacobian where the engine has
-    only one), joined by a custom linear rule so both directions are native.
+    the benchmarks); under `jax.vmap` one round trip carries the whole batch,
+    which the engine evaluates with its own batching (`map_batch`:
+    `torch.func.vmap` for torch, a loop inside the call otherwise). Tangents
+    use the engine's pushforward and cotangents its pullback (the other one
+    derived from the Jacobian where the engine has only one), joined by a
+    custom linear rule so both directions are native.
     On host engines only the differentiated arguments are variables; the
     others (e.g. `t` in `f(u, p, t)`) are constants to the engine: no tape,
     no boxes, no finite-difference columns.
@@ -135,18 +139,12 @@ def _traced(f: Callable, backend: AbstractBackend) -> Callable:
 
 
 def _host(f: Callable, backend: AbstractBackend) -> Callable:
-    def engine(xs):
-        return tuple(backend.asarray(np.asarray(x)) for x in xs)
-
     def out_struct(xs):
         try:  # functions written with sciad.ad.namespace trace under JAX
             y = jax.eval_shape(f, *xs)
         except Exception:  # engine-specific code: evaluate it once on the host
-            y = backend.numpy(f(*engine(np.ones(x.shape, x.dtype) for x in xs)))
+            y = backend.numpy(f(*(backend.asarray(np.ones(x.shape, x.dtype)) for x in xs)))
         return jax.ShapeDtypeStruct(y.shape, jnp.result_type(*xs))
-
-    def call(host_fn, result, *args):
-        return jax.pure_callback(host_fn, result, *args, vmap_method="sequential")
 
     no_second_order = (f"second derivatives through the host engine {backend.name!r} are not available inside "
                        "JAX (its products run in host callbacks, which JAX cannot differentiate): use a JAX "
@@ -154,38 +152,66 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
 
     @jax.custom_jvp
     def primal(*xs):
-        result = out_struct(xs)
-
-        def host(*xs):
-            return backend.numpy(f(*engine(xs))).astype(result.dtype)
-
-        return call(host, result, *xs)
+        return _callback(backend, lambda engine, *xs: f(*xs), xs, out_struct(xs))
 
     @primal.defjvp
     def primal_jvp(xs, vs):  # reached only when the rules' forward pass is differentiated again
         raise HigherOrderError(no_second_order)
 
     def pushforward(at, vs):
-        result = out_struct(at.xs)
+        def product(engine, xs, vs):
+            return engine.value_and_pushforward(_restricted(f, xs, at.active), _active(xs, at.active))[1](vs)
 
-        def host(xs, vs):
-            xs = engine(xs)
-            tangent = backend.value_and_pushforward(_restricted(f, xs, at.active), _active(xs, at.active))[1](
-                engine(vs))
-            return backend.numpy(tangent).astype(result.dtype)
-
-        return call(host, result, at.xs, _active(vs, at.active))
+        return _callback(backend, product, (at.xs, _active(vs, at.active)), out_struct(at.xs))
 
     def pullback(at, w):
+        def product(engine, xs, w):
+            return tuple(engine.value_and_pullback(_restricted(f, xs, at.active), _active(xs, at.active))[1](w))
+
         results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in _active(at.xs, at.active))
-
-        def host(xs, w):
-            xs = engine(xs)
-            pb = backend.value_and_pullback(_restricted(f, xs, at.active), _active(xs, at.active))[1]
-            cotangents = pb(backend.asarray(np.asarray(w)))
-            return tuple(backend.numpy(c).astype(r.dtype) for c, r in zip(cotangents, results))
-
-        return _expanded(call(host, results, at.xs, w), at.active)
+        return _expanded(_callback(backend, product, (at.xs, w), results), at.active)
 
     return custom_linear_rules(lambda *xs, active: (primal(*xs), _Point(xs, active)), pushforward, pullback,
                                nondifferentiable=no_second_order)
+
+
+def _callback(backend: AbstractBackend, product: Callable, args: tuple, results):
+    """`product(backend, *args)` run on the host through `jax.pure_callback`: engine arrays in,
+    `results`' structure out (one array, or a tuple of them), cast to `results`' dtypes.
+
+    Under `jax.vmap` the host receives the whole batch (`vmap_method="expand_dims"`): each
+    enclosing vmap gives every argument one more leading axis, of the batch's size, or 1 for
+    an argument it does not batch (shared by the members). The batch's members, flattened to
+    one axis, run in one `backend.map_batch`; the results get the batch axes back.
+    """
+    leaves, tree = jax.tree.flatten(args)
+    ndims = tuple(jnp.ndim(x) for x in leaves)
+    outs, out_tree = jax.tree.flatten(results)
+
+    def host(*leaves):
+        if all(x.ndim == n for x, n in zip(leaves, ndims)):  # not under vmap: the product, directly
+            ys, batch = product(backend, *tree.unflatten([backend.asarray(x) for x in leaves])), ()
+        else:
+            batch = np.broadcast_shapes(*(x.shape[: x.ndim - n] for x, n in zip(leaves, ndims)))
+            if math.prod(batch) == 0:
+                return out_tree.unflatten([np.zeros(batch + r.shape, r.dtype) for r in outs])
+            ys = _map_batch(backend, product, tree, leaves, ndims, batch)
+        ys = ys if isinstance(ys, tuple) else (ys,)
+        return out_tree.unflatten([np.reshape(backend.numpy(y).astype(r.dtype), batch + r.shape)
+                                   for y, r in zip(ys, outs, strict=True)])
+
+    return jax.pure_callback(host, results, *leaves, vmap_method="expand_dims")
+
+
+def _map_batch(backend: AbstractBackend, product: Callable, tree, leaves: tuple, ndims: tuple, batch: tuple):
+    """`product`'s results stacked (size, ...) over a nonempty batch of shape `batch`: `leaves` have
+    leading axes (`batch`'s, or 1 where shared) before their members' `ndims`."""
+    size = math.prod(batch)
+    shapes = [x.shape[x.ndim - n:] for x, n in zip(leaves, ndims)]
+    batched = tuple(x.size > math.prod(s) for x, s in zip(leaves, shapes))
+    members = [np.reshape(np.broadcast_to(x, batch + s), (size, *s)) if b else np.reshape(x, s)
+               for x, s, b in zip(leaves, shapes, batched)]
+    if not any(batched):  # a batch of one
+        return product(backend, *tree.unflatten([backend.asarray(m) for m in members]))
+    return backend.map_batch(lambda engine, *member: product(engine, *tree.unflatten(member)),
+                             tuple(backend.asarray(m) for m in members), batched)

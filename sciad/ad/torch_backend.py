@@ -11,7 +11,8 @@ from sciad.ad.backend import AbstractBackend, check_scalar
 class Torch(AbstractBackend):
     """PyTorch reverse mode (`torch.autograd.grad`), the paper's tape-based
     ReverseDiff/Tracker. Value-dependent branches are fine: the tape is
-    rebuilt at every call. Nests with itself for Hessians. `gradient` is one
+    rebuilt at every call. Nests with itself for Hessians. Under `jax.vmap` a
+    host callback's whole batch runs in one `torch.func.vmap`. `gradient` is one
     `torch.autograd.grad` call (no retained graph), within a few percent of
     calling torch directly (`experiments/overhead.py`)."""
 
@@ -78,3 +79,32 @@ class Torch(AbstractBackend):
             return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs))
 
         return (y if nested else y.detach()), pb
+
+    def map_batch(self, product, args, batched):
+        """The whole batch in one `torch.func.vmap` of `product` on `torch.func.vjp`/`jvp`
+        (the tape-based primitives above cannot run under it). A function `torch.func.vmap`
+        cannot batch (a value-dependent branch, `.item()`, NumPy) runs member by member instead."""
+        import torch
+
+        functional, in_dims = _Functional(), tuple(0 if b else None for b in batched)
+        try:
+            return torch.func.vmap(lambda *member: product(functional, *member), in_dims=in_dims)(*args)
+        except RuntimeError:  # what torch.func.vmap cannot batch; a real error in f raises again in the loop
+            return super().map_batch(product, args, batched)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Functional(Torch):
+    """Torch's primitives as `torch.func` transforms, which compose with `torch.func.vmap`."""
+
+    value_and_gradient = AbstractBackend.value_and_gradient  # the pullback of 1, not a tape
+
+    def value_and_pullback(self, f, xs):
+        import torch
+
+        return torch.func.vjp(f, *xs)
+
+    def value_and_pushforward(self, f, xs):
+        import torch
+
+        return f(*xs), lambda vs: torch.func.jvp(f, tuple(xs), tuple(vs))[1]
