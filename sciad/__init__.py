@@ -11,6 +11,7 @@ from sciad.adjoints import (
     DiscreteAdjoint,
     ForwardDiffSensitivity,
     ForwardSensitivity,
+    GaussAdjoint,
     InterpolatingAdjoint,
     QuadratureAdjoint,
 )
@@ -18,4 +19,5 @@ from sciad.errors import SolveError
 from sciad.problem import ODEProblem
 from sciad.select import Choice, select_sensealg
 from sciad.solve import SOLVERS, Solution, solve
+from sciad.ensemble import ensemble
 from sciad import problems  # noqa: E402  (builds on solve)

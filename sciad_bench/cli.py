@@ -4,7 +4,7 @@ import argparse
 
 from sciad_bench.experiments import PLANS
 
-BENCHMARKS = (*PLANS, "selection")
+BENCHMARKS = (*PLANS, "selection", "suite", "ensemble")
 
 
 def main(argv=None) -> None:
@@ -16,6 +16,8 @@ def main(argv=None) -> None:
     bench.add_argument("--repeats", type=int, default=None, help="timed calls per combination (default 3 quick, 10 full)")
     bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")
     bench.add_argument("--out", default=None, help="output folder (default results/NAME)")
+    bench.add_argument("--devices", type=int, default=None,
+                       help="ensemble: simulate N CPU devices (sets XLA_FLAGS before JAX starts its backend)")
     reproduce = commands.add_parser("reproduce", help="run every benchmark and regenerate paper/figures and paper/tables")
     reproduce.add_argument("--repeats", type=int, default=5, help="timed calls per combination (default 5)")
     reproduce.add_argument("--quick", action="store_true", help="quick variants of every benchmark (a smoke test)")
@@ -27,10 +29,27 @@ def main(argv=None) -> None:
         from sciad_bench.reproduce import reproduce as run_all
 
         run_all(repeats=args.repeats, quick=args.quick)
+    elif args.devices is not None and args.name != "ensemble":
+        parser.error("--devices applies to sciad bench ensemble only")
+    elif args.name == "ensemble":
+        from sciad_bench.ensemble import run_ensemble
+
+        try:
+            run_ensemble(quick=args.quick, repeats=args.repeats, devices=args.devices, out=args.out)
+        except ValueError as e:
+            parser.error(str(e))
     elif args.name == "selection":
         from sciad_bench.selection import run_selection
 
         run_selection(quick=args.quick, out=args.out)
+    elif args.name == "suite":
+        from sciad_bench.suite import run_suite
+
+        engines = None if args.engines is None else [e.strip() for e in args.engines.split(",") if e.strip()]
+        try:
+            run_suite(quick=args.quick, repeats=args.repeats, engines=engines, out=args.out)
+        except ValueError as e:
+            parser.error(str(e))
     else:
         from sciad_bench.experiments import run_experiment
 

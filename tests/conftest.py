@@ -47,3 +47,21 @@ def fast_compiles():
     jax.config.update("jax_disable_most_optimizations", True)
     yield
     jax.config.update("jax_disable_most_optimizations", previous)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` are skipped where JAX sees no GPU (`pip install 'sciad[cuda]'` on a machine with one)."""
+    marked = [item for item in items if "gpu" in item.keywords]
+    if not marked or gpu_devices():
+        return
+    skip = pytest.mark.skip(reason="needs a GPU: JAX sees none (pip install 'sciad[cuda]' on a machine with one)")
+    for item in marked:
+        item.add_marker(skip)
+
+
+def gpu_devices() -> list:
+    """JAX's GPU devices ([] where there are none or no GPU backend is installed)."""
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:
+        return []

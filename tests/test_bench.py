@@ -111,3 +111,22 @@ def test_cli_rejects_unknown_benchmark_and_engine(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "lotka-volterra", "--engines", "nope", "--out", str(tmp_path)])
     assert "unknown engines" in capsys.readouterr().err
+
+
+def test_ensemble_bench_checks_times_and_writes_outputs(tmp_path, capsys, monkeypatch):
+    from sciad_bench import ensemble
+
+    records = ensemble.run_ensemble(quick=True, repeats=2, out=tmp_path, benches=[lotka_volterra()], batches=(4,))
+    assert [(r["method"], r["devices"]) for r in records] == [("loop", 1), ("vmap", 1)]
+    assert all(r["ok"] and r["rel_error"] < 1e-8 and len(r["times"]) == 2 for r in records)
+    assert records[1]["grads_per_s"] == 4 / records[1]["median_s"]
+    assert json.loads((tmp_path / "records.json").read_text())["records"][0]["batch"] == 4
+    assert "| lotka-volterra (ForwardSensitivity(jax-forward)) | 4 |" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "ensemble.png").stat().st_size > 0
+    assert "gradients per second" in capsys.readouterr().out
+    monkeypatch.setenv("XLA_FLAGS", "")  # restored afterwards: simulate_cpu_devices edits it
+    with pytest.raises(ValueError, match="already started with 1 CPU devices|JAX runs on gpu"):
+        ensemble.simulate_cpu_devices(8)
+    with pytest.raises(SystemExit):
+        main(["bench", "lotka-volterra", "--devices", "2"])
+    assert "--devices applies to sciad bench ensemble only" in capsys.readouterr().err

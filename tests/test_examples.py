@@ -42,3 +42,13 @@ def test_sensitivities_match_finite_differences(tmp_path):
     assert result["sensitivities"].shape == (21, 2, 4)
     assert result["rel_error"] < 1e-6
     assert (tmp_path / "lotka_volterra_sensitivities.png").stat().st_size > 0
+
+
+def test_ensemble_gradients_match_plain_vmap(tmp_path):
+    result = load("ensemble").main(members=8, out_dir=tmp_path)
+    grads = result["sensitivities"]
+    assert grads.shape == (8, 4) and np.all(np.isfinite(grads)) and np.ptp(grads[:, 0]) > 0
+    assert result["vmap_difference"] < 1e-10
+    low, median, high = (result["bands"][q] for q in (0.05, 0.5, 0.95))
+    assert median.shape == (101, 2) and np.all(low <= median) and np.all(median <= high)
+    assert (tmp_path / "ensemble.png").stat().st_size > 0
