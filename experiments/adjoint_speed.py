@@ -33,7 +33,8 @@ from sciad_bench.peers import diffrax_peer
 
 jax.config.update("jax_enable_x64", True)
 
-ADJOINTS = ("BacksolveAdjoint", "InterpolatingAdjoint", "InterpolatingAdjoint(checkpointing=True)", "QuadratureAdjoint")
+ADJOINTS = ("BacksolveAdjoint", "BacksolveAdjoint(seminorm=True)", "InterpolatingAdjoint",
+            "InterpolatingAdjoint(checkpointing=True)", "QuadratureAdjoint", "GaussAdjoint")
 
 
 def combinations(enzyme: bool):

@@ -6,25 +6,30 @@ the device and a memory budget. No solve and no values, so the choice works
 under `jax.jit` / `eqx.filter_jit`; measuring is `sciad.select_sensealg(...,
 autotune=True)`, outside `jit`.
 
-The rule, calibrated on the committed measurements (paper/tables):
+The rule, calibrated on the committed measurements (paper/tables); each step is named
+(`Pick.rule`) and its thresholds are `THRESHOLDS` (`sciad_bench.selection` refits them):
 
-1. m ≤ 8 parameters → `ForwardSensitivity`: one tangent per parameter; fastest
-   with m = 3 from 18 to 800 states (within 1.32× at 8; scaling.md), within 1.08×
-   of the fastest with m = 4 (lotka-volterra.md); adjoints win at m = 252.
-2. The stored interpolation (sized by `max_steps`: XLA's buffers are static)
+1. `few-parameters`: m ≤ 8 parameters → forward mode, one tangent per parameter; adjoints win
+   at m = 252. `ForwardSensitivity` with an explicit solver and n > m: fastest with m = 3 from 18
+   to 800 states (within 1.32× at 8; scaling.md). `ForwardDiffSensitivity` with an implicit
+   solver (the sensitivity equations enlarge every Newton solve: 7× diffrax's ForwardMode on the
+   Oregonator and 134× on the Brusselator PDE, where ForwardDiffSensitivity is 0.5–1.0×; suite.md)
+   or n ≤ m (Lotka–Volterra: fastest, ForwardSensitivity 2.2× it in the suite's selection run).
+2. `memory-budget`: the stored interpolation (sized by `max_steps`: XLA's buffers are static)
    over `memory_budget` → `InterpolatingAdjoint(checkpointing=True)`.
-3. At least 5 save points and m ≥ 4n → `DiscreteAdjoint`: a continuous adjoint
+3. `dense-saves`: at least 5 save points and m ≥ 4n → `DiscreteAdjoint`: a continuous adjoint
    restarts once per save point and integrates the m-vector μ with the solver
    (stages and error control over 2n + m values); discretise-then-optimise only
    sums the stages' products. Spiral (n = 2, m = 252 to 50,002, 30 save points):
    DiscreteAdjoint fastest by 2.5–35× (spiral-node.md, gpu-crossover.md); with
    m < n (Brusselator, 5 save points) BacksolveAdjoint beats it by 1.2–3×
    (scaling.md), and with m = 2n (Lotka–Volterra) by 1.75×.
-4. Implicit solver → `InterpolatingAdjoint` (no backsolve through a stiff problem).
-5. Otherwise → `BacksolveAdjoint` (u reset at every save time; it checks its own drift).
+4. `implicit`: implicit solver → `InterpolatingAdjoint` (no backsolve through a stiff problem).
+5. `explicit`: otherwise → `BacksolveAdjoint` (u reset at every save time; it checks its own drift).
 """
 
 import dataclasses
+from typing import NamedTuple
 
 import diffrax as dfx
 import equinox as eqx
@@ -36,15 +41,34 @@ from sciad.adjoints import (
     AbstractSensitivity,
     BacksolveAdjoint,
     DiscreteAdjoint,
+    ForwardDiffSensitivity,
     ForwardSensitivity,
     InterpolatingAdjoint,
     describe,
 )
 from sciad.adjoints.base import is_implicit
 
-FORWARD_MODE_PARAMETERS = 8
-DENSE_SAVES = 5
-PARAMETERS_PER_STATE = 4
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """The heuristic's thresholds: forward mode up to `forward_mode_parameters` parameters;
+    `DiscreteAdjoint` from `dense_saves` save points when m ≥ `parameters_per_state` · n."""
+
+    forward_mode_parameters: int
+    dense_saves: int
+    parameters_per_state: float
+
+
+THRESHOLDS = Thresholds(forward_mode_parameters=8, dense_saves=5, parameters_per_state=4)
+RULES = ("few-parameters", "memory-budget", "dense-saves", "implicit", "explicit")
+
+
+class Pick(NamedTuple):
+    """The heuristic's answer: the sensealg, the name of the rule that fired (one of `RULES`) and why."""
+
+    sensealg: AbstractSensitivity
+    rule: str
+    reason: str
 
 
 @dataclasses.dataclass
@@ -63,9 +87,19 @@ class Choice:
         """The chosen sensealg with its engine and options, e.g. `BacksolveAdjoint(jax-reverse)`."""
         return describe(self.sensealg)
 
+    @property
+    def heuristic_pick(self) -> Pick:
+        """The heuristic's `Pick` for these features: the rule that fired (or, autotuned, would have)."""
+        return heuristic(self.features)
+
     def report(self) -> str:
-        """A Markdown explanation: the features, then one row per candidate."""
-        lines = [f"chosen: {self.name} ({'autotuned' if self.autotuned else 'heuristic'})", ""]
+        """A Markdown explanation: how it was chosen (the rule that fired, or the measurement and the
+        rule that would have fired), the features, then one row per candidate (measured ones when autotuned)."""
+        pick = self.heuristic_pick
+        how = (f"autotuned: the fastest correct of {sum('median_s' in c for c in self.candidates)} measured; "
+               f"heuristic rule `{pick.rule}` would pick {describe(pick.sensealg)}" if self.autotuned
+               else f"heuristic rule `{pick.rule}`")
+        lines = [f"chosen: {self.name} ({how})", ""]
         lines += [f"- {k}: {v}" for k, v in self.features.items()]
         lines += ["", "| candidate | why considered | median (s) | compile (s) | rel. error | ok |",
                   "|---|---|---|---|---|---|"]
@@ -106,23 +140,31 @@ def features(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float,
     }
 
 
-def heuristic(feat: dict) -> tuple[AbstractSensitivity, str]:
-    """The rule-based pick and its reason, from `features`."""
+def heuristic(feat: dict, thresholds: Thresholds = THRESHOLDS) -> Pick:
+    """The rule-based pick from `features`, with `thresholds`."""
     n, m, saves = feat["states"], feat["parameters"], feat["save points"]
     over_budget = feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]
-    if m <= FORWARD_MODE_PARAMETERS and not over_budget:
-        return ForwardSensitivity(), (f"m = {m} ≤ {FORWARD_MODE_PARAMETERS} parameters: forward mode "
-                                      "(one tangent per parameter) is cheapest")
+    few, dense, per_state = thresholds.forward_mode_parameters, thresholds.dense_saves, thresholds.parameters_per_state
+    if m <= few and not over_budget:
+        if feat["implicit solver"] or n <= m:
+            return Pick(ForwardDiffSensitivity(), "few-parameters",
+                        f"m = {m} ≤ {few} parameters and {'an implicit solver' if feat['implicit solver'] else f'n = {n} ≤ m'}: "
+                        "forward mode through the solver's steps (sensitivity equations would add n·m unknowns "
+                        "to the error control, and to every Newton solve)")
+        return Pick(ForwardSensitivity(), "few-parameters",
+                    f"m = {m} ≤ {few} parameters: forward mode (one tangent per parameter) is cheapest")
     if over_budget:
-        return InterpolatingAdjoint(checkpointing=True), "stored interpolation exceeds the memory budget: checkpoint"
-    if saves >= DENSE_SAVES and m >= PARAMETERS_PER_STATE * n:
-        return DiscreteAdjoint(), (f"{saves} save points and m = {m} ≥ {PARAMETERS_PER_STATE}n: a continuous adjoint "
-                                   "restarts once per save point and integrates μ (m) with the solver; "
-                                   "discretise-then-optimise does not")
+        return Pick(InterpolatingAdjoint(checkpointing=True), "memory-budget",
+                    "stored interpolation exceeds the memory budget: checkpoint")
+    if saves >= dense and m >= per_state * n:
+        return Pick(DiscreteAdjoint(), "dense-saves",
+                    f"{saves} save points and m = {m} ≥ {per_state:g}n: a continuous adjoint restarts once per save "
+                    "point and integrates μ (m) with the solver; discretise-then-optimise does not")
     if feat["implicit solver"]:
-        return InterpolatingAdjoint(), "implicit solver (stiff): no backsolve; adjoint on the stored interpolation"
-    return BacksolveAdjoint(), ("explicit solver: backsolve with compiled reverse-mode VJPs (u is reset at every "
-                                "saveat time, and it checks its own drift)")
+        return Pick(InterpolatingAdjoint(), "implicit",
+                    "implicit solver (stiff): no backsolve; adjoint on the stored interpolation")
+    return Pick(BacksolveAdjoint(), "explicit", "explicit solver: backsolve with compiled reverse-mode VJPs (u is "
+                "reset at every saveat time, and it checks its own drift)")
 
 
 def auto_sensealg(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float, max_steps: int = 4096,
@@ -130,5 +172,5 @@ def auto_sensealg(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: f
     """The heuristic's `Choice` for gradients of a solve from `u0` with parameters `p` saved at `ts`
     (T,) by `solver`; works on traced values (what `solve(..., sensealg="auto")` calls)."""
     feat = features(u0, p, ts, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget)
-    pick, why = heuristic(feat)
-    return Choice(pick, feat, [{"name": describe(pick), "reason": why}])
+    pick = heuristic(feat)
+    return Choice(pick.sensealg, feat, [{"name": describe(pick.sensealg), "reason": pick.reason}])

@@ -18,6 +18,7 @@ from sciad.adjoints import (
     DiscreteAdjoint,
     ForwardDiffSensitivity,
     ForwardSensitivity,
+    GaussAdjoint,
     InterpolatingAdjoint,
     QuadratureAdjoint,
     describe,
@@ -46,15 +47,16 @@ def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
         (InterpolatingAdjoint(), "adjoint on the stored interpolation"),
         (InterpolatingAdjoint(checkpointing=True), "checkpointed adjoint (bounded memory)"),
         (QuadratureAdjoint(), "quadrature adjoint"),
+        (GaussAdjoint(), "λ alone, ∂L/∂p by Gauss–Legendre on each step"),
         (DiscreteAdjoint(), "discretise-then-optimise"),
     ]
     if not feat["implicit solver"]:
         out.append((BacksolveAdjoint(), "backsolve (explicit solver)"))
+        out.append((BacksolveAdjoint(seminorm=True), "backsolve, μ out of the error control"))
     if "enzyme" in ad.available():
         out.append((InterpolatingAdjoint(vjp="enzyme"), "compiler-level VJPs"))
     if feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]:
-        out = [(s, r) for s, r in out if not isinstance(s, (InterpolatingAdjoint, QuadratureAdjoint))
-               or getattr(s, "checkpointing", False)]
+        out = [(s, r) for s, r in out if not getattr(s, "stores_interpolation", False)]
     return out
 
 

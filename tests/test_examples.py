@@ -44,6 +44,7 @@ def test_sensitivities_match_finite_differences(tmp_path):
     assert (tmp_path / "lotka_volterra_sensitivities.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_ensemble_gradients_match_plain_vmap(tmp_path):
     result = load("ensemble").main(members=8, out_dir=tmp_path)
     grads = result["sensitivities"]

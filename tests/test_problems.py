@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.problems import brusselator, lotka_volterra, spiral_node
+from sciad.problems import brusselator, gene_circuit, hamiltonian_node, lotka_volterra, spiral_node
+from sciad.problems.gene_circuit import GeneCircuitRHS
 
 
 def test_lotka_volterra_is_the_papers_setup():
@@ -48,8 +49,9 @@ def test_rhs_agrees_across_array_modules(make):
     np.testing.assert_allclose(prob.f(torch.as_tensor(u), torch.as_tensor(p), 0.0).numpy(), expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("make", [lotka_volterra, lambda: spiral_node(hidden=6), lambda: brusselator(2)],
-                         ids=["lotka-volterra", "spiral", "brusselator"])
+@pytest.mark.parametrize("make", [lotka_volterra, lambda: spiral_node(hidden=6), lambda: brusselator(2),
+                                  lambda: hamiltonian_node(hidden=3, t1=20.0), lambda: gene_circuit(n=4, saves=10)],
+                         ids=["lotka-volterra", "spiral", "brusselator", "hamiltonian-node", "gene-circuit"])
 def test_objective_gradient_matches_finite_differences(make):
     """∇objective · v against a central difference of the objective in float64 along a random v."""
     bench = make()
@@ -60,3 +62,37 @@ def test_objective_gradient_matches_finite_differences(make):
     h = 1e-5
     fd = (objective(p + h * v) - objective(p - h * v)) / (2 * h)
     np.testing.assert_allclose(np.dot(grad, v), fd, rtol=1e-3)
+
+
+def test_hamiltonian_node_is_long_horizon_with_two_saves_and_conserves_its_energy():
+    bench = hamiltonian_node()
+    prob = bench.problem
+    assert prob.p.shape == (400,) and prob.p.dtype == np.float64 and bench.size == 402
+    assert prob.tspan == (0.0, 100.0) and list(bench.saveat) == [50.0, 100.0]
+    assert bench.loss.data.shape == (2, 2) and bench.loss(bench.loss.data) == 0.0
+    w1, b, w2 = prob.p[:200].reshape(100, 2), prob.p[200:300], prob.p[300:]
+
+    def energy(u):
+        return u @ u / 2 + w2 @ np.tanh(w1 @ u + b)
+
+    us = sciad.solve(prob, saveat=bench.saveat, rtol=bench.rtol, atol=bench.atol, max_steps=bench.max_steps).us
+    np.testing.assert_allclose([energy(np.asarray(u)) for u in us], energy(prob.u0), rtol=1e-6)
+    with pytest.raises(ValueError, match="hidden must be at least 1"):
+        hamiltonian_node(hidden=0)
+    with pytest.raises(ValueError, match="t1 must be positive"):
+        hamiltonian_node(t1=-1.0)
+
+
+def test_gene_circuit_has_many_parameters_dense_data_and_an_oscillating_core():
+    bench = gene_circuit()
+    assert bench.problem.p.shape == (130,) and bench.problem.u0.shape == (10,) and bench.saveat.shape == (50,)
+    data = bench.loss.data
+    assert data.shape == (50, 10) and np.all(data > 0)
+    assert np.ptp(data[25:, :3], axis=0).min() > 0.5  # the repressilator still oscillates in the second half
+    truth = GeneCircuitRHS(10).true_parameters(0)  # the data's; the benchmark's are 10% off
+    assert bench.loss(data) == 0.0
+    assert np.allclose(bench.problem.p, truth, rtol=0.5) and not np.allclose(bench.problem.p, truth)
+    with pytest.raises(ValueError, match="at least 3"):
+        gene_circuit(n=2)
+    with pytest.raises(ValueError, match="saves must be at least 2"):
+        gene_circuit(saves=1)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import slow_except
 import sciad
 from sciad.ad.linear import HigherOrderError
 from sciad.adjoints import (
@@ -66,7 +67,9 @@ def assert_agrees(actual, expected, what):
     np.testing.assert_allclose(actual, expected, rtol=AGREEMENT, atol=AGREEMENT * np.max(np.abs(expected)), err_msg=what)
 
 
-@pytest.mark.parametrize("name", list(SENSEALGS))
+@pytest.mark.parametrize("name", slow_except(list(SENSEALGS), fast=["ForwardDiffSensitivity", "ForwardSensitivity",
+                                                                   "BacksolveAdjoint", "InterpolatingAdjoint",
+                                                                   "QuadratureAdjoint"]))
 def test_hessian_vector_product(name):
     sensealg = SENSEALGS[name]
     hvp = jax.jit(lambda p, v: jax.jvp(lambda q: jax.grad(loss)(q, sensealg=sensealg), (p,), (v,))[1])

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import slow_except
 import sciad
 from sciad.problems.lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
@@ -195,6 +196,9 @@ ALL_DEFAULT = {
 }
 
 
+# the variants beyond the first six run with the slow tests
+FAST_DEFAULTS = list(ALL_DEFAULT)[:6]
+
 DU0, DP = np.array([0.3, -0.7]), np.array([0.1, 0.2, -0.5, 0.4])
 
 
@@ -205,7 +209,7 @@ def _jvp(sensealg):
     return jax.jit(lambda u0, p: jax.jvp(loss, (u0, p), (DU0, DP))[1])(prob.u0, prob.p)
 
 
-@pytest.mark.parametrize("sensealg", list(ALL_DEFAULT))
+@pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=FAST_DEFAULTS))
 def test_jvp_matches_discrete_adjoint(sensealg):
     expected = _jvp(DiscreteAdjoint())
     np.testing.assert_allclose(_jvp(ALL_DEFAULT[sensealg]), expected, rtol=AGREEMENT)
@@ -250,7 +254,7 @@ def test_interpolating_adjoint_custom_checkpoints(checkpoints):
                   f"checkpoints {checkpoints}")
 
 
-@pytest.mark.parametrize("sensealg", list(ALL_DEFAULT))
+@pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=FAST_DEFAULTS))
 def test_saveat_without_t0_and_t1(sensealg):
     """The loss sees u at interior times only: λ starts at 0 at t1, and the
     gradient wrt u0 is transported back over [t0, first saveat]."""

@@ -1,0 +1,358 @@
+"""The benchmark suite (`sciad bench suite`) and the targets it checks.
+
+Problems: the paper's two (Lotka–Volterra, the spiral neural ODE), a long-horizon
+neural ODE (`hamiltonian_node`: 400 parameters, two save points), the stiff
+Oregonator and Brusselator PDE (Kvaerno5) and a many-parameter model with dense
+data (`gene_circuit`: 130 parameters, 50 save points). On each: `sensealg="auto"`,
+diffrax's adjoints and (full mode) every sensealg × JAX-traced engine, gradients
+checked before timing (`harness.run`); the time to the first gradient (trace +
+compile + first call) and XLA's peak buffer memory are reported apart from the
+median time per gradient.
+
+Targets, from the ratios of this one run:
+
+- speed: "auto" ≤ 1.0× the fastest diffrax adjoint's median, ≤ 0.5× on the
+  long-horizon and stiff problems;
+- time to the first gradient: "auto" ≤ 1.0× diffrax `RecursiveCheckpointAdjoint`'s;
+- memory: the checkpointed adjoints' (`CHECKPOINTED`) peak flat in the horizon (≤ `FLAT_GROWTH`×
+  from the shortest to a 10× longer horizon of the long-horizon neural ODE).
+
+The gradients' relative tolerance is 100 × rtol, at least `GRADIENT_TOLERANCE`.
+"""
+
+import dataclasses
+import json
+import math
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import sciad
+import sciad.ad as ad
+from sciad.adjoints import describe, engine_option, parse
+from sciad.auto import heuristic
+from sciad.problems import (
+    Benchmark,
+    brusselator_pde,
+    gene_circuit,
+    hamiltonian_node,
+    lotka_volterra,
+    oregonator,
+    spiral_node,
+)
+from sciad.timing import fastest
+
+from sciad_bench import claims, harness, plots, selection, tables
+from sciad_bench.experiments import _sensealg_matrix
+from sciad_bench.harness import Combination, sciad_combination
+from sciad_bench.peers import diffrax_peer
+
+PAPER, LONG_HORIZON, STIFF, DENSE = "paper", "long horizon", "stiff", "many parameters, dense data"
+# The gradient check's relative tolerance: 100 × rtol (the harness's), but not below this. A gradient
+# within 1e-5 is right for any use, and the discrete gradients of the problems solved at rtol = 1e-8
+# (many oscillations) are 1e-6 to 4e-6 from the tight reference.
+GRADIENT_TOLERANCE = 1e-5
+SPEED_TARGET = {PAPER: 1.0, LONG_HORIZON: 0.5, STIFF: 0.5, DENSE: 1.0}  # auto / fastest diffrax adjoint
+FIRST_GRADIENT_PEER = "diffrax RecursiveCheckpointAdjoint"
+FLAT_GROWTH = 1.5  # peak memory at the longest horizon / at the shortest, for "flat"
+AUTO = "auto →"
+PEERS = ("RecursiveCheckpointAdjoint", "ForwardMode", "BacksolveAdjoint", "DirectAdjoint")
+# The checkpointed sensealgs, whose memory should not grow: DiscreteAdjoint by default stores every
+# step while max_steps steps fit in 256 MiB (speed for memory), so it is swept with a fixed number.
+CHECKPOINTED = (claims.PAPER_SENSEALG, "DiscreteAdjoint(stored_steps=64)")
+SWEEP_HORIZONS = {True: (100.0, 1000.0), False: (100.0, 300.0, 1000.0)}  # by quick
+# Why a checkpointed adjoint's memory grows with the horizon (two save points, max_steps ∝ horizon).
+GROWS_BECAUSE = {
+    claims.PAPER_SENSEALG: "its checkpoints default to the save times, and a re-solved interval's dense output "
+                           "is sized by 4 × max_steps / intervals, at most max_steps: with two save points, the "
+                           "whole solve's (checkpoints= spaced in time would bound it)",
+}
+
+
+def problems(quick: bool) -> list[tuple[str, Benchmark]]:
+    """(class, benchmark) for every problem of the suite, the same in both modes. The Brusselator PDE
+    is 6×6 (72 states): ForwardSensitivity, auto's pick there, takes tens of seconds per gradient
+    with Kvaerno5 already, and a 16×16 grid would take a full run hours."""
+    return [(PAPER, lotka_volterra()), (PAPER, spiral_node()), (LONG_HORIZON, hamiltonian_node()),
+            (STIFF, oregonator()), (STIFF, brusselator_pde(6)), (DENSE, gene_circuit())]
+
+
+def auto_combination(bench: Benchmark) -> Combination:
+    """`sensealg="auto"` in `bench.objective`, labelled with what it picks here: `auto → Name / engine`."""
+    pick = heuristic(selection.features(bench)).sensealg
+    option = engine_option(pick)
+    return Combination(f"{AUTO} {describe(pick, engine=False)}", getattr(pick, option).name if option else None,
+                       lambda bench: jax.jit(jax.grad(lambda p: bench.objective(p, "auto"))))
+
+
+def combinations(bench: Benchmark, category: str, engines, *, quick: bool) -> list[Combination]:
+    """"auto", diffrax's adjoints (BacksolveAdjoint only with an explicit solver, and in quick mode
+    only on the long-horizon problem; quick: not DirectAdjoint) and, in full mode, every sensealg ×
+    engine but auto's own pick; with an implicit solver, no BacksolveAdjoint and ForwardSensitivity
+    with jax-forward only."""
+    implicit = selection.features(bench)["implicit solver"]
+    auto = auto_combination(bench)
+    combos = [auto]
+    if not quick:
+        matrix, _ = _sensealg_matrix(engines, quick=False)
+        combos += [c for c in matrix if sensealg_name(c) != sensealg_name(auto) and not (implicit and (
+            c.sensealg == "BacksolveAdjoint" or (c.sensealg == "ForwardSensitivity" and c.engine != "jax-forward")))]
+    backsolve = not implicit and (not quick or category == LONG_HORIZON)
+    return combos + [diffrax_peer(a) for a in PEERS if (backsolve or a != "BacksolveAdjoint")
+                     and not (quick and a == "DirectAdjoint")]
+
+
+def skipped_combinations(engines, *, quick: bool) -> list[str]:
+    skipped = [f"{e} ({'not chosen' if ad.BACKENDS[e].traced else 'host engine: a host round trip per product'})"
+               for e in ad.available() if e not in engines]
+    skipped.append("BacksolveAdjoint, sciad's and diffrax's, on the stiff problems (unstable backwards)")
+    skipped.append("ForwardSensitivity on the stiff problems with engines other than jax-forward (tens of "
+                   "seconds per gradient with any engine)")
+    if quick:
+        skipped.append("every sensealg but auto's pick, diffrax DirectAdjoint (RecursiveCheckpointAdjoint's "
+                       "slower forward-mode-capable variant) and diffrax BacksolveAdjoint but on the long-horizon "
+                       "problem (quick mode)")
+    return skipped
+
+
+def peak_bytes(fn, *args) -> int | None:
+    """XLA's buffers for the jitted `fn(*args)`: temporaries, arguments and outputs (aliased ones
+    once); None where the backend does not say. Reuses the compilation a call made."""
+    stats = fn.lower(*args).compile().memory_analysis()
+    if stats is None:
+        return None
+    return int(stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
+               - stats.alias_size_in_bytes)
+
+
+def sensealg_name(combo: Combination) -> str | None:
+    """The sciad sensealg of `combo` as `describe` writes it with its engine (auto: its pick); None for
+    peers and baselines."""
+    if combo.kind != "sciad":
+        return None
+    text = combo.sensealg.removeprefix(f"{AUTO} ")
+    return describe(parse(text, **({engine_option(text): combo.engine} if combo.engine else {})))
+
+
+def _remembering(combo: Combination, built: dict) -> Combination:
+    """`combo` whose built gradient is kept in `built[label]` (to ask its memory after the run)."""
+    def build(bench):
+        built[combo.label] = combo.build(bench)
+        return built[combo.label]
+
+    return dataclasses.replace(combo, build=build)
+
+
+def run_problem(bench: Benchmark, category: str, combos, *, repeats: int, progress) -> list[dict]:
+    """`harness.run` records (gradients checked to `GRADIENT_TOLERANCE` at least) with the problem's
+    class, the sensealg's `name` (`sensealg_name`), auto's heuristic `rule` and each checked
+    gradient's `peak_bytes`."""
+    built, names = {}, {c.label: sensealg_name(c) for c in combos}
+    records = harness.run(bench, [_remembering(c, built) for c in combos], repeats=repeats, progress=progress,
+                          tolerance=max(100 * bench.rtol, GRADIENT_TOLERANCE))
+    p = jax.device_put(jnp.asarray(bench.problem.p), jax.devices()[0])
+    rule = heuristic(selection.features(bench)).rule
+    for r in records:
+        r["class"], r["name"] = category, names.get(r["label"])
+        r["rule"] = rule if r["sensealg"].startswith(AUTO) else None
+        r["peak_bytes"] = peak_bytes(built[r["label"]], p) if r["ok"] and r["label"] in built else None
+    return records
+
+
+def horizon_benchmark(horizon: float) -> Benchmark:
+    """The long-horizon neural ODE (`hamiltonian_node`: two save points) on [0, horizon], `max_steps`
+    the least that solves it (its step count + 5%, rounded up to 100), as a user would set it:
+    XLA's buffers are sized by it."""
+    bench = hamiltonian_node(t1=horizon)
+    steps = int(sciad.solve(bench.problem, saveat=bench.saveat, rtol=bench.rtol, atol=bench.atol,
+                            max_steps=10**7).stats["steps"])
+    return dataclasses.replace(bench, name=f"{bench.name}-T{horizon:g}", max_steps=100 * math.ceil(1.05 * steps / 100))
+
+
+def memory_sweep(horizons, combos: list[Combination], progress=None) -> list[dict]:
+    """Peak memory (`peak_bytes`, compiled, not run) of each combination's gradient at each horizon."""
+    rows = []
+    for horizon in horizons:
+        bench = horizon_benchmark(horizon)
+        p = jnp.asarray(bench.problem.p)
+        for combo in combos:
+            if progress is not None:
+                progress.show(f"memory: {combo.label} at T = {horizon:g}")
+            rows.append({"label": combo.label, "sensealg": combo.sensealg, "horizon": float(horizon),
+                         "max_steps": bench.max_steps, "peak_bytes": peak_bytes(combo.build(bench), p)})
+            if progress is not None:
+                progress.step(f"memory: {combo.label} at T = {horizon:g}")
+    return rows
+
+
+def sweep_combinations(quick: bool) -> list[Combination]:
+    """The `CHECKPOINTED` adjoints; full mode adds, for comparison, BacksolveAdjoint (nothing stored),
+    the uncheckpointed InterpolatingAdjoint, DiscreteAdjoint with its default storage and diffrax's
+    RecursiveCheckpointAdjoint."""
+    combos = [sciad_combination(claims.PAPER_SENSEALG, "jax-reverse"), sciad_combination(CHECKPOINTED[1])]
+    if not quick:
+        combos += [sciad_combination(s, "jax-reverse") for s in ("BacksolveAdjoint", "InterpolatingAdjoint")]
+        combos += [sciad_combination("DiscreteAdjoint"), diffrax_peer("RecursiveCheckpointAdjoint")]
+    return combos
+
+
+def _auto(group):
+    return next((r for r in group if r["sensealg"].startswith(AUTO)), None)
+
+
+def _better(group, key: str, peer: dict) -> str:
+    """The correct sciad combination other than auto with the least `key` (seconds), against `peer`'s."""
+    auto = _auto(group)
+    others = [r for r in group if r["kind"] == "sciad" and r is not auto and r["ok"] and r[key] is not None]
+    if not others:
+        return "no other sciad sensealg measured (quick mode)"
+    best = min(others, key=lambda r: r[key])
+    if auto and auto["ok"] and auto[key] is not None and auto[key] <= best[key]:
+        return "no other sciad sensealg measured does better"
+    return f"best sciad combination measured: {best['label']} at {best[key] / peer[key]:.2f}× ({best[key]:.3g} s)"
+
+
+def _target(target, problem, bound, ratio, measured, why) -> dict:
+    met = ratio is not None and ratio <= bound
+    miss = "" if met else ("not measurable" if ratio is None else f"missed by {ratio / bound:.2f}×")
+    return {"target": target, "problem": problem, "bound": bound, "ratio": ratio, "met": met,
+            "measured": measured, "note": "" if met else f"{miss}; {why}"}
+
+
+def speed_targets(records) -> list[dict]:
+    """auto's median / the fastest diffrax adjoint's, per problem, against `SPEED_TARGET`."""
+    out = []
+    for problem, group in _by_problem(records).items():
+        auto, peer = _auto(group), fastest([r for r in group if r["is_peer"]])
+        bound = SPEED_TARGET[group[0]["class"]]
+        ratio = auto["median_s"] / peer["median_s"] if auto and auto["median_s"] and peer else None
+        measured = (f"{auto['label']} {1e3 * auto['median_s']:.3g} ms vs {peer['label']} "
+                    f"{1e3 * peer['median_s']:.3g} ms" if ratio is not None
+                    else f"auto: {tables.status(auto) if auto else 'absent'}")
+        why = (f"auto's pick by rule `{auto['rule'] if auto else '–'}`; {_better(group, 'median_s', peer)}"
+               if peer else "no diffrax adjoint gave a correct gradient")
+        out.append(_target("auto ≤ fastest diffrax adjoint", problem, bound, ratio, measured, why))
+    return out
+
+
+def first_gradient_targets(records) -> list[dict]:
+    """auto's time to the first gradient / diffrax RecursiveCheckpointAdjoint's, per problem (≤ 1)."""
+    out = []
+    for problem, group in _by_problem(records).items():
+        auto = _auto(group)
+        peer = next((r for r in group if r["sensealg"] == FIRST_GRADIENT_PEER and r["ok"]), None)
+        ratio = auto["compile_time"] / peer["compile_time"] if auto and auto["ok"] and peer else None
+        measured = (f"{auto['compile_time']:.1f} s vs {peer['compile_time']:.1f} s" if ratio is not None
+                    else "auto or RecursiveCheckpointAdjoint gave no correct gradient")
+        why = _better(group, "compile_time", peer) if peer else "no correct RecursiveCheckpointAdjoint gradient"
+        out.append(_target("auto's time to first gradient ≤ RecursiveCheckpointAdjoint's", problem, 1.0, ratio,
+                           measured, why))
+    return out
+
+
+def memory_targets(sweep: list[dict]) -> list[dict]:
+    """Peak memory at the longest horizon / at the shortest for each checkpointed sensealg (≤ FLAT_GROWTH)."""
+    out = []
+    for label in dict.fromkeys(r["label"] for r in sweep if r["sensealg"] in CHECKPOINTED):
+        rows = sorted((r for r in sweep if r["label"] == label), key=lambda r: r["horizon"])
+        short, long = rows[0], rows[-1]
+        growth = long["peak_bytes"] / short["peak_bytes"] if short["peak_bytes"] and long["peak_bytes"] else None
+        span = long["horizon"] / short["horizon"]
+        measured = ("memory analysis unavailable" if growth is None else
+                    f"{short['peak_bytes'] / 2**20:.3g} → {long['peak_bytes'] / 2**20:.3g} MiB from T = "
+                    f"{short['horizon']:g} to {long['horizon']:g} (∝ T^{math.log(growth) / math.log(span):.2f})")
+        why = (f"max_steps grows {long['max_steps'] / short['max_steps']:.1f}×; "
+               f"{GROWS_BECAUSE.get(rows[0]['sensealg'], 'buffers sized by max_steps')}")
+        out.append(_target(f"peak memory flat in the horizon (≤ {FLAT_GROWTH}× over {span:g}×)", label,
+                           FLAT_GROWTH, growth, measured, why))
+    return out
+
+
+def _by_problem(records) -> dict[str, list[dict]]:
+    groups = {}
+    for r in records:
+        groups.setdefault(r["problem"], []).append(r)
+    return groups
+
+
+def targets_table(targets: list[dict]) -> str:
+    lines = ["| target | problem | bound | ratio | verdict | measured | note |", "|---|---|---:|---:|---|---|---|"]
+    for t in targets:
+        ratio = "–" if t["ratio"] is None else f"{t['ratio']:.2f}"
+        lines.append(f"| {t['target']} | {t['problem']} | ≤ {t['bound']:g} | {ratio} | "
+                     f"{'met' if t['met'] else '**missed**'} | {t['measured']} | {t['note']} |")
+    met = sum(t["met"] for t in targets)
+    return "\n".join(lines) + f"\n\n{met} of {len(targets)} targets met.\n"
+
+
+def resources_table(records) -> str:
+    """Time to the first gradient and peak memory of each checked combination, apart from the run time."""
+    lines = ["| problem | combination | time to first gradient (s) | peak memory (MiB) |", "|---|---|---:|---:|"]
+    for r in sorted((r for r in records if r["ok"] and r["kind"] != "baseline"),
+                    key=lambda r: (r["problem"], r["compile_time"])):
+        memory = "–" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.3g}"
+        lines.append(f"| {r['problem']} | {r['label']} | {r['compile_time']:.2f} | {memory} |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_table(sweep: list[dict]) -> str:
+    lines = ["| combination | horizon T | max_steps | peak memory (MiB) |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['label']} | {r['horizon']:g} | {r['max_steps']} | "
+              f"{'–' if r['peak_bytes'] is None else format(r['peak_bytes'] / 2**20, '.3g')} |" for r in sweep]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(result: dict, out: pathlib.Path) -> str:
+    """suite.json, suite.png (one panel per problem) and table.md under `out`; returns the Markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "suite.json").write_text(json.dumps(result, indent=1, default=str))
+    title = f"suite{' (quick)' if result['quick'] else ''}: gradient time, {result['records'][0]['device']}"
+    plots.violin_plot(result["records"], out / "suite.png", title)
+    parts = [f"# suite{' (quick)' if result['quick'] else ''}\n",
+             tables.markdown_table(result["records"], result["skipped"]),
+             "## Time to first gradient and peak memory\n", resources_table(result["records"]),
+             "## Peak memory against the horizon (the long-horizon neural ODE, two save points)\n",
+             sweep_table(result["memory"]),
+             "## Targets\n", targets_table(result["targets"])]
+    if result["selection"] is not None:
+        parts += ["## Selection out of sample\n", selection.out_of_sample_table(result["selection"])]
+    md = "\n".join(parts)
+    (out / "table.md").write_text(md)
+    return md
+
+
+def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, out=None) -> dict:
+    """Run the suite (`problems`, each with its `combinations`, and the memory sweep), write
+    `write_outputs` to `out` (default results/suite), print the tables and the targets, and return
+    what was written. `engines`: the JAX-traced `sciad.ad` engines (default: all installed)."""
+    traced = [e for e in ad.available() if ad.BACKENDS[e].traced]
+    engines = traced if engines is None else list(engines)
+    wrong = [e for e in engines if e not in traced]
+    if wrong:
+        raise ValueError(f"engines {wrong} are not installed JAX-traced engines; choose from {', '.join(traced)}")
+    if repeats is not None and repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    repeats = repeats or (3 if quick else 10)
+    out = pathlib.Path(out or "results/suite")
+    start = time.perf_counter()
+    benches = problems(quick)
+    plan = [(category, bench, combinations(bench, category, engines, quick=quick)) for category, bench in benches]
+    horizons, sweep_combos = SWEEP_HORIZONS[quick], sweep_combinations(quick)
+    progress = harness.Progress(sum(len(c) + 1 for _, _, c in plan) + len(horizons) * len(sweep_combos))
+    records = []
+    for category, bench, combos in plan:
+        records += run_problem(bench, category, combos, repeats=repeats, progress=progress)
+    sweep = memory_sweep(horizons, sweep_combos, progress)
+    progress.close()
+    targets = speed_targets(records) + first_gradient_targets(records) + memory_targets(sweep)
+    held = None if quick else selection.out_of_sample(
+        selection.cases_from_records(records, {bench.name: selection.features(bench) for _, bench in benches}))
+    result = {"suite": "sciad bench suite", "quick": quick, "skipped": skipped_combinations(engines, quick=quick),
+              "records": records, "memory": sweep, "targets": targets, "selection": held,
+              "seconds": time.perf_counter() - start}
+    print(write_outputs(result, out))
+    print(f"suite: {len(records)} records in {result['seconds']:.0f} s -> {out}/", file=sys.stderr)
+    return result

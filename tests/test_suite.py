@@ -1,0 +1,153 @@
+"""The benchmark suite on a tiny configuration (outputs written, targets printed), its target
+verdicts on made-up records, and the heuristic's calibration recovering known thresholds."""
+
+import json
+
+import pytest
+
+from sciad.auto import THRESHOLDS, Thresholds
+from sciad.problems import lotka_volterra, oregonator
+
+pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sciad[bench]'")
+from sciad_bench import selection, suite  # noqa: E402
+from sciad_bench.harness import sciad_combination  # noqa: E402
+from sciad_bench.peers import diffrax_peer  # noqa: E402
+
+
+@pytest.mark.slow
+def test_tiny_suite_writes_json_table_plot_and_prints_targets(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(suite, "problems", lambda quick: [(suite.PAPER, lotka_volterra())])
+    monkeypatch.setattr(suite, "combinations", lambda bench, category, engines, quick: [
+        suite.auto_combination(bench), diffrax_peer("RecursiveCheckpointAdjoint")])
+    monkeypatch.setattr(suite, "sweep_combinations", lambda quick: [sciad_combination("ForwardDiffSensitivity")])
+    monkeypatch.setitem(suite.SWEEP_HORIZONS, True, (3.0, 30.0))
+    result = suite.run_suite(quick=True, repeats=1, out=tmp_path)
+    printed = capsys.readouterr().out
+    saved = json.loads((tmp_path / "suite.json").read_text())
+    assert saved["quick"] and {r["label"] for r in saved["records"]} == {
+        "forward solve (no gradient)", "auto → ForwardDiffSensitivity",
+        "diffrax RecursiveCheckpointAdjoint / jax"}
+    auto = next(r for r in saved["records"] if r["label"].startswith("auto"))
+    assert auto["ok"] and auto["name"] == "ForwardDiffSensitivity" and auto["peak_bytes"] > 0
+    assert [r["horizon"] for r in saved["memory"]] == [3.0, 30.0]
+    assert saved["memory"][1]["max_steps"] > saved["memory"][0]["max_steps"]
+    # speed and first gradient (the memory target is for checkpointed adjoints only)
+    assert [t["target"][:9] for t in result["targets"]] == ["auto ≤ fa", "auto's ti"] and saved["selection"] is None
+    assert (tmp_path / "suite.png").stat().st_size > 0
+    table = (tmp_path / "table.md").read_text()
+    assert "## Targets" in printed and "targets met." in printed and table in printed
+    assert "auto ≤ fastest diffrax adjoint" in table and "| ForwardDiffSensitivity | 30 |" in table
+
+
+def test_combinations_per_mode_and_solver():
+    engines = ["jax-reverse", "jax-forward"]
+    lv, stiff = lotka_volterra(), oregonator()
+    quick = [c.label for c in suite.combinations(lv, suite.PAPER, engines, quick=True)]
+    assert quick == ["auto → ForwardDiffSensitivity", "diffrax RecursiveCheckpointAdjoint / jax",
+                     "diffrax ForwardMode / jax"]
+    assert "diffrax BacksolveAdjoint / jax" in [
+        c.label for c in suite.combinations(lv, suite.LONG_HORIZON, engines, quick=True)]
+    full = [c.label for c in suite.combinations(lv, suite.PAPER, engines, quick=False)]
+    assert "ForwardDiffSensitivity" not in full  # auto's own pick, not twice
+    assert {"ForwardSensitivity / jax-forward", "DiscreteAdjoint", "diffrax DirectAdjoint / jax",
+            "diffrax BacksolveAdjoint / jax"} <= set(full)
+    implicit = [c.label for c in suite.combinations(stiff, suite.STIFF, engines, quick=False)]
+    assert not any("Backsolve" in label or label == "ForwardSensitivity / jax-reverse" for label in implicit)
+    assert {suite.sensealg_name(c) for c in suite.combinations(stiff, suite.STIFF, engines, quick=True)} == {
+        "ForwardDiffSensitivity", None}
+
+
+def record(problem, label, seconds, compile_s=1.0, kind="sciad", category=suite.PAPER, ok=True):
+    return {"problem": problem, "label": label, "sensealg": label, "kind": kind, "is_peer": kind == "peer",
+            "class": category, "median_s": seconds if ok else None, "compile_time": compile_s, "ok": ok,
+            "rule": "dense-saves" if label.startswith("auto") else None,
+            "error": None if ok else "gradient off: relative error 1.00e+00 > 1e-04"}
+
+
+def test_speed_and_first_gradient_targets_say_by_how_much_they_miss():
+    records = [record("a", "auto → DiscreteAdjoint", 1.0, compile_s=3.0),
+               record("a", "BacksolveAdjoint / jax-reverse", 0.4),
+               record("a", suite.FIRST_GRADIENT_PEER, 2.0, compile_s=2.0, kind="peer"),
+               record("a", "diffrax ForwardMode", 0.8, kind="peer"),
+               record("b", "auto → BacksolveAdjoint / jax-reverse", 0.4, category=suite.STIFF),
+               record("b", suite.FIRST_GRADIENT_PEER, 1.0, compile_s=2.0, kind="peer", category=suite.STIFF),
+               record("c", "auto → DiscreteAdjoint", None, ok=False),
+               record("c", suite.FIRST_GRADIENT_PEER, 1.0, kind="peer")]
+    speed = {t["problem"]: t for t in suite.speed_targets(records)}
+    assert speed["a"]["ratio"] == pytest.approx(1.25) and not speed["a"]["met"]
+    assert speed["a"]["note"] == ("missed by 1.25×; auto's pick by rule `dense-saves`; best sciad combination "
+                                  "measured: BacksolveAdjoint / jax-reverse at 0.50× (0.4 s)")
+    assert speed["b"]["bound"] == 0.5 and speed["b"]["met"] and speed["b"]["note"] == ""
+    assert not speed["c"]["met"] and "WRONG" in speed["c"]["measured"] and speed["c"]["note"] == (
+        "not measurable; auto's pick by rule `dense-saves`; no other sciad sensealg measured (quick mode)")
+    first = {t["problem"]: t for t in suite.first_gradient_targets(records)}
+    assert first["a"]["ratio"] == pytest.approx(1.5) and first["a"]["note"] == (
+        "missed by 1.50×; best sciad combination measured: BacksolveAdjoint / jax-reverse at 0.50× (1 s)")
+    assert first["b"]["met"] and not first["c"]["met"]
+    assert "2 of 6 targets met" in suite.targets_table(list(speed.values()) + list(first.values()))
+
+
+def test_memory_target_is_flat_growth_over_the_horizon():
+    def row(sensealg, horizon, mib):
+        return {"label": sensealg, "sensealg": sensealg, "horizon": horizon, "max_steps": int(10 * horizon),
+                "peak_bytes": int(mib * 2**20)}
+
+    interpolating, discrete = suite.CHECKPOINTED
+    sweep = [row(discrete, 100.0, 1.0), row(discrete, 1000.0, 1.1),
+             row(interpolating, 100.0, 1.0), row(interpolating, 1000.0, 3.2),
+             row("InterpolatingAdjoint", 100.0, 1.0), row("InterpolatingAdjoint", 1000.0, 10.0)]
+    targets = {t["problem"]: t for t in suite.memory_targets(sweep)}
+    assert set(targets) == set(suite.CHECKPOINTED)  # the uncheckpointed adjoint is context, not a target
+    assert targets[discrete]["met"] and targets[discrete]["ratio"] == pytest.approx(1.1, rel=1e-3)
+    grows = targets[interpolating]
+    assert not grows["met"] and grows["ratio"] == pytest.approx(3.2, rel=1e-3)
+    assert "T^0.51" in grows["measured"] and "missed by 2.13×" in grows["note"]
+    assert "checkpoints default to the save times" in grows["note"]
+
+
+def fake_case(name, m, n, saves, winner, implicit=False):
+    """Features of a problem and times where `winner` is twice as fast as every other pick."""
+    feat = {"states": n, "parameters": m, "save points": saves, "implicit solver": implicit,
+            "memory budget": None, "interpolation bytes": 0}
+    names = ("ForwardSensitivity(jax-forward)", "ForwardDiffSensitivity", "DiscreteAdjoint",
+             "BacksolveAdjoint(jax-reverse)", "InterpolatingAdjoint(jax-reverse)")
+    return {"case": name, "features": feat, "times": {k: 1.0 if k == winner else 2.0 for k in names}}
+
+
+def test_calibration_recovers_known_thresholds():
+    """Forward mode wins up to m = 12 but not at 30 (→ 16); DiscreteAdjoint wins from 25 saves, not
+    at 12 (→ 20), with m ≥ 20n but not at 6n (→ 8, nearer the committed 4 than 16 is)."""
+    fwd, disc, back = "ForwardSensitivity(jax-forward)", "DiscreteAdjoint", "BacksolveAdjoint(jax-reverse)"
+    cases = [fake_case("f2", 2, 4, 3, fwd), fake_case("f12", 12, 16, 3, fwd), fake_case("b30", 30, 4, 3, back),
+             fake_case("s12", 100, 4, 12, back), fake_case("s25", 100, 4, 25, disc),
+             fake_case("m6n", 24, 4, 40, back), fake_case("m20n", 80, 4, 40, disc)]
+    fitted = selection.calibrate(cases)
+    assert fitted == Thresholds(forward_mode_parameters=16, dense_saves=20, parameters_per_state=8)
+    assert selection.score(cases, fitted) == 1.0 and selection.score(cases, THRESHOLDS) > 1.0
+
+
+def test_out_of_sample_scores_each_set_apart():
+    fwd, disc = "ForwardSensitivity(jax-forward)", "DiscreteAdjoint"
+    cases = [fake_case("brusselator-2", 3, 8, 5, fwd), fake_case("gene-circuit-10", 130, 10, 50, disc),
+             fake_case("hamiltonian-node-400", 400, 2, 2, "BacksolveAdjoint(jax-reverse)"),
+             fake_case("lotka-volterra", 4, 2, 101, disc)]
+    result = selection.out_of_sample(cases)
+    sets = result["sets"]
+    assert [r["case"] for r in sets["held out"]["rows"]] == ["hamiltonian-node-400"]
+    assert [r["case"] for r in sets["paper"]["rows"]] == ["lotka-volterra"]
+    assert sets["calibration"]["fitted"] == 1.0 and sets["held out"]["fitted"] == 1.0
+    assert sets["paper"]["committed"] == 2.0  # forward mode picked for m = 4; DiscreteAdjoint measured fastest
+    table = selection.out_of_sample_table(result)
+    assert ("| paper | lotka-volterra | DiscreteAdjoint | ForwardDiffSensitivity (few-parameters) | 2.00 |"
+            in table)
+    with pytest.raises(ValueError, match="at least one case"):
+        selection.calibrate([])
+
+
+def test_cases_from_records_keep_correct_sciad_times_by_name():
+    records = [{"problem": "a", "name": "DiscreteAdjoint", "ok": True, "median_s": 2.0},
+               {"problem": "a", "name": "BacksolveAdjoint(jax-reverse)", "ok": False, "median_s": None},
+               {"problem": "a", "name": None, "ok": True, "median_s": 1.0},  # a peer
+               {"problem": "b", "name": "DiscreteAdjoint", "ok": True, "median_s": 5.0}]
+    [case] = selection.cases_from_records(records, {"a": {"states": 2}})
+    assert case == {"case": "a", "features": {"states": 2}, "times": {"DiscreteAdjoint": 2.0}}
