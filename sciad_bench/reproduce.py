@@ -5,10 +5,11 @@ import shutil
 
 from sciad_bench.experiments import PLANS, run_experiment
 from sciad_bench.selection import run_selection
+from sciad_bench.suite import run_suite
 
 
 def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool = False) -> None:
-    """Run the four benchmarks and the selection validation into `results`/NAME, then copy
+    """Run the benchmarks, the selection validation and the suite into `results`/NAME, then copy
     each figure to `paper`/figures and each table (and the claims table) to `paper`/tables."""
     results, paper = pathlib.Path(results), pathlib.Path(paper)
     (paper / "figures").mkdir(parents=True, exist_ok=True)
@@ -22,3 +23,7 @@ def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool
     run_selection(quick=quick, out=results / "selection")
     shutil.copy(results / "selection" / "table.md", paper / "tables" / "selection.md")
     shutil.copy(results / "selection" / "selection.json", paper / "tables" / "selection.json")
+    run_suite(quick=quick, repeats=repeats, out=results / "suite")
+    shutil.copy(results / "suite" / "suite.png", paper / "figures" / "suite.png")
+    shutil.copy(results / "suite" / "table.md", paper / "tables" / "suite.md")
+    shutil.copy(results / "suite" / "suite.json", paper / "tables" / "suite.json")

@@ -120,11 +120,17 @@ class Products:
 
     def __init__(self, f: "Bound", backend):
         self.backend = ad.get(backend)
-        self.g = ad.differentiate_with(f.open(), self.backend)
+        self.f = f.open()
+        self.g = ad.differentiate_with(self.f, self.backend)
         self.c = f.c
 
     def vjp(self, u, p, t, lam):
-        y, pb = jax.vjp(lambda u, p: self.g(u, p, self.c, t), u, p)
+        if self.backend.traced and self.backend.higher_order:
+            # Traced by JAX and differentiable again: the engine's own pullback, f evaluated once
+            # (through `g`'s rules the primal and the pullback would each evaluate it).
+            y, pb = self.backend.value_and_pullback(lambda u, p: self.f(u, p, self.c, t), (u, p))
+        else:
+            y, pb = jax.vjp(lambda u, p: self.g(u, p, self.c, t), u, p)
         return (y, *pb(lam))
 
     def jvp(self, u, p, t, du, dp):
