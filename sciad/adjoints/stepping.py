@@ -61,8 +61,8 @@ class Marcher(eqx.Module):
     def _solver(self):
         """The setup's solver as `diffrax.diffeqsolve` would run it in `ForwardMode`: stages as a
         plain `lax.scan` where it has a choice (its default scan is a custom_vjp, which forward
-        mode cannot enter), and a root finder's tolerances left to the step-size controller
-        taken from the controller."""
+        mode cannot enter), and a root finder's tolerances, where left to the step-size controller,
+        taken from it."""
         solver = self.setup.solver
         if getattr(solver, "scan_kind", "lax") is None:
             solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
@@ -118,12 +118,11 @@ class Marcher(eqx.Module):
             # After a step clipped to a breakpoint, resume with the step size proposed before it.
             dt = jax.lax.stop_gradient(jnp.where(keep & clipped, jnp.maximum(next_s1 - next_s, m.dt),
                                                  next_s1 - next_s))
+            select = lambda a, b: jax.tree.map(lambda x, y: jnp.where(keep, x, y), a, b)
             quadrature = m.quadrature
             if on_step is not None:
                 interpolation = solver.interpolation_cls(t0=s, t1=s1, **dense_info)
-                stepped = on_step(quadrature, -s, -s1, _Reversed(interpolation))
-                quadrature = jax.tree.map(lambda a, b: jnp.where(keep, a, b), stepped, quadrature)
-            select = lambda a, b: jax.tree.map(lambda x, y: jnp.where(keep, x, y), a, b)
+                quadrature = select(on_step(quadrature, -s, -s1, _Reversed(interpolation)), quadrature)
             steps = steps + 1
             result = dfx.RESULTS.where(keep, result, dfx.RESULTS.successful)
             out_of_steps = (steps >= max_steps) & ~(keep & clipped) & dfx.is_successful(result)
