@@ -254,6 +254,40 @@ def test_interpolating_adjoint_custom_checkpoints(checkpoints):
                   f"checkpoints {checkpoints}")
 
 
+@pytest.mark.parametrize("make", [InterpolatingAdjoint, GaussAdjoint], ids=lambda c: c.__name__)
+def test_checkpoints_by_step_count(make):
+    """Two save points over the whole horizon: with a checkpoint every 2 accepted steps
+    (interval_max_steps=4) the reverse pass re-solves tens of short intervals, unused
+    checkpoints are zero-length intervals, and the gradient is unchanged."""
+    saveat = (0.0, 10.0)
+    grad = gradient("lotka-volterra", False, make(checkpointing=True, interval_max_steps=4), np.asarray(saveat))
+    assert_agrees(grad, discrete_reference("lotka-volterra", False, saveat), "a checkpoint every 2 steps")
+
+
+def test_checkpointed_memory_grows_by_checkpoints_not_dense_steps():
+    """XLA's buffers for the gradient as max_steps grows 10×: with checkpoints by step
+    count each extra step allowed costs a share of one checkpoint (t and u every k
+    steps), not a stored dense step as in InterpolatingAdjoint without checkpoints."""
+    prob, ts, _ = case("lotka-volterra", False)
+
+    def growth(sensealg):
+        def temp_bytes(max_steps):
+            def loss(p):
+                return jnp.sum(sciad.solve(prob, p=p, saveat=ts[[0, -1]], max_steps=max_steps,
+                                           sensealg=sensealg).us)
+
+            stats = jax.jit(jax.grad(loss)).lower(prob.p).compile().memory_analysis()
+            if stats is None:
+                pytest.skip("this backend reports no memory analysis")
+            return stats.temp_size_in_bytes
+
+        return temp_bytes(40960) - temp_bytes(4096)
+
+    dense = growth(InterpolatingAdjoint())
+    assert dense > 0
+    assert growth(InterpolatingAdjoint(checkpointing=True)) < dense / 50
+
+
 @pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=FAST_DEFAULTS))
 def test_saveat_without_t0_and_t1(sensealg):
     """The loss sees u at interior times only: λ starts at 0 at t1, and the

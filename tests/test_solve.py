@@ -249,7 +249,7 @@ def test_max_steps_jvp_under_jit_raises(sensealg):
 
 def test_checkpointed_interval_hits_its_max_steps():
     prob = lv()
-    sensealg = InterpolatingAdjoint(checkpointing=True, interval_max_steps=3)
+    sensealg = InterpolatingAdjoint(checkpointing=True, checkpoints=[5.0], interval_max_steps=3)
 
     def loss(p):
         return jnp.sum(sciad.solve(prob, p=p, saveat=[0.0, 10.0], sensealg=sensealg).us)

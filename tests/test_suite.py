@@ -92,8 +92,8 @@ def test_memory_target_is_flat_growth_over_the_horizon():
         return {"label": sensealg, "sensealg": sensealg, "horizon": horizon, "max_steps": int(10 * horizon),
                 "peak_bytes": int(mib * 2**20)}
 
-    interpolating, discrete = suite.CHECKPOINTED
-    sweep = [row(discrete, 100.0, 1.0), row(discrete, 1000.0, 1.1),
+    interpolating, gauss, discrete = suite.CHECKPOINTED
+    sweep = [row(discrete, 100.0, 1.0), row(discrete, 1000.0, 1.1), row(gauss, 100.0, 1.0), row(gauss, 1000.0, 1.2),
              row(interpolating, 100.0, 1.0), row(interpolating, 1000.0, 3.2),
              row("InterpolatingAdjoint", 100.0, 1.0), row("InterpolatingAdjoint", 1000.0, 10.0)]
     targets = {t["problem"]: t for t in suite.memory_targets(sweep)}
@@ -102,7 +102,7 @@ def test_memory_target_is_flat_growth_over_the_horizon():
     grows = targets[interpolating]
     assert not grows["met"] and grows["ratio"] == pytest.approx(3.2, rel=1e-3)
     assert "T^0.51" in grows["measured"] and "missed by 2.13×" in grows["note"]
-    assert "checkpoints default to the save times" in grows["note"]
+    assert "max_steps grows 10.0×" in grows["note"]
 
 
 def fake_case(name, m, n, saves, winner, implicit=False):

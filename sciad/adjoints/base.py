@@ -61,7 +61,8 @@ class Setup(eqx.Module):
 
     def diffeqsolve(self, term, y0, args, t0, t1, *, ts=None, dense=False, steps=False,
                     adjoint=None, max_steps=None, norm=None, dt0=None, throw=True):
-        """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards).
+        """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards),
+        saving at `ts` and, with `steps` = k, after every k-th accepted step (True: every one).
         `dt0` is the first step (None: diffrax selects it, at two extra f evaluations).
         Solves inside the rules run in diffrax's `ForwardMode` (JAX never reverse-differentiates
         them, and an outer `jax.jvp` can enter them: second derivatives)."""

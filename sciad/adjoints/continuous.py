@@ -17,6 +17,7 @@ import optimistix as optx
 
 import sciad.ad as ad
 from sciad.adjoints.base import AbstractSensitivity, Products, Setup, checked, plain_forward, stats_vector
+from sciad.adjoints import checkpoints
 from sciad.adjoints.stepping import Marcher
 from sciad.errors import error_if
 
@@ -48,11 +49,10 @@ class _ContinuousAdjoint(AbstractSensitivity):
         us = sol.ys[setup.saved(bps)]
         interpolation = sol.interpolation if self.stores_interpolation else None
         stats = stats_vector(sol, u0.dtype)
-        return us, stats, (u0, p, sol.ys, interpolation, stats[1])
+        return us, stats, (u0, p, bps, sol.ys, interpolation, stats[1])
 
     def pullback(self, setup: Setup, residuals, w):
-        u0, p, u_at, interpolation, steps = residuals
-        bps = setup.breakpoints(self.checkpoint_times(setup))
+        u0, p, bps, u_at, interpolation, steps = residuals
         jumps = jnp.zeros((len(bps), u0.shape[0]), w.dtype).at[setup.saved(bps)].add(w)
         t = bps.astype(u0.dtype)
         prods = Products(setup.f, self.vjp)
@@ -144,6 +144,7 @@ def _lambda_mu_rhs(prods: Products):
     return rhs
 
 
+INTERVAL_STEPS = 128  # re-solved steps per interval with checkpoints by step count (one every 64)
 DRIFT_TOLERANCE = 100.0
 UNSTABLE = ("BacksolveAdjoint: the state re-solved backwards in time departs from the forward solution "
             "(or the backward solve failed), so this problem is unstable backwards in time (stiff or "
@@ -234,9 +235,12 @@ class _Interpolated(_ContinuousAdjoint):
     """A continuous adjoint with u(t) from a dense interpolation of the forward solve.
     `checkpointing=False` stores the interpolation of the whole forward solve (memory grows
     with the number of steps, bounded by `max_steps`). `checkpointing=True` keeps only u at
-    the checkpoints (default: the saveat times) and re-solves each interval with dense output
-    during the reverse pass (at most `interval_max_steps` steps each; default 4 × max_steps /
-    intervals, at least 64), so memory does not grow with the horizon."""
+    checkpoints and re-solves each interval between them with dense output during the reverse
+    pass, in at most `interval_max_steps` steps. By default (`checkpoints=None`) the forward
+    solve keeps u after every `interval_max_steps // 2` accepted steps (default 128 // 2):
+    memory is max_steps / 64 states plus 128 dense steps, flat in the horizon. Given
+    `checkpoints` (times), u is kept there and at the saveat times, and `interval_max_steps`
+    defaults to 4 × max_steps / intervals (at least 64, at most max_steps)."""
 
     checkpointing: bool
     checkpoints: tuple | None
@@ -248,6 +252,9 @@ class _Interpolated(_ContinuousAdjoint):
             raise ValueError(f"{type(self).__name__}(checkpoints=...) needs checkpointing=True")
         self.checkpointing = bool(checkpointing)
         self.checkpoints = None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints))
+        if interval_max_steps is not None and not int(interval_max_steps) >= 2:
+            raise ValueError(f"{type(self).__name__}(interval_max_steps=...) must be at least 2, "
+                             f"got {interval_max_steps!r}")
         self.interval_max_steps = None if interval_max_steps is None else int(interval_max_steps)
 
     @property
@@ -261,6 +268,17 @@ class _Interpolated(_ContinuousAdjoint):
         if np.any((c < setup.t0) | (c > setup.t1)):
             raise ValueError(f"checkpoints must lie inside tspan ({setup.t0}, {setup.t1}), got {self.checkpoints}")
         return c
+
+    @property
+    def steps_checkpointed(self) -> bool:
+        """Whether the forward solve keeps checkpoints by step count (checkpointing, no times given)."""
+        return self.checkpointing and self.checkpoints is None
+
+    def forward(self, setup: Setup, u0, p, active):
+        if active is None or not self.steps_checkpointed:
+            return super().forward(setup, u0, p, active)
+        t, u_at, stats = checkpoints.forward(setup, u0, p, self.steps_per_interval(setup) // 2)
+        return u_at[setup.saved(t)], stats, (u0, p, t, u_at, None, stats[1])
 
     def start_args(self, setup, p, u_at, interpolation, t):
         if self.checkpointing:  # the structure of a re-solved interval's args
@@ -276,18 +294,28 @@ class _Interpolated(_ContinuousAdjoint):
         return sol.interpolation, dfx.is_okay(sol.result)
 
     def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift):
-        if self.checkpointing:
+        if not self.checkpointing:
+            return super().backward(setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift)
+
+        def resolve_and_march():
             interpolation, ok = self.resolved(setup, p, t_from, t_to, u_start, jnp.minimum(march.dt, t_from - t_to))
-            march = error_if(march, jnp.invert(ok),
-                             f"{type(self).__name__}(checkpointing=True): an interval between checkpoints needed "
-                             f"more than interval_max_steps={self.steps_per_interval(setup)} steps; pass a larger "
-                             "interval_max_steps or more checkpoints")
-        return super().backward(setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift)
+            checked_march = error_if(
+                march, jnp.invert(ok), f"{type(self).__name__}(checkpointing=True): an interval between checkpoints "
+                f"needed more than interval_max_steps={self.steps_per_interval(setup)} steps; pass a larger "
+                "interval_max_steps or more checkpoints")
+            return super(_Interpolated, self).backward(setup, prods, marcher, checked_march, p, t_from, t_to,
+                                                       u_start, interpolation, drift)
+
+        # Zero-length intervals (unused checkpoints, a save time at t0 or t1) are not re-solved.
+        return jax.lax.cond(t_from > t_to, resolve_and_march, lambda: (march, drift))
 
     def steps_per_interval(self, setup: Setup) -> int:
-        """interval_max_steps, or by default 4 × max_steps / intervals (at least 64, at most max_steps)."""
+        """interval_max_steps, or by default `INTERVAL_STEPS` with checkpoints by step count, and
+        4 × max_steps / intervals (at least 64, at most max_steps) with checkpoint times given."""
         if self.interval_max_steps is not None:
             return self.interval_max_steps
+        if self.steps_checkpointed:
+            return INTERVAL_STEPS
         intervals = len(setup.breakpoints(self.checkpoint_times(setup))) - 1
         return int(min(setup.max_steps, max(64, 4 * setup.max_steps // intervals)))
 
@@ -295,12 +323,7 @@ class _Interpolated(_ContinuousAdjoint):
 class InterpolatingAdjoint(_Interpolated):
     """Continuous adjoint solving (λ, μ) backwards with u(t) from a dense interpolation of the
     forward solve. `seminorm=True` leaves μ out of the error control (Kidger et al. 2021):
-    λ alone (n values) sets the steps. `checkpointing=False` stores the interpolation of the
-    whole forward solve (memory grows with the number of steps, bounded by `max_steps`).
-    `checkpointing=True` keeps only u at the checkpoints (default: the saveat times) and
-    re-solves each interval with dense output during the reverse pass (at most
-    `interval_max_steps` steps each; default 4 × max_steps / intervals, at least 64), so
-    memory does not grow with the horizon."""
+    λ alone (n values) sets the steps. Checkpointing options: see `_Interpolated`."""
 
     seminorm: bool
 
