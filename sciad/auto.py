@@ -17,15 +17,22 @@ The rule, calibrated on the committed measurements (paper/tables); each step is 
    or n ≤ m (Lotka–Volterra: fastest, ForwardSensitivity 2.2× it in the suite's selection run).
 2. `memory-budget`: the stored interpolation (sized by `max_steps`: XLA's buffers are static)
    over `memory_budget` → `InterpolatingAdjoint(checkpointing=True)`.
-3. `dense-saves`: at least 5 save points and m ≥ 4n → `DiscreteAdjoint`: a continuous adjoint
-   restarts once per save point and integrates the m-vector μ with the solver
-   (stages and error control over 2n + m values); discretise-then-optimise only
-   sums the stages' products. Spiral (n = 2, m = 252 to 50,002, 30 save points):
-   DiscreteAdjoint fastest by 2.5–35× (spiral-node.md, gpu-crossover.md); with
-   m < n (Brusselator, 5 save points) BacksolveAdjoint beats it by 1.2–3×
-   (scaling.md), and with m = 2n (Lotka–Volterra) by 1.75×.
-4. `implicit`: implicit solver → `InterpolatingAdjoint` (no backsolve through a stiff problem).
-5. `explicit`: otherwise → `BacksolveAdjoint` (u reset at every save time; it checks its own drift).
+3. `stored-steps`: m ≥ 4n and `max_steps` steps' states fit in `STORE_ALL_BYTES` →
+   `DiscreteAdjoint`, which then keeps every step: its reverse pass is one VJP per stage, with
+   no re-solve and no recomputation, where a continuous adjoint integrates the m-vector μ with
+   the solver (stages and error control over 2n + m values). Measured (2-core CPU, one run
+   each): long-horizon neural ODE (n = 2, m = 400, 2 save points) 0.72–0.82× diffrax's
+   BacksolveAdjoint and 0.66–0.80× sciad's best continuous adjoint; gene circuit (n = 10, m = 130)
+   0.55–0.62× InterpolatingAdjoint; spiral with 2 save points 1.07× BacksolveAdjoint. With
+   m ≪ n it loses (Brusselator, n = 512, m = 3: 7.9× ForwardSensitivity, 5.5× BacksolveAdjoint).
+4. `dense-saves`: at least 5 save points and m ≥ 4n (steps too many to store: recursive
+   checkpoints) → `DiscreteAdjoint`: a continuous adjoint restarts once per save point and
+   integrates μ; discretise-then-optimise only sums the stages' products. Spiral (n = 2,
+   m = 252 to 50,002, 30 save points): DiscreteAdjoint fastest by 2.5–35× (spiral-node.md,
+   gpu-crossover.md).
+5. `implicit`: implicit solver → `InterpolatingAdjoint` (no backsolve through a stiff problem).
+6. `explicit`: otherwise → `BacksolveAdjoint` (u reset at every save time; it checks its own drift);
+   with m < n on the Brusselator it beats DiscreteAdjoint by 1.7–5.5× (scaling.md).
 """
 
 import dataclasses
@@ -47,6 +54,7 @@ from sciad.adjoints import (
     describe,
 )
 from sciad.adjoints.base import is_implicit
+from sciad.adjoints.discrete import STORE_ALL_BYTES, stored_steps_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +68,7 @@ class Thresholds:
 
 
 THRESHOLDS = Thresholds(forward_mode_parameters=8, dense_saves=5, parameters_per_state=4)
-RULES = ("few-parameters", "memory-budget", "dense-saves", "implicit", "explicit")
+RULES = ("few-parameters", "memory-budget", "stored-steps", "dense-saves", "implicit", "explicit")
 
 
 class Pick(NamedTuple):
@@ -135,6 +143,7 @@ def features(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float,
         "save points": int(np.prod(jnp.shape(ts))),
         "rtol, atol": (rtol, atol),
         "interpolation bytes": max_steps * (stages + 1) * n * dtype.itemsize,
+        "stored steps bytes": stored_steps_bytes(max_steps, n, dtype.itemsize),
         "memory budget": memory_budget,
         "device": jax.default_backend(),
     }
@@ -156,6 +165,11 @@ def heuristic(feat: dict, thresholds: Thresholds = THRESHOLDS) -> Pick:
     if over_budget:
         return Pick(InterpolatingAdjoint(checkpointing=True), "memory-budget",
                     "stored interpolation exceeds the memory budget: checkpoint")
+    if m >= per_state * n and feat["stored steps bytes"] <= STORE_ALL_BYTES:
+        return Pick(DiscreteAdjoint(), "stored-steps",
+                    f"m = {m} ≥ {per_state:g}n and every step's state fits in {STORE_ALL_BYTES >> 20} MiB: "
+                    "discretise-then-optimise keeps the steps (one VJP per stage backwards, no re-solve); a "
+                    "continuous adjoint would integrate μ (m) with the solver")
     if saves >= dense and m >= per_state * n:
         return Pick(DiscreteAdjoint(), "dense-saves",
                     f"{saves} save points and m = {m} ≥ {per_state:g}n: a continuous adjoint restarts once per save "

@@ -13,7 +13,8 @@ def main(argv=None) -> None:
     bench = commands.add_parser("bench", help="time ODE gradients over every sensealg × engine and peers")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("--quick", action="store_true", help="fewer combinations and repeats (under two minutes)")
-    bench.add_argument("--repeats", type=int, default=None, help="timed calls per combination (default 3 quick, 10 full)")
+    bench.add_argument("--repeats", type=int, default=None, help="timed calls per combination (default 3 quick, 10 full; "
+                       "suite: 20 quick, within 4 s per problem)")
     bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")
     bench.add_argument("--out", default=None, help="output folder (default results/NAME)")
     bench.add_argument("--devices", type=int, default=None,

@@ -9,6 +9,7 @@ them alike.
 
 import dataclasses
 import sys
+import time
 from typing import Callable
 
 import jax
@@ -19,7 +20,7 @@ import sciad
 from sciad.adjoints import SENSEALGS, describe, engine_option, parse
 from sciad.errors import summary
 from sciad.problems import Benchmark
-from sciad.timing import interleaved, timed
+from sciad.timing import interleaved
 
 REFERENCE_TOLERANCE = 1e-10
 # The sensealgs benchmarked, as `sciad.adjoints.describe` names them without their engine.
@@ -99,19 +100,38 @@ def _relative_error(g, ref: np.ndarray) -> float:
     return float(np.linalg.norm(g - ref) / np.linalg.norm(ref))
 
 
+def compiled(fn: Callable, *args) -> Callable:
+    """`fn` compiled ahead of time for `args` when it is jitted (a `jax.stages.Compiled`, whose memory
+    `peak_bytes` reads without compiling again), else `fn`."""
+    return fn.lower(*args).compile() if hasattr(fn, "lower") else fn
+
+
+def peak_bytes(fn: Callable) -> int | None:
+    """XLA's buffers of a `compiled` function: temporaries, arguments and outputs (aliased ones once);
+    None for a function not compiled by XLA, or where the backend does not say."""
+    stats = fn.memory_analysis() if hasattr(fn, "memory_analysis") else None
+    if stats is None:
+        return None
+    return int(stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
+               - stats.alias_size_in_bytes)
+
+
 def check_combination(combo: Combination, bench: Benchmark, reference: np.ndarray, *, device,
                       tolerance: float) -> tuple[dict, Callable | None]:
-    """A record with the compile time (first call) and the gradient check, and the call to time
-    (None when the combination failed or gave a wrong gradient: it is not timed)."""
+    """A record with the time to the first gradient (trace, compile, first call), the gradient check
+    and XLA's `peak_bytes`, and the call to time (None when the combination failed or gave a wrong
+    gradient: it is not timed)."""
     record = {"problem": bench.name, "size": bench.size, "sensealg": combo.sensealg, "engine": combo.engine,
               "label": combo.label, "kind": combo.kind, "is_peer": combo.kind == "peer",
               "device": device_name(device), "times": [], "median_s": None, "compile_time": None,
-              "rel_error": None, "ok": False, "error": None}
+              "rel_error": None, "ok": False, "error": None, "peak_bytes": None}
     p = jax.device_put(jnp.asarray(bench.problem.p), device)
     try:
         with jax.default_device(device):
-            fn = combo.build(bench)
-            out, record["compile_time"] = timed(lambda: fn(p))
+            start = time.perf_counter()
+            fn = compiled(combo.build(bench), p)
+            out = jax.block_until_ready(fn(p))
+            record["compile_time"] = time.perf_counter() - start
         if combo.kind == "baseline":
             record["ok"] = bool(np.isfinite(np.asarray(out)))
         else:
@@ -123,16 +143,17 @@ def check_combination(combo: Combination, bench: Benchmark, reference: np.ndarra
     except Exception as e:  # a combination that cannot run is reported, not fatal
         record["error"] = f"{type(e).__name__}: {summary(e)[:300]}"
         return record, None
+    record["peak_bytes"] = peak_bytes(fn)
     return record, lambda: fn(p)
 
 
-def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10, devices=None,
-        tolerance: float | None = None, progress: Progress | None = None) -> list[dict]:
+def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10, budget: float | None = None,
+        devices=None, tolerance: float | None = None, progress: Progress | None = None) -> list[dict]:
     """Records for `combinations` (plus the forward-solve baseline) on each of `devices` (default: JAX's first).
 
     Each is compiled and its gradient checked (`tolerance` on the relative error, default 100 × the
     benchmark's rtol); the correct ones are then called once more (warm-up) and timed together,
-    `repeats` interleaved rounds per device (`sciad.timing.interleaved`).
+    `repeats` interleaved rounds per device, or fewer past `budget` seconds (`sciad.timing.interleaved`).
     """
     devices = devices or [jax.devices()[0]]
     tolerance = 100 * bench.rtol if tolerance is None else tolerance
@@ -152,7 +173,7 @@ def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10,
             progress.step(f"{bench.name}: {combo.label}")
         with jax.default_device(device):
             interleaved([call for _, call in timed_calls], rounds=1)  # warm-up
-            times = interleaved([call for _, call in timed_calls], rounds=repeats,
+            times = interleaved([call for _, call in timed_calls], rounds=repeats, budget=budget,
                                 on_round=lambda i: progress.show(f"{bench.name}: timing round {i + 1}/{repeats}"))
         for (record, _), t in zip(timed_calls, times):
             record["times"], record["median_s"] = t, float(np.median(t))

@@ -64,6 +64,8 @@ PEERS = ("RecursiveCheckpointAdjoint", "ForwardMode", "BacksolveAdjoint", "Direc
 # step while max_steps steps fit in 256 MiB (speed for memory), so it is swept with a fixed number.
 CHECKPOINTED = (claims.PAPER_SENSEALG, "GaussAdjoint(checkpointing=True)", "DiscreteAdjoint(stored_steps=64)")
 SWEEP_HORIZONS = {True: (100.0, 1000.0), False: (100.0, 300.0, 1000.0)}  # by quick
+# Timed rounds per problem, and the seconds after which they stop (None: all of them), by quick.
+ROUNDS = {True: (20, 4.0), False: (10, None)}
 
 
 def problems(quick: bool) -> list[tuple[str, Benchmark]]:
@@ -112,16 +114,6 @@ def skipped_combinations(engines, *, quick: bool) -> list[str]:
     return skipped
 
 
-def peak_bytes(fn, *args) -> int | None:
-    """XLA's buffers for the jitted `fn(*args)`: temporaries, arguments and outputs (aliased ones
-    once); None where the backend does not say. Reuses the compilation a call made."""
-    stats = fn.lower(*args).compile().memory_analysis()
-    if stats is None:
-        return None
-    return int(stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
-               - stats.alias_size_in_bytes)
-
-
 def sensealg_name(combo: Combination) -> str | None:
     """The sciad sensealg of `combo` as `describe` writes it with its engine (auto: its pick); None for
     peers and baselines."""
@@ -131,28 +123,17 @@ def sensealg_name(combo: Combination) -> str | None:
     return describe(parse(text, **({engine_option(text): combo.engine} if combo.engine else {})))
 
 
-def _remembering(combo: Combination, built: dict) -> Combination:
-    """`combo` whose built gradient is kept in `built[label]` (to ask its memory after the run)."""
-    def build(bench):
-        built[combo.label] = combo.build(bench)
-        return built[combo.label]
-
-    return dataclasses.replace(combo, build=build)
-
-
-def run_problem(bench: Benchmark, category: str, combos, *, repeats: int, progress) -> list[dict]:
+def run_problem(bench: Benchmark, category: str, combos, *, repeats: int, budget: float | None,
+                progress) -> list[dict]:
     """`harness.run` records (gradients checked to `GRADIENT_TOLERANCE` at least) with the problem's
-    class, the sensealg's `name` (`sensealg_name`), auto's heuristic `rule` and each checked
-    gradient's `peak_bytes`."""
-    built, names = {}, {c.label: sensealg_name(c) for c in combos}
-    records = harness.run(bench, [_remembering(c, built) for c in combos], repeats=repeats, progress=progress,
+    class, the sensealg's `name` (`sensealg_name`) and auto's heuristic `rule`."""
+    names = {c.label: sensealg_name(c) for c in combos}
+    records = harness.run(bench, combos, repeats=repeats, budget=budget, progress=progress,
                           tolerance=max(100 * bench.rtol, GRADIENT_TOLERANCE))
-    p = jax.device_put(jnp.asarray(bench.problem.p), jax.devices()[0])
     rule = heuristic(selection.features(bench)).rule
     for r in records:
         r["class"], r["name"] = category, names.get(r["label"])
         r["rule"] = rule if r["sensealg"].startswith(AUTO) else None
-        r["peak_bytes"] = peak_bytes(built[r["label"]], p) if r["ok"] and r["label"] in built else None
     return records
 
 
@@ -176,7 +157,8 @@ def memory_sweep(horizons, combos: list[Combination], progress=None) -> list[dic
             if progress is not None:
                 progress.show(f"memory: {combo.label} at T = {horizon:g}")
             rows.append({"label": combo.label, "sensealg": combo.sensealg, "horizon": float(horizon),
-                         "max_steps": bench.max_steps, "peak_bytes": peak_bytes(combo.build(bench), p)})
+                         "max_steps": bench.max_steps,
+                         "peak_bytes": harness.peak_bytes(harness.compiled(combo.build(bench), p))})
             if progress is not None:
                 progress.step(f"memory: {combo.label} at T = {horizon:g}")
     return rows
@@ -320,7 +302,7 @@ def write_outputs(result: dict, out: pathlib.Path) -> str:
 def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, out=None) -> dict:
     """Run the suite (`problems`, each with its `combinations`, and the memory sweep), write
     `write_outputs` to `out` (default results/suite), print the tables and the targets, and return
-    what was written. `engines`: the JAX-traced `sciad.ad` engines (default: all installed)."""
+    what was written. `engines`: the JAX-traced `sciad.ad` engines (default: all installed); `repeats`: timed rounds per problem (default and time limit: `ROUNDS`)."""
     traced = [e for e in ad.available() if ad.BACKENDS[e].traced]
     engines = traced if engines is None else list(engines)
     wrong = [e for e in engines if e not in traced]
@@ -328,7 +310,8 @@ def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, 
         raise ValueError(f"engines {wrong} are not installed JAX-traced engines; choose from {', '.join(traced)}")
     if repeats is not None and repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    repeats = repeats or (3 if quick else 10)
+    rounds, budget = ROUNDS[quick]
+    repeats = repeats or rounds
     out = pathlib.Path(out or "results/suite")
     start = time.perf_counter()
     benches = problems(quick)
@@ -337,7 +320,7 @@ def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, 
     progress = harness.Progress(sum(len(c) + 1 for _, _, c in plan) + len(horizons) * len(sweep_combos))
     records = []
     for category, bench, combos in plan:
-        records += run_problem(bench, category, combos, repeats=repeats, progress=progress)
+        records += run_problem(bench, category, combos, repeats=repeats, budget=budget, progress=progress)
     sweep = memory_sweep(horizons, sweep_combos, progress)
     progress.close()
     targets = speed_targets(records) + first_gradient_targets(records) + memory_targets(sweep)

@@ -46,16 +46,25 @@ def test_few_parameters_get_forward_mode(lv):
 
 
 def test_many_parameters_get_an_adjoint():
+    """m = 12n: the store-all DiscreteAdjoint while max_steps steps fit in memory, at any number of save
+    points and with any solver; past that, DiscreteAdjoint for dense saves and a continuous adjoint otherwise."""
     rng = np.random.default_rng(0)
     prob = sciad.ODEProblem(linear_many_params, rng.normal(size=12), (0.0, 1.0), 0.1 * rng.normal(size=144))
+    for saveat, solver in (([1.0], "tsit5"), (np.linspace(0, 1, 5), "tsit5"), ([1.0], "kvaerno5")):
+        stored = sciad.select_sensealg(prob, saveat=saveat, solver=solver)
+        assert isinstance(stored.sensealg, sciad.DiscreteAdjoint) and "no re-solve" in stored.report()
+    too_many = 2 * sciad.adjoints.discrete.STORE_ALL_BYTES // (3 * 12 * 8)  # steps whose states exceed the limit
     # 6 steps over 5 save points: restarts would dominate a continuous adjoint.
-    dense_saves = sciad.select_sensealg(prob, saveat=np.linspace(0, 1, 5))
+    dense_saves = sciad.select_sensealg(prob, saveat=np.linspace(0, 1, 5), max_steps=too_many)
     assert isinstance(dense_saves.sensealg, sciad.DiscreteAdjoint) and "per save point" in dense_saves.report()
-    sparse_saves = sciad.select_sensealg(prob, saveat=[1.0])
+    sparse_saves = sciad.select_sensealg(prob, saveat=[1.0], max_steps=too_many)
     assert isinstance(sparse_saves.sensealg, sciad.BacksolveAdjoint)
     assert sparse_saves.sensealg.vjp.name == "jax-reverse"
-    stiff = sciad.select_sensealg(prob, saveat=[1.0], solver="kvaerno5")
+    stiff = sciad.select_sensealg(prob, saveat=[1.0], solver="kvaerno5", max_steps=too_many)
     assert isinstance(stiff.sensealg, sciad.InterpolatingAdjoint) and "stiff" in stiff.report()
+    many_states = {"states": 512, "parameters": 30, "save points": 2, "implicit solver": False,
+                   "memory budget": None, "interpolation bytes": 0, "stored steps bytes": 0}
+    assert sciad.auto.heuristic(many_states).rule == "explicit"  # m ≪ n: BacksolveAdjoint beats it
 
 
 def test_report_names_the_rule_and_when_autotuned_the_measured_alternatives(lv):
@@ -74,7 +83,7 @@ def test_report_names_the_rule_and_when_autotuned_the_measured_alternatives(lv):
 
 def test_heuristic_thresholds_are_an_argument():
     feat = {"states": 2, "parameters": 20, "save points": 30, "implicit solver": False, "memory budget": None,
-            "interpolation bytes": 0}
+            "interpolation bytes": 0, "stored steps bytes": 2 * sciad.adjoints.discrete.STORE_ALL_BYTES}
     assert sciad.auto.heuristic(feat).rule == "dense-saves"
     assert set(sciad.auto.RULES) >= {sciad.auto.heuristic(feat).rule}
     wide = dataclasses.replace(sciad.auto.THRESHOLDS, forward_mode_parameters=32)
@@ -137,9 +146,9 @@ def test_select_rejects_bad_problem():
 def test_memory_budget_changes_the_answer_for_the_same_problem(lv):
     rng = np.random.default_rng(1)
     prob = sciad.ODEProblem(linear_many_params, rng.normal(size=12), (0.0, 1.0), 0.1 * rng.normal(size=144))
-    assert isinstance(sciad.select_sensealg(prob, saveat=[1.0]).sensealg, sciad.BacksolveAdjoint)
+    assert isinstance(sciad.select_sensealg(prob, saveat=[1.0]).sensealg, sciad.DiscreteAdjoint)
     assert sciad.select_sensealg(prob, saveat=[1.0], memory_budget=10).sensealg.checkpointing
-    assert isinstance(sciad.select_sensealg(prob, saveat=[1.0]).sensealg, sciad.BacksolveAdjoint)
+    assert isinstance(sciad.select_sensealg(prob, saveat=[1.0]).sensealg, sciad.DiscreteAdjoint)
 
 
 def test_heuristic_reads_sizes_of_pytrees_and_runs_on_tracers():
@@ -154,7 +163,7 @@ def test_heuristic_reads_sizes_of_pytrees_and_runs_on_tracers():
         assert isinstance(choice.sensealg, sciad.InterpolatingAdjoint)  # decided while tracing
         return p
 
-    jax.jit(pick)(np.zeros(30), np.linspace(0, 1, 2))
+    jax.jit(pick)(np.zeros(20), np.linspace(0, 1, 2))
 
 
 def test_auto_under_jit_in_a_fresh_process_matches_discrete_adjoint():

@@ -105,10 +105,11 @@ def test_memory_target_is_flat_growth_over_the_horizon():
     assert "max_steps grows 10.0×" in grows["note"]
 
 
-def fake_case(name, m, n, saves, winner, implicit=False):
-    """Features of a problem and times where `winner` is twice as fast as every other pick."""
+def fake_case(name, m, n, saves, winner, implicit=False, stored_steps_bytes=2**40):
+    """Features of a problem and times where `winner` is twice as fast as every other pick (by default
+    with too many steps to store them all: `dense-saves` decides for DiscreteAdjoint)."""
     feat = {"states": n, "parameters": m, "save points": saves, "implicit solver": implicit,
-            "memory budget": None, "interpolation bytes": 0}
+            "memory budget": None, "interpolation bytes": 0, "stored steps bytes": stored_steps_bytes}
     names = ("ForwardSensitivity(jax-forward)", "ForwardDiffSensitivity", "DiscreteAdjoint",
              "BacksolveAdjoint(jax-reverse)", "InterpolatingAdjoint(jax-reverse)")
     return {"case": name, "features": feat, "times": {k: 1.0 if k == winner else 2.0 for k in names}}
@@ -129,11 +130,12 @@ def test_calibration_recovers_known_thresholds():
 def test_out_of_sample_scores_each_set_apart():
     fwd, disc = "ForwardSensitivity(jax-forward)", "DiscreteAdjoint"
     cases = [fake_case("brusselator-2", 3, 8, 5, fwd), fake_case("gene-circuit-10", 130, 10, 50, disc),
-             fake_case("hamiltonian-node-400", 400, 2, 2, "BacksolveAdjoint(jax-reverse)"),
+             fake_case("hamiltonian-node-400", 400, 2, 2, disc, stored_steps_bytes=2**20),
              fake_case("lotka-volterra", 4, 2, 101, disc)]
     result = selection.out_of_sample(cases)
     sets = result["sets"]
     assert [r["case"] for r in sets["held out"]["rows"]] == ["hamiltonian-node-400"]
+    assert sets["held out"]["rows"][0]["committed rule"] == "stored-steps"
     assert [r["case"] for r in sets["paper"]["rows"]] == ["lotka-volterra"]
     assert sets["calibration"]["fitted"] == 1.0 and sets["held out"]["fitted"] == 1.0
     assert sets["paper"]["committed"] == 2.0  # forward mode picked for m = 4; DiscreteAdjoint measured fastest

@@ -12,6 +12,11 @@ STORE_ALL_BYTES = 2**28  # every step's state kept below this (256 MiB), recursi
 STATE_COPIES = 3  # a checkpoint holds about three copies of the state (y, the FSAL stage, the step's start)
 
 
+def stored_steps_bytes(max_steps: int, states: int, itemsize: int) -> int:
+    """The bytes of `max_steps` stored steps of a state of `states` entries of `itemsize` bytes."""
+    return max_steps * STATE_COPIES * states * itemsize
+
+
 def _solution(setup: Setup, adjoint=None):
     """(u0, p) -> (us, (us, stats, result)): a solve shaped for jax.vjp / jax.jacfwd with has_aux."""
 
@@ -49,8 +54,8 @@ class DiscreteAdjoint(AbstractSensitivity):
         """Checkpoints for diffrax (None: its recursive default)."""
         if self.stored_steps is not None:
             return self.stored_steps
-        step_bytes = STATE_COPIES * u0.size * u0.dtype.itemsize
-        return setup.max_steps if setup.max_steps * step_bytes <= STORE_ALL_BYTES else None
+        stored = stored_steps_bytes(setup.max_steps, u0.size, u0.dtype.itemsize)
+        return setup.max_steps if stored <= STORE_ALL_BYTES else None
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
