@@ -57,16 +57,30 @@ def size_plot(records, path, title: str, *, xlabel="states + parameters") -> Non
         m = r["median_s"]
         if r["ok"] and m is not None:
             key = r["label"] + (f" [{r['device']}]" if len({x["device"] for x in records}) > 1 else "")
-            lines.setdefault(key, []).append((r["size"], m, r["kind"]))
+            lines.setdefault(key, []).append((r["size"], m, r["kind"] == "baseline"))
+    _log_log(lines, path, title, xlabel, "median time per gradient (s)")
+
+
+def memory_plot(sweep, path, title: str) -> None:
+    """Peak memory (MiB) against the horizon per combination, log–log (rows of the suite's memory sweep)."""
+    lines = {}
+    for r in sweep:
+        if r["peak_bytes"]:
+            lines.setdefault(r["label"], []).append((r["horizon"], r["peak_bytes"] / 2**20, False))
+    _log_log(lines, path, title, "horizon T", "peak memory (MiB)")
+
+
+def _log_log(lines: dict, path, title: str, xlabel: str, ylabel: str) -> None:
+    """One line per key of `lines` (lists of (x, y, dashed)), log–log, saved to `path`."""
     fig, ax = plt.subplots(figsize=(9, 6))
     for key, points in sorted(lines.items()):
         points.sort()
-        style = "--" if points[0][2] == "baseline" else "-"
-        ax.plot([x for x, _, _ in points], [y for _, y, _ in points], style, marker="o", label=key)
+        ax.plot([x for x, _, _ in points], [y for _, y, _ in points], "--" if points[0][2] else "-", marker="o",
+                label=key)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("median time per gradient (s)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)

@@ -5,7 +5,7 @@ import shutil
 
 from sciad_bench.experiments import PLANS, run_experiment
 from sciad_bench.selection import run_selection
-from sciad_bench.suite import run_suite
+from sciad_bench.suite import MEMORY_FIGURE, class_figures, run_suite
 
 
 def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool = False) -> None:
@@ -23,7 +23,8 @@ def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool
     run_selection(quick=quick, out=results / "selection")
     shutil.copy(results / "selection" / "table.md", paper / "tables" / "selection.md")
     shutil.copy(results / "selection" / "selection.json", paper / "tables" / "selection.json")
-    run_suite(quick=quick, repeats=repeats, out=results / "suite")
-    shutil.copy(results / "suite" / "suite.png", paper / "figures" / "suite.png")
+    suite = run_suite(quick=quick, repeats=repeats, out=results / "suite")
+    for figure in (*class_figures(suite["records"]).values(), MEMORY_FIGURE):
+        shutil.copy(results / "suite" / figure, paper / "figures" / figure)
     shutil.copy(results / "suite" / "table.md", paper / "tables" / "suite.md")
     shutil.copy(results / "suite" / "suite.json", paper / "tables" / "suite.json")

@@ -66,6 +66,7 @@ CHECKPOINTED = (claims.PAPER_SENSEALG, "GaussAdjoint(checkpointing=True)", "Disc
 SWEEP_HORIZONS = {True: (100.0, 1000.0), False: (100.0, 300.0, 1000.0)}  # by quick
 # Timed rounds per problem, and the seconds after which they stop (None: all of them), by quick.
 ROUNDS = {True: (20, 4.0), False: (10, None)}
+MEMORY_FIGURE = "suite-memory.png"
 
 
 def problems(quick: bool) -> list[tuple[str, Benchmark]]:
@@ -280,13 +281,23 @@ def sweep_table(sweep: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def class_figures(records) -> dict[str, str]:
+    """The figure `write_outputs` draws for each problem class in `records`: {class: "suite-CLASS.png"}."""
+    return {c: f"suite-{c.split(',')[0].replace(' ', '-')}.png" for c in dict.fromkeys(r["class"] for r in records)}
+
+
 def write_outputs(result: dict, out: pathlib.Path) -> str:
-    """suite.json, suite.png (one panel per problem) and table.md under `out`; returns the Markdown."""
+    """suite.json, the `class_figures` (one panel per problem), `MEMORY_FIGURE` and table.md under `out`;
+    returns the Markdown."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "suite.json").write_text(json.dumps(result, indent=1, default=str))
-    title = f"suite{' (quick)' if result['quick'] else ''}: gradient time, {result['records'][0]['device']}"
-    plots.violin_plot(result["records"], out / "suite.png", title)
-    parts = [f"# suite{' (quick)' if result['quick'] else ''}\n",
+    mode, device = " (quick)" if result["quick"] else "", result["records"][0]["device"]
+    for category, name in class_figures(result["records"]).items():
+        plots.violin_plot([r for r in result["records"] if r["class"] == category], out / name,
+                          f"suite{mode}, {category}: gradient time, {device}")
+    plots.memory_plot(result["memory"], out / MEMORY_FIGURE,
+                      f"suite{mode}: peak memory of the gradient, long-horizon neural ODE, {device}")
+    parts = [f"# suite{mode}\n",
              tables.markdown_table(result["records"], result["skipped"]),
              "## Time to first gradient and peak memory\n", resources_table(result["records"]),
              "## Peak memory against the horizon (the long-horizon neural ODE, two save points)\n",

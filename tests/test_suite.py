@@ -33,7 +33,8 @@ def test_tiny_suite_writes_json_table_plot_and_prints_targets(tmp_path, monkeypa
     assert saved["memory"][1]["max_steps"] > saved["memory"][0]["max_steps"]
     # speed and first gradient (the memory target is for checkpointed adjoints only)
     assert [t["target"][:9] for t in result["targets"]] == ["auto ≤ fa", "auto's ti"] and saved["selection"] is None
-    assert (tmp_path / "suite.png").stat().st_size > 0
+    assert suite.class_figures(saved["records"]) == {suite.PAPER: "suite-paper.png"}
+    assert all((tmp_path / f).stat().st_size > 0 for f in ("suite-paper.png", suite.MEMORY_FIGURE))
     table = (tmp_path / "table.md").read_text()
     assert "## Targets" in printed and "targets met." in printed and table in printed
     assert "auto ≤ fastest diffrax adjoint" in table and "| ForwardDiffSensitivity | 30 |" in table
