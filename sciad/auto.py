@@ -10,8 +10,10 @@ The rule, calibrated on the committed measurements (paper/tables); each step is 
 (`Pick.rule`) and its thresholds are `THRESHOLDS` (`sciad_bench.selection` refits them):
 
 1. `few-parameters`: m ≤ 8 parameters → forward mode, one tangent per parameter; adjoints win
-   at m = 252. `ForwardSensitivity` with an explicit solver and n > m: fastest with m = 3 from 18
-   to 800 states (within 1.32× at 8; scaling.md). `ForwardDiffSensitivity` with an implicit
+   at m = 252. `ForwardSensitivity(seminorm=True)` with an explicit solver and n > m: forward
+   sensitivities fastest with m = 3 from 18 to 800 states (within 1.32× at 8; scaling.md), and
+   with S out of the error control 0.8× that (Brusselator, 32 and 128 states; the forward
+   solve's steps, S the discrete derivative). `ForwardDiffSensitivity` with an implicit
    solver (the sensitivity equations enlarge every Newton solve: 7× diffrax's ForwardMode on the
    Oregonator and 134× on the Brusselator PDE, where ForwardDiffSensitivity is 0.5–1.0×; suite.md)
    or n ≤ m (Lotka–Volterra: fastest, ForwardSensitivity 2.2× it in the suite's selection run).
@@ -160,8 +162,9 @@ def heuristic(feat: dict, thresholds: Thresholds = THRESHOLDS) -> Pick:
                         f"m = {m} ≤ {few} parameters and {'an implicit solver' if feat['implicit solver'] else f'n = {n} ≤ m'}: "
                         "forward mode through the solver's steps (sensitivity equations would add n·m unknowns "
                         "to the error control, and to every Newton solve)")
-        return Pick(ForwardSensitivity(), "few-parameters",
-                    f"m = {m} ≤ {few} parameters: forward mode (one tangent per parameter) is cheapest")
+        return Pick(ForwardSensitivity(seminorm=True), "few-parameters",
+                    f"m = {m} ≤ {few} parameters: forward mode (one tangent per parameter) is cheapest; error "
+                    "control on u alone (the forward solve's steps)")
     if over_budget:
         return Pick(InterpolatingAdjoint(checkpointing=True), "memory-budget",
                     "stored interpolation exceeds the memory budget: checkpoint")

@@ -44,6 +44,7 @@ def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
     out = [
         (ForwardDiffSensitivity(), "forward mode through the solver"),
         (ForwardSensitivity(jvp="jax-forward"), "forward sensitivity equations"),
+        (ForwardSensitivity(seminorm=True), "forward sensitivities, S out of the error control"),
         (InterpolatingAdjoint(), "adjoint on the stored interpolation"),
         (InterpolatingAdjoint(checkpointing=True), "checkpointed adjoint (bounded memory)"),
         (QuadratureAdjoint(), "quadrature adjoint"),

@@ -111,7 +111,7 @@ def fake_case(name, m, n, saves, winner, implicit=False, stored_steps_bytes=2**4
     with too many steps to store them all: `dense-saves` decides for DiscreteAdjoint)."""
     feat = {"states": n, "parameters": m, "save points": saves, "implicit solver": implicit,
             "memory budget": None, "interpolation bytes": 0, "stored steps bytes": stored_steps_bytes}
-    names = ("ForwardSensitivity(jax-forward)", "ForwardDiffSensitivity", "DiscreteAdjoint",
+    names = ("ForwardSensitivity(jax-forward, seminorm=True)", "ForwardDiffSensitivity", "DiscreteAdjoint",
              "BacksolveAdjoint(jax-reverse)", "InterpolatingAdjoint(jax-reverse)")
     return {"case": name, "features": feat, "times": {k: 1.0 if k == winner else 2.0 for k in names}}
 
@@ -119,7 +119,7 @@ def fake_case(name, m, n, saves, winner, implicit=False, stored_steps_bytes=2**4
 def test_calibration_recovers_known_thresholds():
     """Forward mode wins up to m = 12 but not at 30 (→ 16); DiscreteAdjoint wins from 25 saves, not
     at 12 (→ 20), with m ≥ 20n but not at 6n (→ 8, nearer the committed 4 than 16 is)."""
-    fwd, disc, back = "ForwardSensitivity(jax-forward)", "DiscreteAdjoint", "BacksolveAdjoint(jax-reverse)"
+    fwd, disc, back = "ForwardSensitivity(jax-forward, seminorm=True)", "DiscreteAdjoint", "BacksolveAdjoint(jax-reverse)"
     cases = [fake_case("f2", 2, 4, 3, fwd), fake_case("f12", 12, 16, 3, fwd), fake_case("b30", 30, 4, 3, back),
              fake_case("s12", 100, 4, 12, back), fake_case("s25", 100, 4, 25, disc),
              fake_case("m6n", 24, 4, 40, back), fake_case("m20n", 80, 4, 40, disc)]
@@ -129,7 +129,7 @@ def test_calibration_recovers_known_thresholds():
 
 
 def test_out_of_sample_scores_each_set_apart():
-    fwd, disc = "ForwardSensitivity(jax-forward)", "DiscreteAdjoint"
+    fwd, disc = "ForwardSensitivity(jax-forward, seminorm=True)", "DiscreteAdjoint"
     cases = [fake_case("brusselator-2", 3, 8, 5, fwd), fake_case("gene-circuit-10", 130, 10, 50, disc),
              fake_case("hamiltonian-node-400", 400, 2, 2, disc, stored_steps_bytes=2**20),
              fake_case("lotka-volterra", 4, 2, 101, disc)]

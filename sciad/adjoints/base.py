@@ -13,6 +13,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 
 import sciad.ad as ad
 from sciad.ad.linear import REVERSE_OVER_REVERSE, forward_mode_only
@@ -83,6 +84,12 @@ class Setup(eqx.Module):
         ts = self.ts if ts is None else ts
         return self.diffeqsolve(self.term(), u0, p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
                                 dense=dense, adjoint=adjoint)
+
+
+def leading_seminorm(parts: int = 1) -> Callable:
+    """Error control on the first `parts` parts of a tuple state alone (a seminorm, Kidger et al. 2021):
+    y -> RMS norm of y[:parts]."""
+    return lambda y: optx.rms_norm(y[:parts])
 
 
 def step_controller(solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None) -> dfx.PIDController:

@@ -13,10 +13,17 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optimistix as optx
 
 import sciad.ad as ad
-from sciad.adjoints.base import AbstractSensitivity, Products, Setup, checked, plain_forward, stats_vector
+from sciad.adjoints.base import (
+    AbstractSensitivity,
+    Products,
+    Setup,
+    checked,
+    leading_seminorm,
+    plain_forward,
+    stats_vector,
+)
 from sciad.adjoints import checkpoints
 from sciad.adjoints.stepping import Marcher
 from sciad.errors import error_if
@@ -193,7 +200,7 @@ class BacksolveAdjoint(_ContinuousAdjoint):
             du, vu, vp = prods.vjp(u, p, t, lam)
             return du, -vu, -vp
 
-        return Marcher(setup, rhs, (lambda y: optx.rms_norm(y[:2])) if self.seminorm else None)
+        return Marcher(setup, rhs, leading_seminorm(2) if self.seminorm else None)
 
     def initial(self, u1, lam1, p):
         return u1, lam1, jnp.zeros_like(p)
@@ -333,15 +340,10 @@ class InterpolatingAdjoint(_Interpolated):
         self.seminorm = bool(seminorm)
 
     def marcher(self, setup, prods):
-        return Marcher(setup, _lambda_mu_rhs(prods), _on_lambda if self.seminorm else None)
+        return Marcher(setup, _lambda_mu_rhs(prods), leading_seminorm() if self.seminorm else None)
 
     def initial(self, u1, lam1, p):
         return lam1, jnp.zeros_like(p)
-
-
-def _on_lambda(y):
-    """Error control on λ alone: a seminorm of (λ, μ)."""
-    return optx.rms_norm(y[0])
 
 
 class QuadratureAdjoint(_ContinuousAdjoint):
@@ -354,7 +356,7 @@ class QuadratureAdjoint(_ContinuousAdjoint):
     stores_interpolation = True
 
     def marcher(self, setup, prods):
-        return Marcher(setup, _lambda_mu_rhs(prods), _on_lambda)
+        return Marcher(setup, _lambda_mu_rhs(prods), leading_seminorm())
 
     def initial(self, u1, lam1, p):
         return lam1, jnp.zeros_like(p)
