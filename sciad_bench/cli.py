@@ -12,7 +12,7 @@ def main(argv=None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser("bench", help="time ODE gradients over every sensealg × engine and peers")
     bench.add_argument("name", choices=BENCHMARKS)
-    bench.add_argument("--quick", action="store_true", help="fewer combinations and repeats (under two minutes)")
+    bench.add_argument("--quick", action="store_true", help="fewer combinations and repeats (a few minutes)")
     bench.add_argument("--repeats", type=int, default=None, help="timed calls per combination (default 3 quick, 10 full; "
                        "suite: 20 quick, within 4 s per problem)")
     bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")

@@ -22,6 +22,7 @@ def wrong_gradient() -> Combination:
     return Combination("always zero", None, lambda bench: lambda p: np.zeros_like(p))
 
 
+@pytest.mark.slow
 def test_harness_writes_records_figure_and_tables(tmp_path):
     pytest.importorskip("torchdiffeq")
     bench = lotka_volterra()

@@ -113,6 +113,7 @@ def run_child(*cases: str) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_sharded_ensembles_match_unsharded_vmap_and_single_solves():
     out = run_child("recipes", "pytree")
     recipes = out["recipes"]

@@ -18,6 +18,7 @@ def load(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_spiral_training_lowers_the_loss(tmp_path):
     pytest.importorskip("optax")
     result = load("spiral_training").main(iterations=80, hidden=8, print_every=40, out_dir=tmp_path)

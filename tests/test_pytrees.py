@@ -131,6 +131,7 @@ def test_traced_saveat(name):
     assert grad._cache_size() == 1  # new save times do not retrace
 
 
+@pytest.mark.slow
 def test_per_sample_save_times_under_vmap():
     prob = sciad.problems.lotka_volterra().problem
     grids = jnp.stack([jnp.linspace(0.0, 5.0, 6), jnp.linspace(2.0, 10.0, 6)])

@@ -166,6 +166,7 @@ def test_heuristic_reads_sizes_of_pytrees_and_runs_on_tracers():
     jax.jit(pick)(np.zeros(20), np.linspace(0, 1, 2))
 
 
+@pytest.mark.slow
 def test_auto_under_jit_in_a_fresh_process_matches_discrete_adjoint():
     """No un-jitted call first: the choice is made while tracing."""
     code = textwrap.dedent("""

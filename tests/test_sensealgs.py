@@ -281,6 +281,7 @@ def test_checkpoints_by_step_count(make):
     assert_agrees(grad, discrete_reference("lotka-volterra", False, saveat), "a checkpoint every 2 steps")
 
 
+@pytest.mark.slow
 def test_checkpointed_memory_grows_by_checkpoints_not_dense_steps():
     """XLA's buffers for the gradient as max_steps grows 10×: with checkpoints by step
     count each extra step allowed costs a share of one checkpoint (t and u every k
