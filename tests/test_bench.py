@@ -131,3 +131,30 @@ def test_ensemble_bench_checks_times_and_writes_outputs(tmp_path, capsys, monkey
     with pytest.raises(SystemExit):
         main(["bench", "lotka-volterra", "--devices", "2"])
     assert "--devices applies to sciad bench ensemble only" in capsys.readouterr().err
+
+
+def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkeypatch):
+    """`sciad reproduce`'s copying, with each benchmark replaced by one that writes its outputs' names."""
+    from sciad_bench import reproduce, suite
+
+    def touch(folder, *names):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (folder / name).write_text(name)
+
+    monkeypatch.setattr(reproduce, "run_experiment", lambda name, quick, repeats, out: touch(
+        out, f"{name}.png", "table.md", "records.json", "claims.md"))
+    monkeypatch.setattr(reproduce, "run_selection", lambda quick, out: touch(out, "table.md", "selection.json"))
+    records = [{"class": suite.PAPER}, {"class": suite.STIFF}]
+
+    def run_suite(quick, repeats, out):
+        touch(out, *suite.class_figures(records).values(), suite.MEMORY_FIGURE, "table.md", "suite.json")
+        return {"records": records}
+
+    monkeypatch.setattr(reproduce, "run_suite", run_suite)
+    reproduce.reproduce(results=tmp_path / "results", paper=tmp_path / "paper", quick=True)
+    figures = {p.name for p in (tmp_path / "paper" / "figures").iterdir()}
+    assert figures == {f"{name}.png" for name in experiments.PLANS} | {
+        "suite-paper.png", "suite-stiff.png", "suite-memory.png"}
+    tables_written = {p.name for p in (tmp_path / "paper" / "tables").iterdir()}
+    assert {"claims.md", "selection.md", "suite.md", "suite.json"} <= tables_written
