@@ -12,7 +12,7 @@ The rule, calibrated on the committed measurements (paper/tables); each step is 
 1. `few-parameters`: m ≤ 8 parameters → forward mode, one tangent per parameter; adjoints win
    at m = 252. `ForwardSensitivity(seminorm=True)` with an explicit solver and n > m: forward
    sensitivities fastest with m = 3 from 18 to 800 states (within 1.32× at 8; scaling.md), and
-   with S out of the error control 0.8× that (Brusselator, 32 and 128 states; the forward
+   with S out of the error control 0.83–0.98× that (Brusselator, 128 and 32 states; the forward
    solve's steps, S the discrete derivative). `ForwardDiffSensitivity` with an implicit
    solver (the sensitivity equations enlarge every Newton solve: 7× diffrax's ForwardMode on the
    Oregonator and 134× on the Brusselator PDE, where ForwardDiffSensitivity is 0.5–1.0×; suite.md)
@@ -173,7 +173,7 @@ def heuristic(feat: dict, thresholds: Thresholds = THRESHOLDS) -> Pick:
                     f"m = {m} ≥ {per_state:g}n and every step's state fits in {STORE_ALL_BYTES >> 20} MiB: "
                     "discretise-then-optimise keeps the steps (one VJP per stage backwards, no re-solve); a "
                     "continuous adjoint would integrate μ (m) with the solver")
-    if saves >= dense and m >= per_state * n:
+    if m >= per_state * n and saves >= dense:
         return Pick(DiscreteAdjoint(), "dense-saves",
                     f"{saves} save points and m = {m} ≥ {per_state:g}n: a continuous adjoint restarts once per save "
                     "point and integrates μ (m) with the solver; discretise-then-optimise does not")

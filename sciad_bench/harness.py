@@ -9,7 +9,6 @@ them alike.
 
 import dataclasses
 import sys
-import time
 from typing import Callable
 
 import jax
@@ -20,7 +19,7 @@ import sciad
 from sciad.adjoints import SENSEALGS, describe, engine_option, parse
 from sciad.errors import summary
 from sciad.problems import Benchmark
-from sciad.timing import interleaved
+from sciad.timing import interleaved, timed
 
 REFERENCE_TOLERANCE = 1e-10
 # The sensealgs benchmarked, as `sciad.adjoints.describe` names them without their engine.
@@ -116,6 +115,12 @@ def peak_bytes(fn: Callable) -> int | None:
                - stats.alias_size_in_bytes)
 
 
+def _first_call(fn: Callable, p) -> tuple[Callable, object]:
+    """(`fn` `compiled` for p, fn(p))."""
+    fn = compiled(fn, p)
+    return fn, fn(p)
+
+
 def check_combination(combo: Combination, bench: Benchmark, reference: np.ndarray, *, device,
                       tolerance: float) -> tuple[dict, Callable | None]:
     """A record with the time to the first gradient (trace, compile, first call), the gradient check
@@ -128,10 +133,7 @@ def check_combination(combo: Combination, bench: Benchmark, reference: np.ndarra
     p = jax.device_put(jnp.asarray(bench.problem.p), device)
     try:
         with jax.default_device(device):
-            start = time.perf_counter()
-            fn = compiled(combo.build(bench), p)
-            out = jax.block_until_ready(fn(p))
-            record["compile_time"] = time.perf_counter() - start
+            (fn, out), record["compile_time"] = timed(lambda: _first_call(combo.build(bench), p))
         if combo.kind == "baseline":
             record["ok"] = bool(np.isfinite(np.asarray(out)))
         else:

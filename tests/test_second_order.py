@@ -40,6 +40,7 @@ SENSEALGS = {
     "DiscreteAdjoint": DiscreteAdjoint(),
     "ForwardDiffSensitivity": ForwardDiffSensitivity(),
     "ForwardSensitivity": ForwardSensitivity(),
+    "ForwardSensitivity-seminorm": ForwardSensitivity(seminorm=True),
     "BacksolveAdjoint": BacksolveAdjoint(),
     "InterpolatingAdjoint": InterpolatingAdjoint(),
     "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),

@@ -41,6 +41,7 @@ BENCHES = {"oregonator": lambda: oregonator(t1=5.0), "brusselator-pde": lambda: 
 SENSEALGS = {
     "ForwardDiffSensitivity": ForwardDiffSensitivity(),
     "ForwardSensitivity": ForwardSensitivity(),
+    "ForwardSensitivity-seminorm": ForwardSensitivity(seminorm=True),
     "InterpolatingAdjoint": InterpolatingAdjoint(),
     "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),
     "QuadratureAdjoint": QuadratureAdjoint(),
