@@ -57,6 +57,7 @@ from sciad.adjoints import (
 )
 from sciad.adjoints.base import is_implicit
 from sciad.adjoints.discrete import STORE_ALL_BYTES, stored_steps_bytes
+from sciad.timing import ties
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +85,9 @@ class Pick(NamedTuple):
 @dataclasses.dataclass
 class Choice:
     """The chosen `sensealg`, the `features` that drove it and the
-    `candidates` considered (dicts: name, reason, and when autotuned
-    median_s, compile_s, rel_error, ok)."""
+    `candidates` considered (dicts: name, reason, and when autotuned ok, and
+    as measured compile_s, rel_error, times_s, median_s and spread: the
+    interquartile range of times_s over its median; see `sciad.select.measure`)."""
 
     sensealg: AbstractSensitivity
     features: dict
@@ -104,17 +106,27 @@ class Choice:
 
     def report(self) -> str:
         """A Markdown explanation: how it was chosen (the rule that fired, or the measurement and the
-        rule that would have fired), the features, then one row per candidate (measured ones when autotuned)."""
+        rule that would have fired; a tie within noise, `sciad.timing.ties`, named as one), the features,
+        then one row per candidate (when autotuned: times, their spread, and whether it was measured)."""
         pick = self.heuristic_pick
-        how = (f"autotuned: the fastest correct of {sum('median_s' in c for c in self.candidates)} measured; "
-               f"heuristic rule `{pick.rule}` would pick {describe(pick.sensealg)}" if self.autotuned
-               else f"heuristic rule `{pick.rule}`")
+        how = f"heuristic rule `{pick.rule}`"
+        if self.autotuned:
+            measured = f"of {sum('median_s' in c for c in self.candidates)} measured"
+            tied = [c["name"] for c in ties(self.candidates)]
+            if len(tied) > 1:
+                settled = "the heuristic's pick" if self.name == describe(pick.sensealg) else "the least median"
+                way = f"tie (within noise) among {', '.join(tied)} {measured}, {settled} taken"
+            elif tied:
+                way = f"the fastest correct {measured}"
+            else:
+                way = "the heuristic's pick alone measured, unchecked: the budget ran out before the reference"
+            how = f"autotuned: {way}; {how} would pick {describe(pick.sensealg)}"
         lines = [f"chosen: {self.name} ({how})", ""]
         lines += [f"- {k}: {v}" for k, v in self.features.items()]
-        lines += ["", "| candidate | why considered | median (s) | compile (s) | rel. error | ok |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| candidate | why considered | median (s) | IQR / median | compile (s) | rel. error | ok |",
+                  "|---|---|---|---|---|---|---|"]
         for c in self.candidates:
-            cells = [_fmt(c.get(k)) for k in ("median_s", "compile_s", "rel_error", "ok")]
+            cells = [_fmt(c.get(k)) for k in ("median_s", "spread", "compile_s", "rel_error", "ok")]
             lines.append(f"| {c['name']} | {c['reason']} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 

@@ -1,12 +1,14 @@
 """Choosing the sensitivity algorithm for a problem outside `jit`: the trace-time heuristic
 (`sciad.auto`) on an `ODEProblem`, or autotuning: the plausible candidates timed on the
-problem, their gradients checked, the fastest correct one chosen."""
+problem within a time budget, their gradients checked, the fastest correct one chosen."""
 
 import hashlib
 import json
 import pathlib
+import time
 from typing import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,12 +26,12 @@ from sciad.adjoints import (
     describe,
     parse,
 )
-from sciad.auto import Choice, auto_sensealg
+from sciad.auto import THRESHOLDS, Choice, auto_sensealg, heuristic
 from sciad.auto import features as trace_features
 from sciad.errors import summary
 from sciad.problem import ODEProblem, check_saveat
 from sciad.solve import get_solver, solve
-from sciad.timing import fastest, interleaved, timed
+from sciad.timing import fastest, interleaved, quartiles, timed
 
 
 def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
@@ -40,11 +42,14 @@ def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, 
 
 
 def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
-    """The plausible (sensealg, reason) pairs for a problem with these `features`."""
-    out = [
+    """The plausible (sensealg, reason) pairs for a problem with these `features`, most plausible first:
+    forward modes before the adjoints up to the heuristic's `forward_mode_parameters` parameters, after beyond."""
+    forward = [
         (ForwardDiffSensitivity(), "forward mode through the solver"),
         (ForwardSensitivity(jvp="jax-forward"), "forward sensitivity equations"),
         (ForwardSensitivity(seminorm=True), "forward sensitivities, S out of the error control"),
+    ]
+    adjoints = [
         (InterpolatingAdjoint(), "adjoint on the stored interpolation"),
         (InterpolatingAdjoint(checkpointing=True), "checkpointed adjoint (bounded memory)"),
         (QuadratureAdjoint(), "quadrature adjoint"),
@@ -52,10 +57,11 @@ def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
         (DiscreteAdjoint(), "discretise-then-optimise"),
     ]
     if not feat["implicit solver"]:
-        out.append((BacksolveAdjoint(), "backsolve (explicit solver)"))
-        out.append((BacksolveAdjoint(seminorm=True), "backsolve, μ out of the error control"))
+        adjoints.append((BacksolveAdjoint(), "backsolve (explicit solver)"))
+        adjoints.append((BacksolveAdjoint(seminorm=True), "backsolve, μ out of the error control"))
     if "enzyme" in ad.available():
-        out.append((InterpolatingAdjoint(vjp="enzyme"), "compiler-level VJPs"))
+        adjoints.append((InterpolatingAdjoint(vjp="enzyme"), "compiler-level VJPs"))
+    out = forward + adjoints if feat["parameters"] <= THRESHOLDS.forward_mode_parameters else adjoints + forward
     if feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]:
         out = [(s, r) for s, r in out if not getattr(s, "stores_interpolation", False)]
     return out
@@ -64,19 +70,30 @@ def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
 def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = None, autotune=False,
                     memory_budget=None, budget=20.0, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
                     cache_dir=None) -> Choice:
-    """Choose a sensealg (with its engine) for gradients with respect to p of
-    `loss(us)` (default: the sum of every saved value) of `prob` saved at `saveat`.
+    """Choose a sensealg (with its engine) for gradients with respect to p (its
+    floating-point array leaves: any PyTree, an equinox model) of `loss(us)`
+    (a scalar; default: the sum of every saved value) of `prob` saved at `saveat`.
 
     Without `autotune`, the trace-time rule of `sciad.auto` (what
     `sensealg="auto"` uses): sizes, the number of save points, whether the
     solver is implicit, the stored interpolation's bytes against
-    `memory_budget`. With `autotune=True` the plausible candidates are timed
-    on this problem in interleaved rounds within `budget` seconds (compile
-    time recorded apart, not counted), their gradients checked against
-    `DiscreteAdjoint`, and the fastest correct one chosen. With `cache_dir`,
-    autotuned choices are kept on disk, keyed on everything that changes
-    them: f, loss, u0, p, tspan, saveat, solver, tolerances, max_steps,
-    memory budget, timing budget and device.
+    `memory_budget`. With `autotune=True` the candidates are measured on this
+    problem within `budget` seconds for the whole call, compilation included:
+    the heuristic's pick is compiled first, whatever the budget (so
+    autotuning never does worse than the heuristic for lack of it), then the
+    `DiscreteAdjoint` reference the gradients are checked against, then the
+    other `candidates` in order of plausibility; one whose compilation would
+    start past the budget is skipped ("not measured: budget"). Interleaved
+    timed rounds of the compiled candidates not found wrong fill what
+    remains, at least one: the call ends within `budget` plus the
+    compilation under way then and one round. The fastest correct candidate
+    is chosen; candidates whose timings' interquartile ranges overlap its own
+    tie with it (`sciad.timing.ties`), and a tie is settled for the
+    heuristic's pick when it is among them. If the budget ran out before the
+    reference, the pick is chosen unchecked. With `cache_dir`,
+    autotuned choices are kept on disk, keyed on everything that
+    changes them: f, loss, u0, p, tspan, saveat, solver, tolerances,
+    max_steps, memory budget, timing budget and device.
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
@@ -84,12 +101,16 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     kw = dict(solver=get_solver(solver), rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget)
     if not autotune:
         return auto_sensealg(prob.u0, prob.p, ts, **kw)
+    if not budget > 0:
+        raise ValueError(f"autotune budget must be a positive number of seconds, got {budget}")
+    deadline = time.perf_counter() + budget
     loss = loss or (lambda us: sum(jnp.sum(x) for x in jax.tree.leaves(us)))
     path = None if cache_dir is None else pathlib.Path(cache_dir) / f"{_key(prob, ts, loss, solver, kw, budget)}.json"
     if path is not None and path.exists():
         entry = json.loads(path.read_text())
         return Choice(parse(entry["chosen"]), entry["features"], entry["candidates"], autotuned=True)
-    choice = _autotune(prob, ts, loss, trace_features(prob.u0, prob.p, ts, **kw), budget, solver, rtol, atol, max_steps)
+    choice = _autotune(prob, ts, loss, trace_features(prob.u0, prob.p, ts, **kw), deadline, solver, rtol, atol,
+                       max_steps)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"chosen": choice.name, "features": choice.features,
@@ -98,66 +119,110 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
 
 
 def _key(prob: ODEProblem, ts, loss, solver, kw, budget) -> str:
-    """A digest of everything the autotuned answer depends on (functions by name, or by value repr)."""
-    def ident(fn):
-        return f"{fn.__module__}.{fn.__qualname__}" if hasattr(fn, "__code__") else repr(fn)
+    """A digest of everything the autotuned answer depends on: array leaves by value, functions
+    (f, loss, non-array leaves such as an activation) by name, or by value repr."""
+    def ident(x):
+        name = getattr(x, "__qualname__", None)
+        return f"{getattr(x, '__module__', None)}.{name}" if callable(x) and name else repr(x)
 
-    values = [np.asarray(x).tobytes() for x in jax.tree.leaves((prob.u0, prob.p, ts))]
-    parts = [ident(prob.f), ident(loss), values, jax.tree.structure((prob.u0, prob.p)), prob.tspan, str(solver),
-             sorted((k, str(v)) for k, v in kw.items()), budget, jax.default_backend()]
+    arrays, static = eqx.partition((prob.u0, prob.p, ts), eqx.is_array)
+    parts = [ident(prob.f), ident(loss), [np.asarray(x).tobytes() for x in jax.tree.leaves(arrays)],
+             [ident(x) for x in jax.tree.leaves(static)], jax.tree.structure((prob.u0, prob.p)), prob.tspan,
+             str(solver), sorted((k, str(v)) for k, v in kw.items()), budget, jax.default_backend()]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float, solver="tsit5",
-            rtol=1e-6, atol=1e-6, max_steps=4096, max_rounds=50) -> list[dict]:
-    """Time the gradient of `loss(us)` wrt p for each `(sensealg, reason)`.
+def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float | None = None,
+            deadline: float | None = None, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
+            max_rounds=50) -> list[dict]:
+    """Time the gradient of `loss(us)` (a scalar) wrt p's floating-point array leaves for each
+    `(sensealg, reason)`: one dict per candidate, in their order.
 
-    Each candidate is compiled and run once (`compile_s`), its gradient checked
-    against `DiscreteAdjoint` (`rel_error`, `ok`), then the correct ones are
-    timed by `sciad.timing.interleaved` until `budget` seconds of timed runs
-    are spent (at least one round, at most `max_rounds`): `median_s`, `times_s`.
+    Each is compiled and run once (`compile_s`) in the order given, except that the `DiscreteAdjoint`
+    reference comes second (compiled apart when not a candidate); with `deadline` (a
+    `time.perf_counter()` value) a compilation that would start past it is skipped (`ok`:
+    "not measured: budget"), the first candidate's never. Gradients are checked against the
+    reference (`rel_error`, `ok`; "unchecked: budget" when it was skipped), and all but the wrong
+    ones timed by `sciad.timing.interleaved` until `budget` seconds of rounds are spent or
+    `deadline` is past (at least one round, at most `max_rounds`): `times_s`, `median_s` and
+    `spread`, the interquartile range over the median (None from one round).
     """
+    _check_loss(loss, prob.u0, ts)
+    params, static = eqx.partition(prob.p, eqx.is_inexact_array)
+
     def gradient(sensealg):
-        def value(p):
-            out = loss(solve(prob, p=p, saveat=ts, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps,
-                             sensealg=sensealg).us)
-            if jnp.shape(out) != ():
-                raise ValueError(f"loss must return a scalar, got shape {jnp.shape(out)}")
-            return out
+        def value(params):
+            return loss(solve(prob, p=eqx.combine(params, static), saveat=ts, solver=solver, rtol=rtol, atol=atol,
+                              max_steps=max_steps, sensealg=sensealg).us)
 
         return jax.jit(jax.grad(value))
 
-    ref = jax.tree.leaves(gradient(DiscreteAdjoint())(prob.p))
-    scale = max(float(jnp.max(jnp.abs(r))) for r in ref) or 1.0
-    tol = max(1e-4, 1e3 * rtol)
-    rows, runnable = [], []
-    for sensealg, why in candidates:
-        row = {"name": describe(sensealg), "reason": why, "times_s": []}
-        rows.append(row)
+    rows = [{"name": describe(s), "reason": why, "times_s": []} for s, why in candidates]
+    order = list(zip([s for s, _ in candidates], rows))
+    at = next((i for i, (s, _) in enumerate(order) if s == DiscreteAdjoint()), None)
+    reference = order.pop(at) if at is not None else (DiscreteAdjoint(), None)
+    order.insert(0 if at == 0 else 1, reference)
+    compiled, ref = [], None
+    for k, entry in enumerate(order):
+        sensealg, row = entry
+        if deadline is not None and k > 0 and time.perf_counter() > deadline:
+            if row is not None:
+                row["ok"] = "not measured: budget"
+            continue
+        grad = gradient(sensealg)
         try:
-            grad = gradient(sensealg)
-            g, row["compile_s"] = timed(lambda: grad(prob.p))
-        except Exception as e:  # a candidate that cannot run here is reported, not fatal
+            g, compile_s = timed(lambda: grad(params))
+        except Exception as e:  # a candidate that cannot run here is reported, not fatal (the reference is)
+            if entry is reference:
+                raise
             row["ok"] = f"failed: {summary(e)[:200]}"
             continue
-        err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), ref)) / scale
-        row["rel_error"], row["ok"] = err, bool(np.isfinite(err) and err < tol)
-        runnable.append((grad, row))
-    times = interleaved([lambda grad=grad: grad(prob.p) for grad, _ in runnable], rounds=max_rounds, budget=budget)
+        if entry is reference:
+            ref = jax.tree.leaves(g)
+        if row is not None:
+            row["compile_s"] = compile_s
+            compiled.append((grad, g, row))
+    scale = max((float(jnp.max(jnp.abs(r))) for r in ref or []), default=0.0) or 1.0
+    tol = max(1e-4, 1e3 * rtol)
+    runnable = []
+    for grad, g, row in compiled:
+        if ref is None:
+            row["ok"] = "unchecked: budget"
+        else:
+            err = max((float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), ref)), default=0.0) / scale
+            row["rel_error"], row["ok"] = err, bool(np.isfinite(err) and err < tol)
+        if row["ok"] is not False:
+            runnable.append((grad, row))
+    if deadline is not None:
+        budget = min(np.inf if budget is None else budget, deadline - time.perf_counter())
+    times = interleaved([lambda grad=grad: grad(params) for grad, _ in runnable], rounds=max_rounds, budget=budget)
     for (_, row), t in zip(runnable, times):
-        row["times_s"], row["median_s"] = t, float(np.median(t))
+        q25, row["median_s"], q75 = quartiles(t)
+        row["times_s"], row["spread"] = t, (q75 - q25) / row["median_s"] if len(t) > 1 else None
     return rows
 
 
-def _autotune(prob, ts, loss, feat, budget, solver, rtol, atol, max_steps) -> Choice:
-    trial = candidates(feat)
-    if budget / len(trial) < 0.01:
-        raise ValueError(f"autotune budget={budget} s is too small to time {len(trial)} candidates: "
-                         f"give at least {0.01 * len(trial):.2f} s (compile time is not counted)")
-    rows = measure(prob, ts, loss, trial, budget=budget, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
-    best = fastest(rows)
+def _check_loss(loss: Callable, u0, ts) -> None:
+    """Raise unless `loss` maps a solution's `us` (u0's structure, leading axis len(ts)) to a scalar."""
+    us = jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(ts), *jnp.shape(x)), jnp.result_type(x)), u0)
+    out = jax.eval_shape(loss, us)
+    if not (isinstance(out, jax.ShapeDtypeStruct) and out.shape == ()):
+        shape = out.shape if isinstance(out, jax.ShapeDtypeStruct) else type(out).__name__
+        raise ValueError(f"loss must return a scalar, got {shape}")
+
+
+def _autotune(prob, ts, loss, feat, deadline, solver, rtol, atol, max_steps) -> Choice:
+    pick = heuristic(feat).sensealg
+    trial = sorted(candidates(feat), key=lambda c: c[0] != pick)  # the heuristic's pick first
+    if trial[0][0] != pick:
+        trial.insert(0, (pick, "the heuristic's pick"))
+    rows = measure(prob, ts, loss, trial, deadline=deadline, solver=solver, rtol=rtol, atol=atol,
+                   max_steps=max_steps)
+    best = fastest(rows, prefer=describe(pick))
+    if best is None and "median_s" in rows[0]:  # the budget ran out before the reference
+        best = rows[0]
     if best is None:
-        raise ValueError("no candidate sensealg produced a correct gradient for this problem:\n"
-                         + Choice(DiscreteAdjoint(), feat, rows, True).report())
+        raise ValueError("no candidate sensealg produced a correct gradient for this problem (raise budget to "
+                         "measure those not measured):\n" + "\n".join(f"- {r['name']}: {r['ok']}" for r in rows))
     chosen = next(s for (s, _), r in zip(trial, rows) if r is best)
     return Choice(chosen, feat, rows, autotuned=True)
