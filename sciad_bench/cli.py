@@ -2,7 +2,9 @@
 
 import argparse
 
-from sciad_bench.experiments import PLANS
+from sciad_bench.experiments import PLANS, ROUNDS
+from sciad_bench.harness import SLOW_CALL
+from sciad_bench.suite import ROUNDS as SUITE_ROUNDS
 
 BENCHMARKS = (*PLANS, "selection", "suite", "ensemble")
 
@@ -13,8 +15,10 @@ def main(argv=None) -> None:
     bench = commands.add_parser("bench", help="time ODE gradients over every sensealg × engine and peers")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("--quick", action="store_true", help="fewer combinations and repeats (a few minutes)")
-    bench.add_argument("--repeats", type=int, default=None, help="timed calls per combination (default 3 quick, 10 full; "
-                       "suite: 20 quick, within 4 s per problem)")
+    bench.add_argument("--repeats", type=int, default=None, help=(
+        f"timed rounds of the calls under {SLOW_CALL:g} s and of the slower ones, per problem (default "
+        f"{ROUNDS[False][0]}; quick: {ROUNDS[True][0]}, each within {ROUNDS[True][1]:g} s; suite quick: "
+        f"{SUITE_ROUNDS[True][0]}, each within {SUITE_ROUNDS[True][1]:g} s; ensemble: rounds of all calls, 3 quick)"))
     bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")
     bench.add_argument("--out", default=None, help="output folder (default results/NAME)")
     bench.add_argument("--devices", type=int, default=None,

@@ -4,7 +4,9 @@ Every combination's gradient is checked against a tight-tolerance reference
 (float64, `DiscreteAdjoint` at rtol = atol = 1e-10) before it is timed; one
 outside `tolerance` is marked `ok = False` and never counts as a win. The
 correct ones are timed together in interleaved rounds, so machine noise hits
-them alike.
+them alike; calls of `SLOW_CALL` seconds or more (host engines, torch peers)
+in rounds of their own, after the fast ones, so that a fast call never follows
+one that leaves torch's threads spinning and fast calls get many rounds cheaply.
 """
 
 import dataclasses
@@ -25,6 +27,10 @@ REFERENCE_TOLERANCE = 1e-10
 # The sensealgs benchmarked, as `sciad.adjoints.describe` names them without their engine.
 VARIANTS = (*SENSEALGS, describe(sciad.InterpolatingAdjoint(checkpointing=True), engine=False))
 FORWARD_SOLVE = "forward solve (no gradient)"
+# Seconds of a warm-up call from which a call is timed with the slow ones: the Lotka–Volterra gradients
+# of the JAX-traced engines take 1 to 15 ms, the host engines' and torchdiffeq's 0.5 to 7 s, and a JAX
+# call right after a torch one is slowed ×10 (0.7 → 7 ms) while torch's threads spin.
+SLOW_CALL = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +161,8 @@ def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10,
 
     Each is compiled and its gradient checked (`tolerance` on the relative error, default 100 × the
     benchmark's rtol); the correct ones are then called once more (warm-up) and timed together,
-    `repeats` interleaved rounds per device, or fewer past `budget` seconds (`sciad.timing.interleaved`).
+    the calls under `SLOW_CALL` seconds first, then the others: `repeats` interleaved rounds each, or
+    fewer past `budget` seconds each (`sciad.timing.interleaved`).
     """
     devices = devices or [jax.devices()[0]]
     tolerance = 100 * bench.rtol if tolerance is None else tolerance
@@ -174,11 +181,16 @@ def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10,
                 timed_calls.append((record, call))
             progress.step(f"{bench.name}: {combo.label}")
         with jax.default_device(device):
-            interleaved([call for _, call in timed_calls], rounds=1)  # warm-up
-            times = interleaved([call for _, call in timed_calls], rounds=repeats, budget=budget,
-                                on_round=lambda i: progress.show(f"{bench.name}: timing round {i + 1}/{repeats}"))
-        for (record, _), t in zip(timed_calls, times):
-            record["times"], record["median_s"] = t, float(np.median(t))
+            warm = interleaved([call for _, call in timed_calls], rounds=1)  # warm-up
+            for speed in ("fast", "slow"):
+                tier = [rc for rc, (t,) in zip(timed_calls, warm) if (t >= SLOW_CALL) == (speed == "slow")]
+                if not tier:
+                    continue
+                limit = f"/{repeats}" if budget is None else f" (up to {budget:g} s)"
+                times = interleaved([call for _, call in tier], rounds=repeats, budget=budget, on_round=lambda i: (
+                    progress.show(f"{bench.name}: timing {speed} calls, round {i + 1}{limit}")))
+                for (record, _), t in zip(tier, times):
+                    record["times"], record["median_s"] = t, float(np.median(t))
     if own:
         progress.close()
     return records

@@ -7,9 +7,12 @@ data (`gene_circuit`: 130 parameters, 50 save points). On each: `sensealg="auto"
 diffrax's adjoints and (full mode) every sensealg × JAX-traced engine, gradients
 checked before timing (`harness.run`); the time to the first gradient (trace +
 compile + first call) and XLA's peak buffer memory are reported apart from the
-median time per gradient.
+median time per gradient. Each problem (quick: `QUICK_SETTINGS_PROBLEMS`) is also
+timed at a user's settings (`user_settings`: `max_steps=100000`, tolerances 100×
+tighter), auto and diffrax's adjoints only, as rows of their own and in a table
+of auto's ratio to diffrax's fastest adjoint by setting.
 
-Targets, from the ratios of this one run:
+Targets, from the ratios of this one run, at each problem's own settings:
 
 - speed: "auto" ≤ 1.0× the fastest diffrax adjoint's median, ≤ 0.5× on the
   long-horizon and stiff problems;
@@ -29,6 +32,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import sciad
 import sciad.ad as ad
@@ -64,9 +68,17 @@ PEERS = ("RecursiveCheckpointAdjoint", "ForwardMode", "BacksolveAdjoint", "Direc
 # step while max_steps steps fit in 256 MiB (speed for memory), so it is swept with a fixed number.
 CHECKPOINTED = (claims.PAPER_SENSEALG, "GaussAdjoint(checkpointing=True)", "DiscreteAdjoint(stored_steps=64)")
 SWEEP_HORIZONS = {True: (100.0, 1000.0), False: (100.0, 300.0, 1000.0)}  # by quick
-# Timed rounds per problem, and the seconds after which they stop (None: all of them), by quick.
+# Timed rounds per problem and tier of calls (`harness.run`: fast, slow), and the seconds after which
+# they stop (None: all of them), by quick.
 ROUNDS = {True: (20, 4.0), False: (10, None)}
 MEMORY_FIGURE = "suite-memory.png"
+USER_MAX_STEPS = 100_000  # a user's max_steps (the problems' own: 4,096 to 100,000)
+# Tolerances of the tighter setting: the problem's / this (float64), / 10 in float32, whose precision
+# ends near 1e-7 (the spiral: 1e-5 → 1e-6).
+TIGHTER = 100
+# The problems timed at `user_settings` in quick mode: the paper's two, a few ms per gradient, whose
+# auto picks differ (forward mode; DiscreteAdjoint keeping every step, sized by max_steps).
+QUICK_SETTINGS_PROBLEMS = ("lotka-volterra", "spiral-node")
 
 
 def problems(quick: bool) -> list[tuple[str, Benchmark]]:
@@ -75,6 +87,23 @@ def problems(quick: bool) -> list[tuple[str, Benchmark]]:
     with Kvaerno5 already, and a 16×16 grid would take a full run hours."""
     return [(PAPER, lotka_volterra()), (PAPER, spiral_node()), (LONG_HORIZON, hamiltonian_node()),
             (STIFF, oregonator()), (STIFF, brusselator_pde(6)), (DENSE, gene_circuit())]
+
+
+def _exponent(x: float) -> str:
+    return f"{x:.0e}".replace("e-0", "e-")
+
+
+def user_settings(bench: Benchmark) -> list[tuple[str, Benchmark]]:
+    """(setting, benchmark) for `bench` at `USER_MAX_STEPS` (unless its own max_steps are those already)
+    and at rtol, atol `TIGHTER`× smaller (10× in float32), named "NAME (SETTING)", e.g.
+    "lotka-volterra (max_steps=100000)", "lotka-volterra (rtol=1e-8, atol=1e-8)"."""
+    factor = TIGHTER if np.asarray(bench.problem.p).dtype.itemsize >= 8 else 10
+    rtol, atol = bench.rtol / factor, bench.atol / factor
+    settings = [] if bench.max_steps == USER_MAX_STEPS else [
+        (f"max_steps={USER_MAX_STEPS}", dict(max_steps=USER_MAX_STEPS))]
+    settings.append((f"rtol={_exponent(rtol)}, atol={_exponent(atol)}", dict(rtol=rtol, atol=atol)))
+    return [(label, dataclasses.replace(bench, name=f"{bench.name} ({label})", **changes))
+            for label, changes in settings]
 
 
 def auto_combination(bench: Benchmark) -> Combination:
@@ -86,10 +115,8 @@ def auto_combination(bench: Benchmark) -> Combination:
 
 
 def combinations(bench: Benchmark, category: str, engines, *, quick: bool) -> list[Combination]:
-    """"auto", diffrax's adjoints (BacksolveAdjoint only with an explicit solver, and in quick mode
-    only on the long-horizon problem; quick: not DirectAdjoint) and, in full mode, every sensealg ×
-    engine but auto's own pick; with an implicit solver, no BacksolveAdjoint and ForwardSensitivity
-    with jax-forward only."""
+    """"auto", in full mode every sensealg × engine but auto's own pick (with an implicit solver, no
+    BacksolveAdjoint and ForwardSensitivity with jax-forward only), and `diffrax_adjoints`."""
     implicit = selection.features(bench)["implicit solver"]
     auto = auto_combination(bench)
     combos = [auto]
@@ -97,9 +124,28 @@ def combinations(bench: Benchmark, category: str, engines, *, quick: bool) -> li
         matrix, _ = _sensealg_matrix(engines, quick=False)
         combos += [c for c in matrix if sensealg_name(c) != sensealg_name(auto) and not (implicit and (
             c.sensealg == "BacksolveAdjoint" or (c.sensealg == "ForwardSensitivity" and c.engine != "jax-forward")))]
-    backsolve = not implicit and (not quick or category == LONG_HORIZON)
-    return combos + [diffrax_peer(a) for a in PEERS if (backsolve or a != "BacksolveAdjoint")
-                     and not (quick and a == "DirectAdjoint")]
+    return combos + diffrax_adjoints(bench, category, quick=quick)
+
+
+def diffrax_adjoints(bench: Benchmark, category: str, *, quick: bool) -> list[Combination]:
+    """diffrax's adjoints: BacksolveAdjoint only with an explicit solver, and in quick mode only on
+    the long-horizon problem; quick: not DirectAdjoint."""
+    backsolve = not selection.features(bench)["implicit solver"] and (not quick or category == LONG_HORIZON)
+    return [diffrax_peer(a) for a in PEERS if (backsolve or a != "BacksolveAdjoint")
+            and not (quick and a == "DirectAdjoint")]
+
+
+def plan(engines, *, quick: bool) -> list[tuple[str, str | None, Benchmark, list[Combination]]]:
+    """(class, setting, benchmark, combinations) for every problem at its own settings (setting None,
+    `combinations`), then at each of its `user_settings` with auto and `diffrax_adjoints` only
+    (quick: the `QUICK_SETTINGS_PROBLEMS` only)."""
+    own = [(category, None, bench, combinations(bench, category, engines, quick=quick))
+           for category, bench in problems(quick)]
+    varied = [(category, setting, variant,
+               [auto_combination(variant), *diffrax_adjoints(variant, category, quick=quick)])
+              for category, _, bench, _ in own if not quick or bench.name in QUICK_SETTINGS_PROBLEMS
+              for setting, variant in user_settings(bench)]
+    return own + varied
 
 
 def skipped_combinations(engines, *, quick: bool) -> list[str]:
@@ -108,10 +154,13 @@ def skipped_combinations(engines, *, quick: bool) -> list[str]:
     skipped.append("BacksolveAdjoint, sciad's and diffrax's, on the stiff problems (unstable backwards)")
     skipped.append("ForwardSensitivity on the stiff problems with engines other than jax-forward (tens of "
                    "seconds per gradient with any engine)")
+    skipped.append(f"every sensealg but auto's pick at a user's settings (max_steps={USER_MAX_STEPS}, "
+                   "tighter tolerances: what they change is auto against diffrax)")
     if quick:
         skipped.append("every sensealg but auto's pick, diffrax DirectAdjoint (RecursiveCheckpointAdjoint's "
                        "slower forward-mode-capable variant) and diffrax BacksolveAdjoint but on the long-horizon "
                        "problem (quick mode)")
+        skipped.append(f"a user's settings but on {', '.join(QUICK_SETTINGS_PROBLEMS)} (quick mode)")
     return skipped
 
 
@@ -125,15 +174,17 @@ def sensealg_name(combo: Combination) -> str | None:
 
 
 def run_problem(bench: Benchmark, category: str, combos, *, repeats: int, budget: float | None,
-                progress) -> list[dict]:
+                progress, setting: str | None = None) -> list[dict]:
     """`harness.run` records (gradients checked to `GRADIENT_TOLERANCE` at least) with the problem's
-    class, the sensealg's `name` (`sensealg_name`) and auto's heuristic `rule`."""
+    class, its `setting` (None: its own) and max_steps, rtol, atol, the sensealg's `name`
+    (`sensealg_name`) and auto's heuristic `rule`."""
     names = {c.label: sensealg_name(c) for c in combos}
     records = harness.run(bench, combos, repeats=repeats, budget=budget, progress=progress,
                           tolerance=max(100 * bench.rtol, GRADIENT_TOLERANCE))
     rule = heuristic(selection.features(bench)).rule
     for r in records:
         r["class"], r["name"] = category, names.get(r["label"])
+        r.update(setting=setting, max_steps=bench.max_steps, rtol=bench.rtol, atol=bench.atol)
         r["rule"] = rule if r["sensealg"].startswith(AUTO) else None
     return records
 
@@ -199,13 +250,19 @@ def _target(target, problem, bound, ratio, measured, why) -> dict:
             "measured": measured, "note": "" if met else f"{miss}; {why}"}
 
 
+def auto_against_diffrax(group) -> tuple[dict | None, dict | None, float | None]:
+    """auto's record, the fastest correct diffrax adjoint's, and auto's median / that one's (None
+    unless both have one) among the records of one problem."""
+    auto, peer = _auto(group), fastest([r for r in group if r["is_peer"]])
+    return auto, peer, auto["median_s"] / peer["median_s"] if auto and auto["median_s"] and peer else None
+
+
 def speed_targets(records) -> list[dict]:
     """auto's median / the fastest diffrax adjoint's, per problem, against `SPEED_TARGET`."""
     out = []
     for problem, group in _by_problem(records).items():
-        auto, peer = _auto(group), fastest([r for r in group if r["is_peer"]])
+        auto, peer, ratio = auto_against_diffrax(group)
         bound = SPEED_TARGET[group[0]["class"]]
-        ratio = auto["median_s"] / peer["median_s"] if auto and auto["median_s"] and peer else None
         measured = (f"{auto['label']} {1e3 * auto['median_s']:.3g} ms vs {peer['label']} "
                     f"{1e3 * peer['median_s']:.3g} ms" if ratio is not None
                     else f"auto: {tables.status(auto) if auto else 'absent'}")
@@ -264,6 +321,28 @@ def targets_table(targets: list[dict]) -> str:
     return "\n".join(lines) + f"\n\n{met} of {len(targets)} targets met.\n"
 
 
+def settings_table(records) -> str:
+    """auto against diffrax's fastest adjoint for each problem timed at `user_settings`, at its own
+    settings and at each of those."""
+    def own_name(r):
+        return r["problem"].removesuffix(f" ({r['setting']})") if r["setting"] else r["problem"]
+
+    varied = {own_name(r) for r in records if r["setting"]}
+    lines = ["| problem | max_steps | rtol | atol | auto | auto (ms) | fastest diffrax adjoint (ms) | auto / diffrax |",
+             "|---|---:|---:|---:|---|---:|---|---:|"]
+    for group in _by_problem(records).values():
+        first = group[0]
+        if own_name(first) not in varied:
+            continue
+        auto, peer, ratio = auto_against_diffrax(group)
+        auto_ms = "–" if ratio is None else f"{1e3 * auto['median_s']:.3g}"
+        fastest_peer = "–" if peer is None else f"{peer['label']} {1e3 * peer['median_s']:.3g}"
+        lines.append(f"| {own_name(first)} | {first['max_steps']} | {first['rtol']:g} | {first['atol']:g} | "
+                     f"{auto['label'] if auto else '–'} | {auto_ms} | {fastest_peer} | "
+                     f"{'–' if ratio is None else format(ratio, '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
 def resources_table(records) -> str:
     """Time to the first gradient and peak memory of each checked combination, apart from the run time."""
     lines = ["| problem | combination | time to first gradient (s) | peak memory (MiB) |", "|---|---|---:|---:|"]
@@ -299,6 +378,8 @@ def write_outputs(result: dict, out: pathlib.Path) -> str:
                       f"suite{mode}: peak memory of the gradient, long-horizon neural ODE, {device}")
     parts = [f"# suite{mode}\n",
              tables.markdown_table(result["records"], result["skipped"]),
+             f"## auto against diffrax's adjoints at a user's settings (max_steps={USER_MAX_STEPS}, tighter "
+             "tolerances)\n", settings_table(result["records"]),
              "## Time to first gradient and peak memory\n", resources_table(result["records"]),
              "## Peak memory against the horizon (the long-horizon neural ODE, two save points)\n",
              sweep_table(result["memory"]),
@@ -311,9 +392,10 @@ def write_outputs(result: dict, out: pathlib.Path) -> str:
 
 
 def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, out=None) -> dict:
-    """Run the suite (`problems`, each with its `combinations`, and the memory sweep), write
-    `write_outputs` to `out` (default results/suite), print the tables and the targets, and return
-    what was written. `engines`: the JAX-traced `sciad.ad` engines (default: all installed); `repeats`: timed rounds per problem (default and time limit: `ROUNDS`)."""
+    """Run the suite (the `plan`: `problems`, each with its `combinations` and at `user_settings`; the
+    memory sweep), write `write_outputs` to `out` (default results/suite), print the tables and the
+    targets, and return what was written. `engines`: the JAX-traced `sciad.ad` engines (default: all
+    installed); `repeats`: timed rounds per problem and tier of calls (default and time limit: `ROUNDS`)."""
     traced = [e for e in ad.available() if ad.BACKENDS[e].traced]
     engines = traced if engines is None else list(engines)
     wrong = [e for e in engines if e not in traced]
@@ -325,18 +407,19 @@ def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, 
     repeats = repeats or rounds
     out = pathlib.Path(out or "results/suite")
     start = time.perf_counter()
-    benches = problems(quick)
-    plan = [(category, bench, combinations(bench, category, engines, quick=quick)) for category, bench in benches]
+    problems_plan = plan(engines, quick=quick)
     horizons, sweep_combos = SWEEP_HORIZONS[quick], sweep_combinations(quick)
-    progress = harness.Progress(sum(len(c) + 1 for _, _, c in plan) + len(horizons) * len(sweep_combos))
+    progress = harness.Progress(sum(len(c) + 1 for *_, c in problems_plan) + len(horizons) * len(sweep_combos))
     records = []
-    for category, bench, combos in plan:
-        records += run_problem(bench, category, combos, repeats=repeats, budget=budget, progress=progress)
+    for category, setting, bench, combos in problems_plan:
+        records += run_problem(bench, category, combos, repeats=repeats, budget=budget, progress=progress,
+                               setting=setting)
     sweep = memory_sweep(horizons, sweep_combos, progress)
     progress.close()
-    targets = speed_targets(records) + first_gradient_targets(records) + memory_targets(sweep)
-    held = None if quick else selection.out_of_sample(
-        selection.cases_from_records(records, {bench.name: selection.features(bench) for _, bench in benches}))
+    own = [r for r in records if r["setting"] is None]
+    targets = speed_targets(own) + first_gradient_targets(own) + memory_targets(sweep)
+    held = None if quick else selection.out_of_sample(selection.cases_from_records(records, {
+        bench.name: selection.features(bench) for _, setting, bench, _ in problems_plan if setting is None}))
     result = {"suite": "sciad bench suite", "quick": quick, "skipped": skipped_combinations(engines, quick=quick),
               "records": records, "memory": sweep, "targets": targets, "selection": held,
               "seconds": time.perf_counter() - start}

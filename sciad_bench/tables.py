@@ -39,6 +39,11 @@ def best(records, *, kind: str) -> dict | None:
     return fastest([r for r in records if r["kind"] == kind])
 
 
+def ordered(records) -> list[dict]:
+    """`records` by median time, fastest first, those without one (wrong or failed) last."""
+    return sorted(records, key=lambda r: (r["median_s"] is None, r["median_s"] or 0.0))
+
+
 def _fmt(x, spec):
     return "–" if x is None else format(x, spec)
 
@@ -50,7 +55,7 @@ def markdown_table(records, skipped=()) -> str:
              "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for (problem, device), group in _group(with_ratios(records)).items():
         winner = best(group, kind="sciad")
-        for r in sorted(group, key=lambda r: (r["median_s"] is None, r["median_s"] or 0.0)):
+        for r in ordered(group):
             label = r["label"] + (" (peer)" if r["is_peer"] else "")
             if winner is not None and r is not None and r["label"] == winner["label"] and r["kind"] == "sciad":
                 label = f"**{label}**"

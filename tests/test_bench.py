@@ -3,6 +3,7 @@ marked, outputs written (JSON, figure, tables), claims evaluated, the command li
 
 import io
 import json
+import time
 
 import numpy as np
 import pytest
@@ -98,12 +99,36 @@ def test_matrix_covers_every_registered_sensealg():
 
 
 def test_quick_plans_restrict_foreign_engines_and_say_so():
-    engines = ["jax-reverse", "jax-forward", "torch"]
-    (bench, combos), = experiments.PLANS["lotka-volterra"](engines, True)[0]
-    _, skipped = experiments.PLANS["lotka-volterra"](engines, True)
+    engines = ["jax-reverse", "jax-forward", "torch", "autograd", "finite-differences"]
+    [(bench, combos)], skipped = experiments.PLANS["lotka-volterra"](engines, True)
     torch_combos = [c.sensealg for c in combos if c.engine == "torch" and c.kind == "sciad"]
-    assert torch_combos == [claims.PAPER_SENSEALG]
-    assert any("quick mode" in s for s in skipped)
+    assert torch_combos == [claims.PAPER_SENSEALG]  # the tape engine of the compiled-against-tape claim
+    assert not any(c.engine in ("autograd", "finite-differences") for c in combos)
+    assert (f"{claims.PAPER_SENSEALG} with autograd, finite-differences (quick mode: host engines take seconds "
+            "per gradient; torch stands for the tape engines)") in skipped
+    assert "torchdiffeq odeint_adjoint / torch" not in [c.label for c in combos]
+
+
+def test_fast_calls_are_timed_in_rounds_apart_from_slow_ones(monkeypatch):
+    """After the first call and one warm-up round of all, the calls under `SLOW_CALL` s get their
+    rounds, then the slower ones theirs: a fast call never follows a slow one there."""
+    bench = lotka_volterra()
+    reference = np.ones(4)
+    monkeypatch.setattr(harness, "reference_gradient", lambda bench: reference)
+    calls = []
+
+    def combination(name, seconds):
+        def grad(p):
+            calls.append(name)
+            time.sleep(seconds)
+            return reference
+
+        return Combination(name, None, lambda bench: grad)
+
+    records = harness.run(bench, [combination("slow", harness.SLOW_CALL), combination("fast", 0.0)], repeats=3,
+                          progress=harness.Progress(3, stream=io.StringIO()))
+    assert calls == ["slow", "fast"] * 2 + ["fast"] * 3 + ["slow"] * 3
+    assert [len(r["times"]) for r in records] == [3, 3, 3]  # the forward solve is timed with the fast calls
 
 
 def test_cli_rejects_unknown_benchmark_and_engine(tmp_path, capsys):

@@ -20,6 +20,7 @@ def test_tiny_suite_writes_json_table_plot_and_prints_targets(tmp_path, monkeypa
     monkeypatch.setattr(suite, "combinations", lambda bench, category, engines, quick: [
         suite.auto_combination(bench), diffrax_peer("RecursiveCheckpointAdjoint")])
     monkeypatch.setattr(suite, "sweep_combinations", lambda quick: [sciad_combination("ForwardDiffSensitivity")])
+    monkeypatch.setattr(suite, "QUICK_SETTINGS_PROBLEMS", ())
     monkeypatch.setitem(suite.SWEEP_HORIZONS, True, (3.0, 30.0))
     result = suite.run_suite(quick=True, repeats=1, out=tmp_path)
     printed = capsys.readouterr().out
@@ -56,6 +57,40 @@ def test_combinations_per_mode_and_solver():
     assert not any("Backsolve" in label or label == "ForwardSensitivity / jax-reverse" for label in implicit)
     assert {suite.sensealg_name(c) for c in suite.combinations(stiff, suite.STIFF, engines, quick=True)} == {
         "ForwardDiffSensitivity", None}
+
+
+def test_plan_times_each_problem_also_at_a_users_settings():
+    engines = ["jax-reverse", "jax-forward"]
+    full = {bench.name: (setting, bench, [c.label for c in combos])
+            for _, setting, bench, combos in suite.plan(engines, quick=False)}
+    own = [name for name, (setting, _, _) in full.items() if setting is None]
+    assert own == [bench.name for _, bench in suite.problems(False)]
+    setting, bench, labels = full["lotka-volterra (max_steps=100000)"]
+    assert setting == "max_steps=100000" and bench.max_steps == 100_000 and (bench.rtol, bench.atol) == (1e-6, 1e-6)
+    assert labels == ["auto → ForwardDiffSensitivity", "diffrax RecursiveCheckpointAdjoint / jax",
+                      "diffrax ForwardMode / jax", "diffrax BacksolveAdjoint / jax", "diffrax DirectAdjoint / jax"]
+    setting, bench, labels = full["gene-circuit-10 (rtol=1e-10, atol=1e-10)"]
+    assert (bench.rtol, bench.atol, bench.max_steps) == (1e-10, 1e-10, 4096) and labels[0].startswith(suite.AUTO)
+    assert full["spiral-node (rtol=1e-6, atol=1e-6)"][1].rtol == pytest.approx(1e-6)  # float32: 10× tighter
+    assert "oregonator (max_steps=100000)" not in full and "oregonator (rtol=1e-8, atol=1e-8)" in full  # its own
+    assert not any("Backsolve" in label for label in full["brusselator-pde-6 (rtol=1e-8, atol=1e-8)"][2])
+    quick = [(setting, bench.name) for _, setting, bench, _ in suite.plan(engines, quick=True) if setting]
+    assert {name.partition(" (")[0] for _, name in quick} == set(suite.QUICK_SETTINGS_PROBLEMS)
+    assert len(quick) == 2 * len(suite.QUICK_SETTINGS_PROBLEMS)
+
+
+def test_settings_table_compares_auto_with_diffrax_per_setting():
+    def timed(problem, label, seconds, setting=None, max_steps=4096, kind="sciad"):
+        return {**record(problem, label, seconds, kind=kind), "setting": setting, "max_steps": max_steps,
+                "rtol": 1e-6, "atol": 1e-6}
+
+    records = [timed("lv", "auto → DiscreteAdjoint", 0.001), timed("lv", "diffrax ForwardMode", 0.002, kind="peer"),
+               timed("lv (max_steps=100000)", "auto → DiscreteAdjoint", 0.003, "max_steps=100000", 100_000),
+               timed("lv (max_steps=100000)", "diffrax ForwardMode", 0.002, "max_steps=100000", 100_000, kind="peer"),
+               timed("other", "auto → DiscreteAdjoint", 0.001)]  # no other settings: not in the table
+    rows = suite.settings_table(records).splitlines()[2:]
+    assert rows == ["| lv | 4096 | 1e-06 | 1e-06 | auto → DiscreteAdjoint | 1 | diffrax ForwardMode 2 | 0.50 |",
+                    "| lv | 100000 | 1e-06 | 1e-06 | auto → DiscreteAdjoint | 3 | diffrax ForwardMode 2 | 1.50 |"]
 
 
 def record(problem, label, seconds, compile_s=1.0, kind="sciad", category=suite.PAPER, ok=True):
