@@ -17,9 +17,11 @@ The rule, calibrated on the committed measurements (paper/tables); each step is 
    solver (the sensitivity equations enlarge every Newton solve: 7× diffrax's ForwardMode on the
    Oregonator and 134× on the Brusselator PDE, where ForwardDiffSensitivity is 0.5–1.0×; suite.md)
    or n ≤ m (Lotka–Volterra: fastest, ForwardSensitivity 2.2× it in the suite's selection run).
-2. `memory-budget`: the stored interpolation (sized by `max_steps`: XLA's buffers are static)
-   over `memory_budget` → `InterpolatingAdjoint(checkpointing=True)`.
-3. `stored-steps`: m ≥ 4n and `max_steps` steps' states fit in `STORE_ALL_BYTES` →
+2. `memory-budget`: the stored interpolation (`STORED_STEPS` steps at most: XLA's buffers are
+   static; a solve that takes more re-solves from checkpoints) over `memory_budget` →
+   `InterpolatingAdjoint(checkpointing=True)`.
+3. `stored-steps`: m ≥ 4n and the stored steps' states (`STORED_STEPS` at most, whatever the
+   user's `max_steps`: the cost follows the steps taken) fit in `STORE_ALL_BYTES` →
    `DiscreteAdjoint`, which then keeps every step: its reverse pass is one VJP per stage, with
    no re-solve and no recomputation, where a continuous adjoint integrates the m-vector μ with
    the solver (stages and error control over 2n + m values). Measured (2-core CPU, one run
@@ -55,7 +57,7 @@ from sciad.adjoints import (
     InterpolatingAdjoint,
     describe,
 )
-from sciad.adjoints.base import is_implicit
+from sciad.adjoints.base import is_implicit, stored_steps
 from sciad.adjoints.discrete import STORE_ALL_BYTES, stored_steps_bytes
 from sciad.timing import ties
 
@@ -156,7 +158,7 @@ def features(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float,
         "implicit solver": is_implicit(solver),
         "save points": int(np.prod(jnp.shape(ts))),
         "rtol, atol": (rtol, atol),
-        "interpolation bytes": max_steps * (stages + 1) * n * dtype.itemsize,
+        "interpolation bytes": stored_steps(max_steps) * (stages + 1) * n * dtype.itemsize,
         "stored steps bytes": stored_steps_bytes(max_steps, n, dtype.itemsize),
         "memory budget": memory_budget,
         "device": jax.default_backend(),

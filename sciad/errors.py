@@ -37,6 +37,12 @@ def error_if(x, pred, message: str):
     return _error(x, jnp.any(pred).astype(jnp.int32), (message,))
 
 
+def batch_any(pred) -> jax.Array:
+    """Whether `pred` holds anywhere, over every member of a `jax.vmap` batch too: unbatched, so a
+    `lax.cond` on it stays a cond under vmap (one branch runs for the whole batch)."""
+    return eqxi.unvmap_any(jnp.any(pred))
+
+
 def solver_failure(x, result: dfx.RESULTS, max_steps: int):
     """`x`, raising a `SolveError` when the diffrax solve that gave `result` failed (e.g. ran out of steps)."""
     # diffrax's RESULTS (an equinox Enumeration) keeps its messages and item indices private

@@ -50,22 +50,25 @@ def test_few_parameters_get_forward_mode(lv):
 
 
 def test_many_parameters_get_an_adjoint():
-    """m = 12n: the store-all DiscreteAdjoint while max_steps steps fit in memory, at any number of save
+    """m = 12n: the store-all DiscreteAdjoint while the stored steps fit in memory, at any number of save
     points and with any solver; past that, DiscreteAdjoint for dense saves and a continuous adjoint otherwise."""
     rng = np.random.default_rng(0)
     prob = sciad.ODEProblem(linear_many_params, rng.normal(size=12), (0.0, 1.0), 0.1 * rng.normal(size=144))
     for saveat, solver in (([1.0], "tsit5"), (np.linspace(0, 1, 5), "tsit5"), ([1.0], "kvaerno5")):
         stored = sciad.select_sensealg(prob, saveat=saveat, solver=solver)
         assert isinstance(stored.sensealg, sciad.DiscreteAdjoint) and "no re-solve" in stored.report()
-    too_many = 2 * sciad.adjoints.discrete.STORE_ALL_BYTES // (3 * 12 * 8)  # steps whose states exceed the limit
-    # 6 steps over 5 save points: restarts would dominate a continuous adjoint.
-    dense_saves = sciad.select_sensealg(prob, saveat=np.linspace(0, 1, 5), max_steps=too_many)
-    assert isinstance(dense_saves.sensealg, sciad.DiscreteAdjoint) and "per save point" in dense_saves.report()
-    sparse_saves = sciad.select_sensealg(prob, saveat=[1.0], max_steps=too_many)
+    # A user's max_steps changes nothing: the stored steps are capped, the cost follows the steps taken.
+    for max_steps in (100_000, 1_000_000):
+        assert sciad.select_sensealg(prob, saveat=[1.0], max_steps=max_steps).sensealg == stored.sensealg
+    # Past the memory (many states): DiscreteAdjoint for dense saves, a continuous adjoint otherwise.
+    feat = {**sciad.select.features(prob, [1.0]), "stored steps bytes": 2 * sciad.adjoints.discrete.STORE_ALL_BYTES}
+    dense_saves = sciad.auto.heuristic({**feat, "save points": 5})
+    assert isinstance(dense_saves.sensealg, sciad.DiscreteAdjoint) and "per save point" in dense_saves.reason
+    sparse_saves = sciad.auto.heuristic(feat)
     assert isinstance(sparse_saves.sensealg, sciad.BacksolveAdjoint)
     assert sparse_saves.sensealg.vjp.name == "jax-reverse"
-    stiff = sciad.select_sensealg(prob, saveat=[1.0], solver="kvaerno5", max_steps=too_many)
-    assert isinstance(stiff.sensealg, sciad.InterpolatingAdjoint) and "stiff" in stiff.report()
+    stiff = sciad.auto.heuristic({**feat, "implicit solver": True})
+    assert isinstance(stiff.sensealg, sciad.InterpolatingAdjoint) and "stiff" in stiff.reason
     many_states = {"states": 512, "parameters": 30, "save points": 2, "implicit solver": False,
                    "memory budget": None, "interpolation bytes": 0, "stored steps bytes": 0}
     assert sciad.auto.heuristic(many_states).rule == "explicit"  # m ≪ n: BacksolveAdjoint beats it

@@ -79,11 +79,22 @@ class Setup(eqx.Module):
             return sol
         return eqx.tree_at(lambda s: s.ys, sol, solver_failure(sol.ys, sol.result, max_steps))
 
-    def forward(self, u0, p, *, ts=None, dense=False, adjoint=None):
+    def forward(self, u0, p, *, ts=None, dense=False, adjoint=None, throw=True):
         """The forward solve from t0 to t1, saving at `ts` (default: the saveat times)."""
         ts = self.ts if ts is None else ts
         return self.diffeqsolve(self.term(), u0, p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
-                                dense=dense, adjoint=adjoint)
+                                dense=dense, adjoint=adjoint, throw=throw)
+
+
+# Steps the storing sensealgs keep without recomputation: diffrax's default max_steps. Buffers are
+# sized by it, not by a user's max_steps (a safety cap: zeroing and walking a buffer of a million
+# steps would cost more than the solve); a solve that takes more steps is recomputed from checkpoints.
+STORED_STEPS = 4096
+
+
+def stored_steps(max_steps: int) -> int:
+    """The steps a storing sensealg keeps for a solve of at most `max_steps` steps."""
+    return min(max_steps, STORED_STEPS)
 
 
 def leading_seminorm(parts: int = 1) -> Callable:

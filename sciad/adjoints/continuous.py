@@ -23,10 +23,11 @@ from sciad.adjoints.base import (
     leading_seminorm,
     plain_forward,
     stats_vector,
+    stored_steps,
 )
 from sciad.adjoints import checkpoints
 from sciad.adjoints.stepping import Marcher
-from sciad.errors import error_if
+from sciad.errors import batch_any, error_if
 
 
 class _ContinuousAdjoint(AbstractSensitivity):
@@ -48,6 +49,8 @@ class _ContinuousAdjoint(AbstractSensitivity):
     def checkpoint_times(self, setup: Setup) -> np.ndarray:
         return np.zeros((0,))
 
+    resolves = False  # whether u(t) is re-solved interval by interval on the way back (checkpointing)
+
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
@@ -56,26 +59,42 @@ class _ContinuousAdjoint(AbstractSensitivity):
         us = sol.ys[setup.saved(bps)]
         interpolation = sol.interpolation if self.stores_interpolation else None
         stats = stats_vector(sol, u0.dtype)
-        return us, stats, (u0, p, bps, sol.ys, interpolation, stats[1])
+        return us, stats, (u0, p, bps, sol.ys, interpolation, stats[1], None)
 
     def pullback(self, setup: Setup, residuals, w):
+        """The backward sweep; where the forward pass ran out of stored steps (`residuals[-1]`, for
+        any member of a vmap batch), the sweep that re-solves each interval."""
+        *residuals, again = residuals
+        if again is None:
+            return self.sweep(setup, residuals, w, self.resolves)
+        return jax.lax.cond(batch_any(again), lambda: self.sweep(setup, residuals, w, True),
+                            lambda: self.sweep(setup, residuals, w, False))
+
+    def sweep(self, setup: Setup, residuals, w, resolve: bool):
+        """(∂L/∂u0, ∂L/∂p) from the breakpoints t (B,), u there (B, n), the stored interpolation
+        (`resolve=False`) or the intervals re-solved (`resolve=True`). Breakpoints after the first
+        at t1 (unused checkpoints: zero-length intervals) are not walked."""
         u0, p, bps, u_at, interpolation, steps = residuals
         jumps = jnp.zeros((len(bps), u0.shape[0]), w.dtype).at[setup.saved(bps)].add(w)
         t = bps.astype(u0.dtype)
+        last = jnp.searchsorted(t, t[-1])
         prods = Products(setup.f, self.vjp)
         marcher = self.marcher(setup, prods)
         # The forward pass's mean step is the first one tried: no step-size search.
         dt0 = (setup.t1 - setup.t0) / jnp.maximum(steps, 1)
-        march = marcher.start(self.initial(u_at[-1], jumps[-1], p), self.start_args(setup, p, u_at, interpolation, t),
-                              t[-1], dt0, self.quadrature(p))
+        march = marcher.start(self.initial(u_at[last], jumps[last], p),
+                              self.start_args(setup, p, u_at, interpolation, t, resolve), t[-1], dt0,
+                              self.quadrature(p))
 
-        def interval(carry, j):
-            march, drift = carry
+        def interval(carry):
+            j, march, drift = carry
+            j = jnp.maximum(j, 0)  # under vmap, members done walk their first interval again, discarded
             march, drift = self.backward(setup, prods, marcher, march, p, t[j + 1], t[j], u_at[j], interpolation,
-                                         drift)
-            return (march.jumped(self.jump(march.y, jumps[j], u_at[j])), drift), None
+                                         drift, resolve, steps)
+            return j - 1, march.jumped(self.jump(march.y, jumps[j], u_at[j])), drift
 
-        (march, drift), _ = jax.lax.scan(interval, (march, jnp.zeros((), w.dtype)), jnp.arange(len(bps) - 2, -1, -1))
+        _, march, drift = jax.lax.while_loop(lambda carry: carry[0] >= 0, interval,
+                                             (last - 1, march, jnp.zeros((), w.dtype)))
         # A failed backward solve (out of steps between two breakpoints, or the solver's own
         # failure) raises, unless the drift check reports it (BacksolveAdjoint's instability).
         result = dfx.RESULTS.where(drift <= self.drift_limit(), march.result, dfx.RESULTS.successful)
@@ -93,7 +112,7 @@ class _ContinuousAdjoint(AbstractSensitivity):
         """The backward system's `args` on [t_to, t_from]: p, and where u(t) comes from."""
         return p, _Held(interpolation, t_to, t_from)
 
-    def start_args(self, setup, p, u_at, interpolation, t):
+    def start_args(self, setup, p, u_at, interpolation, t, resolve):
         """`args` of the last interval, or their structure (what the march starts from)."""
         return self.args(p, interpolation, t[-2], t[-1])
 
@@ -110,9 +129,11 @@ class _ContinuousAdjoint(AbstractSensitivity):
         """(∂L/∂u0, ∂L/∂p) from the march at t0."""
         return march.y
 
-    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift):
+    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift, resolve,
+                 steps):
         """(march at t_to, drift) from the march at t_from > t_to; `drift` ≥ 0, the largest so far,
-        measures how far a state re-solved backwards ends from the stored u(t_to) (u_start)."""
+        measures how far a state re-solved backwards ends from the stored u(t_to) (u_start);
+        `steps`: the forward solve's accepted steps."""
         args = self.args(p, interpolation, t_to, t_from)
         return marcher.advance(march, args, t_to, setup.max_steps, self.on_step(setup, prods, args)), drift
 
@@ -152,16 +173,22 @@ def _lambda_mu_rhs(prods: Products):
 
 
 INTERVAL_STEPS = 128  # re-solved steps per interval with checkpoints by step count (one every 64)
-DRIFT_TOLERANCE = 100.0
+# BacksolveAdjoint's self-check (tests/test_backsolve_check.py holds the corpus it is calibrated on):
+# the drift allowed per forward step, in tolerances (right gradients: at most 1.1; wrong: from 124),
+# and the backward steps per forward step (+ 8) after which an interval is refused (stiff backwards;
+# right gradients take at most 2).
+DRIFT_TOLERANCE = 10.0
+BACKWARD_STEPS = 4
 UNSTABLE = ("BacksolveAdjoint: the state re-solved backwards in time departs from the forward solution "
-            "(or the backward solve failed), so this problem is unstable backwards in time (stiff or "
-            "dissipative) and the gradient would be wrong. Use InterpolatingAdjoint (checkpointing=True "
-            "bounds its memory) or QuadratureAdjoint.")
+            f"(or the backward solve failed, or took more than {BACKWARD_STEPS} steps per forward step), so this problem is "
+            "unstable backwards in time (stiff or dissipative) and the gradient would be wrong. Use "
+            "InterpolatingAdjoint (checkpointing=True bounds its memory) or QuadratureAdjoint.")
 
 
 def _warn_unstable(unstable, drift, tolerance):
     if unstable:
-        warnings.warn(f"{UNSTABLE} (drift {float(drift):.3g} × tolerance, limit {tolerance:g})", RuntimeWarning,
+        warnings.warn(f"{UNSTABLE} (drift {float(drift):.3g} tolerances per forward step, limit {tolerance:g})",
+                      RuntimeWarning,
                       stacklevel=2)
 
 
@@ -172,12 +199,19 @@ class BacksolveAdjoint(_ContinuousAdjoint):
     control (Kidger et al. 2021): the steps are set by (u, λ), 2n values, not 2n + m.
 
     Wrong on problems that are unstable backwards in time (stiff or
-    dissipative ones), so it checks itself at no extra cost: where u is reset,
-    the u re-solved backwards must match the stored forward value within
-    `drift_tolerance` × (atol + rtol |u|) (RMS over states). Beyond it, or when
-    the backward solve fails, `on_instability="raise"` (default) raises an
-    error recommending InterpolatingAdjoint; `"warn"` warns and returns the
-    gradient anyway."""
+    dissipative ones), so it checks itself at no extra cost. The signal is
+    exponential departure: where u is reset, the u re-solved backwards ends
+    some drift from the stored forward value, measured in tolerances
+    (atol + rtol |u|, RMS over states). Two accurate solves differ by their
+    global error, which accumulates at most about one tolerance per step; an
+    unstable backward solve amplifies its errors exponentially. So the drift
+    per forward step must stay within `drift_tolerance` (default 10: right
+    gradients of the corpus stay below 1.1, wrong ones start at 124), and an
+    interval that takes more than `BACKWARD_STEPS` (4) backward steps per forward
+    step is refused as it goes (stiff backwards: the refusal costs a few forward
+    solves, not max_steps). Beyond either, or when the backward solve fails,
+    `on_instability="raise"` (default) raises an error recommending
+    InterpolatingAdjoint; `"warn"` warns and returns the gradient anyway."""
 
     stores_interpolation = False
     on_instability: str
@@ -215,11 +249,13 @@ class BacksolveAdjoint(_ContinuousAdjoint):
     def cotangents(self, march):
         return march.y[1:]
 
-    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift):
+    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift, resolve,
+                 steps):
         def solve():
-            m = marcher.advance(march, p, t_to, setup.max_steps)
+            budget = jnp.minimum(BACKWARD_STEPS * (steps + 8), setup.max_steps).astype(jnp.int32)
+            m = marcher.advance(march, p, t_to, budget)
             scale = setup.atol + setup.rtol * jnp.abs(u_start)
-            d = jnp.sqrt(jnp.mean(((m.y[0] - u_start) / scale) ** 2))
+            d = jnp.sqrt(jnp.mean(((m.y[0] - u_start) / scale) ** 2)) / jnp.maximum(steps, 1)
             d = jnp.where(dfx.is_successful(m.result), d, jnp.inf)
             return m, jnp.maximum(drift, jax.lax.stop_gradient(d))
 
@@ -240,8 +276,10 @@ class BacksolveAdjoint(_ContinuousAdjoint):
 
 class _Interpolated(_ContinuousAdjoint):
     """A continuous adjoint with u(t) from a dense interpolation of the forward solve.
-    `checkpointing=False` stores the interpolation of the whole forward solve (memory grows
-    with the number of steps, bounded by `max_steps`). `checkpointing=True` keeps only u at
+    `checkpointing=False` stores the interpolation of the whole forward solve, up to
+    `STORED_STEPS` steps (memory grows with the steps taken); a solve that takes more (a
+    `max_steps` raised above it) is run again keeping checkpoints, as `checkpointing=True`, so the
+    cost follows the steps taken, not `max_steps`. `checkpointing=True` keeps only u at
     checkpoints and re-solves each interval between them with dense output during the reverse
     pass, in at most `interval_max_steps` steps. By default (`checkpoints=None`) the forward
     solve keeps u after every `interval_max_steps // 2` accepted steps (default 128 // 2):
@@ -268,6 +306,10 @@ class _Interpolated(_ContinuousAdjoint):
     def stores_interpolation(self):
         return not self.checkpointing
 
+    @property
+    def resolves(self):
+        return self.checkpointing
+
     def checkpoint_times(self, setup: Setup) -> np.ndarray:
         if self.checkpoints is None:
             return np.zeros((0,))
@@ -276,23 +318,39 @@ class _Interpolated(_ContinuousAdjoint):
             raise ValueError(f"checkpoints must lie inside tspan ({setup.t0}, {setup.t1}), got {self.checkpoints}")
         return c
 
-    @property
-    def steps_checkpointed(self) -> bool:
-        """Whether the forward solve keeps checkpoints by step count (checkpointing, no times given)."""
-        return self.checkpointing and self.checkpoints is None
-
     def forward(self, setup: Setup, u0, p, active):
-        if active is None or not self.steps_checkpointed:
+        if active is None or self.checkpoints is not None:
             return super().forward(setup, u0, p, active)
-        t, u_at, stats = checkpoints.forward(setup, u0, p, self.steps_per_interval(setup) // 2)
-        return u_at[setup.saved(t)], stats, (u0, p, t, u_at, None, stats[1])
+        every = self.steps_per_interval(setup) // 2
+        if self.checkpointing:
+            t, u_at, stats = checkpoints.forward(setup, u0, p, every)
+            return u_at[setup.saved(t)], stats, (u0, p, t, u_at, None, stats[1], None)
+        stored = stored_steps(setup.max_steps)
+        if stored == setup.max_steps:
+            return super().forward(setup, u0, p, active)
+        # Every step stored up to `stored`; past it, the solve again with checkpoints every `every` steps.
+        bps = setup.breakpoints()
+        sol = setup.diffeqsolve(setup.term(), u0, p, setup.t0, setup.t1, ts=bps.astype(u0.dtype), dense=True,
+                                max_steps=stored, throw=False)
+        again = batch_any(sol.result == dfx.RESULTS.max_steps_reached)
+        recheckpointed = lambda: checkpoints.forward(setup, u0, p, every)  # noqa: E731
+        size = jax.eval_shape(recheckpointed)[0].shape[0]
 
-    def start_args(self, setup, p, u_at, interpolation, t):
-        if self.checkpointing:  # the structure of a re-solved interval's args
+        def kept():  # the breakpoints padded as unused checkpoints are: at t1, with u(t1)
+            pad = size - bps.shape[0]
+            return (jnp.concatenate([bps.astype(u0.dtype), jnp.full((pad,), setup.t1, u0.dtype)]),
+                    checked(setup, sol.result, jnp.concatenate([sol.ys, jnp.repeat(sol.ys[-1:], pad, 0)])),
+                    stats_vector(sol, u0.dtype))
+
+        t, u_at, stats = jax.lax.cond(again, recheckpointed, kept)
+        return u_at[setup.saved(t)], stats, (u0, p, t, u_at, sol.interpolation, stats[1], again)
+
+    def start_args(self, setup, p, u_at, interpolation, t, resolve):
+        if resolve:  # the structure of a re-solved interval's args
             return eqx.filter_eval_shape(
                 lambda: self.args(p, self.resolved(setup, p, t[-1], t[-2], u_at[-2], t[-1] - t[-2])[0],
                                   t[-2], t[-1]))
-        return super().start_args(setup, p, u_at, interpolation, t)
+        return super().start_args(setup, p, u_at, interpolation, t, resolve)
 
     def resolved(self, setup, p, t_from, t_to, u_start, dt0):
         """(interpolation, ok): this interval re-solved forward from u_start with dense output."""
@@ -300,9 +358,11 @@ class _Interpolated(_ContinuousAdjoint):
                                 max_steps=self.steps_per_interval(setup), dt0=dt0, throw=False)
         return sol.interpolation, dfx.is_okay(sol.result)
 
-    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift):
-        if not self.checkpointing:
-            return super().backward(setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift)
+    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift, resolve,
+                 steps):
+        if not resolve:
+            return super().backward(setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift,
+                                    resolve, steps)
 
         def resolve_and_march():
             interpolation, ok = self.resolved(setup, p, t_from, t_to, u_start, jnp.minimum(march.dt, t_from - t_to))
@@ -311,7 +371,7 @@ class _Interpolated(_ContinuousAdjoint):
                 f"needed more than interval_max_steps={self.steps_per_interval(setup)} steps; pass a larger "
                 "interval_max_steps or more checkpoints")
             return super(_Interpolated, self).backward(setup, prods, marcher, checked_march, p, t_from, t_to,
-                                                       u_start, interpolation, drift)
+                                                       u_start, interpolation, drift, resolve, steps)
 
         # Zero-length intervals (unused checkpoints, a save time at t0 or t1) are not re-solved.
         return jax.lax.cond(t_from > t_to, resolve_and_march, lambda: (march, drift))
@@ -321,7 +381,7 @@ class _Interpolated(_ContinuousAdjoint):
         4 × max_steps / intervals (at least 64, at most max_steps) with checkpoint times given."""
         if self.interval_max_steps is not None:
             return self.interval_max_steps
-        if self.steps_checkpointed:
+        if self.checkpoints is None:
             return INTERVAL_STEPS
         intervals = len(setup.breakpoints(self.checkpoint_times(setup))) - 1
         return int(min(setup.max_steps, max(64, 4 * setup.max_steps // intervals)))
@@ -346,14 +406,15 @@ class InterpolatingAdjoint(_Interpolated):
         return lam1, jnp.zeros_like(p)
 
 
-class QuadratureAdjoint(_ContinuousAdjoint):
+class QuadratureAdjoint(_Interpolated):
     """Continuous adjoint that solves λ backwards with u from the stored
     interpolation and obtains ∂L/∂p = ∫ λᵀ ∂f/∂p dt as a quadrature along λ's
     steps: μ rides along with the solver's stages but is left out of error
     control, so the step count is set by λ alone (n states, not n + m). The same
     as `InterpolatingAdjoint(seminorm=True)`, under SciMLSensitivity's name."""
 
-    stores_interpolation = True
+    def __init__(self, vjp="jax-reverse"):
+        super().__init__(vjp)
 
     def marcher(self, setup, prods):
         return Marcher(setup, _lambda_mu_rhs(prods), leading_seminorm())

@@ -1,27 +1,29 @@
 """Differentiating through the solver's steps: discretise-then-optimise."""
 
+import dataclasses
+from typing import Callable
+
 import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sciad.adjoints.base import AbstractSensitivity, Setup, checked, plain_forward, stats_vector
+from sciad.adjoints.base import AbstractSensitivity, Setup, checked, plain_forward, stats_vector, stored_steps
+from sciad.errors import batch_any
 
 STORE_ALL_BYTES = 2**28  # every step's state kept below this (256 MiB), recursive checkpoints above
 STATE_COPIES = 3  # a checkpoint holds about three copies of the state (y, the FSAL stage, the step's start)
-
-
 def stored_steps_bytes(max_steps: int, states: int, itemsize: int) -> int:
-    """The bytes of `max_steps` stored steps of a state of `states` entries of `itemsize` bytes."""
-    return max_steps * STATE_COPIES * states * itemsize
+    """The bytes of the stored steps (`stored_steps(max_steps)`) of a state of `states` entries of `itemsize` bytes."""
+    return stored_steps(max_steps) * STATE_COPIES * states * itemsize
 
 
-def _solution(setup: Setup, adjoint=None):
+def _solution(setup: Setup, adjoint=None, throw=True):
     """(u0, p) -> (us, (us, stats, result)): a solve shaped for jax.vjp / jax.jacfwd with has_aux."""
 
     def solve(u0, p):
-        sol = setup.forward(u0, p, adjoint=adjoint)
+        sol = setup.forward(u0, p, adjoint=adjoint, throw=throw)
         return sol.ys, (sol.ys, stats_vector(sol, u0.dtype), sol.result)
 
     return solve
@@ -33,11 +35,14 @@ class DiscreteAdjoint(AbstractSensitivity):
     The baseline every other sensealg is checked against. The forward pass
     records the reverse pass's residuals (no re-solve).
 
-    `stored_steps=None` stores every step (no recomputation) when `max_steps`
-    steps' states fit in `STORE_ALL_BYTES`, and otherwise checkpoints
-    recursively (O(log max_steps) states, O(n log n) recomputation); an int
-    sets the number of steps stored (diffrax's `checkpoints`; memory ≈
-    stored_steps × the solver's state).
+    `stored_steps=None` stores every step (no recomputation) for solves of up
+    to `STORED_STEPS` steps whose states fit in `STORE_ALL_BYTES`; a solve
+    that takes more steps than that (a `max_steps` raised above it) is run
+    again with diffrax's recursive checkpoints (O(√max_steps) states, the
+    steps recomputed), so the cost follows the steps taken, not `max_steps`.
+    Past the memory, recursive checkpoints from the start. An int sets the
+    number of steps stored (diffrax's `checkpoints`; memory ≈ stored_steps ×
+    the solver's state).
 
     Differentiated again (Hessians, forward-over-reverse), the reverse pass
     is replayed through diffrax's `DirectAdjoint`, which forward mode can
@@ -55,13 +60,15 @@ class DiscreteAdjoint(AbstractSensitivity):
         if self.stored_steps is not None:
             return self.stored_steps
         stored = stored_steps_bytes(setup.max_steps, u0.size, u0.dtype.itemsize)
-        return setup.max_steps if stored <= STORE_ALL_BYTES else None
+        return stored_steps(setup.max_steps) if stored <= STORE_ALL_BYTES else None
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
-        us, stats, result, pb = _recorded(setup, self.checkpoint_count(setup, u0))(u0, p)
-        return us, stats, (u0, p, pb, result)
+        count = self.checkpoint_count(setup, u0)
+        capped = self.stored_steps is None and count is not None and count < setup.max_steps
+        us, stats, result, pb = _recorded(setup, count, capped)(u0, p)
+        return checked(setup, result, us), stats, (u0, p, pb, result)
 
     def pullback(self, setup: Setup, residuals, w):
         u0, p, pb, result = residuals
@@ -74,18 +81,44 @@ def _zero_tangents(tree):
                         else np.zeros(x.shape, jax.dtypes.float0), tree)
 
 
-def _recorded(setup: Setup, checkpoints: int | None):
+def _recorded(setup: Setup, checkpoints: int | None, capped: bool):
     """(u0, p) -> (us, stats, result, pb): the forward solve with `checkpoints` checkpoints and the
-    pullback `pb` they make. Forward mode sees the solution's tangent (through the solver's
-    steps) and no tangent for `pb`, which `_replayed` recomputes instead of reading."""
+    pullback `pb` they make. `capped`: the solve is tried in at most `checkpoints` steps, all stored,
+    and where it needs more (any member of a vmap batch), run again with recursive checkpoints.
+    Forward mode sees the solution's tangent (through the solver's steps) and no tangent for `pb`,
+    which `_replayed` recomputes instead of reading."""
     arrays, rest = eqx.partition(setup, eqx.is_array)  # traced parts enter the rule as arguments
     structure = []  # pb's PyTree structure: the rule returns its leaves (each trace builds a new structure)
+
+    def recording(setup, u0, p, checkpoints, throw=True):
+        _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints), throw),
+                                             u0, p, has_aux=True)
+        return pb, us, stats, result
+
+    def stored_or_recursive(setup, u0, p):
+        stored, us, stats, result = recording(dataclasses.replace(setup, max_steps=checkpoints), u0, p,
+                                              checkpoints, throw=False)
+        again = []  # the recomputing pullback's structure (the cond returns its leaves)
+
+        def recursive():
+            pb, *out = recording(setup, u0, p, None)
+            leaves, treedef = jax.tree.flatten(pb)
+            again[:] = [treedef]
+            return leaves, *out
+
+        shape = jax.eval_shape(recursive)[0]
+        overflow = batch_any(result == dfx.RESULTS.max_steps_reached)
+        zeros = lambda: ([jnp.zeros(x.shape, x.dtype) for x in shape], us, stats, result)  # noqa: E731
+        leaves, us, stats, result = jax.lax.cond(overflow, recursive, zeros)
+        return _Either(stored, jax.tree.unflatten(again[0], leaves), overflow), us, stats, result
 
     @jax.custom_jvp
     def record(u0, p, arrays):
         setup = eqx.combine(arrays, rest)
-        _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints)), u0, p,
-                                             has_aux=True)
+        if capped:
+            pb, us, stats, result = stored_or_recursive(setup, u0, p)
+        else:
+            pb, us, stats, result = recording(setup, u0, p, checkpoints)
         leaves, treedef = jax.tree.flatten(pb)
         structure[:] = [treedef]
         return us, stats, result, leaves
@@ -103,6 +136,17 @@ def _recorded(setup: Setup, checkpoints: int | None):
         return us, stats, result, jax.tree.unflatten(structure[0], leaves)
 
     return recorded
+
+
+class _Either(eqx.Module):
+    """The pullback of the stored solve, or where it ran out of steps (`again`), the recomputing one's."""
+
+    stored: Callable
+    again: Callable
+    again_used: jax.Array
+
+    def __call__(self, w):
+        return jax.lax.cond(self.again_used, self.again, self.stored, w)
 
 
 def _replayed(setup: Setup):
