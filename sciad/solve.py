@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint
+from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint, parse
 from sciad.adjoints.base import Bound, Setup, is_implicit
 from sciad.errors import error_if
 from sciad.problem import ODEProblem, check_like, check_params, check_saveat, check_state
@@ -50,8 +50,8 @@ def _sensealg(sensealg) -> AbstractSensitivity:
         return InterpolatingAdjoint()
     if isinstance(sensealg, AbstractSensitivity):
         return sensealg
-    if isinstance(sensealg, str) and sensealg in SENSEALGS:
-        return SENSEALGS[sensealg]()
+    if isinstance(sensealg, str) and sensealg.partition("(")[0].strip() in SENSEALGS:
+        return parse(sensealg)  # a name, or any string `sciad.adjoints.describe` prints
     raise ValueError(f"unknown sensealg {sensealg!r}; pass one of {sorted(SENSEALGS)} (an instance or its name)")
 
 
