@@ -411,10 +411,8 @@ class QuadratureAdjoint(_Interpolated):
     interpolation and obtains ∂L/∂p = ∫ λᵀ ∂f/∂p dt as a quadrature along λ's
     steps: μ rides along with the solver's stages but is left out of error
     control, so the step count is set by λ alone (n states, not n + m). The same
-    as `InterpolatingAdjoint(seminorm=True)`, under SciMLSensitivity's name."""
-
-    def __init__(self, vjp="jax-reverse"):
-        super().__init__(vjp)
+    as `InterpolatingAdjoint(seminorm=True)`, under SciMLSensitivity's name, with its
+    checkpointing options (`_Interpolated`)."""
 
     def marcher(self, setup, prods):
         return Marcher(setup, _lambda_mu_rhs(prods), leading_seminorm())
