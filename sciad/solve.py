@@ -1,6 +1,7 @@
 """`solve`: integrate an `ODEProblem` with diffrax, differentiably by a chosen sensealg."""
 
 import dataclasses
+import warnings
 from typing import Any
 
 import diffrax as dfx
@@ -100,6 +101,9 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
         sensealg = auto_sensealg(u0, p, ts, solver=get_solver(solver), rtol=rtol, atol=atol,
                                  max_steps=int(max_steps)).sensealg
     sensealg = _sensealg(sensealg)
+    advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(get_solver(solver)))
+    if advice:
+        warnings.warn(advice, UserWarning, stacklevel=2)
     field, closure = VectorField.of(prob.f, u0, p, t0, host=any(not e.traced for e in sensealg.engines()))
     dtype = field.dtype
     setup = Setup(field, get_solver(solver), t0, t1, None, float(rtol), float(atol), int(max_steps))

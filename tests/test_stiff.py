@@ -197,3 +197,12 @@ def test_autotune_marks_a_failing_candidate_and_goes_on(monkeypatch):
     failed, works = by_name["BacksolveAdjoint(jax-reverse)"], by_name["InterpolatingAdjoint(jax-reverse)"]
     assert str(failed["ok"]).startswith("failed") and "backwards in time" in failed["ok"]
     assert works["ok"] is True
+
+
+def test_forward_sensitivity_with_an_implicit_solver_on_many_states_warns():
+    prob = sciad.ODEProblem(lambda u, p, t: -p * u, np.ones(32), (0.0, 0.1), np.array(2.0))
+    with pytest.warns(UserWarning, match="sensealg='auto'"):
+        sciad.solve(prob, solver="kvaerno5", sensealg=ForwardSensitivity())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sciad.solve(prob, solver="tsit5", sensealg=ForwardSensitivity())

@@ -186,6 +186,11 @@ class AbstractSensitivity(eqx.Module):
         """The `sciad.ad` backends this sensealg runs f's products on."""
         return ()
 
+    def slow_for(self, states: int, implicit: bool) -> str | None:
+        """Why this sensealg is known to be far off the fastest for `states` states and an implicit
+        (or explicit) solver, or None."""
+        return None
+
     def solve(self, setup: Setup, u0, p, c, ts):
         """-> (us (T, n), stats (3,)), differentiable in u0 (n,), p (m,) and c (k,) by this
         algorithm's rules. Here `setup.f` is f(u, p, c, t) and `setup.ts` unused: c are values f

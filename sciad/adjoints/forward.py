@@ -7,6 +7,9 @@ import sciad.ad as ad
 from sciad.adjoints.base import AbstractSensitivity, Products, Setup, leading_seminorm, plain_forward, stats_vector
 
 
+SLOW_IMPLICIT_STATES = 16  # states from which ForwardSensitivity with an implicit solver gets a warning
+
+
 class ForwardSensitivity(AbstractSensitivity):
     """Continuous forward sensitivities: u' = f, S' = (∂f/∂u) S + ∂f/∂p solved
     as one augmented system with error control on u and S. `jvp` is the
@@ -31,6 +34,13 @@ class ForwardSensitivity(AbstractSensitivity):
 
     def engines(self) -> tuple:
         return (self.jvp,)
+
+    def slow_for(self, states: int, implicit: bool) -> str | None:
+        if implicit and states >= SLOW_IMPLICIT_STATES:
+            return (f"ForwardSensitivity with an implicit solver on {states} states: the sensitivity equations "
+                    "join every Newton solve (81× diffrax's best adjoint on a 100-state stiff PDE); "
+                    "sensealg='auto' picks a faster one")
+        return None
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
