@@ -54,6 +54,7 @@ class _ContinuousAdjoint(AbstractSensitivity):
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
+        check_implicit_engine(setup, self)
         bps = setup.breakpoints(self.checkpoint_times(setup))
         sol = setup.forward(u0, p, ts=bps, dense=self.stores_interpolation)
         us = sol.ys[setup.saved(bps)]
@@ -147,6 +148,17 @@ class _ContinuousAdjoint(AbstractSensitivity):
     def check_drift(self, cotangents, drift):
         """The cotangents, checked against the largest `drift` of the backward pass (no check by default)."""
         return cotangents
+
+
+def check_implicit_engine(setup: Setup, sensealg: _ContinuousAdjoint):
+    """An engine traced by JAX that cannot differentiate its own products (Enzyme) fails in the
+    implicit backward solve's Newton steps (they ran out of steps, not out of accuracy): refuse it here."""
+    if setup.implicit and sensealg.vjp.traced and not sensealg.vjp.higher_order:
+        raise ValueError(
+            f"{type(sensealg).__name__}(vjp={sensealg.vjp.name!r}) with the implicit solver "
+            f"{type(setup.solver).__name__}: the backward solve's Newton steps differentiate the engine's "
+            f"products, which {sensealg.vjp.name!r} cannot differentiate; pass vjp='jax-reverse' (or another "
+            "JAX engine), or an explicit solver")
 
 
 class _Held(eqx.Module):
