@@ -7,6 +7,7 @@ second time; under a user's `jax.jit` the useful line drowned in them.
 
 import functools
 import logging
+import warnings
 
 import diffrax as dfx
 import equinox.internal as eqxi
@@ -35,6 +36,17 @@ def error_if(x, pred, message: str):
     (under `jax.vmap`: for any batch member). Transparent to differentiation; no host call unless
     `pred` holds."""
     return _error(x, jnp.any(pred).astype(jnp.int32), (message,))
+
+
+def warn_if(pred, message: str, value):
+    """Warns `message.format(value)` (a `RuntimeWarning`) when the program runs with `pred` true;
+    under `jax.vmap` once for the whole batch, with its largest `value` (a scalar)."""
+
+    def warn(value):
+        warnings.warn(message.format(float(value)), RuntimeWarning, stacklevel=2)
+
+    value = eqxi.unvmap_max(jax.lax.stop_gradient(value))
+    jax.lax.cond(batch_any(pred), lambda: jax.debug.callback(warn, value), lambda: None)
 
 
 def batch_any(pred) -> jax.Array:

@@ -146,6 +146,16 @@ def test_autograd_names_a_function_it_cannot_differentiate():
         ad.gradient(ad.Autograd(), lambda x: namespace(x).sum(namespace(x).copysign(x, x - 0.4)), X)
 
 
+def test_enzyme_reports_its_nan_derivative_of_neighbouring_products():
+    """enzyme-ad 0.0.16 gives NaN for ∂(u[0] u[1]) at u = 0 (Robertson's kinetics at t = 0): an error
+    naming the fix, not a NaN nor a backward solve that runs out of steps. Fails when enzyme-ad is fixed."""
+    pytest.importorskip("enzyme_ad")
+    f = lambda u: u[0] * u[1] + u[2]
+    np.testing.assert_allclose(ad.gradient(ad.Enzyme(), f, np.array([2.0, 3.0, 1.0])), [3.0, 2.0, 1.0])
+    with pytest.raises(Exception, match="product of neighbouring elements.*'jax-reverse'"):
+        ad.gradient(ad.Enzyme(), f, np.array([0.0, 0.0, 1.0]))
+
+
 def test_autograd_refuses_an_output_that_lost_the_tape():
     """NumPy's own asarray of a list of boxes would give a zero gradient."""
     pytest.importorskip("autograd")

@@ -207,10 +207,3 @@ def test_forward_sensitivity_with_an_implicit_solver_on_many_states_warns():
         warnings.simplefilter("error")
         sciad.solve(prob, solver="tsit5", sensealg=ForwardSensitivity())
 
-
-def test_an_engine_that_cannot_differentiate_its_products_is_refused_by_implicit_adjoints():
-    """Enzyme inside the backward Newton steps ran out of steps and said max_steps; now it is named."""
-    if "enzyme" not in ad.available():
-        pytest.skip("enzyme-ad is not installed")
-    with pytest.raises(ValueError, match="'enzyme' cannot differentiate; pass vjp='jax-reverse'"):
-        relaxation_gradient(InterpolatingAdjoint(vjp="enzyme"), "kvaerno5")

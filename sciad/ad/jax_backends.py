@@ -3,6 +3,7 @@
 import dataclasses
 from typing import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -86,7 +87,11 @@ class Enzyme(AbstractBackend):
     Jacobians loop over pullbacks, and batches of the products of a function
     made with `differentiate_with(f, "enzyme")` run as a `jax.lax.map` loop;
     no second derivatives (enzyme-ad cannot differentiate its own
-    derivatives). Needs Python 3.11 on Linux x86_64."""
+    derivatives). enzyme-ad 0.0.16 differentiates a product of neighbouring
+    elements of one array (`u[0] * u[1]`) as the product over each element:
+    NaN where an element is 0; a pullback that is not finite where f and the
+    cotangent are raises at run time, naming the fix. Needs Python 3.11 on
+    Linux x86_64."""
 
     name = "enzyme"
     mode = "reverse"
@@ -114,7 +119,8 @@ class Enzyme(AbstractBackend):
                 raise NotImplementedError(
                     f"enzyme-ad 0.0.16 cannot differentiate `{primitive}` (jax.numpy.{primitive}): "
                     f"{ENZYME_REFUSES[primitive]}; use another engine for this function, e.g. 'jax-reverse'")
-        return jax.vjp(self._lower(f), *xs)
+        y, pullback = jax.vjp(self._lower(f), *xs)
+        return y, lambda w: _finite(pullback(w), (y, w))
 
 
 # JAX primitives enzyme-ad 0.0.16 mis-differentiates, refused before lowering (tests/test_namespace.py).
@@ -124,6 +130,17 @@ ENZYME_REFUSES = {
     "tan": "it has no adjoint rule for stablehlo.tan",
     "sort": "it crashes the process",
 }
+
+
+def _finite(cotangents, given):
+    """`cotangents`, raising at run time where they are not finite but f's value and the cotangent
+    pulled back (`given`) are."""
+    finite = lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+    return eqx.error_if(cotangents, finite(given) & ~finite(cotangents),
+                        "the 'enzyme' engine's derivative is NaN or infinite where f and the cotangent are finite: "
+                        "enzyme-ad 0.0.16 differentiates a product of neighbouring elements of one array "
+                        "(u[0] * u[1]) as the product over each element, NaN where one is 0; use another engine "
+                        "for this function, e.g. 'jax-reverse'")
 
 
 def _primitives(jaxpr):

@@ -17,7 +17,7 @@ import optimistix as optx
 
 import sciad.ad as ad
 from sciad.ad.linear import REVERSE_OVER_REVERSE, forward_mode_only
-from sciad.errors import solver_failure
+from sciad.errors import solver_failure, warn_if
 
 
 class Setup(eqx.Module):
@@ -211,9 +211,12 @@ class AbstractSensitivity(eqx.Module):
                 raise ValueError("sciad.solve is not differentiable with respect to saveat: pass the save "
                                  "times as constants (jax.lax.stop_gradient) or differentiate the solution instead")
             merged = active[2]
-            us, stats, residuals = self.forward(bind(c, ts, merged), u0, jnp.concatenate([p, c]) if merged else p,
-                                                (active[0], active[1] or merged))
-            return forward_mode_only(((us, stats), _Residuals(residuals, c, ts, merged)), REVERSE_OVER_REVERSE)
+            p_in = jnp.concatenate([p, c]) if merged else p
+            us, stats, residuals = self.forward(bind(c, ts, merged), u0, p_in, (active[0], active[1] or merged))
+            size_u0 = jnp.max(jnp.abs(u0))
+            sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(us)))]))
+            return forward_mode_only(((us, stats), _Residuals(residuals, c, ts, merged, p_in, sizes)),
+                                     REVERSE_OVER_REVERSE)
 
         def pushforward(res, vs):
             du0, dp, dc, _ = vs
@@ -223,6 +226,7 @@ class AbstractSensitivity(eqx.Module):
 
         def pullback(res, w):
             g_u0, g_p = self.pullback(bind(res.c, res.ts, res.merged), res.inner, w[0])
+            warn_if_chaotic(setup.rtol, res, w[0], g_u0, g_p)
             if not res.merged:
                 return g_u0, g_p, None, None
             return g_u0, g_p[:m], g_p[m:], None
@@ -253,12 +257,39 @@ def _open(field, m, u, p, c, t):
 
 
 class _Residuals(eqx.Module):
-    """A sensealg's residuals with the closure `c`, the save times `ts` and whether c was appended to p."""
+    """A sensealg's residuals with the closure `c`, the save times `ts`, whether c was appended to p,
+    the parameters the sensealg saw (`p_in`) and the largest |u0| and |u| over u0 and the saved states (`sizes`, (2,))."""
 
     inner: typing.Any
     c: jax.Array
     ts: jax.Array
     merged: bool = eqx.field(static=True)
+    p_in: jax.Array
+    sizes: jax.Array
+
+
+CHAOTIC = ("the gradient is {:.1e} times as sensitive as the solution itself (relative to their sizes; "
+           "more than 1/rtol): the solve is exponentially sensitive to u0 and p over this horizon (chaos, e.g. "
+           "Lorenz), and the solver's own error moves the loss as much as the gradient predicts, so its size and "
+           "sign depend on the tolerance. A gradient of a long-time average of a chaotic system is meaningless: "
+           "shorten the horizon (fit on windows, multiple shooting) or use a shadowing method (least-squares "
+           "shadowing; not yet in sciad)")
+
+
+def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
+    """Warns when the relative gradient, (|∂L/∂u0| |u0| or |∂L/∂p ⊙ p|, largest entries) over
+    (Σ|∂L/∂u(tᵢ)|) |u| (largest entry), exceeds 1/rtol: a perturbation the size of the solver's error
+    then moves the loss as much as the solution's whole size would. A stable system stays near 1 and
+    an unstable linear one, whose solution grows with its sensitivity, too."""
+    size_u0, size_u = res.sizes
+    relative = [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0)] if g_p is not None else []
+    if g_u0 is not None:
+        relative.append(jnp.max(jnp.abs(g_u0), initial=0.0) * size_u0)
+    if not relative:
+        return
+    amplification = jax.lax.stop_gradient(
+        jnp.max(jnp.stack(relative)) / jnp.maximum(jnp.sum(jnp.abs(w)) * size_u, jnp.finfo(w.dtype).tiny))
+    warn_if(amplification * rtol > 1, CHAOTIC, amplification)
 
 
 def plain_forward(setup: Setup, u0, p):

@@ -6,7 +6,6 @@ between breakpoints (t0, the saveat times, the checkpoints, t1); the
 methods differ in where u(t) comes from on the way back.
 """
 
-import warnings
 
 import diffrax as dfx
 import equinox as eqx
@@ -27,7 +26,7 @@ from sciad.adjoints.base import (
 )
 from sciad.adjoints import checkpoints
 from sciad.adjoints.stepping import Marcher
-from sciad.errors import batch_any, error_if
+from sciad.errors import batch_any, error_if, warn_if
 
 
 class _ContinuousAdjoint(AbstractSensitivity):
@@ -54,7 +53,6 @@ class _ContinuousAdjoint(AbstractSensitivity):
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
-        check_implicit_engine(setup, self)
         bps = setup.breakpoints(self.checkpoint_times(setup))
         sol = setup.forward(u0, p, ts=bps, dense=self.stores_interpolation)
         us = sol.ys[setup.saved(bps)]
@@ -150,17 +148,6 @@ class _ContinuousAdjoint(AbstractSensitivity):
         return cotangents
 
 
-def check_implicit_engine(setup: Setup, sensealg: _ContinuousAdjoint):
-    """An engine traced by JAX that cannot differentiate its own products (Enzyme) fails in the
-    implicit backward solve's Newton steps (they ran out of steps, not out of accuracy): refuse it here."""
-    if setup.implicit and sensealg.vjp.traced and not sensealg.vjp.higher_order:
-        raise ValueError(
-            f"{type(sensealg).__name__}(vjp={sensealg.vjp.name!r}) with the implicit solver "
-            f"{type(setup.solver).__name__}: the backward solve's Newton steps differentiate the engine's "
-            f"products, which {sensealg.vjp.name!r} cannot differentiate; pass vjp='jax-reverse' (or another "
-            "JAX engine), or an explicit solver")
-
-
 class _Held(eqx.Module):
     """u(t) from an interpolation, held at the ends of [t_to, t_from] (implicit solvers evaluate
     stages slightly past the interval, where an interpolation is undefined)."""
@@ -195,13 +182,6 @@ UNSTABLE = ("BacksolveAdjoint: the state re-solved backwards in time departs fro
             f"(or the backward solve failed, or took more than {BACKWARD_STEPS} steps per forward step), so this problem is "
             "unstable backwards in time (stiff or dissipative) and the gradient would be wrong. Use "
             "InterpolatingAdjoint (checkpointing=True bounds its memory) or QuadratureAdjoint.")
-
-
-def _warn_unstable(unstable, drift, tolerance):
-    if unstable:
-        warnings.warn(f"{UNSTABLE} (drift {float(drift):.3g} tolerances per forward step, limit {tolerance:g})",
-                      RuntimeWarning,
-                      stacklevel=2)
 
 
 class BacksolveAdjoint(_ContinuousAdjoint):
@@ -282,7 +262,8 @@ class BacksolveAdjoint(_ContinuousAdjoint):
         unstable = drift > self.drift_tolerance
         if self.on_instability == "raise":
             return error_if(cotangents, unstable, UNSTABLE + " Or pass BacksolveAdjoint(on_instability='warn').")
-        jax.debug.callback(_warn_unstable, unstable, drift, self.drift_tolerance)
+        warn_if(unstable, f"{UNSTABLE} (drift {{:.3g}} tolerances per forward step, limit {self.drift_tolerance:g})",
+                drift)
         return cotangents
 
 
