@@ -12,7 +12,8 @@ shape, the Jacobian `y.shape + leaf.shape` (the Jacobian w.r.t. a dict is
 a dict); `v` for `jvp` has x's structure.
 """
 
-import functools
+import types
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -166,8 +167,35 @@ def _check_inputs(op: str, backend, f, x, vectors):
 # -- compilation and dispatch ------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1024)
-def _compiled(op: str, backend, f, multi: bool) -> Callable:
+# Compiled calls per user function, held weakly: a function the caller drops takes its compiled
+# programs (and the arrays it closes over) with it. A bound method, made anew at each attribute
+# access, is held through its instance.
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cached(op: str, backend, f, multi: bool, tree) -> Callable:
+    """`_compile`'s call, reused while `f` (or a bound method's instance) lives; compiled anew for
+    functions that cannot be weakly referenced or hashed."""
+    method = getattr(f, "__func__", None)
+    anchor = getattr(f, "__self__", None) if method is not None else f
+    try:
+        entries = _COMPILED.setdefault(anchor, {})
+        key = (op, backend, multi, tree, method)
+        hash(key)
+    except TypeError:
+        return _compile(op, backend, f, multi, tree)
+    if key not in entries:
+        ref = weakref.ref(anchor)
+        held = (lambda *a: types.MethodType(method, ref())(*a)) if method is not None else (lambda *a: ref()(*a))
+        entries[key] = _compile(op, backend, held, multi, tree)
+    return entries[key]
+
+
+def _compile(op: str, backend, f, multi: bool, tree) -> Callable:
+    """`op` on `f` as one compiled call `(x, *vectors)` on arrays (`tree` None) or on the
+    differentiated leaves of PyTree arguments structured as `tree` = (structure, static leaves)."""
+    if tree is not None:
+        f, multi = trees.flat_function(f, *tree), True
     impl, n_vectors, _, unwrap = _SPECS[op]
     if multi:
         unwrap = _MULTI[op]
@@ -209,20 +237,21 @@ def _explain_tracing_errors(fn: Callable, backend) -> Callable:
 def prepare(backend: AbstractBackend, op, f: Callable, x, *vectors) -> Callable:
     """Do the per-function work (tracing, jit) once; return `g(x, *vectors)` for
     repeated calls of operator `op` (a function of this module or its name) at
-    new points with the same shapes and dtypes as `x` (and `vectors`)."""
+    new points with the same shapes and dtypes as `x` (and `vectors`). `g` holds
+    `f` and its compiled program; dropping `g` frees them."""
     name = op if isinstance(op, str) else getattr(op, "__name__", None)
     if name not in _SPECS:
         raise ValueError(f"op must be one of {sorted(_SPECS)} (or the function), got {op!r}")
-    run = _runner(name, backend, f, *_check_inputs(name, backend, f, x, vectors))
+    run = _runner(name, backend, f, *_check_inputs(name, backend, f, x, vectors), compile=_compile)
     run(x, *vectors)  # trace and compile now
     return run.__wrapped__
 
 
-def _runner(op: str, backend, f, multi: bool, tree) -> Callable:
+def _runner(op: str, backend, f, multi: bool, tree, compile: Callable = _cached) -> Callable:
     """`op`'s compiled call `(x, *vectors)`; with the call without error translation as `__wrapped__`."""
+    compiled = compile(op, backend, f, multi, tree)
     if tree is None:
-        return _compiled(op, backend, f, multi)
-    compiled = _compiled(op, backend, trees.flat_function(f, *tree), True)
+        return compiled
 
     def call(x, *vectors):
         return _on_leaves(op, compiled, tree, multi, x, vectors)

@@ -6,7 +6,6 @@ cotangents) come back with the arguments' structure. Leaves are named by
 their paths (`x['a'][0]`) in errors.
 """
 
-import functools
 from typing import Callable
 
 import jax
@@ -80,10 +79,8 @@ def _with_static(leaves, static: tuple) -> list:
     return full
 
 
-@functools.lru_cache(maxsize=256)
 def flat_function(f: Callable, tree: jax.tree_util.PyTreeDef, static: tuple) -> Callable:
-    """`f` as a function of the differentiated leaves of its arguments, the static ones held
-    (one object per `(f, tree, static)`, so prepared work is reused)."""
+    """`f` as a function of the differentiated leaves of its arguments, the static ones held."""
     return lambda *leaves: f(*tree.unflatten(_with_static(leaves, static)))
 
 
