@@ -39,6 +39,18 @@ def slow_except(values, fast):
     return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
 
 
+def engine_matrix(sensealgs, slow_engines) -> list:
+    """(sensealg, engine) params for every sensealg and registry engine: in the default run each
+    sensealg with one engine not in `slow_engines` (taking them in turn, so each runs too), every other
+    pair marked slow (the full matrix runs in CI); engines not installed skipped."""
+    fast_engines = [name for name in ad.BACKENDS if name not in slow_engines]
+    fast = {(s, fast_engines[i % len(fast_engines)]) for i, s in enumerate(sensealgs)}
+    installed = set(ad.available())
+    return [pytest.param(s, e, id=f"{e}-{s}", marks=[
+        pytest.mark.skipif(e not in installed, reason=f"the {e} engine is not installed"),
+        *([] if (s, e) in fast else [pytest.mark.slow])]) for e in ad.BACKENDS for s in sensealgs]
+
+
 @pytest.fixture(scope="module")
 def fast_compiles():
     """Same programs, about half the compile time: XLA's optimisations off for a

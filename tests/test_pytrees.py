@@ -183,7 +183,7 @@ def dict_field(u, p, t):
     return {"y": -p["a"] * u["y"] + xp.flip(p["b"], axis=0)}
 
 
-@pytest.mark.parametrize("engine", ["torch", "autograd", "finite-differences"])
+@pytest.mark.parametrize("engine", slow_except(["torch", "autograd", "finite-differences"], fast=["torch"]))
 def test_host_engines_take_dicts(engine):
     prob = sciad.ODEProblem(dict_field, {"y": np.ones(2)}, (0.0, 1.0), {"a": np.array(0.5), "b": np.array([0.1, 0.3])})
 

@@ -68,9 +68,8 @@ def assert_agrees(actual, expected, what):
     np.testing.assert_allclose(actual, expected, rtol=AGREEMENT, atol=AGREEMENT * np.max(np.abs(expected)), err_msg=what)
 
 
-@pytest.mark.parametrize("name", slow_except(list(SENSEALGS), fast=["ForwardDiffSensitivity", "ForwardSensitivity",
-                                                                   "BacksolveAdjoint", "InterpolatingAdjoint",
-                                                                   "QuadratureAdjoint"]))
+@pytest.mark.parametrize("name", slow_except(list(SENSEALGS), fast=["ForwardSensitivity", "BacksolveAdjoint",
+                                                                   "InterpolatingAdjoint"]))
 def test_hessian_vector_product(name):
     sensealg = SENSEALGS[name]
     hvp = jax.jit(lambda p, v: jax.jvp(lambda q: jax.grad(loss)(q, sensealg=sensealg), (p,), (v,))[1])

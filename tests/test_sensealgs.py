@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import slow_except
+from conftest import engine_matrix, slow_except
 import sciad
 from sciad.problems.lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
@@ -160,22 +160,14 @@ def check_gradient(problem, sensealg, engine):
     assert_agrees(grad, finite_difference_reference(problem, short), "vs finite differences")
 
 
-@pytest.mark.parametrize("sensealg", list(WITH_ENGINE))
-def test_gradient_lotka_volterra(sensealg, engine_name):
-    check_gradient("lotka-volterra", sensealg, engine_name)
+@pytest.mark.parametrize("sensealg, engine", engine_matrix(list(WITH_ENGINE), SLOW_ENGINES))
+def test_gradient_lotka_volterra(sensealg, engine):
+    check_gradient("lotka-volterra", sensealg, engine)
 
 
-@pytest.mark.parametrize("sensealg", list(WITH_ENGINE))
-@pytest.mark.parametrize("engine", [
-    pytest.param(name, marks=[
-        pytest.mark.skipif(name not in ad.available(), reason=f"the {name} engine is not installed"),
-        *([pytest.mark.slow] if name in SLOW_ENGINES else []),
-    ])
-    for name in ad.BACKENDS
-])
+@pytest.mark.parametrize("sensealg, engine", engine_matrix(list(WITH_ENGINE), SLOW_ENGINES))
 def test_gradient_neural_ode(sensealg, engine):
-    """The neural ODE with the engines that go through host callbacks (and
-    Enzyme) is marked slow: ForwardSensitivity carries n + m = 44 columns."""
+    """ForwardSensitivity on the neural ODE carries n + m = 44 columns."""
     check_gradient("neural-ode", sensealg, engine)
 
 
@@ -307,7 +299,7 @@ def test_checkpointed_memory_grows_by_checkpoints_not_dense_steps():
         assert growth(sensealg) < dense_steps / 50
 
 
-@pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=FAST_DEFAULTS))
+@pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=FAST_DEFAULTS[::2]))
 def test_saveat_without_t0_and_t1(sensealg):
     """The loss sees u at interior times only: λ starts at 0 at t1, and the
     gradient wrt u0 is transported back over [t0, first saveat]."""

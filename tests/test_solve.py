@@ -22,6 +22,7 @@ from sciad.adjoints import (
     GaussAdjoint,
 )
 from sciad.solve import SOLVERS
+from conftest import slow_except
 
 MAX_STEPS_ERROR = "maximum number of solver steps was reached"
 
@@ -82,7 +83,7 @@ def test_dense_interpolation():
     np.testing.assert_allclose(sol.interpolation(3.33), between, rtol=1e-5)
 
 
-@pytest.mark.parametrize("solver", sorted(SOLVERS))
+@pytest.mark.parametrize("solver", slow_except(sorted(SOLVERS), fast=["bosh3", "dopri5", "kvaerno5", "tsit5"]))
 def test_named_solvers_agree(solver):
     reference = sciad.solve(lv(), saveat=[2.5, 5.0], solver="dopri8", rtol=1e-12, atol=1e-12).us
     # Low-order solvers need more than the default 4096 steps at 1e-8.
@@ -232,7 +233,8 @@ SENSEALGS = [DiscreteAdjoint(), ForwardDiffSensitivity(), ForwardSensitivity(), 
              InterpolatingAdjoint(), InterpolatingAdjoint(checkpointing=True), QuadratureAdjoint(), GaussAdjoint()]
 
 
-@pytest.mark.parametrize("sensealg", SENSEALGS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("sensealg", slow_except(SENSEALGS, fast=SENSEALGS[:1] + SENSEALGS[4:6]),
+                         ids=lambda s: type(s).__name__)
 def test_max_steps_gradient_under_jit_raises(sensealg):
     """Under jit the forward solve of a gradient can be dead code; its failure must still surface."""
     prob, loss = _max_steps_loss(sensealg)
