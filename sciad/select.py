@@ -2,6 +2,7 @@
 (`sciad.auto`) on an `ODEProblem`, or autotuning: the plausible candidates timed on the
 problem within a time budget, their gradients checked, the fastest correct one chosen."""
 
+import functools
 import hashlib
 import json
 import pathlib
@@ -28,10 +29,9 @@ from sciad.adjoints import (
 )
 from sciad.auto import THRESHOLDS, Choice, auto_sensealg, heuristic
 from sciad.auto import features as trace_features
-from sciad.errors import summary
 from sciad.problem import ODEProblem, check_saveat
 from sciad.solve import get_solver, solve
-from sciad.timing import fastest, interleaved, quartiles, timed
+from sciad.timing import compare, fastest
 
 
 def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
@@ -85,8 +85,8 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     other `candidates` in order of plausibility; one whose compilation would
     start past the budget is skipped ("not measured: budget"). Interleaved
     timed rounds of the compiled candidates not found wrong fill what
-    remains, at least one: the call ends within `budget` plus the
-    compilation under way then and one round. The fastest correct candidate
+    remains, at least one after a warm-up round: the call ends within
+    `budget` plus the compilation under way then and two rounds. The fastest correct candidate
     is chosen; candidates whose timings' interquartile ranges overlap its own
     tie with it (`sciad.timing.ties`), and a tie is settled for the
     heuristic's pick when it is among them. If the budget ran out before the
@@ -136,15 +136,17 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float |
             deadline: float | None = None, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
             max_rounds=50) -> list[dict]:
     """Time the gradient of `loss(us)` (a scalar) wrt p's floating-point array leaves for each
-    `(sensealg, reason)`: one dict per candidate, in their order.
+    `(sensealg, reason)`: one dict per candidate, in their order, `name` (`describe`), `reason` and
+    what `sciad.timing.compare` measures.
 
     Each is compiled and run once (`compile_s`) in the order given, except that the `DiscreteAdjoint`
     reference comes second (compiled apart when not a candidate); with `deadline` (a
     `time.perf_counter()` value) a compilation that would start past it is skipped (`ok`:
     "not measured: budget"), the first candidate's never. Gradients are checked against the
-    reference (`rel_error`, `ok`; "unchecked: budget" when it was skipped), and all but the wrong
-    ones timed by `sciad.timing.interleaved` until `budget` seconds of rounds are spent or
-    `deadline` is past (at least one round, at most `max_rounds`): `times_s`, `median_s` and
+    reference (`rel_error`, relative in the max norm, `ok` within max(1e-4, 1000 × rtol): both
+    discretisations err by about rtol; "unchecked: budget" when the reference was skipped), and
+    all but the wrong ones timed in interleaved rounds until `budget` seconds of rounds are spent
+    or `deadline` is past (at least one round, at most `max_rounds`): `times_s`, `median_s` and
     `spread`, the interquartile range over the median (None from one round).
     """
     _check_loss(loss, prob.u0, ts)
@@ -155,51 +157,13 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float |
             return loss(solve(prob, p=eqx.combine(params, static), saveat=ts, solver=solver, rtol=rtol, atol=atol,
                               max_steps=max_steps, sensealg=sensealg).us)
 
-        return jax.jit(jax.grad(value))
+        return lambda: functools.partial(jax.jit(jax.grad(value)), params)
 
-    rows = [{"name": describe(s), "reason": why, "times_s": []} for s, why in candidates]
-    order = list(zip([s for s, _ in candidates], rows))
-    at = next((i for i, (s, _) in enumerate(order) if s == DiscreteAdjoint()), None)
-    reference = order.pop(at) if at is not None else (DiscreteAdjoint(), None)
-    order.insert(0 if at == 0 else 1, reference)
-    compiled, ref = [], None
-    for k, entry in enumerate(order):
-        sensealg, row = entry
-        if deadline is not None and k > 0 and time.perf_counter() > deadline:
-            if row is not None:
-                row["ok"] = "not measured: budget"
-            continue
-        grad = gradient(sensealg)
-        try:
-            g, compile_s = timed(lambda: grad(params))
-        except Exception as e:  # a candidate that cannot run here is reported, not fatal (the reference is)
-            if entry is reference:
-                raise
-            row["ok"] = f"failed: {summary(e)[:200]}"
-            continue
-        if entry is reference:
-            ref = jax.tree.leaves(g)
-        if row is not None:
-            row["compile_s"] = compile_s
-            compiled.append((grad, g, row))
-    scale = max((float(jnp.max(jnp.abs(r))) for r in ref or []), default=0.0) or 1.0
-    tol = max(1e-4, 1e3 * rtol)
-    runnable = []
-    for grad, g, row in compiled:
-        if ref is None:
-            row["ok"] = "unchecked: budget"
-        else:
-            err = max((float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(g), ref)), default=0.0) / scale
-            row["rel_error"], row["ok"] = err, bool(np.isfinite(err) and err < tol)
-        if row["ok"] is not False:
-            runnable.append((grad, row))
-    if deadline is not None:
-        budget = min(np.inf if budget is None else budget, deadline - time.perf_counter())
-    times = interleaved([lambda grad=grad: grad(params) for grad, _ in runnable], rounds=max_rounds, budget=budget)
-    for (_, row), t in zip(runnable, times):
-        q25, row["median_s"], q75 = quartiles(t)
-        row["times_s"], row["spread"] = t, (q75 - q25) / row["median_s"] if len(t) > 1 else None
-    return rows
+    builds = [gradient(s) for s, _ in candidates]
+    reference = next((b for (s, _), b in zip(candidates, builds) if s == DiscreteAdjoint()), None)
+    rows = compare(builds, reference or gradient(DiscreteAdjoint()), tolerance=max(1e-4, 1e3 * rtol),
+                   rounds=max_rounds, budget=budget, deadline=deadline)
+    return [{"name": describe(s), "reason": why, **row} for (s, why), row in zip(candidates, rows)]
 
 
 def _check_loss(loss: Callable, u0, ts) -> None:

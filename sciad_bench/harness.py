@@ -2,14 +2,17 @@
 
 Every combination's gradient is checked against a tight-tolerance reference
 (float64, `DiscreteAdjoint` at rtol = atol = 1e-10) before it is timed; one
-outside `tolerance` is marked `ok = False` and never counts as a win. The
-correct ones are timed together in interleaved rounds, so machine noise hits
-them alike; calls of `SLOW_CALL` seconds or more (host engines, torch peers)
-in rounds of their own, after the fast ones, so that a fast call never follows
-one that leaves torch's threads spinning and fast calls get many rounds cheaply.
+whose relative error (in the max norm) is over `tolerance` is marked
+`ok = False` and never counts as a win. The correct ones are timed together in
+interleaved rounds, so machine noise hits them alike; calls of `SLOW_CALL`
+seconds or more (host engines, torch peers) in rounds of their own, after the
+fast ones, so that a fast call never follows one that leaves torch's threads
+spinning and fast calls get many rounds cheaply. Checking and timing are
+`sciad.timing.compare`'s, as for autotuning.
 """
 
 import dataclasses
+import functools
 import sys
 from typing import Callable
 
@@ -19,18 +22,13 @@ import numpy as np
 
 import sciad
 from sciad.adjoints import SENSEALGS, describe, engine_option, parse
-from sciad.errors import summary
 from sciad.problems import Benchmark
-from sciad.timing import interleaved, timed
+from sciad.timing import SLOW_CALL, compare
 
 REFERENCE_TOLERANCE = 1e-10
 # The sensealgs benchmarked, as `sciad.adjoints.describe` names them without their engine.
 VARIANTS = (*SENSEALGS, describe(sciad.InterpolatingAdjoint(checkpointing=True), engine=False))
 FORWARD_SOLVE = "forward solve (no gradient)"
-# Seconds of a warm-up call from which a call is timed with the slow ones: the Lotka–Volterra gradients
-# of the JAX-traced engines take 1 to 15 ms, the host engines' and torchdiffeq's 0.5 to 7 s, and a JAX
-# call right after a torch one is slowed ×10 (0.7 → 7 ms) while torch's threads spin.
-SLOW_CALL = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +96,6 @@ def device_name(device) -> str:
     return device.platform if kind == device.platform else f"{device.platform}:{kind}"
 
 
-def _relative_error(g, ref: np.ndarray) -> float:
-    g = np.asarray(g, np.float64).ravel()
-    if g.shape != ref.shape or not np.all(np.isfinite(g)):
-        return float("inf")
-    return float(np.linalg.norm(g - ref) / np.linalg.norm(ref))
-
-
 def compiled(fn: Callable, *args) -> Callable:
     """`fn` compiled ahead of time for `args` when it is jitted (a `jax.stages.Compiled`, whose memory
     `peak_bytes` reads without compiling again), else `fn`."""
@@ -121,48 +112,16 @@ def peak_bytes(fn: Callable) -> int | None:
                - stats.alias_size_in_bytes)
 
 
-def _first_call(fn: Callable, p) -> tuple[Callable, object]:
-    """(`fn` `compiled` for p, fn(p))."""
-    fn = compiled(fn, p)
-    return fn, fn(p)
-
-
-def check_combination(combo: Combination, bench: Benchmark, reference: np.ndarray, *, device,
-                      tolerance: float) -> tuple[dict, Callable | None]:
-    """A record with the time to the first gradient (trace, compile, first call), the gradient check
-    and XLA's `peak_bytes`, and the call to time (None when the combination failed or gave a wrong
-    gradient: it is not timed)."""
-    record = {"problem": bench.name, "size": bench.size, "sensealg": combo.sensealg, "engine": combo.engine,
-              "label": combo.label, "kind": combo.kind, "is_peer": combo.kind == "peer",
-              "device": device_name(device), "times": [], "median_s": None, "compile_time": None,
-              "rel_error": None, "ok": False, "error": None, "peak_bytes": None}
-    p = jax.device_put(jnp.asarray(bench.problem.p), device)
-    try:
-        with jax.default_device(device):
-            (fn, out), record["compile_time"] = timed(lambda: _first_call(combo.build(bench), p))
-        if combo.kind == "baseline":
-            record["ok"] = bool(np.isfinite(np.asarray(out)))
-        else:
-            record["rel_error"] = _relative_error(out, reference)
-            record["ok"] = record["rel_error"] <= tolerance
-        if not record["ok"]:
-            record["error"] = f"gradient off: relative error {record['rel_error']:.2e} > {tolerance:.0e}"
-            return record, None
-    except Exception as e:  # a combination that cannot run is reported, not fatal
-        record["error"] = f"{type(e).__name__}: {summary(e)[:300]}"
-        return record, None
-    record["peak_bytes"] = peak_bytes(fn)
-    return record, lambda: fn(p)
-
-
 def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10, budget: float | None = None,
         devices=None, tolerance: float | None = None, progress: Progress | None = None) -> list[dict]:
     """Records for `combinations` (plus the forward-solve baseline) on each of `devices` (default: JAX's first).
 
-    Each is compiled and its gradient checked (`tolerance` on the relative error, default 100 × the
-    benchmark's rtol); the correct ones are then called once more (warm-up) and timed together,
-    the calls under `SLOW_CALL` seconds first, then the others: `repeats` interleaved rounds each, or
-    fewer past `budget` seconds each (`sciad.timing.interleaved`).
+    Each is compiled (`compile_time`: trace, compile, first call; XLA's `peak_bytes` of the correct
+    ones) and its gradient checked (`rel_error`, relative in the max norm, within `tolerance`,
+    default 100 × the benchmark's rtol; the baseline's loss finite); the correct ones are then
+    called once more (warm-up) and timed together, the calls under `SLOW_CALL` seconds first, then
+    the others: `repeats` interleaved rounds each, or fewer past `budget` seconds each
+    (`sciad.timing.compare`).
     """
     devices = devices or [jax.devices()[0]]
     tolerance = 100 * bench.rtol if tolerance is None else tolerance
@@ -172,25 +131,40 @@ def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10,
     reference = reference_gradient(bench)
     records = []
     for device in devices:
-        timed_calls = []
-        for combo in combinations:
-            progress.show(f"{bench.name}: {combo.label} (compiling)")
-            record, call = check_combination(combo, bench, reference, device=device, tolerance=tolerance)
-            records.append(record)
-            if call is not None:
-                timed_calls.append((record, call))
-            progress.step(f"{bench.name}: {combo.label}")
+        p = jax.device_put(jnp.asarray(bench.problem.p), device)
+        fns = {}
+
+        def build(i, combo):
+            def prepare():
+                fns[i] = compiled(combo.build(bench), p)
+                return functools.partial(fns[i], p)
+
+            return prepare
+
+        limit = f"/{repeats}" if budget is None else f" (up to {budget:g} s)"
         with jax.default_device(device):
-            warm = interleaved([call for _, call in timed_calls], rounds=1)  # warm-up
-            for speed in ("fast", "slow"):
-                tier = [rc for rc, (t,) in zip(timed_calls, warm) if (t >= SLOW_CALL) == (speed == "slow")]
-                if not tier:
-                    continue
-                limit = f"/{repeats}" if budget is None else f" (up to {budget:g} s)"
-                times = interleaved([call for _, call in tier], rounds=repeats, budget=budget, on_round=lambda i: (
-                    progress.show(f"{bench.name}: timing {speed} calls, round {i + 1}{limit}")))
-                for (record, _), t in zip(tier, times):
-                    record["times"], record["median_s"] = t, float(np.median(t))
+            rows = compare([build(i, c) for i, c in enumerate(combinations)], lambda: lambda: reference,
+                           tolerance=tolerance, rounds=repeats, budget=budget, slow_call=SLOW_CALL, baselines=[0],
+                           on_compile=lambda i: progress.step(f"{bench.name}: {combinations[i].label} (compiling)"),
+                           on_round=lambda tier, i: progress.show(
+                               f"{bench.name}: timing {tier} calls, round {i + 1}{limit}"))
+        records += [_record(c, bench, device, row, tolerance, fns.get(i))
+                    for i, (c, row) in enumerate(zip(combinations, rows))]
     if own:
         progress.close()
     return records
+
+
+def _record(combo: Combination, bench: Benchmark, device, row: dict, tolerance: float, fn) -> dict:
+    """The benchmark's record of `combo` from its `sciad.timing.compare` row (`fn`: its compiled call)."""
+    error = None
+    if row["ok"] is False:
+        error = ("gradient off: relative error "
+                 f"{row['rel_error']:.2e} > {tolerance:.0e}" if "rel_error" in row else "not finite")
+    elif row["ok"] is not True:
+        error = row["ok"].removeprefix("failed: ")
+    return {"problem": bench.name, "size": bench.size, "sensealg": combo.sensealg, "engine": combo.engine,
+            "label": combo.label, "kind": combo.kind, "is_peer": combo.kind == "peer",
+            "device": device_name(device), "times": row["times_s"], "median_s": row.get("median_s"),
+            "compile_time": row.get("compile_s"), "rel_error": row.get("rel_error"), "ok": row["ok"] is True,
+            "error": error, "peak_bytes": peak_bytes(fn) if row["ok"] is True else None}

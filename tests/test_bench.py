@@ -131,6 +131,27 @@ def test_fast_calls_are_timed_in_rounds_apart_from_slow_ones(monkeypatch):
     assert [len(r["times"]) for r in records] == [3, 3, 3]  # the forward solve is timed with the fast calls
 
 
+def test_failing_and_wrong_combinations_are_recorded_not_timed(monkeypatch):
+    """The records of `sciad.timing.compare`'s rows: an error named, no times, the keys the tables read."""
+    bench = lotka_volterra()
+    monkeypatch.setattr(harness, "reference_gradient", lambda bench: np.ones(4))
+
+    def broken(bench):
+        raise TypeError("no such engine")
+
+    right = Combination("right", None, lambda bench: lambda p: np.ones(4))
+    records = harness.run(bench, [wrong_gradient(), Combination("broken", None, broken), right], repeats=2,
+                          progress=harness.Progress(4, stream=io.StringIO()))
+    baseline, wrong, failed, good = records
+    assert baseline["label"] == harness.FORWARD_SOLVE and baseline["ok"] and baseline["rel_error"] is None
+    assert wrong["error"] == "gradient off: relative error 1.00e+00 > 1e-04" and wrong["rel_error"] == 1.0
+    assert failed["error"] == "TypeError: no such engine" and failed["compile_time"] is None
+    assert [r["ok"] for r in records] == [True, False, False, True] and good["rel_error"] == 0.0
+    assert [len(r["times"]) for r in records] == [2, 0, 0, 2] and wrong["median_s"] is None is failed["median_s"]
+    assert set(good) == {"problem", "size", "sensealg", "engine", "label", "kind", "is_peer", "device", "times",
+                         "median_s", "compile_time", "rel_error", "ok", "error", "peak_bytes"}
+
+
 def test_cli_rejects_unknown_benchmark_and_engine(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "nope"])

@@ -147,7 +147,7 @@ def test_autotune_an_equinox_model(monkeypatch, tmp_path):
 
 def test_autotune_budget_bounds_the_whole_call(lv):
     """Compiling all of lv's candidates takes far longer than the budget: the call ends within the
-    budget plus the compilation under way at the deadline and one timed round; the heuristic's pick
+    budget plus the compilation under way at the deadline, a warm-up and one timed round; the heuristic's pick
     is always measured, the rest skipped once the budget is spent."""
     for budget in (3.0, 1e-3):
         start = time.perf_counter()
@@ -155,7 +155,7 @@ def test_autotune_budget_bounds_the_whole_call(lv):
         wall = time.perf_counter() - start
         measured = [c for c in choice.candidates if "compile_s" in c]
         one_round = sum(c["times_s"][0] for c in measured if c["times_s"])
-        assert wall < budget + max(c["compile_s"] for c in measured) + one_round + 1.0
+        assert wall < budget + max(c["compile_s"] for c in measured) + 2 * one_round + 1.0
         assert choice.candidates[0]["name"] == "ForwardDiffSensitivity" == measured[0]["name"]
         assert "median_s" in choice.candidates[0]
         assert any(c["ok"] == "not measured: budget" for c in choice.candidates)
