@@ -2,7 +2,9 @@
 
 `equinox.error_if` would do, but outside `equinox.filter_jit` it appends a
 paragraph asking for `filter_jit` and JAX logs the callback's traceback a
-second time; under a user's `jax.jit` the useful line drowned in them.
+second time; under a user's `jax.jit` the useful line drowned in them. Here JAX's
+log of a `SolveError` is filtered out, from the first check sciad builds on
+(not at import: importing sciad leaves logging as it was).
 """
 
 import functools
@@ -10,10 +12,12 @@ import logging
 import warnings
 
 import diffrax as dfx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from sciad._equinox_internals import enumeration_messages, item_index, unvmap_any, unvmap_max
+from sciad._jax_internals import callback_logger
 
 
 class SolveError(RuntimeError):
@@ -45,25 +49,24 @@ def warn_if(pred, message: str, value):
     def warn(value):
         warnings.warn(message.format(float(value)), RuntimeWarning, stacklevel=2)
 
-    value = eqxi.unvmap_max(jax.lax.stop_gradient(value))
+    value = unvmap_max(jax.lax.stop_gradient(value))
     jax.lax.cond(batch_any(pred), lambda: jax.debug.callback(warn, value), lambda: None)
 
 
 def batch_any(pred) -> jax.Array:
     """Whether `pred` holds anywhere, over every member of a `jax.vmap` batch too: unbatched, so a
     `lax.cond` on it stays a cond under vmap (one branch runs for the whole batch)."""
-    return eqxi.unvmap_any(jnp.any(pred))
+    return unvmap_any(jnp.any(pred))
 
 
 def solver_failure(x, result: dfx.RESULTS, max_steps: int):
     """`x`, raising a `SolveError` when the diffrax solve that gave `result` failed (e.g. ran out of steps)."""
-    # diffrax's RESULTS (an equinox Enumeration) keeps its messages and item indices private
-    messages = tuple(_failure(i, m, max_steps) for i, m in enumerate(dfx.RESULTS._index_to_message[1:], 1))
-    return _error(x, result._value, messages)
+    messages = tuple(_failure(i, m, max_steps) for i, m in enumerate(enumeration_messages(dfx.RESULTS)[1:], 1))
+    return _error(x, item_index(result), messages)
 
 
 def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
-    if index == dfx.RESULTS.max_steps_reached._value:
+    if index == item_index(dfx.RESULTS.max_steps_reached):
         return (f"the maximum number of solver steps was reached: the ODE solve needed more than "
                 f"max_steps={max_steps} steps; pass a larger max_steps to sciad.solve (or looser rtol/atol; a "
                 "stiff problem needs an implicit solver, e.g. solver='kvaerno5')")
@@ -79,7 +82,8 @@ def _error(x, index, messages: tuple):
             raise SolveError(messages[int(index) - 1])
         return np.zeros((), np.int32)
 
-    index = eqxi.unvmap_max(index)  # one check for a whole batch: the cond stays a cond under vmap
+    index = unvmap_max(index)  # one check for a whole batch: the cond stays a cond under vmap
+    callback_logger.addFilter(_QUIET)  # with the first check, not at import (a logger keeps a filter once)
 
     def check():
         return jax.pure_callback(raises, jax.ShapeDtypeStruct((), jnp.int32), index)
@@ -102,4 +106,4 @@ class _QuietSolveErrors(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], SolveError))
 
 
-logging.getLogger("jax._src.callback").addFilter(_QuietSolveErrors())
+_QUIET = _QuietSolveErrors()

@@ -1,5 +1,7 @@
-"""The library's shape: no import cycles among sciad's modules, and no benchmark-product
-packages (plotting, SciPy, optax, torch peers) imported by the library at import time."""
+"""The library's shape: no import cycles among sciad's modules, no benchmark-product
+packages (plotting, SciPy, optax, torch peers) imported by the library at import time, no
+side effects of importing it, and dependencies' private names used only where they are pinned
+(sciad/_<package>_internals.py, tested in tests/test_private_surfaces.py)."""
 
 import ast
 import pathlib
@@ -84,6 +86,71 @@ def test_importing_the_library_pulls_no_benchmark_packages():
             "print(sorted(m for m in ('matplotlib', 'scipy', 'optax', 'torchdiffeq', 'sciad_bench') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_importing_the_library_leaves_logging_and_jax_config_as_they_were():
+    code = """
+import logging, warnings
+import diffrax, equinox, jax, optimistix
+
+def state():
+    loggers = {name: logger for name, logger in logging.root.manager.loggerDict.items()
+               if isinstance(logger, logging.Logger)} | {"(root)": logging.root}
+    return ({name: (logger.level, logger.propagate, logger.disabled, list(logger.handlers), list(logger.filters))
+             for name, logger in loggers.items()}, dict(jax.config.values), list(warnings.filters))
+
+(loggers, config, filters) = before = state()
+import sciad, sciad.problems, sciad.select
+after = state()
+fresh = (logging.NOTSET, True, False, [], [])
+print([name for name, got in after[0].items() if got != loggers.get(name, fresh)], after[1:] == before[1:])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] True"
+
+
+def private_uses(path: pathlib.Path) -> list[str]:
+    """Where `path` imports another package's private module or name (a part starting with one
+    underscore, or `internal`), or reads a private attribute through an imported module."""
+    tree = ast.parse(path.read_text())
+    private = lambda name: any((part.startswith("_") and not part.startswith("__")) or part == "internal"
+                               for part in name.split("."))
+    foreign, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if not alias.name.startswith("sciad")]
+            foreign |= {alias.asname or alias.name.split(".")[0] for alias in node.names if alias.name in names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and not node.module.startswith("sciad"):
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            foreign |= {alias.asname or alias.name for alias in node.names}
+        else:
+            continue
+        found += [f"{path.name}:{node.lineno} imports {name}" for name in names if private(name)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in foreign:
+                found.append(f"{path.name}:{node.lineno} reads {ast.unparse(node)}")
+    return found
+
+
+def test_private_names_of_dependencies_are_used_only_in_their_pinned_modules():
+    paths = [path for package in (ROOT, ROOT.parent / "sciad_bench") for path in package.rglob("*.py")
+             if not path.name.endswith("_internals.py")]
+    assert [use for path in paths for use in private_uses(path)] == [], (
+        "use a dependency's private name through sciad/_<package>_internals.py (which states the versions "
+        "it was tested on) and pin it in tests/test_private_surfaces.py")
+
+
+def test_private_uses_finds_private_imports_and_attributes(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import diffrax as dfx\nimport equinox.internal as eqxi\nfrom jax._src import core\n"
+                    "from __future__ import annotations\nfrom sciad._jax_internals import core\n"
+                    "x = dfx.RESULTS._index_to_message\ny = self._cache\n")
+    assert private_uses(path) == ["m.py:2 imports equinox.internal", "m.py:3 imports jax._src.core",
+                                  "m.py:6 reads dfx.RESULTS._index_to_message"]
 
 
 def test_bench_commands_name_the_extra_when_the_benchmark_product_is_missing(monkeypatch):

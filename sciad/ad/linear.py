@@ -28,20 +28,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-# A new primitive needs JAX's internals: the public `jax.custom_jvp`/`custom_vjp`
-# cannot declare a transpose that is itself differentiable, and
-# `jax.custom_derivatives.linear_call` asserts zero tangents in its residuals.
-# They change between JAX releases, so tests/test_ad_linear.py pins the range
-# below, the one this module was tested on ([lowest, first untested)).
-from jax._src import core  # Primitive, eval_jaxpr, ClosedJaxpr, typeof: define and run the primitive
-from jax._src import linear_util as lu  # wrap_init: the traced function's wrapper trace_to_jaxpr_dynamic takes
-from jax._src.ad_util import Zero  # the symbolic-zero tangents and cotangents the rules receive
-from jax._src.api_util import debug_info  # required by lu.wrap_init (names the function in JAX's errors)
-from jax._src.interpreters import ad as jax_ad  # primitive_jvps/primitive_transposes: the JVP and transpose rules
-from jax._src.interpreters import batching, mlir  # the vmap rule and the lowering of the primitive
-from jax._src.interpreters import partial_eval as pe  # trace_to_jaxpr_dynamic: `fun` and `transpose` as jaxprs
-
-JAX_TESTED = ("0.10.2", "0.11")
+# A new primitive needs JAX's internals (jax._src), kept with the JAX versions they were
+# tested on in sciad/_jax_internals.py, which says why.
+from sciad._jax_internals import TESTED as JAX_TESTED, Zero, batching, core, debug_info, jax_ad, lu, mlir, pe
 
 linear_map_p = core.Primitive("sciad_linear_map")
 linear_map_p.multiple_results = True

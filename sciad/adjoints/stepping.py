@@ -22,8 +22,8 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from diffrax._root_finder import use_stepsize_tol  # diffrax's marker (no public name): the controller's tolerances
 
+from sciad._diffrax_internals import use_stepsize_tol  # the marker: the controller's tolerances
 from sciad.adjoints.base import Setup, step_controller
 
 

@@ -1,0 +1,19 @@
+"""diffrax's private names sciad uses, in one place, with the diffrax versions they were tested on.
+
+- `use_stepsize_tol` (diffrax._root_finder, no public name): the marker an implicit solver's root
+  finder holds in place of rtol, atol and norm when the step-size controller provides them.
+  sciad's backward marcher (sciad.adjoints.stepping) steps a diffrax solver itself and fills
+  them in, as `diffrax.diffeqsolve` does.
+
+The marcher also drives diffrax's solver and controller interfaces directly (`init`, `step`,
+`adapt_step_size`, `interpolation_cls`, `scan_kind`): public, but changed between minor
+versions, so the whole range below holds for them too. pyproject.toml pins the same range.
+"""
+
+from sciad._surfaces import private_surface
+
+PACKAGE = "diffrax"
+TESTED = ("0.7.2", "0.8")  # [lowest, first untested)
+
+with private_surface(PACKAGE, TESTED):
+    from diffrax._root_finder import use_stepsize_tol

@@ -1,0 +1,33 @@
+"""equinox's internal names sciad uses, in one place, with the equinox versions they were tested on.
+
+- `unvmap_any`, `unvmap_max` (equinox.internal, no stability promise): a reduction over a
+  `jax.vmap` batch too, so a `lax.cond` on it stays a cond under vmap (sciad.errors' checks).
+- `enumeration_messages`, `item_index`: the messages and an item's index of an
+  `equinox.Enumeration` (diffrax.RESULTS is one), which equinox keeps private; sciad.errors
+  raises a failed diffrax solve's own message, chosen by its index inside compiled code.
+
+pyproject.toml pins the same range.
+"""
+
+import jax
+
+from sciad._surfaces import private_surface
+
+PACKAGE = "equinox"
+TESTED = ("0.13.8", "0.14")  # [lowest, first untested)
+
+with private_surface(PACKAGE, TESTED):
+    from equinox.internal import unvmap_any, unvmap_max
+
+
+def enumeration_messages(enumeration) -> tuple[str, ...]:
+    """The messages of an `equinox.Enumeration`'s items, in the order of their indices."""
+    with private_surface(PACKAGE, TESTED):
+        return tuple(enumeration._index_to_message)
+
+
+def item_index(item) -> jax.Array:
+    """The index of an `equinox.Enumeration` item (an integer array, traced under `jax.jit`):
+    its message is `enumeration_messages(enumeration)[index]`."""
+    with private_surface(PACKAGE, TESTED):
+        return item._value
