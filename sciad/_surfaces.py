@@ -23,18 +23,19 @@ def installed(package: str) -> str:
 
 def in_range(package: str, tested: tuple[str, str]) -> bool:
     """Whether the installed `package` lies in `tested` = (lowest, first untested)."""
-    lowest, untested = tested
-    return version(lowest) <= version(installed(package)) < version(untested)
+    lowest, first_untested = tested
+    return version(lowest) <= version(installed(package)) < version(first_untested)
 
 
 def untested(package: str, tested: tuple[str, str]) -> str:
-    """What to tell a user whose `package` is not one sciad was tested on, naming the fix."""
+    """What to tell a user when the private names of `package` sciad uses may have changed, naming the fix."""
     lowest, first_untested = tested
-    return (f"{package} {installed(package)} is outside the versions sciad was tested on "
-            f"({package}>={lowest},<{first_untested}): sciad uses private names of {package} "
-            f"(sciad/_{package}_internals.py), which may have changed. Install a tested version "
-            f"(pip install '{package}>={lowest},<{first_untested}'), or run tests/test_private_surfaces.py "
-            f"on this one and widen TESTED there and the {package} pin in pyproject.toml")
+    pin = f"{package}>={lowest},<{first_untested}"
+    where = "lies in that range, yet they differ" if in_range(package, tested) else "is outside that range"
+    return (f"sciad uses private names of {package} (sciad/_{package}_internals.py), tested on {pin}; the "
+            f"installed {package} {installed(package)} {where}. Install a tested version (pip install '{pin}'), "
+            f"or run tests/test_private_surfaces.py on this one and widen that module's TESTED and the {package} pin "
+            "in pyproject.toml")
 
 
 @contextlib.contextmanager

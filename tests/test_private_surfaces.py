@@ -8,6 +8,7 @@ import ast
 import contextlib
 import logging
 import pathlib
+import re
 import tomllib
 
 import diffrax as dfx
@@ -19,7 +20,7 @@ import pytest
 
 import sciad
 from sciad import _diffrax_internals, _equinox_internals, _jax_internals
-from sciad._surfaces import in_range, untested, version
+from sciad._surfaces import in_range, private_surface, untested, version
 
 SURFACES = (_diffrax_internals, _equinox_internals, _jax_internals)
 REPO = pathlib.Path(__file__).parents[1]
@@ -66,6 +67,16 @@ def test_pyproject_pins_the_tested_range_and_ci_a_version_in_it(surface):
 
 def test_surface_versions_compare_by_release_numbers():
     assert version("0.13.8") < version("0.14") <= version("0.14.0rc1") < version("0.14.1.dev3") < version("1.0")
+
+
+def test_a_private_name_gone_fails_naming_the_package_its_version_and_the_tested_range():
+    lowest, first_untested = _diffrax_internals.TESTED
+    expected = (f"tested on diffrax>={lowest},<{first_untested}; the installed diffrax {dfx.__version__} lies in that "
+                "range, yet they differ. Install")
+    with pytest.raises(ImportError, match=re.escape(expected) + r".*\(cannot import name 'gone'"):
+        with private_surface("diffrax", _diffrax_internals.TESTED):
+            from diffrax._root_finder import gone  # noqa: F401
+    assert f"the installed diffrax {dfx.__version__} is outside that range" in untested("diffrax", ("0.1", "0.2"))
 
 
 def test_diffrax_implicit_solvers_leave_their_root_finders_tolerances_to_the_controller():
