@@ -120,16 +120,21 @@ def test_derivative_needs_scalar_x():
         ad.derivative(ad.JaxForward(), _square, X)
 
 
-def test_one_array_operators_refuse_several_arguments():
-    with pytest.raises(TypeError, match="hessian takes one array x, not a tuple of 2"):
-        ad.hessian(ad.JaxReverse(), lambda a, b: a @ b, (X, X))
-    with pytest.raises(TypeError, match="lazy_jacobian takes one array x, not a tuple of 2"):
-        ad.lazy_jacobian(ad.JaxReverse(), lambda a, b: a * b, (X, X))
+@pytest.mark.parametrize("op", [ad.lazy_jacobian, ad.lazy_hessian], ids=lambda op: op.__name__)
+def test_lazy_operators_take_one_array(op):
+    with pytest.raises(TypeError, match=rf"{op.__name__} takes one array x, not a tuple of 2 arguments"):
+        op(ad.JaxReverse(), lambda a, b: a @ b, (X, X))
+    with pytest.raises(TypeError, match=rf"{op.__name__} takes one array x, not a dict PyTree"):
+        op(ad.JaxReverse(), lambda d: d["a"] @ d["a"], {"a": X})
 
 
 def test_wrong_number_of_vectors():
-    with pytest.raises(TypeError, match="jvp takes 1 vector argument"):
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'v'"):
         ad.jvp(ad.JaxReverse(), _square, X)
+    with pytest.raises(TypeError, match=r"jvp takes 1 vector argument\(s\) after x, got 0"):
+        ad.prepare(ad.JaxReverse(), ad.jvp, _square, X)
+    with pytest.raises(TypeError, match=r"gradient takes 0 vector argument\(s\) after x, got 1"):
+        ad.prepare(ad.JaxReverse(), "gradient", _sum_of_squares, X, X)
 
 
 def test_finite_difference_step_must_be_positive():

@@ -12,7 +12,6 @@ ValueError; eager ones must differentiate them.
 import dataclasses
 from typing import Callable
 
-import jax
 import numpy as np
 import pytest
 
@@ -452,74 +451,3 @@ def test_array_api_concat_is_differentiated_by_every_engine(engine_name):
     expected = np.vstack([np.diag(2 * x)[:2], np.roll(np.eye(3), 1, axis=0)])
     tol = 1e-6 if engine_name == "finite-differences" else 1e-12
     np.testing.assert_allclose(np.asarray(backend.numpy(ad.jacobian(backend, f, x))), expected, atol=tol)
-
-
-# -- PyTree inputs -----------------------------------------------------------------
-
-TREE = {"a": np.array([0.3, 0.4]), "b": [np.array([1.0, 2.0]), np.array([0.5])]}
-
-
-def _tree_f(d):
-    xp = namespace(d["a"])
-    return xp.sum(d["a"] ** 2) * d["b"][0][1] + xp.sum(xp.sin(d["b"][1]))
-
-
-def _tree_g(d):
-    return d["a"] * d["b"][0] + d["b"][1]
-
-
-TREE_GRAD = {"a": 2 * TREE["a"] * 2.0, "b": [np.array([0.0, np.sum(TREE["a"] ** 2)]), np.cos(TREE["b"][1])]}
-TREE_JAC = {"a": np.diag(TREE["b"][0]), "b": [np.diag(TREE["a"]), np.ones((2, 1))]}
-
-
-def _numpy_tree(backend, tree):
-    return jax.tree.map(lambda a: np.asarray(backend.numpy(a)), tree)
-
-
-def test_pytree_inputs(engine_name):
-    """Gradients, Jacobians, jvp, vjp and prepared operators of a dict of lists: x's structure back."""
-    b = ad.get(engine_name)
-    tol = 1e-6 if engine_name == "finite-differences" else 1e-10
-    v = jax.tree.map(lambda a: 0.5 * np.ones_like(a), TREE)
-    w = np.array([1.0, -2.0])
-    jv = sum(np.tensordot(J, vi, 1) for J, vi in zip(jax.tree.leaves(TREE_JAC), jax.tree.leaves(v)))
-    wJ = jax.tree.map(lambda J: np.tensordot(w, J, 1), TREE_JAC)
-    y, g = ad.value_and_gradient(b, _tree_f, TREE)
-    cases = [
-        (g, TREE_GRAD),
-        (ad.prepare(b, ad.gradient, _tree_f, TREE)(TREE), TREE_GRAD),
-        (ad.jacobian(b, _tree_g, TREE), TREE_JAC),
-        (ad.jvp(b, _tree_g, TREE, v), jv),
-        (ad.vjp(b, _tree_g, TREE, w), wJ),
-        (ad.gradient(b, lambda d, s: _tree_f(d) * s, (TREE, np.array(2.0)))[0], jax.tree.map(lambda a: 2 * a, TREE_GRAD)),
-    ]
-    for actual, expected in cases:
-        actual = _numpy_tree(b, actual)
-        assert jax.tree.structure(actual) == jax.tree.structure(expected)
-        jax.tree.map(lambda a, e: assert_close(a, e, tol), actual, expected)
-
-
-def test_equinox_module_input():
-    """A JAX engine takes any PyTree: an equinox MLP's gradient matches equinox's (None at static leaves)."""
-    eqx = pytest.importorskip("equinox")
-    mlp = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.PRNGKey(0))
-    loss = lambda m: m(np.array([0.3, -0.2]))[0]  # noqa: E731
-    mine, theirs = ad.gradient(ad.JaxReverse(), loss, mlp), eqx.filter_grad(loss)(mlp)
-    assert mine.activation is None
-    jax.tree.map(lambda a, e: assert_close(a, e, 1e-12), eqx.filter(mine, eqx.is_array), theirs)
-
-
-def test_pytree_errors():
-    torch = pytest.importorskip("torch")  # noqa: F841
-    eqx = pytest.importorskip("equinox")
-    linear = eqx.nn.Linear(2, 1, key=jax.random.PRNGKey(0))
-    with pytest.raises(TypeError, match=r"^x is a Linear, which a host engine cannot hold.*'jax-reverse'"):
-        ad.gradient(ad.Torch(), lambda m: m(np.ones(2))[0], linear)
-    with pytest.raises(TypeError, match=r"x\['b'\]\[1\] has dtype int"):
-        ad.gradient(ad.JaxReverse(), _tree_f, {"a": TREE["a"], "b": [TREE["b"][0], np.array([1])]})
-    with pytest.raises(ValueError, match=r"v must have the structure of x, but v\['b'\]\[1\] is missing"):
-        ad.jvp(ad.JaxForward(), _tree_g, TREE, {"a": TREE["a"], "b": [TREE["b"][0]]})
-    with pytest.raises(ValueError, match=r"v\['a'\] has shape \(3,\) but x\['a'\] has shape \(2,\)"):
-        ad.jvp(ad.JaxForward(), _tree_g, TREE, {"a": np.ones(3), "b": TREE["b"]})
-    with pytest.raises(TypeError, match="hessian takes one array x, not a dict PyTree"):
-        ad.hessian(ad.JaxReverse(), _tree_f, TREE)

@@ -143,13 +143,13 @@ class AbstractBackend(abc.ABC):
         return y, tuple(jacs)
 
 
-def check_scalar(y) -> None:
-    """Raise the `gradient` error unless `y` is a scalar."""
-    if tuple(y.shape) != ():
-        raise ValueError(
-            f"gradient needs f to return a scalar, but f returned shape {tuple(y.shape)}: "
-            "use jacobian or vjp for non-scalar outputs"
-        )
+def check_scalar(y, op: str = "gradient") -> None:
+    """Raise the `op` error unless `y` is a scalar (an array of shape ())."""
+    shape = getattr(y, "shape", None)
+    if shape is None or tuple(shape) != ():
+        got = f"a {type(y).__name__}" if shape is None else f"shape {tuple(shape)}"
+        raise ValueError(f"{op} needs f to return a scalar, but f returned {got}: "
+                         "use jacobian or vjp for non-scalar outputs")
 
 
 def _stacked(outs: list):

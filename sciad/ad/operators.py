@@ -1,112 +1,235 @@
 """Operators derived from a backend's primitives, called `op(backend, f, x, ...)`.
 
-`x` is an array (NumPy or the engine's own), or for `gradient`, `jacobian`,
-`jvp`, `vjp`, `value_and_*` of those, a tuple of arguments (results are then
-tuples), each an array or a PyTree of arrays (dicts, lists, tuples on every
-engine; any PyTree, e.g. equinox modules, on the JAX-traced ones). Results
-are the engine's own arrays; `numpy.asarray` converts them. Shapes: for
-`f: x (n...) -> y (m...)`, `jacobian` is `(m..., n...)`, `hessian` is
-`(n..., n...)`. For a PyTree argument, per-argument results have its
-structure, with one array per leaf: the gradient and `vjp` the leaf's
-shape, the Jacobian `y.shape + leaf.shape` (the Jacobian w.r.t. a dict is
-a dict); `v` for `jvp` has x's structure.
+`x` is one argument or a tuple of several (results are then tuples, one entry
+per argument, as JAX's `argnums=(0, 1, ...)` gives), each an array (NumPy or
+the engine's own) or a PyTree of arrays: dicts, lists, tuples on every
+engine; any PyTree (e.g. equinox modules) on the JAX-traced ones. f returns
+an array or a PyTree of arrays. Results are the engine's own arrays
+(`numpy.asarray` converts them), structured as JAX's own transformations
+structure them. For `f: x (n...) -> y (m...)`:
+
+- per-argument results (gradients, `vjp`) have x's structure and shapes;
+- `jacobian` is `(m..., n...)`; for PyTrees, f's output structure of x's
+  structure, each leaf `y_leaf.shape + x_leaf.shape` (`jax.jacobian`);
+- `jvp` has f's output structure and shapes; `v` has x's, `w` f's output's;
+- `hessian` (scalar f) is `(n..., n...)`; for PyTrees, x's structure of x's
+  structure, each block `x_i.shape + x_j.shape` (`jax.hessian`).
+
+Bad input raises at the call (TypeError for types, ValueError for shapes and
+structures), naming the argument and the fix.
 """
 
+import dataclasses
 import types
 import weakref
+from operator import itemgetter
 from typing import Callable
 
+import jax
 import numpy as np
 
 from sciad.ad import trees
-from sciad.ad.backend import AbstractBackend
+from sciad.ad.backend import AbstractBackend, check_scalar
 from sciad.ad.namespace import namespace
 
-# -- implementations on engine arrays (xs: tuple of arrays) -------------------
+# -- computations on the engine's arrays ------------------------------------------------
+# `xs` are the differentiated leaves of the arguments, as engine arrays; `args` regroups
+# per-leaf results into x's structure; each returns f's value first.
 
 
-def _value_and_gradient(b, f, xs):
-    return b.value_and_gradient(f, xs)
+def _scalar(f: Callable, op: str) -> Callable:
+    """`f`, raising the `op` error unless it returns a scalar."""
+
+    def scalar(*xs):
+        y = f(*xs)
+        check_scalar(y, op)
+        return y
+
+    return scalar
 
 
-def _value_and_derivative(b, f, xs):
-    y, pf = b.value_and_pushforward(f, xs)
-    return y, pf((b.asarray(np.ones(()), like=xs[0]),))
+def _value_and_gradient(b, f, xs, args):
+    y, grads = b.value_and_gradient(_scalar(f, "gradient"), xs)
+    return y, args.group(grads)
 
 
-def _value_and_jacobian(b, f, xs):
-    return b.value_and_jacobian(f, xs)
+def _value_and_jvp(b, f, xs, args, vs):
+    out = trees.Outputs(f)
+    y, pf = b.value_and_pushforward(out, xs)
+    return out.value(y), out.value(pf(tuple(b.asarray(v, like=x) for v, x in zip(vs, xs))))
 
 
-def _value_and_jvp(b, f, xs, vs):
-    y, pf = b.value_and_pushforward(f, xs)
-    return y, pf(tuple(b.asarray(v, like=x) for v, x in zip(vs, xs)))
+def _value_and_derivative(b, f, xs, args):
+    return _value_and_jvp(b, f, xs, args, (np.ones(()),))
 
 
-def _value_and_vjp(b, f, xs, w):
-    y, pb = b.value_and_pullback(f, xs)
-    if tuple(w.shape) != tuple(y.shape):
-        raise ValueError(f"w has shape {tuple(w.shape)} but f's output has shape {tuple(y.shape)}: they must match")
-    return y, pb(b.asarray(w, like=y))
+def _value_and_vjp(b, f, xs, args, w):
+    out = trees.Outputs(f)
+    y, pb = b.value_and_pullback(out, xs)
+    return out.value(y), args.group(pb(out.cotangent(w, y, b.asarray)))
 
 
-def _gradient_function(inner, f):
-    """x -> ∇f(x) computed by `inner`."""
-    return lambda x: _value_and_gradient(inner, f, (inner.asarray(x),))[1][0]
+def _blocks(out: trees.Outputs, jacobians: tuple, xs: tuple) -> list[tuple]:
+    """The engine's Jacobians (one per argument leaf) as `[i][j]`: output leaf i w.r.t. argument leaf j."""
+    return list(zip(*(out.leaves(J, tuple(x.shape)) for J, x in zip(jacobians, xs))))
 
 
-def _value_gradient_and_hessian(b, f, xs):
+def _value_and_jacobian(b, f, xs, args):
+    out = trees.Outputs(f)
+    y, jacobians = b.value_and_jacobian(out, xs)
+    return out.value(y), out.group([args.group(row) for row in _blocks(out, jacobians, xs)])
+
+
+def _gradients(inner, f: Callable) -> trees.Outputs:
+    """x's leaves -> the tuple of `inner` gradients of scalar f, as one array for an outer engine."""
+    return trees.Outputs(lambda *xs: inner.value_and_gradient(f, tuple(map(inner.asarray, xs)))[1])
+
+
+def _value_gradient_and_hessian(b, f, xs, args):
     outer, inner = b.hessian_engines()
-    y, (g,) = _value_and_gradient(inner, f, xs)
-    xs = tuple(outer.asarray(x) for x in xs)
-    _, (H,) = outer.value_and_jacobian(_gradient_function(inner, f), xs)
-    return y, g, H
+    f = _scalar(f, "hessian")
+    y, g = inner.value_and_gradient(f, xs)
+    grads, xs = _gradients(inner, f), tuple(map(outer.asarray, xs))
+    _, jacobians = outer.value_and_jacobian(grads, xs)
+    return y, args.group(g), args.group(tuple(args.group(row) for row in _blocks(grads, jacobians, xs)))
 
 
-def _hvp(b, f, xs, vs):
-    """H v: the outer pushforward of the gradient, or its pullback (H is symmetric)."""
+def _hvp(b, f, xs, args, vs):
+    """H v: the outer pushforward of the gradients, or their pullback (H is symmetric)."""
     outer, inner = b.hessian_engines()
-    xs = tuple(outer.asarray(x) for x in xs)
+    grads, xs = _gradients(inner, _scalar(f, "hvp")), tuple(map(outer.asarray, xs))
     vs = tuple(outer.asarray(v, like=x) for v, x in zip(vs, xs))
     if outer.mode == "forward":
-        return outer.value_and_pushforward(_gradient_function(inner, f), xs)[1](vs)
-    return outer.value_and_pullback(_gradient_function(inner, f), xs)[1](vs[0])[0]
+        return args.group(tuple(grads.leaves(outer.value_and_pushforward(grads, xs)[1](vs))))
+    y, pb = outer.value_and_pullback(grads, xs)
+    return args.group(pb(grads.cotangent(vs, y, outer.asarray)))
 
 
-# -- the operator table -------------------------------------------------------
-# name -> (implementation, how many vectors follow x, multi-argument allowed,
-#          how to shape the result for one array x)
+def _whole(result):
+    return result
 
-_SPECS = {
-    "derivative": (_value_and_derivative, 0, False, lambda r: r[1]),
-    "gradient": (_value_and_gradient, 0, True, lambda r: r[1][0]),
-    "jacobian": (_value_and_jacobian, 0, True, lambda r: r[1][0]),
-    "hessian": (_value_gradient_and_hessian, 0, False, lambda r: r[2]),
-    "hvp": (_hvp, 1, False, lambda r: r),
-    "jvp": (_value_and_jvp, 1, True, lambda r: r[1]),
-    "vjp": (_value_and_vjp, 1, True, lambda r: r[1][0]),
-    "value_and_derivative": (_value_and_derivative, 0, False, lambda r: r),
-    "value_and_gradient": (_value_and_gradient, 0, True, lambda r: (r[0], r[1][0])),
-    "value_and_jacobian": (_value_and_jacobian, 0, True, lambda r: (r[0], r[1][0])),
-    "value_and_hessian": (_value_gradient_and_hessian, 0, False, lambda r: (r[0], r[2])),
-    "value_gradient_and_hessian": (_value_gradient_and_hessian, 0, False, lambda r: r),
-    "value_and_jvp": (_value_and_jvp, 1, True, lambda r: r),
-    "value_and_vjp": (_value_and_vjp, 1, True, lambda r: (r[0], r[1][0])),
+
+@dataclasses.dataclass(frozen=True)
+class _Operator:
+    """What an operator computes (`core`, then `pick` from its result) and what it takes after x:
+    `vector` "v" (structured as x), "w" (structured as f's output) or nothing; `scalar_x`: one scalar."""
+
+    core: Callable
+    pick: Callable = _whole
+    vector: str = ""
+    scalar_x: bool = False
+
+
+# -- the operators ----------------------------------------------------------------------
+
+
+def derivative(backend: AbstractBackend, f: Callable, x):
+    """f'(x) for one scalar x: f's output structure and shapes.
+
+    Raises ValueError unless x is one scalar (use `jacobian` or `jvp`)."""
+    return _apply(derivative, backend, f, x)
+
+
+def gradient(backend: AbstractBackend, f: Callable, x):
+    """∇f(x) for scalar f: x's structure and shapes (a tuple for a tuple x).
+
+    Raises ValueError unless f returns a scalar (use `jacobian` or `vjp`)."""
+    return _apply(gradient, backend, f, x)
+
+
+def jacobian(backend: AbstractBackend, f: Callable, x):
+    """∂f/∂x: shape `f(x).shape + x.shape`; for PyTrees, f's output structure of x's structure
+    (a tuple per output leaf for a tuple x), as `jax.jacobian`."""
+    return _apply(jacobian, backend, f, x)
+
+
+def hessian(backend: AbstractBackend, f: Callable, x):
+    """∇²f(x) for scalar f: shape `x.shape + x.shape`; for a tuple x (or a PyTree), blocks
+    `[i][j]` of shape `x_i.shape + x_j.shape` structured as x of x, as `jax.hessian`.
+    Computed by `backend.hessian_engines()` (outer over inner).
+
+    Raises ValueError unless f returns a scalar."""
+    return _apply(hessian, backend, f, x)
+
+
+def hvp(backend: AbstractBackend, f: Callable, x, v):
+    """∇²f(x) v for scalar f, v structured as x: x's structure and shapes (forward over reverse
+    by default, `backend.hessian_engines()`).
+
+    Raises ValueError unless v has x's structure and shapes and f returns a scalar."""
+    return _apply(hvp, backend, f, x, v)
+
+
+def jvp(backend: AbstractBackend, f: Callable, x, v):
+    """∂f/∂x · v, v structured as x (a tuple for a tuple x): f's output structure and shapes.
+
+    Raises ValueError unless v has x's structure and shapes."""
+    return _apply(jvp, backend, f, x, v)
+
+
+def vjp(backend: AbstractBackend, f: Callable, x, w):
+    """wᵀ ∂f/∂x, w structured as f's output: x's structure and shapes (a tuple for a tuple x).
+
+    Raises ValueError unless w has f's output structure and shapes."""
+    return _apply(vjp, backend, f, x, w)
+
+
+def value_and_derivative(backend: AbstractBackend, f: Callable, x):
+    """`(f(x), derivative(backend, f, x))`."""
+    return _apply(value_and_derivative, backend, f, x)
+
+
+def value_and_gradient(backend: AbstractBackend, f: Callable, x):
+    """`(f(x), gradient(backend, f, x))`."""
+    return _apply(value_and_gradient, backend, f, x)
+
+
+def value_and_jacobian(backend: AbstractBackend, f: Callable, x):
+    """`(f(x), jacobian(backend, f, x))`."""
+    return _apply(value_and_jacobian, backend, f, x)
+
+
+def value_and_hessian(backend: AbstractBackend, f: Callable, x):
+    """`(f(x), hessian(backend, f, x))`."""
+    return _apply(value_and_hessian, backend, f, x)
+
+
+def value_gradient_and_hessian(backend: AbstractBackend, f: Callable, x):
+    """`(f(x), gradient(backend, f, x), hessian(backend, f, x))`."""
+    return _apply(value_gradient_and_hessian, backend, f, x)
+
+
+def value_and_jvp(backend: AbstractBackend, f: Callable, x, v):
+    """`(f(x), jvp(backend, f, x, v))`."""
+    return _apply(value_and_jvp, backend, f, x, v)
+
+
+def value_and_vjp(backend: AbstractBackend, f: Callable, x, w):
+    """`(f(x), vjp(backend, f, x, w))`."""
+    return _apply(value_and_vjp, backend, f, x, w)
+
+
+_SECOND = itemgetter(1)
+_OPERATORS = {
+    derivative: _Operator(_value_and_derivative, _SECOND, scalar_x=True),
+    gradient: _Operator(_value_and_gradient, _SECOND),
+    jacobian: _Operator(_value_and_jacobian, _SECOND),
+    hessian: _Operator(_value_gradient_and_hessian, itemgetter(2)),
+    hvp: _Operator(_hvp, vector="v"),
+    jvp: _Operator(_value_and_jvp, _SECOND, vector="v"),
+    vjp: _Operator(_value_and_vjp, _SECOND, vector="w"),
+    value_and_derivative: _Operator(_value_and_derivative, scalar_x=True),
+    value_and_gradient: _Operator(_value_and_gradient),
+    value_and_jacobian: _Operator(_value_and_jacobian),
+    value_and_hessian: _Operator(_value_gradient_and_hessian, itemgetter(0, 2)),
+    value_gradient_and_hessian: _Operator(_value_gradient_and_hessian),
+    value_and_jvp: _Operator(_value_and_jvp, vector="v"),
+    value_and_vjp: _Operator(_value_and_vjp, vector="w"),
 }
-# Multi-argument results: drop the per-argument unwrapping.
-_MULTI = {
-    "gradient": lambda r: r[1],
-    "jacobian": lambda r: r[1],
-    "jvp": lambda r: r[1],
-    "vjp": lambda r: r[1],
-    "value_and_gradient": lambda r: r,
-    "value_and_jacobian": lambda r: r,
-    "value_and_jvp": lambda r: r,
-    "value_and_vjp": lambda r: r,
-}
+_BY_NAME = {op.__name__: op for op in _OPERATORS}
 
 
-# -- validation at the boundary ---------------------------------------------
+# -- validation at the boundary -----------------------------------------------------------
 
 
 def _check_float(arg: str, x) -> None:
@@ -124,47 +247,44 @@ def _check_float(arg: str, x) -> None:
         )
 
 
-def _check_inputs(op: str, backend, f, x, vectors):
-    """Validate the call; return `(multi, tree)`: whether `x` is a tuple of arguments,
-    and their PyTree structure, or None when every argument is an array."""
+def _arguments(name: str, backend, f, x, scalar_x: bool = False) -> trees.Arguments:
+    """Validate the backend, f and x of a call of operator `name`; return x's `Arguments`."""
     if not isinstance(backend, AbstractBackend):
         raise TypeError(f"backend must be a sciad.ad backend (e.g. sciad.ad.get('jax-reverse')), got {backend!r}")
     if not callable(f):
         raise TypeError(f"f must be callable, got {f!r}")
-    _, n_vectors, multi_ok, _ = _SPECS[op]
-    multi = isinstance(x, tuple)
-    if multi and not multi_ok:
-        raise TypeError(f"{op} takes one array x, not a tuple of {len(x)} arguments")
-    xs = x if multi else (x,)
-    if multi and not xs:
-        raise ValueError(f"{op}: x is an empty tuple; pass at least one array")
-    tree, static = trees.structure(xs, backend.host, multi)
-    if not multi_ok and not trees.is_flat(tree):
-        raise TypeError(f"{op} takes one array x, not a {type(x).__name__} PyTree: ravel it "
-                        "(jax.flatten_util.ravel_pytree) or use the first-order operators, which take PyTrees")
-    for name, leaf in trees.named_leaves("x", xs, multi):
-        _check_float(name, leaf)
-    if op in ("derivative", "value_and_derivative") and tuple(np.shape(x)) != ():
-        raise ValueError(f"derivative needs a scalar x, got shape {tuple(np.shape(x))}: use jacobian or jvp")
-    if len(vectors) != n_vectors:
-        raise TypeError(f"{op} takes {n_vectors} vector argument(s) after x, got {len(vectors)}")
-    if op in ("jvp", "value_and_jvp", "hvp"):
+    if scalar_x and not (trees.is_array(x) and np.shape(x) == ()):
+        got = f"shape {tuple(np.shape(x))}" if trees.is_array(x) else f"a {type(x).__name__}"
+        raise ValueError(f"{name} needs a scalar x, got {got}: use jacobian or jvp")
+    if isinstance(x, tuple) and not x:
+        raise ValueError(f"{name}: x is an empty tuple; pass at least one array")
+    args = trees.Arguments.of(x, backend.host)
+    for leaf_name, leaf in trees.named_leaves("x", x):
+        _check_float(leaf_name, leaf)
+    return args
+
+
+def _check_vectors(name: str, op: _Operator, x, vectors: tuple) -> None:
+    """Validate what follows x: `v` structured as x, or a floating-point `w`."""
+    if len(vectors) != bool(op.vector):
+        raise TypeError(f"{name} takes {int(bool(op.vector))} vector argument(s) after x, got {len(vectors)}")
+    if op.vector == "v":
         (v,) = vectors
-        vs = v if multi else (v,)
-        if multi and (not isinstance(v, tuple) or len(v) != len(xs)):
-            raise ValueError(f"v must be a tuple of {len(xs)} arrays, one per argument in x")
-        trees.check_like("v", vs, xs, multi)
-        for (name, vi), (x_name, xi) in zip(trees.named_leaves("v", vs, multi), trees.named_leaves("x", xs, multi)):
-            _check_float(name, vi)
-            if tuple(np.shape(vi)) != tuple(np.shape(xi)):
-                raise ValueError(f"{name} has shape {tuple(np.shape(vi))} but {x_name} has shape "
-                                 f"{tuple(np.shape(xi))}: they must match")
-    if op in ("vjp", "value_and_vjp"):
-        _check_float("w", vectors[0])
-    return multi, None if trees.is_flat(tree) and not static else (tree, static)
+        if isinstance(x, tuple) and (not isinstance(v, tuple) or len(v) != len(x)):
+            raise ValueError(f"v must be a tuple of {len(x)} arrays, one per argument in x")
+        trees.check_like("v", v, x, "x")
+    for leaf_name, leaf in trees.named_leaves(op.vector, vectors[0] if vectors else ()):
+        _check_float(leaf_name, leaf)
 
 
-# -- compilation and dispatch ------------------------------------------------
+def _one_array(name: str, backend, f, x) -> None:
+    """Validate a call of an operator that takes one array x (the lazy matrices)."""
+    if _arguments(name, backend, f, x).nested or isinstance(x, tuple):
+        what = f"a tuple of {len(x)} arguments" if isinstance(x, tuple) else f"a {type(x).__name__} PyTree"
+        raise TypeError(f"{name} takes one array x, not {what}: use jvp, vjp and hvp, which take PyTrees")
+
+
+# -- compilation and dispatch -------------------------------------------------------------
 
 
 # Compiled calls per user function, held weakly: a function the caller drops takes its compiled
@@ -173,65 +293,67 @@ def _check_inputs(op: str, backend, f, x, vectors):
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _cached(op: str, backend, f, multi: bool, tree) -> Callable:
+def _cached(op: _Operator, backend, f, args: trees.Arguments) -> Callable:
     """`_compile`'s call, reused while `f` (or a bound method's instance) lives; compiled anew for
     functions that cannot be weakly referenced or hashed."""
     method = getattr(f, "__func__", None)
     anchor = getattr(f, "__self__", None) if method is not None else f
     try:
         entries = _COMPILED.setdefault(anchor, {})
-        key = (op, backend, multi, tree, method)
+        key = (op, backend, args, method)
         hash(key)
     except TypeError:
-        return _compile(op, backend, f, multi, tree)
+        return _compile(op, backend, f, args)
     if key not in entries:
         ref = weakref.ref(anchor)
         held = (lambda *a: types.MethodType(method, ref())(*a)) if method is not None else (lambda *a: ref()(*a))
-        entries[key] = _compile(op, backend, held, multi, tree)
+        entries[key] = _compile(op, backend, held, args)
     return entries[key]
 
 
-def _compile(op: str, backend, f, multi: bool, tree) -> Callable:
-    """`op` on `f` as one compiled call `(x, *vectors)` on arrays (`tree` None) or on the
-    differentiated leaves of PyTree arguments structured as `tree` = (structure, static leaves)."""
-    if tree is not None:
-        f, multi = trees.flat_function(f, *tree), True
-    impl, n_vectors, _, unwrap = _SPECS[op]
-    if multi:
-        unwrap = _MULTI[op]
-    asarray = backend.asarray
-    # Lean on purpose: a prepared call is this function, nothing more.
-    if n_vectors == 0:
+def _compile(op: _Operator, backend, f, args: trees.Arguments) -> Callable:
+    """`op` on `f` as one compiled call `(leaves, *vectors)` on the differentiated leaves of x
+    (and of v)."""
+    f, asarray = args.function(f), backend.asarray
 
-        def run(x):
-            return unwrap(impl(backend, f, tuple(map(asarray, x)) if multi else (asarray(x),)))
+    def run(leaves, *vectors):  # lean on purpose: a prepared call is this function, nothing more
+        return op.pick(op.core(backend, f, tuple(map(asarray, leaves)), args, *vectors))
 
-    else:
-        per_argument = op in ("jvp", "value_and_jvp", "hvp") and not multi
-
-        def run(x, vector):
-            xs = tuple(map(asarray, x)) if multi else (asarray(x),)
-            return unwrap(impl(backend, f, xs, (vector,) if per_argument else vector))
-
-    return _explain_tracing_errors(backend.compile(run), backend)
+    return backend.compile(run)
 
 
-def _explain_tracing_errors(fn: Callable, backend) -> Callable:
-    import jax
+def _prepared(op: _Operator, backend, f, args: trees.Arguments, compile: Callable) -> Callable:
+    """`op`'s call `(x, *vectors)` on x structured as `args`."""
+    run = compile(op, backend, f, args)
+    if op.vector == "v":
+        return lambda x, v: run(args.leaves(x), args.leaves(v))
+    return lambda x, *vectors: run(args.leaves(x), *vectors)
 
-    def call(*args):
-        try:
-            return fn(*args)
-        except jax.errors.ConcretizationTypeError as e:
-            raise ValueError(
-                f"f has value-dependent Python control flow (an `if`/`while` on array values), "
-                f"which {backend} cannot trace into a compiled program. Use an engine that "
-                "re-records at every call (sciad.ad.JaxReverse(jit=False), Torch(), Autograd()) "
-                "or write the branch with jnp.where / jax.lax.cond."
-            ) from e
 
-    call.__wrapped__ = fn
-    return call
+def _explained(backend, call: Callable, *inputs):
+    """`call(*inputs)`, a compiled engine's tracing error explained."""
+    try:
+        return call(*inputs)
+    except jax.errors.ConcretizationTypeError as e:
+        raise ValueError(
+            f"f has value-dependent Python control flow (an `if`/`while` on array values), "
+            f"which {backend} cannot trace into a compiled program. Use an engine that "
+            "re-records at every call (sciad.ad.JaxReverse(jit=False), Torch(), Autograd()) "
+            "or write the branch with jnp.where / jax.lax.cond."
+        ) from e
+
+
+def _checked(operator: Callable, backend, f, x, vectors: tuple) -> tuple[_Operator, trees.Arguments]:
+    op = _OPERATORS[operator]
+    args = _arguments(operator.__name__, backend, f, x, op.scalar_x)
+    _check_vectors(operator.__name__, op, x, vectors)
+    return op, args
+
+
+def _apply(operator: Callable, backend, f, x, *vectors):
+    """`operator(backend, f, x, *vectors)`, compiled once per function while it lives."""
+    op, args = _checked(operator, backend, f, x, vectors)
+    return _explained(backend, _prepared(op, backend, f, args, _cached), x, *vectors)
 
 
 def prepare(backend: AbstractBackend, op, f: Callable, x, *vectors) -> Callable:
@@ -239,95 +361,35 @@ def prepare(backend: AbstractBackend, op, f: Callable, x, *vectors) -> Callable:
     repeated calls of operator `op` (a function of this module or its name) at
     new points with the same shapes and dtypes as `x` (and `vectors`). `g` holds
     `f` and its compiled program; dropping `g` frees them."""
-    name = op if isinstance(op, str) else getattr(op, "__name__", None)
-    if name not in _SPECS:
-        raise ValueError(f"op must be one of {sorted(_SPECS)} (or the function), got {op!r}")
-    run = _runner(name, backend, f, *_check_inputs(name, backend, f, x, vectors), compile=_compile)
-    run(x, *vectors)  # trace and compile now
-    return run.__wrapped__
-
-
-def _runner(op: str, backend, f, multi: bool, tree, compile: Callable = _cached) -> Callable:
-    """`op`'s compiled call `(x, *vectors)`; with the call without error translation as `__wrapped__`."""
-    compiled = compile(op, backend, f, multi, tree)
-    if tree is None:
-        return compiled
-
-    def call(x, *vectors):
-        return _on_leaves(op, compiled, tree, multi, x, vectors)
-
-    call.__wrapped__ = lambda x, *vectors: _on_leaves(op, compiled.__wrapped__, tree, multi, x, vectors)
+    operator = _BY_NAME.get(op) if isinstance(op, str) else op
+    if not any(operator is known for known in _OPERATORS):
+        raise ValueError(f"op must be one of {sorted(_BY_NAME)} (or the function), got {op!r}")
+    op, args = _checked(operator, backend, f, x, vectors)
+    call = _prepared(op, backend, f, args, _compile)
+    _explained(backend, call, x, *vectors)  # trace and compile now
     return call
 
 
-# Where a result holds one entry per argument: the whole result, its second item, or nowhere.
-_PER_ARGUMENT = {"gradient": ..., "jacobian": ..., "vjp": ..., "value_and_gradient": 1,
-                 "value_and_jacobian": 1, "value_and_vjp": 1, "jvp": None, "value_and_jvp": None}
-
-
-def _on_leaves(op: str, compiled: Callable, tree, multi: bool, x, vectors):
-    """`op` on PyTree arguments (`tree` = (structure, static leaves)): run on their
-    differentiated leaves, per-argument results regrouped to x's structure."""
-    leaves = trees.array_leaves(x if multi else (x,), *tree)
-    if op in ("jvp", "value_and_jvp"):
-        vectors = (trees.array_leaves(vectors[0] if multi else (vectors[0],), *tree),)
-    result = compiled(leaves, *vectors)
-    where = _PER_ARGUMENT[op]
-    if where is ...:
-        return trees.regroup(result, *tree, multi)
-    if where == 1:
-        return result[0], trees.regroup(result[1], *tree, multi)
-    return result
-
-
-def _operator(name: str, doc: str) -> Callable:
-    def op(backend, f, x, *vectors):
-        return _runner(name, backend, f, *_check_inputs(name, backend, f, x, vectors))(x, *vectors)
-
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = doc
-    return op
-
-
-derivative = _operator("derivative", "f'(x) for scalar x (shape of f's output).")
-gradient = _operator("gradient", "∇f(x) for scalar f (shape of x; a tuple for a tuple x).")
-jacobian = _operator("jacobian", "∂f/∂x, shape f(x).shape + x.shape (a tuple for a tuple x).")
-hessian = _operator("hessian", "∇²f(x) for scalar f, shape x.shape + x.shape, via backend.hessian_engines() (outer over inner).")
-hvp = _operator("hvp", "∇²f(x) v (shape of x), forward-over-reverse by default.")
-jvp = _operator("jvp", "jvp(b, f, x, v) = ∂f/∂x · v (shape of f(x)); v a tuple for a tuple x.")
-vjp = _operator("vjp", "vjp(b, f, x, w) = wᵀ ∂f/∂x (shape of x; a tuple for a tuple x).")
-value_and_derivative = _operator("value_and_derivative", "(f(x), f'(x)).")
-value_and_gradient = _operator("value_and_gradient", "(f(x), ∇f(x)).")
-value_and_jacobian = _operator("value_and_jacobian", "(f(x), ∂f/∂x).")
-value_and_hessian = _operator("value_and_hessian", "(f(x), ∇²f(x)).")
-value_gradient_and_hessian = _operator("value_gradient_and_hessian", "(f(x), ∇f(x), ∇²f(x)).")
-value_and_jvp = _operator("value_and_jvp", "(f(x), ∂f/∂x · v).")
-value_and_vjp = _operator("value_and_vjp", "(f(x), wᵀ ∂f/∂x).")
-
-
 def pushforward(backend: AbstractBackend, f: Callable, x) -> Callable:
-    """The linear map `v -> ∂f/∂x · v` at `x` (v a tuple for a tuple x)."""
-    _check_inputs("jvp", backend, f, x, (x,))
+    """The linear map `v -> jvp(backend, f, x, v)` at `x`."""
+    _arguments("pushforward", backend, f, x)
     return lambda v: jvp(backend, f, x, v)
 
 
 def pullback(backend: AbstractBackend, f: Callable, x) -> Callable:
-    """The linear map `w -> wᵀ ∂f/∂x` at `x` (a tuple of results for a tuple x)."""
-    _check_inputs("vjp", backend, f, x, (np.zeros(()),))
+    """The linear map `w -> vjp(backend, f, x, w)` at `x`."""
+    _arguments("pullback", backend, f, x)
     return lambda w: vjp(backend, f, x, w)
 
 
 class LazyJacobian:
-    """∂f/∂x at x as an operator: `J @ v` (jvp), `w @ J` (vjp), `J.T`; never formed.
+    """∂f/∂x at one array x as an operator: `J @ v` (jvp), `w @ J` (vjp), `J.T`; never formed.
     `shape` is `(size of f(x), size of x)`; vectors keep their natural shapes."""
 
     __array_ufunc__ = None  # make NumPy defer `w @ J` to __rmatmul__
 
     def __init__(self, backend, f, x, transposed=False):
-        if isinstance(x, tuple):
-            raise TypeError(f"lazy_jacobian takes one array x, not a tuple of {len(x)} arguments")
-        if _check_inputs("jvp", backend, f, x, (x,))[1] is not None:
-            raise TypeError(f"lazy_jacobian takes one array x, not a {type(x).__name__} PyTree: use jvp and vjp")
+        _one_array("lazy_jacobian", backend, f, x)
         self.backend, self.f, self.x, self.transposed = backend, f, x, transposed
         m = int(np.prod(np.shape(f(backend.asarray(x)))))
         n = int(np.prod(np.shape(x)))
@@ -347,12 +409,12 @@ class LazyJacobian:
 
 
 class LazyHessian:
-    """∇²f(x) as an operator: `H @ v` and `v @ H` are Hessian-vector products; `H.T` is H."""
+    """∇²f(x) at one array x as an operator: `H @ v` and `v @ H` are Hessian-vector products; `H.T` is H."""
 
     __array_ufunc__ = None
 
     def __init__(self, backend, f, x):
-        _check_inputs("hvp", backend, f, x, (x,))
+        _one_array("lazy_hessian", backend, f, x)
         self.backend, self.f, self.x = backend, f, x
         n = int(np.prod(np.shape(x)))
         self.shape = (n, n)
@@ -368,13 +430,13 @@ class LazyHessian:
 
 
 def lazy_jacobian(backend: AbstractBackend, f: Callable, x) -> LazyJacobian:
-    """∂f/∂x at x as a lazy operator (`J @ v`, `w @ J`, `J.T`)."""
+    """∂f/∂x at one array x as a lazy operator (`J @ v`, `w @ J`, `J.T`)."""
     return LazyJacobian(backend, f, x)
 
 
 def lazy_hessian(backend: AbstractBackend, f: Callable, x) -> LazyHessian:
-    """∇²f(x) as a lazy operator (`H @ v`, `v @ H`)."""
+    """∇²f(x) at one array x as a lazy operator (`H @ v`, `v @ H`)."""
     return LazyHessian(backend, f, x)
 
 
-__all__ = [*_SPECS, "pushforward", "pullback", "lazy_jacobian", "lazy_hessian", "prepare", "namespace"]
+__all__ = [*_BY_NAME, "pushforward", "pullback", "lazy_jacobian", "lazy_hessian", "prepare", "namespace"]
