@@ -54,6 +54,25 @@ def test_gradient_of_non_scalar_output(engine_name):
         ad.gradient(ad.get(engine_name), _square, X)
 
 
+def _to_dict(x):
+    return {"square": x**2, "sum": namespace(x).sum(x)}
+
+
+def test_pytree_output_errors(engine_name):
+    """What no engine can do with f's output is one error, the same on every engine."""
+    b = ad.get(engine_name)
+    with pytest.raises(ValueError, match=r"^gradient needs f to return a scalar, but f returned a dict: use jacobian"):
+        ad.gradient(b, _to_dict, X)
+    with pytest.raises(ValueError, match=r"^hessian needs f to return a scalar, but f returned shape \(3,\)"):
+        ad.hessian(b, _square, X)
+    with pytest.raises(ValueError, match=r"^w must have the structure of f's output, but w\['sum'\] is missing"):
+        ad.vjp(b, _to_dict, X, {"square": X})
+    with pytest.raises(ValueError, match=r"^w\['sum'\] has shape \(3,\) but f's output\['sum'\] has shape \(\)"):
+        ad.vjp(b, _to_dict, X, {"square": X, "sum": X})
+    with pytest.raises(TypeError, match=r"^f's output\['name'\] is a str, not an array"):
+        ad.jacobian(b, lambda x: {"y": x, "name": "y"}, X)
+
+
 @pytest.mark.parametrize("op", [ad.jvp, ad.value_and_jvp, ad.hvp])
 def test_v_shape_mismatch(op):
     f = _sum_of_squares if op is ad.hvp else _square

@@ -18,6 +18,8 @@ import pytest
 import sciad.ad as ad
 from sciad.ad import namespace
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # XLA's optimisations off: same programs, half the compiling
+
 # -- scenarios ----------------------------------------------------------------
 
 
@@ -200,16 +202,22 @@ class Engine:
     numerical: bool = False  # finite differences somewhere: looser tolerance
     second_order_only: bool = False  # a HigherOrder composition: test Hessian operators only
     branches_only: bool = False  # `jit=False` of an engine tested compiled: only what differs
+    # What the default run covers of its cases, the rest marked slow (CI runs them with -m slow):
+    # every case when empty (no compiling: milliseconds each), else each "operator" and/or each
+    # "scenario" at least once (a JAX compile is about 0.2 s a case, Enzyme's over a second; eager
+    # JAX, op by op, as slow, and it differs from the compiled engines only in what each scenario shows).
+    default_covers: tuple = ()
 
 
+BOTH = ("operator", "scenario")
 ENGINES = [
-    Engine("jax-reverse", lambda: ad.JaxReverse(), compiled=True),
-    Engine("jax-reverse-eager", lambda: ad.JaxReverse(jit=False)),
-    Engine("jax-forward", lambda: ad.JaxForward(), compiled=True),
-    Engine("jax-forward-eager", lambda: ad.JaxForward(jit=False), branches_only=True),
-    Engine("jax-transpose", lambda: ad.JaxTranspose(), compiled=True),
-    Engine("jax-transpose-eager", lambda: ad.JaxTranspose(jit=False), branches_only=True),
-    Engine("enzyme", lambda: ad.Enzyme(), ("enzyme_ad",), compiled=True),
+    Engine("jax-reverse", lambda: ad.JaxReverse(), compiled=True, default_covers=BOTH),
+    Engine("jax-reverse-eager", lambda: ad.JaxReverse(jit=False), default_covers=("scenario",)),
+    Engine("jax-forward", lambda: ad.JaxForward(), compiled=True, default_covers=BOTH),
+    Engine("jax-forward-eager", lambda: ad.JaxForward(jit=False), branches_only=True, default_covers=("scenario",)),
+    Engine("jax-transpose", lambda: ad.JaxTranspose(), compiled=True, default_covers=BOTH),
+    Engine("jax-transpose-eager", lambda: ad.JaxTranspose(jit=False), branches_only=True, default_covers=("scenario",)),
+    Engine("enzyme", lambda: ad.Enzyme(), ("enzyme_ad",), compiled=True, default_covers=("scenario",)),
     Engine("torch", lambda: ad.Torch(), ("torch",)),
     Engine("autograd", lambda: ad.Autograd(), ("autograd",)),
     Engine("finite-differences", lambda: ad.FiniteDifferences(), numerical=True),
@@ -218,6 +226,7 @@ ENGINES = [
         lambda: ad.HigherOrder(ad.JaxReverse(), ad.JaxReverse()),
         compiled=True,
         second_order_only=True,
+        default_covers=BOTH,
     ),
     Engine(
         "finite-differences-over-torch",
@@ -347,13 +356,23 @@ def _tolerance(engine: Engine, op: str) -> float:
 
 
 def _cases(ops):
-    for engine in ENGINES:
-        for s in SCENARIOS:
-            if engine.branches_only and not s.branches:
-                continue
-            for op in ops:
-                if _applies(op, s) and (op in SECOND_ORDER or not engine.second_order_only):
-                    yield pytest.param(engine, s, op, id=f"{engine.id}-{s.name}-{op}")
+    """Every engine x scenario x operator that applies; those the default run needs to cover what
+    the engine's `default_covers` names (taken along diagonals, operator i with scenario i + k first
+    for the k-th engine, so that operators meet different scenarios) are fast, the others marked slow."""
+    for k, engine in enumerate(ENGINES):
+        cases = [(s, op) for s in SCENARIOS for op in ops if (s.branches or not engine.branches_only)
+                 and _applies(op, s) and (op in SECOND_ORDER or not engine.second_order_only)]
+        diagonals = sorted(cases, key=lambda c: ((ops.index(c[1]) + k - SCENARIOS.index(c[0])) % len(SCENARIOS),
+                                                 ops.index(c[1])))
+        fast, covered = set(), set()
+        for s, op in diagonals:
+            keys = {key for key in (("operator", op), ("scenario", s.name)) if key[0] in engine.default_covers}
+            if not engine.default_covers or keys - covered:
+                fast.add((s.name, op))
+                covered |= keys
+        for s, op in cases:
+            yield pytest.param(engine, s, op, id=f"{engine.id}-{s.name}-{op}",
+                               marks=() if (s.name, op) in fast else pytest.mark.slow)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """sciad.ad's modules: no import cycles (imports inside functions count), and capabilities, not types."""
 
 import ast
+import inspect
 import pathlib
 
 import sciad.ad as ad
@@ -46,3 +47,17 @@ def test_capabilities():
         assert ad.BACKENDS[name].traced and not ad.BACKENDS[name].host
     composed = ad.HigherOrder(ad.FiniteDifferences(), ad.JaxReverse())
     assert composed.host and not composed.traced and not composed.compiled and composed.vmappable
+
+
+OPERATORS = ["derivative", "gradient", "jacobian", "hessian", "hvp", "jvp", "vjp", "value_and_derivative",
+             "value_and_gradient", "value_and_jacobian", "value_and_hessian", "value_gradient_and_hessian",
+             "value_and_jvp", "value_and_vjp"]
+
+
+def test_operators_are_functions_with_their_signatures():
+    """`help(sciad.ad.hvp)` and an IDE show `hvp(backend, f, x, v)` and what it returns."""
+    vectors = {"hvp": ["v"], "jvp": ["v"], "value_and_jvp": ["v"], "vjp": ["w"], "value_and_vjp": ["w"]}
+    for name in OPERATORS:
+        op = getattr(ad, name)
+        assert op.__name__ == name and op.__doc__
+        assert list(inspect.signature(op).parameters) == ["backend", "f", "x", *vectors.get(name, [])], name

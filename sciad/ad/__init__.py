@@ -1,11 +1,14 @@
 """sciad.ad: one API over interchangeable AD engines.
 
 Backends (small immutable values) implement one or two primitives
-(pullback, pushforward); every operator is derived from them:
+(pullback, pushforward); every operator is derived from them. Arguments and
+f's output may be PyTrees; results are structured as JAX's own transformations
+structure them (`jax.jacobian`, `jax.hessian`):
 
     import sciad.ad as ad
     b = ad.get("torch")                       # or ad.JaxReverse(), ...
     ad.gradient(b, f, x); ad.hessian(b, f, x); ad.vjp(b, f, x, w)
+    ad.jacobian(b, f, (u, p))                 # several arguments, each a PyTree
     g = ad.prepare(b, ad.gradient, f, x)      # trace/compile once
     h = ad.differentiate_with(f, "torch")     # torch derivatives inside JAX code
 """

@@ -273,8 +273,9 @@ def _check_vectors(name: str, op: _Operator, x, vectors: tuple) -> None:
         if isinstance(x, tuple) and (not isinstance(v, tuple) or len(v) != len(x)):
             raise ValueError(f"v must be a tuple of {len(x)} arrays, one per argument in x")
         trees.check_like("v", v, x, "x")
-    for leaf_name, leaf in trees.named_leaves(op.vector, vectors[0] if vectors else ()):
-        _check_float(leaf_name, leaf)
+    if op.vector:
+        for leaf_name, leaf in trees.named_leaves(op.vector, vectors[0]):
+            _check_float(leaf_name, leaf)
 
 
 def _one_array(name: str, backend, f, x) -> None:
