@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint, parse
-from sciad.adjoints.base import Bound, Setup, is_implicit
+from sciad.adjoints.base import Setup, is_implicit
 from sciad.errors import error_if
 from sciad.problem import ODEProblem, check_like, check_params, check_saveat, check_state
 from sciad.vector_field import VectorField
@@ -104,14 +104,13 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
     advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(get_solver(solver)))
     if advice:
         warnings.warn(advice, UserWarning, stacklevel=2)
-    field, closure = VectorField.of(prob.f, u0, p, t0, host=any(not e.traced for e in sensealg.engines()))
+    field = VectorField.of(prob.f, u0, p, t0, host=any(not e.traced for e in sensealg.engines()))
     dtype = field.dtype
-    setup = Setup(field, get_solver(solver), t0, t1, None, float(rtol), float(atol), int(max_steps))
+    ts = jnp.asarray(ts, dtype)
+    setup = Setup(field, get_solver(solver), t0, t1, ts, float(rtol), float(atol), int(max_steps))
     u0_flat = _finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
     p_flat = _finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
-    c_flat = jnp.asarray(field.c.ravel(closure), dtype)
-    ts = jnp.asarray(ts, dtype)
-    us, stats = sensealg.solve(setup, u0_flat, p_flat, c_flat, ts)
+    us, stats = sensealg.solve(setup, u0_flat, p_flat)
     evals = _evaluations_per_step(setup.solver)
     steps = stats.astype(jnp.int32)
     solution_stats = {
@@ -120,8 +119,7 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
     }
     interpolation = None
     if dense:
-        bound = dataclasses.replace(setup, f=Bound(field, c_flat, None), ts=ts)
-        dense_sol = bound.forward(u0_flat, p_flat, dense=True, adjoint=dfx.RecursiveCheckpointAdjoint())
+        dense_sol = setup.forward(u0_flat, p_flat, dense=True, adjoint=dfx.RecursiveCheckpointAdjoint())
         interpolation = lambda t: field.u.unravel(dense_sol.interpolation.evaluate(t))  # noqa: E731
     return Solution(ts, jax.vmap(field.u.unravel)(us), solution_stats, interpolation)
 

@@ -1,5 +1,6 @@
-"""The user's f(u, p, t) on PyTrees as f(u, p, c, t) on flat vectors, for the sensealgs' inside."""
+"""The user's f(u, p, t) on PyTrees as f(u, p, t) on flat vectors: the one wrapper of f inside sciad."""
 
+import functools
 from typing import Any, Callable
 
 import equinox as eqx
@@ -15,22 +16,26 @@ def _traced_float(x) -> bool:
 
 
 class VectorField(eqx.Module):
-    """`field(u, p, c, t)`: f with u (n,) raveled from u0's structure, p (m,) from the parameters'
-    array leaves (the rest of p is static) and c (k,) from the traced float values f closes over
-    (hoisted by closure conversion, so the sensealgs can differentiate them), all in `dtype`."""
+    """`field(u, p, t)`: f with u (n,) raveled from u0's structure and p (m,) from the parameters'
+    array leaves (the rest of p is static), all in `dtype`. The traced float values f closes over,
+    c (k,), are hoisted by closure conversion (so the sensealgs can differentiate them) and held
+    (`held`), or, `merged`, appended to the parameters: then p = [p; c] has m + k entries. `open()`
+    gives f as g(u, p, c, t), with c an argument: what an AD engine takes."""
 
     fn: Callable
     u: Layout
     p: Layout
     c: Layout
     static_p: Any
+    held: jax.Array
     dtype: Any = eqx.field(static=True)
+    merged: bool = eqx.field(static=True, default=False)
 
     @classmethod
-    def of(cls, f: Callable, u0, p, t0: float, *, host: bool) -> tuple["VectorField", Any]:
-        """The field of `f` at u0's and p's structures, and the hoisted closure values (a PyTree).
-        `host`: a host engine will run f on its own arrays (no hoisting possible; p must be
-        made of dicts, lists and tuples)."""
+    def of(cls, f: Callable, u0, p, t0: float, *, host: bool) -> "VectorField":
+        """The field of `f` at u0's and p's structures, holding the values it closes over. `host`: a
+        host engine will run f on its own arrays (no hoisting possible; p must be made of dicts,
+        lists and tuples)."""
         params, static_p = eqx.partition(p, eqx.is_array)
         dtype = jnp.result_type(*jax.tree.leaves(u0), *jax.tree.leaves(params))
         t = jnp.asarray(t0, dtype)
@@ -39,15 +44,32 @@ class VectorField(eqx.Module):
         if host:
             _check_host(p, closure)
         fn = f if host or not jax.tree.leaves(closure) else rest
-        field = cls(fn, Layout.of(u0, dtype), Layout.of(params, dtype), Layout.of(closure, dtype, keep_dtypes=True), static_p,
-                    dtype)
-        return field, closure
+        c = Layout.of(closure, dtype, keep_dtypes=True)
+        return cls(fn, Layout.of(u0, dtype), Layout.of(params, dtype), c, static_p,
+                   jnp.asarray(c.ravel(closure), dtype), dtype)
 
-    def __call__(self, u, p, c, t):
-        fn = self.fn if self.c.size == 0 else eqx.combine(self.c.unravel(c), self.fn)
-        if self.c.size:
-            t = jnp.asarray(t, self.dtype)  # the closure-converted f takes t as it was traced
-        return self.u.ravel(fn(self.u.unravel(u), eqx.combine(self.p.unravel(p), self.static_p), t))
+    def with_closure(self, c, merged: bool) -> "VectorField":
+        """This field holding the closure values `c` (k,), or with them appended to p (`merged`)."""
+        held = jnp.zeros((0,), c.dtype) if merged else c
+        return VectorField(self.fn, self.u, self.p, self.c, self.static_p, held, self.dtype, merged)
+
+    def __call__(self, u, p, t):
+        return self.open()(u, p, self.held, t)
+
+    def open(self) -> Callable:
+        """`g(u, p, c, t)`: f with the closure values as an argument (an engine sees no traced value
+        it closes over); merged, c is empty and p = [p; c]."""
+        return functools.partial(_evaluate, self.fn, self.u, self.p, self.c, self.static_p, self.dtype,
+                                 self.p.size if self.merged else None)
+
+
+def _evaluate(fn, u_layout, p_layout, c_layout, static_p, dtype, m, u, p, c, t):
+    if m is not None:
+        p, c = p[:m], p[m:]
+    if c_layout.size:
+        fn = eqx.combine(c_layout.unravel(c), fn)
+        t = jnp.asarray(t, dtype)  # the closure-converted f takes t as it was traced
+    return u_layout.ravel(fn(u_layout.unravel(u), eqx.combine(p_layout.unravel(p), static_p), t))
 
 
 def _check_host(p, closure) -> None:

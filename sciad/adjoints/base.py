@@ -135,13 +135,13 @@ class Products:
     `vjp(u, p, t, λ) -> (f, λᵀ∂f/∂u, λᵀ∂f/∂p)`, `jvp(u, p, t, du, dp) -> (f, ∂f/∂u du + ∂f/∂p dp)`.
     JAX engines are traced in; torch, autograd and finite differences run
     through `sciad.ad.differentiate_with` (a host callback per product).
-    `f` is a `Bound` field: its closure values enter the engine as a constant argument."""
+    `f` is a `VectorField`: its closure values enter the engine as a constant argument."""
 
-    def __init__(self, f: "Bound", backend):
+    def __init__(self, f, backend):
         self.backend = ad.get(backend)
         self.f = f.open()
         self.g = ad.differentiate_with(self.f, self.backend)
-        self.c = f.c
+        self.c = f.held
 
     def vjp(self, u, p, t, lam):
         if self.backend.traced and self.backend.higher_order:
@@ -161,6 +161,8 @@ class AbstractSensitivity(eqx.Module):
     pullback (and may override the pushforward, by default forward-mode AD
     through the solver)."""
 
+    stores_interpolation: eqx.AbstractVar[bool]  # the forward pass keeps a dense interpolation (memory ~ steps)
+
     @abc.abstractmethod
     def forward(self, setup: Setup, u0, p, active):
         """-> (us (T, n), stats (3,), residuals for the rules). `active` = (u0 is
@@ -170,17 +172,10 @@ class AbstractSensitivity(eqx.Module):
     def pullback(self, setup: Setup, residuals, w):
         """w (T, n) cotangent of us -> (∂L/∂u0 (n,), ∂L/∂p (m,)); None where inactive."""
 
+    @abc.abstractmethod
     def pushforward(self, setup: Setup, residuals, du0, dp):
-        """Tangent of us (T, n) in direction (du0, dp); by default forward-mode AD
-        through the solver. `residuals` start with (u0, p)."""
-        u0, p = residuals[0], residuals[1]
-
-        def solve(u0, p):
-            sol = setup.forward(u0, p)
-            return sol.ys, sol.result
-
-        _, dus, result = jax.jvp(solve, (u0, p), (du0, dp), has_aux=True)
-        return checked(setup, result, dus)
+        """Tangent of us (T, n) in direction (du0 (n,), dp (m,)) (`solver_pushforward` where the
+        sensealg has no rule of its own)."""
 
     def engines(self) -> tuple:
         """The `sciad.ad` backends this sensealg runs f's products on."""
@@ -191,17 +186,19 @@ class AbstractSensitivity(eqx.Module):
         (or explicit) solver, or None."""
         return None
 
-    def solve(self, setup: Setup, u0, p, c, ts):
-        """-> (us (T, n), stats (3,)), differentiable in u0 (n,), p (m,) and c (k,) by this
-        algorithm's rules. Here `setup.f` is f(u, p, c, t) and `setup.ts` unused: c are values f
-        closes over (bound as constants, or appended to p when they are differentiated) and ts
-        (T,) the save times (not differentiable)."""
+    def solve(self, setup: Setup, u0, p):
+        """-> (us (T, n), stats (3,)), differentiable by this algorithm's rules in u0 (n,), p (m,)
+        and the values f closes over, c = setup.f.held (k,) (held as constants, or appended to p
+        where they are differentiated). The save times setup.ts (T,) are not differentiable."""
         m = p.shape[0]
+        c, ts = setup.f.held, setup.ts
+        # The rules see c and ts as their own inputs only, never the caller's (traced) values.
+        rules_setup = eqx.tree_at(lambda s: (s.f.held, s.ts), setup, (jnp.zeros((0,), c.dtype), None),
+                                  is_leaf=lambda x: x is None)
 
         def bind(c, ts, merged: bool) -> Setup:
-            if merged:
-                return dataclasses.replace(setup, f=Bound(setup.f, jnp.zeros((0,), c.dtype), m), ts=ts)
-            return dataclasses.replace(setup, f=Bound(setup.f, c, None), ts=ts)
+            return eqx.tree_at(lambda s: (s.f, s.ts), rules_setup, (rules_setup.f.with_closure(c, merged), ts),
+                               is_leaf=lambda x: x is None)
 
         def forward(u0, p, c, ts, active):
             if active is None:
@@ -234,26 +231,15 @@ class AbstractSensitivity(eqx.Module):
         return ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, ts)
 
 
-class Bound(eqx.Module):
-    """`f(u, p, t)` from `field(u, p, c, t)`: with the closure values `c` held, or, when `m` is
-    given, with p = [p; c] (c appended to the m parameters; `c` then empty)."""
+def solver_pushforward(setup: Setup, u0, p, du0, dp):
+    """Tangent of us (T, n) in direction (du0, dp) by forward-mode AD through the solver."""
 
-    field: Callable
-    c: jax.Array
-    m: int | None = eqx.field(static=True)
+    def solve(u0, p):
+        sol = setup.forward(u0, p)
+        return sol.ys, sol.result
 
-    def __call__(self, u, p, t):
-        return self.open()(u, p, self.c, t)
-
-    def open(self) -> Callable:
-        """`g(u, p, c, t)`: f with `c` as an argument (an engine sees no traced value it closes over)."""
-        return functools.partial(_open, self.field, self.m)
-
-
-def _open(field, m, u, p, c, t):
-    if m is None:
-        return field(u, p, c, t)
-    return field(u, p[:m], p[m:], t)
+    _, dus, result = jax.jvp(solve, (u0, p), (du0, dp), has_aux=True)
+    return checked(setup, result, dus)
 
 
 class _Residuals(eqx.Module):

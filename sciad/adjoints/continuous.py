@@ -6,6 +6,8 @@ between breakpoints (t0, the saveat times, the checkpoints, t1); the
 methods differ in where u(t) comes from on the way back.
 """
 
+import abc
+from typing import Callable
 
 import diffrax as dfx
 import equinox as eqx
@@ -21,6 +23,7 @@ from sciad.adjoints.base import (
     checked,
     leading_seminorm,
     plain_forward,
+    solver_pushforward,
     stats_vector,
     stored_steps,
 )
@@ -29,123 +32,227 @@ from sciad.adjoints.stepping import Marcher
 from sciad.errors import batch_any, error_if, warn_if
 
 
+class Recorded(eqx.Module):
+    """What a continuous adjoint's forward pass keeps for the backward sweep: u0 (n,), p (m,), the
+    breakpoints t (B,) (t0, the save times, checkpoints, t1; unused checkpoints sit at t1), u there
+    (B, n), the stored interpolation (None where u is re-solved or backsolved), the forward solve's
+    accepted steps, and `again`: whether it ran out of stored steps (None where it cannot, and then
+    `resolved` says whether every interval is re-solved)."""
+
+    u0: jax.Array
+    p: jax.Array
+    t: jax.Array
+    u_at: jax.Array
+    interpolation: object
+    steps: jax.Array
+    again: jax.Array | None
+    resolved: bool = eqx.field(static=True)  # u re-solved on every interval (without `again`)
+
+
+class BackwardSystem(eqx.Module):
+    """An adjoint system stepped backwards from t1: its state y, right-hand side and error norm, and
+    the places where losses and events enter it (λ's equation `adjoint_rhs`, λ's jump `adjoint_jump`,
+    what is integrated besides y, `integrand`). `args` on an interval: (p, u_of) with u_of.evaluate(t)
+    giving u(t), or p where u is part of y."""
+
+    prods: eqx.AbstractVar[Products]
+    norm: eqx.AbstractVar[Callable | None]
+
+    @abc.abstractmethod
+    def start(self, u1, lam1, p):
+        """y at t1 from u(t1), λ(t1) and p."""
+
+    @abc.abstractmethod
+    def rhs(self, t, y, args):
+        """dy/dt."""
+
+    @abc.abstractmethod
+    def jump(self, y, w, u):
+        """y after the jump at a breakpoint (w: ∂L/∂u there, u: the stored u(t))."""
+
+    @abc.abstractmethod
+    def gradients(self, y, quadrature):
+        """(∂L/∂u0, ∂L/∂p) from y and the quadrature at t0."""
+
+    @abc.abstractmethod
+    def integrand(self, setup: Setup, args):
+        """(initial quadrature, what each accepted step adds to it) on an interval, or (None, None)."""
+
+
+def adjoint_rhs(prods: Products, u, p, t, lam):
+    """(λ', μ') = (-(∂f/∂u)ᵀλ, -(∂f/∂p)ᵀλ) at u(t): the adjoint equations, for every continuous adjoint."""
+    _, vu, vp = prods.vjp(u, p, t, lam)
+    return -vu, -vp
+
+
+def adjoint_jump(lam, w):
+    """λ after a breakpoint where the loss has ∂L/∂u = w."""
+    return lam + w
+
+
+class _LambdaMu(BackwardSystem):
+    """y = (λ, μ), μ' = -(∂f/∂p)ᵀλ accumulating ∂L/∂p; `seminorm`: μ out of the error control."""
+
+    prods: Products
+    norm: Callable | None
+
+    def start(self, u1, lam1, p):
+        return lam1, jnp.zeros_like(p)
+
+    def rhs(self, t, y, args):
+        p, u_of = args
+        return adjoint_rhs(self.prods, u_of.evaluate(t), p, t, y[0])
+
+    def jump(self, y, w, u):
+        return adjoint_jump(y[0], w), y[1]
+
+    def gradients(self, y, quadrature):
+        return y
+
+    def integrand(self, setup, args):
+        return None, None
+
+
+class _LambdaGauss(BackwardSystem):
+    """y = λ alone; ∂L/∂p = ∫ λᵀ∂f/∂p dt by Gauss–Legendre quadrature on each accepted step (λ at the
+    nodes from the step's dense output)."""
+
+    prods: Products
+    norm: None = None
+
+    def start(self, u1, lam1, p):
+        return lam1
+
+    def rhs(self, t, lam, args):
+        p, u_of = args
+        return adjoint_rhs(self.prods, u_of.evaluate(t), p, t, lam)[0]
+
+    def jump(self, lam, w, u):
+        return adjoint_jump(lam, w)
+
+    def gradients(self, lam, mu):
+        return lam, mu
+
+    def integrand(self, setup, args):
+        p, u_of = args
+        nodes, weights = np.polynomial.legendre.leggauss(_gauss_nodes(setup))
+
+        def integrate(mu, t_start, t_end, lam_of):
+            ts = t_end + (t_start - t_end) * jnp.asarray((nodes + 1) / 2, mu.dtype)
+            vp = jax.vmap(lambda t: -adjoint_rhs(self.prods, u_of.evaluate(t), p, t, lam_of.evaluate(t))[1])(ts)
+            return mu + (t_start - t_end) / 2 * jnp.tensordot(jnp.asarray(weights, mu.dtype), vp, axes=1)
+
+        return jnp.zeros_like(p), integrate
+
+
+class _ULambdaMu(BackwardSystem):
+    """y = (u, λ, μ): u re-solved backwards with the adjoint; `args` = p; at a breakpoint u is reset
+    to the stored u(t); `seminorm`: μ out of the error control."""
+
+    prods: Products
+    norm: Callable | None
+
+    def start(self, u1, lam1, p):
+        return u1, lam1, jnp.zeros_like(p)
+
+    def rhs(self, t, y, p):
+        u, lam, _ = y
+        return self.prods.vjp(u, p, t, lam)[0], *adjoint_rhs(self.prods, u, p, t, lam)
+
+    def jump(self, y, w, u):
+        _, lam, mu = y
+        return u, adjoint_jump(lam, w), mu
+
+    def gradients(self, y, quadrature):
+        return y[1:]
+
+    def integrand(self, setup, args):
+        return None, None
+
+
 class _ContinuousAdjoint(AbstractSensitivity):
-    """The backward sweep shared by the continuous adjoints; `vjp` is the engine
-    for the vector-Jacobian products λᵀ∂f/∂u, λᵀ∂f/∂p.
+    """The backward sweep shared by the continuous adjoints; `vjp` is the engine for the
+    vector-Jacobian products λᵀ∂f/∂u, λᵀ∂f/∂p.
 
-    One `Marcher` runs the whole sweep: it steps to each breakpoint, where the
-    subclass applies λ's jump (and resets what it resets), and continues with
-    the same solver state and step size."""
+    One `Marcher` runs the whole sweep: it steps the `system` to each breakpoint, where λ jumps
+    (and what is reset there is reset), and continues with the same solver state and step size.
+    A sensealg says what its backward system is (`system`) and where u comes from: what its
+    forward pass keeps (`record`), how one interval is crossed on the way back (`cross`, from
+    `args_structure`), and what the sweep's outcome means (`verdict`)."""
 
-    vjp: ad.AbstractBackend
+    vjp: eqx.AbstractVar[ad.AbstractBackend]
 
-    def __init__(self, vjp="jax-reverse"):
-        self.vjp = ad.get(vjp)
+    @abc.abstractmethod
+    def system(self, setup: Setup, prods: Products) -> BackwardSystem:
+        """The backward system."""
+
+    @abc.abstractmethod
+    def record(self, setup: Setup, u0, p) -> tuple:
+        """(us (T, n), stats (3,), `Recorded`): the forward pass of a differentiated solve."""
+
+    @abc.abstractmethod
+    def args_structure(self, setup: Setup, rec: Recorded, resolve: bool):
+        """The system's `args` on the last interval, or their structure (what the march starts from)."""
+
+    @abc.abstractmethod
+    def cross(self, setup: Setup, marcher: Marcher, system: BackwardSystem, march, rec: Recorded, j, drift,
+              resolve: bool):
+        """(march at t[j], drift) from the march at t[j + 1] > t[j]; `drift` ≥ 0, the largest so
+        far, measures how far a state re-solved backwards ends from the stored u(t[j])."""
+
+    @abc.abstractmethod
+    def verdict(self, setup: Setup, system: BackwardSystem, march, drift):
+        """(∂L/∂u0, ∂L/∂p) from the march at t0, checked: a failed backward solve raises (or what
+        the drift says)."""
 
     def engines(self) -> tuple:
         return (self.vjp,)
 
-    def checkpoint_times(self, setup: Setup) -> np.ndarray:
-        return np.zeros((0,))
-
-    resolves = False  # whether u(t) is re-solved interval by interval on the way back (checkpointing)
-
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
-        bps = setup.breakpoints(self.checkpoint_times(setup))
-        sol = setup.forward(u0, p, ts=bps, dense=self.stores_interpolation)
-        us = sol.ys[setup.saved(bps)]
-        interpolation = sol.interpolation if self.stores_interpolation else None
-        stats = stats_vector(sol, u0.dtype)
-        return us, stats, (u0, p, bps, sol.ys, interpolation, stats[1], None)
+        return self.record(setup, u0, p)
 
-    def pullback(self, setup: Setup, residuals, w):
-        """The backward sweep; where the forward pass ran out of stored steps (`residuals[-1]`, for
-        any member of a vmap batch), the sweep that re-solves each interval."""
-        *residuals, again = residuals
-        if again is None:
-            return self.sweep(setup, residuals, w, self.resolves)
-        return jax.lax.cond(batch_any(again), lambda: self.sweep(setup, residuals, w, True),
-                            lambda: self.sweep(setup, residuals, w, False))
+    def pullback(self, setup: Setup, rec: Recorded, w):
+        """The backward sweep; where the forward pass ran out of stored steps (`rec.again`, for any
+        member of a vmap batch), the sweep that re-solves each interval."""
+        if rec.again is None:
+            return self._sweep(setup, rec, w, rec.resolved)
+        return jax.lax.cond(batch_any(rec.again), lambda: self._sweep(setup, rec, w, True),
+                            lambda: self._sweep(setup, rec, w, False))
 
-    def sweep(self, setup: Setup, residuals, w, resolve: bool):
-        """(∂L/∂u0, ∂L/∂p) from the breakpoints t (B,), u there (B, n), the stored interpolation
-        (`resolve=False`) or the intervals re-solved (`resolve=True`). Breakpoints after the first
-        at t1 (unused checkpoints: zero-length intervals) are not walked."""
-        u0, p, bps, u_at, interpolation, steps = residuals
-        jumps = jnp.zeros((len(bps), u0.shape[0]), w.dtype).at[setup.saved(bps)].add(w)
-        t = bps.astype(u0.dtype)
+    def pushforward(self, setup: Setup, rec: Recorded, du0, dp):
+        return solver_pushforward(setup, rec.u0, rec.p, du0, dp)
+
+    def _sweep(self, setup: Setup, rec: Recorded, w, resolve: bool):
+        """(∂L/∂u0, ∂L/∂p) from `rec`, with the stored interpolation (`resolve=False`) or the intervals
+        re-solved (`resolve=True`). Breakpoints after the first at t1 (unused checkpoints:
+        zero-length intervals) are not walked."""
+        jumps = jnp.zeros((len(rec.t), rec.u0.shape[0]), w.dtype).at[setup.saved(rec.t)].add(w)
+        t = rec.t.astype(rec.u0.dtype)
         last = jnp.searchsorted(t, t[-1])
-        prods = Products(setup.f, self.vjp)
-        marcher = self.marcher(setup, prods)
+        system = self.system(setup, Products(setup.f, self.vjp))
+        marcher = Marcher(setup, system.rhs, system.norm)
         # The forward pass's mean step is the first one tried: no step-size search.
-        dt0 = (setup.t1 - setup.t0) / jnp.maximum(steps, 1)
-        march = marcher.start(self.initial(u_at[last], jumps[last], p),
-                              self.start_args(setup, p, u_at, interpolation, t, resolve), t[-1], dt0,
-                              self.quadrature(p))
+        dt0 = (setup.t1 - setup.t0) / jnp.maximum(rec.steps, 1)
+        quadrature, _ = system.integrand(setup, self.args_structure(setup, rec, resolve))
+        march = marcher.start(system.start(rec.u_at[last], jumps[last], rec.p),
+                              self.args_structure(setup, rec, resolve), t[-1], dt0, quadrature)
 
         def interval(carry):
             j, march, drift = carry
             j = jnp.maximum(j, 0)  # under vmap, members done walk their first interval again, discarded
-            march, drift = self.backward(setup, prods, marcher, march, p, t[j + 1], t[j], u_at[j], interpolation,
-                                         drift, resolve, steps)
-            return j - 1, march.jumped(self.jump(march.y, jumps[j], u_at[j])), drift
+            march, drift = self.cross(setup, marcher, system, march, rec, j, drift, resolve)
+            return j - 1, march.jumped(system.jump(march.y, jumps[j], rec.u_at[j])), drift
 
         _, march, drift = jax.lax.while_loop(lambda carry: carry[0] >= 0, interval,
                                              (last - 1, march, jnp.zeros((), w.dtype)))
-        # A failed backward solve (out of steps between two breakpoints, or the solver's own
-        # failure) raises, unless the drift check reports it (BacksolveAdjoint's instability).
-        result = dfx.RESULTS.where(drift <= self.drift_limit(), march.result, dfx.RESULTS.successful)
-        return self.check_drift(checked(setup, result, self.cotangents(march)), drift)
+        return self.verdict(setup, system, march, drift)
 
-    def marcher(self, setup: Setup, prods: Products) -> Marcher:
-        """The backward system, stepped with `setup`'s solver."""
-        raise NotImplementedError
 
-    def initial(self, u1, lam1, p):
-        """The backward system's state at t1, from u(t1), λ(t1) and p."""
-        raise NotImplementedError
-
-    def args(self, p, interpolation, t_to, t_from):
-        """The backward system's `args` on [t_to, t_from]: p, and where u(t) comes from."""
-        return p, _Held(interpolation, t_to, t_from)
-
-    def start_args(self, setup, p, u_at, interpolation, t, resolve):
-        """`args` of the last interval, or their structure (what the march starts from)."""
-        return self.args(p, interpolation, t[-2], t[-1])
-
-    def quadrature(self, p):
-        """What the march accumulates over its steps besides its state (None: nothing)."""
-        return None
-
-    def jump(self, y, w, u):
-        """The state after the jump at a breakpoint: λ += w (w: ∂L/∂u there, u: the stored u(t))."""
-        lam, mu = y
-        return lam + w, mu
-
-    def cotangents(self, march):
-        """(∂L/∂u0, ∂L/∂p) from the march at t0."""
-        return march.y
-
-    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift, resolve,
-                 steps):
-        """(march at t_to, drift) from the march at t_from > t_to; `drift` ≥ 0, the largest so far,
-        measures how far a state re-solved backwards ends from the stored u(t_to) (u_start);
-        `steps`: the forward solve's accepted steps."""
-        args = self.args(p, interpolation, t_to, t_from)
-        return marcher.advance(march, args, t_to, setup.max_steps, self.on_step(setup, prods, args)), drift
-
-    def on_step(self, setup, prods, args):
-        """What each accepted backward step adds to the march's quadrature (None: nothing)."""
-        return None
-
-    def drift_limit(self) -> float:
-        return np.inf
-
-    def check_drift(self, cotangents, drift):
-        """The cotangents, checked against the largest `drift` of the backward pass (no check by default)."""
-        return cotangents
+def _march_interval(setup: Setup, marcher: Marcher, system: BackwardSystem, march, args, t_to, max_steps):
+    """The march stepped back to t_to with `args`, accumulating the system's integrand."""
+    return marcher.advance(march, args, t_to, max_steps, system.integrand(setup, args)[1])
 
 
 class _Held(eqx.Module):
@@ -158,17 +265,6 @@ class _Held(eqx.Module):
 
     def evaluate(self, t):
         return self.interpolation.evaluate(jnp.clip(t, self.t_to, self.t_from))
-
-
-def _lambda_mu_rhs(prods: Products):
-    """(λ, μ)' = -(λᵀ∂f/∂u, λᵀ∂f/∂p) with u(t) from args = (p, u_of)."""
-
-    def rhs(t, y, args):
-        p, u_of = args
-        _, vu, vp = prods.vjp(u_of.evaluate(t), p, t, y[0])
-        return -vu, -vp
-
-    return rhs
 
 
 INTERVAL_STEPS = 128  # re-solved steps per interval with checkpoints by step count (one every 64)
@@ -206,48 +302,37 @@ class BacksolveAdjoint(_ContinuousAdjoint):
     InterpolatingAdjoint; `"warn"` warns and returns the gradient anyway."""
 
     stores_interpolation = False
+    vjp: ad.AbstractBackend
     on_instability: str
     drift_tolerance: float
     seminorm: bool
 
     def __init__(self, vjp="jax-reverse", on_instability="raise", drift_tolerance=DRIFT_TOLERANCE, seminorm=False):
-        super().__init__(vjp)
         if on_instability not in ("raise", "warn"):
             raise ValueError(f"BacksolveAdjoint(on_instability=...) must be 'raise' or 'warn', got {on_instability!r}")
         if not drift_tolerance > 0:
             raise ValueError(f"BacksolveAdjoint(drift_tolerance=...) must be positive, got {drift_tolerance!r}")
+        self.vjp = ad.get(vjp)
         self.on_instability = on_instability
         self.drift_tolerance = float(drift_tolerance)
         self.seminorm = bool(seminorm)
 
-    def marcher(self, setup, prods):
-        def rhs(t, y, p):
-            u, lam, _ = y
-            du, vu, vp = prods.vjp(u, p, t, lam)
-            return du, -vu, -vp
+    def system(self, setup, prods):
+        return _ULambdaMu(prods, leading_seminorm(2) if self.seminorm else None)
 
-        return Marcher(setup, rhs, leading_seminorm(2) if self.seminorm else None)
+    def record(self, setup, u0, p):
+        return _record_at_breakpoints(setup, u0, p, setup.breakpoints(), dense=False)
 
-    def initial(self, u1, lam1, p):
-        return u1, lam1, jnp.zeros_like(p)
+    def args_structure(self, setup, rec, resolve):
+        return rec.p
 
-    def args(self, p, interpolation, t_to, t_from):
-        return p
-
-    def jump(self, y, w, u):
-        _, lam, mu = y
-        return u, lam + w, mu
-
-    def cotangents(self, march):
-        return march.y[1:]
-
-    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift, resolve,
-                 steps):
+    def cross(self, setup, marcher, system, march, rec, j, drift, resolve):
         def solve():
-            budget = jnp.minimum(BACKWARD_STEPS * (steps + 8), setup.max_steps).astype(jnp.int32)
-            m = marcher.advance(march, p, t_to, budget)
+            budget = jnp.minimum(BACKWARD_STEPS * (rec.steps + 8), setup.max_steps).astype(jnp.int32)
+            m = _march_interval(setup, marcher, system, march, rec.p, rec.t[j], budget)
+            u_start = rec.u_at[j]
             scale = setup.atol + setup.rtol * jnp.abs(u_start)
-            d = jnp.sqrt(jnp.mean(((m.y[0] - u_start) / scale) ** 2)) / jnp.maximum(steps, 1)
+            d = jnp.sqrt(jnp.mean(((m.y[0] - u_start) / scale) ** 2)) / jnp.maximum(rec.steps, 1)
             d = jnp.where(dfx.is_successful(m.result), d, jnp.inf)
             return m, jnp.maximum(drift, jax.lax.stop_gradient(d))
 
@@ -255,11 +340,10 @@ class BacksolveAdjoint(_ContinuousAdjoint):
         # problem's backward solve can take max_steps in every one of them).
         return jax.lax.cond(drift > self.drift_tolerance, lambda: (march, drift), solve)
 
-    def drift_limit(self) -> float:
-        return self.drift_tolerance
-
-    def check_drift(self, cotangents, drift):
+    def verdict(self, setup, system, march, drift):
+        # A failed backward solve reports itself through the drift (inf).
         unstable = drift > self.drift_tolerance
+        cotangents = system.gradients(march.y, march.quadrature)
         if self.on_instability == "raise":
             return error_if(cotangents, unstable, UNSTABLE + " Or pass BacksolveAdjoint(on_instability='warn').")
         warn_if(unstable, f"{UNSTABLE} (drift {{:.3g}} tolerances per forward step, limit {self.drift_tolerance:g})",
@@ -280,47 +364,31 @@ class _Interpolated(_ContinuousAdjoint):
     `checkpoints` (times), u is kept there and at the saveat times, and `interval_max_steps`
     defaults to 4 × max_steps / intervals (at least 64, at most max_steps)."""
 
+    vjp: ad.AbstractBackend
     checkpointing: bool
     checkpoints: tuple | None
     interval_max_steps: int | None
 
     def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None):
-        super().__init__(vjp)
-        if checkpoints is not None and not checkpointing:
-            raise ValueError(f"{type(self).__name__}(checkpoints=...) needs checkpointing=True")
-        self.checkpointing = bool(checkpointing)
-        self.checkpoints = None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints))
-        if interval_max_steps is not None and not int(interval_max_steps) >= 2:
-            raise ValueError(f"{type(self).__name__}(interval_max_steps=...) must be at least 2, "
-                             f"got {interval_max_steps!r}")
-        self.interval_max_steps = None if interval_max_steps is None else int(interval_max_steps)
+        self.vjp = ad.get(vjp)
+        self.checkpointing, self.checkpoints, self.interval_max_steps = _checkpointing(
+            type(self).__name__, checkpointing, checkpoints, interval_max_steps)
 
     @property
     def stores_interpolation(self):
         return not self.checkpointing
 
-    @property
-    def resolves(self):
-        return self.checkpointing
-
-    def checkpoint_times(self, setup: Setup) -> np.ndarray:
-        if self.checkpoints is None:
-            return np.zeros((0,))
-        c = np.asarray(self.checkpoints)
-        if np.any((c < setup.t0) | (c > setup.t1)):
-            raise ValueError(f"checkpoints must lie inside tspan ({setup.t0}, {setup.t1}), got {self.checkpoints}")
-        return c
-
-    def forward(self, setup: Setup, u0, p, active):
-        if active is None or self.checkpoints is not None:
-            return super().forward(setup, u0, p, active)
-        every = self.steps_per_interval(setup) // 2
+    def record(self, setup, u0, p):
+        if self.checkpoints is not None:
+            bps = setup.breakpoints(_checkpoint_times(setup, self.checkpoints))
+            return _record_at_breakpoints(setup, u0, p, bps, dense=False, resolved=True)
+        every = self._steps_per_interval(setup) // 2
         if self.checkpointing:
             t, u_at, stats = checkpoints.forward(setup, u0, p, every)
-            return u_at[setup.saved(t)], stats, (u0, p, t, u_at, None, stats[1], None)
+            return u_at[setup.saved(t)], stats, Recorded(u0, p, t, u_at, None, stats[1], None, resolved=True)
         stored = stored_steps(setup.max_steps)
         if stored == setup.max_steps:
-            return super().forward(setup, u0, p, active)
+            return _record_at_breakpoints(setup, u0, p, setup.breakpoints(), dense=True)
         # Every step stored up to `stored`; past it, the solve again with checkpoints every `every` steps.
         bps = setup.breakpoints()
         sol = setup.diffeqsolve(setup.term(), u0, p, setup.t0, setup.t1, ts=bps.astype(u0.dtype), dense=True,
@@ -336,48 +404,79 @@ class _Interpolated(_ContinuousAdjoint):
                     stats_vector(sol, u0.dtype))
 
         t, u_at, stats = jax.lax.cond(again, recheckpointed, kept)
-        return u_at[setup.saved(t)], stats, (u0, p, t, u_at, sol.interpolation, stats[1], again)
+        return u_at[setup.saved(t)], stats, Recorded(u0, p, t, u_at, sol.interpolation, stats[1], again)
 
-    def start_args(self, setup, p, u_at, interpolation, t, resolve):
+    def args_structure(self, setup, rec, resolve):
+        t = rec.t.astype(rec.u0.dtype)
         if resolve:  # the structure of a re-solved interval's args
-            return eqx.filter_eval_shape(
-                lambda: self.args(p, self.resolved(setup, p, t[-1], t[-2], u_at[-2], t[-1] - t[-2])[0],
-                                  t[-2], t[-1]))
-        return super().start_args(setup, p, u_at, interpolation, t, resolve)
+            return eqx.filter_eval_shape(lambda: (rec.p, _Held(
+                self._resolved(setup, rec.p, t[-1], t[-2], rec.u_at[-2], t[-1] - t[-2])[0], t[-2], t[-1])))
+        return rec.p, _Held(rec.interpolation, t[-2], t[-1])
 
-    def resolved(self, setup, p, t_from, t_to, u_start, dt0):
-        """(interpolation, ok): this interval re-solved forward from u_start with dense output."""
-        sol = setup.diffeqsolve(setup.term(), u_start, p, t_to, t_from, dense=True,
-                                max_steps=self.steps_per_interval(setup), dt0=dt0, throw=False)
-        return sol.interpolation, dfx.is_okay(sol.result)
-
-    def backward(self, setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift, resolve,
-                 steps):
+    def cross(self, setup, marcher, system, march, rec, j, drift, resolve):
+        t = rec.t.astype(rec.u0.dtype)
+        t_from, t_to = t[j + 1], t[j]
         if not resolve:
-            return super().backward(setup, prods, marcher, march, p, t_from, t_to, u_start, interpolation, drift,
-                                    resolve, steps)
+            args = (rec.p, _Held(rec.interpolation, t_to, t_from))
+            return _march_interval(setup, marcher, system, march, args, t_to, setup.max_steps), drift
 
         def resolve_and_march():
-            interpolation, ok = self.resolved(setup, p, t_from, t_to, u_start, jnp.minimum(march.dt, t_from - t_to))
+            interpolation, ok = self._resolved(setup, rec.p, t_from, t_to, rec.u_at[j],
+                                               jnp.minimum(march.dt, t_from - t_to))
             checked_march = error_if(
                 march, jnp.invert(ok), f"{type(self).__name__}(checkpointing=True): an interval between checkpoints "
-                f"needed more than interval_max_steps={self.steps_per_interval(setup)} steps; pass a larger "
+                f"needed more than interval_max_steps={self._steps_per_interval(setup)} steps; pass a larger "
                 "interval_max_steps or more checkpoints")
-            return super(_Interpolated, self).backward(setup, prods, marcher, checked_march, p, t_from, t_to,
-                                                       u_start, interpolation, drift, resolve, steps)
+            args = (rec.p, _Held(interpolation, t_to, t_from))
+            return _march_interval(setup, marcher, system, checked_march, args, t_to, setup.max_steps), drift
 
         # Zero-length intervals (unused checkpoints, a save time at t0 or t1) are not re-solved.
         return jax.lax.cond(t_from > t_to, resolve_and_march, lambda: (march, drift))
 
-    def steps_per_interval(self, setup: Setup) -> int:
+    def verdict(self, setup, system, march, drift):
+        # A failed backward solve (out of steps between two breakpoints, or the solver's own failure) raises.
+        return checked(setup, march.result, system.gradients(march.y, march.quadrature))
+
+    def _resolved(self, setup, p, t_from, t_to, u_start, dt0):
+        """(interpolation, ok): this interval re-solved forward from u_start with dense output."""
+        sol = setup.diffeqsolve(setup.term(), u_start, p, t_to, t_from, dense=True,
+                                max_steps=self._steps_per_interval(setup), dt0=dt0, throw=False)
+        return sol.interpolation, dfx.is_okay(sol.result)
+
+    def _steps_per_interval(self, setup: Setup) -> int:
         """interval_max_steps, or by default `INTERVAL_STEPS` with checkpoints by step count, and
         4 × max_steps / intervals (at least 64, at most max_steps) with checkpoint times given."""
         if self.interval_max_steps is not None:
             return self.interval_max_steps
         if self.checkpoints is None:
             return INTERVAL_STEPS
-        intervals = len(setup.breakpoints(self.checkpoint_times(setup))) - 1
+        intervals = len(setup.breakpoints(_checkpoint_times(setup, self.checkpoints))) - 1
         return int(min(setup.max_steps, max(64, 4 * setup.max_steps // intervals)))
+
+
+def _checkpointing(name: str, checkpointing, checkpoints, interval_max_steps) -> tuple:
+    """The checkpointing options of `name`, checked: (checkpointing, checkpoints, interval_max_steps)."""
+    if checkpoints is not None and not checkpointing:
+        raise ValueError(f"{name}(checkpoints=...) needs checkpointing=True")
+    if interval_max_steps is not None and not int(interval_max_steps) >= 2:
+        raise ValueError(f"{name}(interval_max_steps=...) must be at least 2, got {interval_max_steps!r}")
+    return (bool(checkpointing), None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints)),
+            None if interval_max_steps is None else int(interval_max_steps))
+
+
+def _checkpoint_times(setup: Setup, times: tuple) -> np.ndarray:
+    c = np.asarray(times)
+    if np.any((c < setup.t0) | (c > setup.t1)):
+        raise ValueError(f"checkpoints must lie inside tspan ({setup.t0}, {setup.t1}), got {times}")
+    return c
+
+
+def _record_at_breakpoints(setup: Setup, u0, p, bps, *, dense: bool, resolved: bool = False):
+    """The forward pass saving u at the breakpoints `bps` (with the dense interpolation if `dense`)."""
+    sol = setup.forward(u0, p, ts=bps, dense=dense)
+    stats = stats_vector(sol, u0.dtype)
+    return (sol.ys[setup.saved(bps)], stats,
+            Recorded(u0, p, bps, sol.ys, sol.interpolation if dense else None, stats[1], None, resolved=resolved))
 
 
 class InterpolatingAdjoint(_Interpolated):
@@ -392,11 +491,8 @@ class InterpolatingAdjoint(_Interpolated):
         super().__init__(vjp, checkpointing, checkpoints, interval_max_steps)
         self.seminorm = bool(seminorm)
 
-    def marcher(self, setup, prods):
-        return Marcher(setup, _lambda_mu_rhs(prods), leading_seminorm() if self.seminorm else None)
-
-    def initial(self, u1, lam1, p):
-        return lam1, jnp.zeros_like(p)
+    def system(self, setup, prods):
+        return _LambdaMu(prods, leading_seminorm() if self.seminorm else None)
 
 
 class QuadratureAdjoint(_Interpolated):
@@ -407,11 +503,8 @@ class QuadratureAdjoint(_Interpolated):
     as `InterpolatingAdjoint(seminorm=True)`, under SciMLSensitivity's name, with its
     checkpointing options (`_Interpolated`)."""
 
-    def marcher(self, setup, prods):
-        return Marcher(setup, _lambda_mu_rhs(prods), leading_seminorm())
-
-    def initial(self, u1, lam1, p):
-        return lam1, jnp.zeros_like(p)
+    def system(self, setup, prods):
+        return _LambdaMu(prods, leading_seminorm())
 
 
 class GaussAdjoint(_Interpolated):
@@ -422,35 +515,8 @@ class GaussAdjoint(_Interpolated):
     control. Each step costs one more batched VJP at the quadrature nodes (λ there from the
     step's own dense output)."""
 
-    def marcher(self, setup, prods):
-        def rhs(t, lam, args):
-            p, u_of = args
-            return -prods.vjp(u_of.evaluate(t), p, t, lam)[1]
-
-        return Marcher(setup, rhs)
-
-    def initial(self, u1, lam1, p):
-        return lam1
-
-    def quadrature(self, p):
-        return jnp.zeros_like(p)
-
-    def jump(self, y, w, u):
-        return y + w
-
-    def cotangents(self, march):
-        return march.y, march.quadrature
-
-    def on_step(self, setup, prods, args):
-        p, u_of = args
-        nodes, weights = np.polynomial.legendre.leggauss(_gauss_nodes(setup))
-
-        def integrate(mu, t_start, t_end, lam_of):
-            ts = t_end + (t_start - t_end) * jnp.asarray((nodes + 1) / 2, mu.dtype)
-            vp = jax.vmap(lambda t: prods.vjp(u_of.evaluate(t), p, t, lam_of.evaluate(t))[2])(ts)
-            return mu + (t_start - t_end) / 2 * jnp.tensordot(jnp.asarray(weights, mu.dtype), vp, axes=1)
-
-        return integrate
+    def system(self, setup, prods):
+        return _LambdaGauss(prods)
 
 
 def _gauss_nodes(setup: Setup) -> int:

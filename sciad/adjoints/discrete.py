@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sciad.adjoints.base import AbstractSensitivity, Setup, checked, plain_forward, stats_vector, stored_steps
+from sciad.adjoints.base import (AbstractSensitivity, Setup, checked, plain_forward, solver_pushforward, stats_vector,
+                                 stored_steps)
 from sciad.errors import batch_any
 
 STORE_ALL_BYTES = 2**28  # every step's state kept below this (256 MiB), recursive checkpoints above
@@ -48,6 +49,8 @@ class DiscreteAdjoint(AbstractSensitivity):
     is replayed through diffrax's `DirectAdjoint`, which forward mode can
     enter: the same discrete derivative, at more memory."""
 
+    stores_interpolation = False
+
     stored_steps: int | None = None
 
     def __post_init__(self):
@@ -69,6 +72,9 @@ class DiscreteAdjoint(AbstractSensitivity):
         capped = self.stored_steps is None and count is not None and count < setup.max_steps
         us, stats, result, pb = _recorded(setup, count, capped)(u0, p)
         return checked(setup, result, us), stats, (u0, p, pb, result)
+
+    def pushforward(self, setup: Setup, residuals, du0, dp):
+        return solver_pushforward(setup, residuals[0], residuals[1], du0, dp)
 
     def pullback(self, setup: Setup, residuals, w):
         u0, p, pb, result = residuals
@@ -179,6 +185,8 @@ class ForwardDiffSensitivity(AbstractSensitivity):
     The forward pass carries one tangent per differentiated input (n for u0,
     m for p) and keeps the Jacobian d us / d(u0, p); jvps and gradients are
     then products with it. Best when n + m is small."""
+
+    stores_interpolation = False
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:

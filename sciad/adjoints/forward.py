@@ -25,6 +25,8 @@ class ForwardSensitivity(AbstractSensitivity):
     0.81× the time on Lotka–Volterra, 0.83–0.98× on the Brusselator, 0.22× on the Oregonator.
     """
 
+    stores_interpolation = False
+
     jvp: ad.AbstractBackend
     seminorm: bool
 
