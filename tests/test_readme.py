@@ -12,10 +12,6 @@ README = pathlib.Path(__file__).parents[1] / "README.md"
 SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
-def test_readme_has_snippets():
-    assert len(SNIPPETS) >= 3
-
-
 def test_readme_snippets_run_in_order(capsys):
     namespace: dict = {}
     for i, code in enumerate(SNIPPETS):

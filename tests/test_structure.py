@@ -77,10 +77,6 @@ def test_no_module_imports_one_that_imports_it_back():
     assert cycles(graph) == []
 
 
-def test_cycle_finder_finds_a_cycle():
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
 def test_importing_the_library_pulls_no_benchmark_packages():
     code = ("import sys, sciad, sciad.problems, sciad.select; "
             "print(sorted(m for m in ('matplotlib', 'scipy', 'optax', 'torchdiffeq', 'sciad_bench') if m in sys.modules))")

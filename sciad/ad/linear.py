@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 # A new primitive needs JAX's internals (jax._src), kept with the JAX versions they were
 # tested on in sciad/_jax_internals.py, which says why.
-from sciad._jax_internals import TESTED as JAX_TESTED, Zero, batching, core, debug_info, jax_ad, lu, mlir, pe
+from sciad._jax_internals import Zero, batching, core, debug_info, jax_ad, lu, mlir, pe
 
 linear_map_p = core.Primitive("sciad_linear_map")
 linear_map_p.multiple_results = True
