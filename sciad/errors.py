@@ -39,18 +39,14 @@ def error_if(x, pred, message: str):
     """`x` (a PyTree of arrays), raising `SolveError(message)` when the program runs with `pred` true
     (under `jax.vmap`: for any batch member). Transparent to differentiation; no host call unless
     `pred` holds."""
-    return _error(x, jnp.any(pred).astype(jnp.int32), (message,))
+    return _report(x, jnp.any(pred).astype(jnp.int32), 0.0, (message,), False)
 
 
-def warn_if(pred, message: str, value):
-    """Warns `message.format(value)` (a `RuntimeWarning`) when the program runs with `pred` true;
-    under `jax.vmap` once for the whole batch, with its largest `value` (a scalar)."""
-
-    def warn(value):
-        warnings.warn(message.format(float(value)), RuntimeWarning, stacklevel=2)
-
-    value = unvmap_max(jax.lax.stop_gradient(value))
-    jax.lax.cond(batch_any(pred), lambda: jax.debug.callback(warn, value), lambda: None)
+def warn_if(x, pred, message: str, value):
+    """`x` (a PyTree of arrays), warning `message.format(value)` (a `RuntimeWarning`) when the
+    program runs with `pred` true; under `jax.vmap` once for the whole batch, with its largest
+    `value` (a scalar). Transparent to differentiation; no host call unless `pred` holds."""
+    return _report(x, jnp.any(pred).astype(jnp.int32), value, (message,), True)
 
 
 def batch_any(pred) -> jax.Array:
@@ -62,7 +58,7 @@ def batch_any(pred) -> jax.Array:
 def solver_failure(x, result: dfx.RESULTS, max_steps: int):
     """`x`, raising a `SolveError` when the diffrax solve that gave `result` failed (e.g. ran out of steps)."""
     messages = tuple(_failure(i, m, max_steps) for i, m in enumerate(enumeration_messages(dfx.RESULTS)[1:], 1))
-    return _error(x, item_index(result), messages)
+    return _report(x, item_index(result), 0.0, messages, False)
 
 
 def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
@@ -73,30 +69,36 @@ def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
     return f"the ODE solver failed: {diffrax_message}"
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _error(x, index, messages: tuple):
-    """`x`; `index` > 0 raises `messages[index - 1]` when the program runs."""
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _report(x, index, value, messages: tuple, warn: bool):
+    """`x`; `index` > 0 raises `messages[index - 1]` when the program runs, or with `warn`, warns it
+    formatted with `value`. A pure callback whose result feeds `x`: an unordered host call, so it
+    costs nothing when `index` is 0 (a debug callback would order every call of the program)."""
 
-    def raises(index):
+    def report(index, value):
         if index > 0:
-            raise SolveError(messages[int(index) - 1])
+            message = messages[int(index) - 1]
+            if not warn:
+                raise SolveError(message)
+            warnings.warn(message.format(float(value)), RuntimeWarning, stacklevel=2)
         return np.zeros((), np.int32)
 
     index = unvmap_max(index)  # one check for a whole batch: the cond stays a cond under vmap
+    value = unvmap_max(jax.lax.stop_gradient(jnp.asarray(value, jnp.result_type(float))))
     callback_logger.addFilter(_QUIET)  # with the first check, not at import (a logger keeps a filter once)
 
     def check():
-        return jax.pure_callback(raises, jax.ShapeDtypeStruct((), jnp.int32), index)
+        return jax.pure_callback(report, jax.ShapeDtypeStruct((), jnp.int32), index, value)
 
     token = jax.lax.cond(index > 0, check, lambda: jnp.zeros((), jnp.int32))
     return jax.tree.map(lambda leaf: leaf + token.astype(leaf.dtype) if jnp.issubdtype(leaf.dtype, jnp.inexact)
                         else leaf, x)
 
 
-@_error.defjvp
-def _error_jvp(messages, primals, tangents):
-    x, index = primals
-    return _error(x, index, messages), tangents[0]
+@_report.defjvp
+def _report_jvp(messages, warn, primals, tangents):
+    x, index, value = primals
+    return _report(x, index, value, messages, warn), tangents[0]
 
 
 class _QuietSolveErrors(logging.Filter):

@@ -222,8 +222,8 @@ class AbstractSensitivity(eqx.Module):
             return dus, jnp.zeros((3,), dus.dtype)
 
         def pullback(res, w):
-            g_u0, g_p = self.pullback(bind(res.c, res.ts, res.merged), res.inner, w[0])
-            warn_if_chaotic(setup.rtol, res, w[0], g_u0, g_p)
+            g_u0, g_p = warn_if_chaotic(setup.rtol, res, w[0],
+                                        *self.pullback(bind(res.c, res.ts, res.merged), res.inner, w[0]))
             if not res.merged:
                 return g_u0, g_p, None, None
             return g_u0, g_p[:m], g_p[m:], None
@@ -263,19 +263,19 @@ CHAOTIC = ("the gradient is {:.1e} times as sensitive as the solution itself (re
 
 
 def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
-    """Warns when the relative gradient, (|∂L/∂u0| |u0| or |∂L/∂p ⊙ p|, largest entries) over
-    (Σ|∂L/∂u(tᵢ)|) |u| (largest entry), exceeds 1/rtol: a perturbation the size of the solver's error
-    then moves the loss as much as the solution's whole size would. A stable system stays near 1 and
-    an unstable linear one, whose solution grows with its sensitivity, too."""
+    """(g_u0, g_p), warning when the relative gradient, (|∂L/∂u0| |u0| or |∂L/∂p ⊙ p|, largest
+    entries) over (Σ|∂L/∂u(tᵢ)|) |u| (largest entry), exceeds 1/rtol: a perturbation the size of the
+    solver's error then moves the loss as much as the solution's whole size would. A stable system
+    stays near 1 and an unstable linear one, whose solution grows with its sensitivity, too."""
     size_u0, size_u = res.sizes
     relative = [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0)] if g_p is not None else []
     if g_u0 is not None:
         relative.append(jnp.max(jnp.abs(g_u0), initial=0.0) * size_u0)
     if not relative:
-        return
+        return g_u0, g_p
     amplification = jax.lax.stop_gradient(
         jnp.max(jnp.stack(relative)) / jnp.maximum(jnp.sum(jnp.abs(w)) * size_u, jnp.finfo(w.dtype).tiny))
-    warn_if(amplification * rtol > 1, CHAOTIC, amplification)
+    return warn_if((g_u0, g_p), amplification * rtol > 1, CHAOTIC, amplification)
 
 
 def plain_forward(setup: Setup, u0, p):

@@ -346,9 +346,9 @@ class BacksolveAdjoint(_ContinuousAdjoint):
         cotangents = system.gradients(march.y, march.quadrature)
         if self.on_instability == "raise":
             return error_if(cotangents, unstable, UNSTABLE + " Or pass BacksolveAdjoint(on_instability='warn').")
-        warn_if(unstable, f"{UNSTABLE} (drift {{:.3g}} tolerances per forward step, limit {self.drift_tolerance:g})",
-                drift)
-        return cotangents
+        return warn_if(cotangents, unstable,
+                       f"{UNSTABLE} (drift {{:.3g}} tolerances per forward step, limit {self.drift_tolerance:g})",
+                       drift)
 
 
 class _Interpolated(_ContinuousAdjoint):
