@@ -46,7 +46,7 @@ class Recorded(eqx.Module):
     interpolation: object
     steps: jax.Array
     again: jax.Array | None
-    resolved: bool = eqx.field(static=True)  # u re-solved on every interval (without `again`)
+    resolved: bool = eqx.field(static=True, default=False)  # u re-solved on every interval (without `again`)
 
 
 class BackwardSystem(eqx.Module):
@@ -235,9 +235,9 @@ class _ContinuousAdjoint(AbstractSensitivity):
         marcher = Marcher(setup, system.rhs, system.norm)
         # The forward pass's mean step is the first one tried: no step-size search.
         dt0 = (setup.t1 - setup.t0) / jnp.maximum(rec.steps, 1)
-        quadrature, _ = system.integrand(setup, self.args_structure(setup, rec, resolve))
-        march = marcher.start(system.start(rec.u_at[last], jumps[last], rec.p),
-                              self.args_structure(setup, rec, resolve), t[-1], dt0, quadrature)
+        args = self.args_structure(setup, rec, resolve)
+        march = marcher.start(system.start(rec.u_at[last], jumps[last], rec.p), args, t[-1], dt0,
+                              system.integrand(setup, args)[0])
 
         def interval(carry):
             j, march, drift = carry
