@@ -273,6 +273,29 @@ def test_checkpoints_by_step_count(make):
     assert_agrees(grad, discrete_reference("lotka-volterra", False, saveat), "a checkpoint every 2 steps")
 
 
+PAST_THE_CAP = {"InterpolatingAdjoint": InterpolatingAdjoint(), "GaussAdjoint": GaussAdjoint(),
+                "DiscreteAdjoint": DiscreteAdjoint()}
+
+
+@pytest.mark.parametrize("name", slow_except(list(PAST_THE_CAP), fast=["InterpolatingAdjoint"]))
+def test_a_solve_past_the_stored_steps_is_recomputed_right(name):
+    """A lightly damped oscillator over t ≤ 400 takes about 5300 steps, more than the 4096 stored:
+    the storing sensealgs recompute from checkpoints, and agree with forward mode, under vmap too."""
+    prob = sciad.ODEProblem(lambda u, p, t: jnp.stack([u[1], -p[0] * u[0] - p[1] * u[1]]), np.array([1.0, 0.0]),
+                            (0.0, 400.0), np.array([1.0, 0.01]))
+
+    def gradients(sensealg):
+        def loss(p):
+            return jnp.sum(sciad.solve(prob, p=p, saveat=np.linspace(0.0, 400.0, 9), sensealg=sensealg,
+                                       max_steps=100_000, rtol=1e-8, atol=1e-8).us ** 2)
+
+        return jax.jit(jax.vmap(jax.grad(loss)))(np.stack([prob.p, 1.1 * prob.p]))
+
+    reference = gradients(ForwardDiffSensitivity())
+    np.testing.assert_allclose(gradients(PAST_THE_CAP[name]), reference, rtol=1e-5,
+                               atol=1e-5 * np.max(np.abs(reference)))
+
+
 @pytest.mark.slow
 def test_checkpointed_memory_grows_by_checkpoints_not_dense_steps():
     """XLA's buffers for the gradient as max_steps grows 10×: with checkpoints by step
