@@ -1,6 +1,5 @@
 """`solve`: integrate an `ODEProblem` with diffrax, differentiably by a chosen sensealg."""
 
-import dataclasses
 import warnings
 from typing import Any
 

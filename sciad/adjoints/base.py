@@ -3,8 +3,6 @@ the products of f from a chosen engine, and the custom rules that make a
 solve differentiable."""
 
 import abc
-import dataclasses
-import functools
 import typing
 from typing import Callable
 
@@ -12,7 +10,6 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optimistix as optx
 
 import sciad.ad as ad
