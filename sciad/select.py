@@ -23,7 +23,6 @@ from sciad.adjoints import (
     ForwardSensitivity,
     GaussAdjoint,
     InterpolatingAdjoint,
-    QuadratureAdjoint,
     describe,
     parse,
 )
@@ -52,7 +51,7 @@ def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
     adjoints = [
         (InterpolatingAdjoint(), "adjoint on the stored interpolation"),
         (InterpolatingAdjoint(checkpointing=True), "checkpointed adjoint (bounded memory)"),
-        (QuadratureAdjoint(), "quadrature adjoint"),
+        (InterpolatingAdjoint(seminorm=True), "adjoint with μ out of the error control (SciML's QuadratureAdjoint)"),
         (GaussAdjoint(), "λ alone, ∂L/∂p by Gauss–Legendre on each step"),
         (DiscreteAdjoint(), "discretise-then-optimise"),
     ]

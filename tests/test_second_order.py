@@ -23,7 +23,6 @@ from sciad.adjoints import (
     ForwardDiffSensitivity,
     ForwardSensitivity,
     InterpolatingAdjoint,
-    QuadratureAdjoint,
     GaussAdjoint,
 )
 from sciad.problems.lotka_volterra import lotka_volterra_rhs
@@ -44,7 +43,6 @@ SENSEALGS = {
     "BacksolveAdjoint": BacksolveAdjoint(),
     "InterpolatingAdjoint": InterpolatingAdjoint(),
     "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),
-    "QuadratureAdjoint": QuadratureAdjoint(),
     "GaussAdjoint": GaussAdjoint(),
     "InterpolatingAdjoint(jax-forward)": InterpolatingAdjoint(vjp="jax-forward"),
 }

@@ -30,7 +30,6 @@ from sciad.adjoints import (
     ForwardSensitivity,
     GaussAdjoint,
     InterpolatingAdjoint,
-    QuadratureAdjoint,
 )
 
 RTOL = ATOL = 1e-10
@@ -129,7 +128,6 @@ WITH_ENGINE = {
     "BacksolveAdjoint": lambda e: BacksolveAdjoint(vjp=e),
     "InterpolatingAdjoint": lambda e: InterpolatingAdjoint(vjp=e),
     "InterpolatingAdjoint-checkpointing": lambda e: InterpolatingAdjoint(vjp=e, checkpointing=True),
-    "QuadratureAdjoint": lambda e: QuadratureAdjoint(vjp=e),
     "GaussAdjoint": lambda e: GaussAdjoint(vjp=e),
 }
 PROBLEMS = ["lotka-volterra", "neural-ode"]
@@ -179,7 +177,6 @@ ALL_DEFAULT = {
     "BacksolveAdjoint": BacksolveAdjoint(),
     "InterpolatingAdjoint": InterpolatingAdjoint(),
     "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),
-    "QuadratureAdjoint": QuadratureAdjoint(),
     "GaussAdjoint": GaussAdjoint(),
     "GaussAdjoint-checkpointing": GaussAdjoint(checkpointing=True),
     "BacksolveAdjoint-seminorm": BacksolveAdjoint(seminorm=True),

@@ -28,7 +28,6 @@ from sciad.adjoints import (
     ForwardDiffSensitivity,
     ForwardSensitivity,
     InterpolatingAdjoint,
-    QuadratureAdjoint,
     GaussAdjoint,
 )
 from sciad.problems import brusselator_pde, oregonator
@@ -44,7 +43,6 @@ SENSEALGS = {
     "ForwardSensitivity-seminorm": ForwardSensitivity(seminorm=True),
     "InterpolatingAdjoint": InterpolatingAdjoint(),
     "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),
-    "QuadratureAdjoint": QuadratureAdjoint(),
     "GaussAdjoint": GaussAdjoint(),
 }
 
@@ -113,7 +111,7 @@ SOLVERS = {"kvaerno3": "kvaerno3", "Kvaerno4()": dfx.Kvaerno4(), "KenCarp4()": d
 
 
 @pytest.mark.parametrize("solver", slow_except(list(SOLVERS), fast=["KenCarp4()"]))
-@pytest.mark.parametrize("sensealg", slow_except(["ForwardSensitivity", "InterpolatingAdjoint", "QuadratureAdjoint"],
+@pytest.mark.parametrize("sensealg", slow_except(["ForwardSensitivity", "InterpolatingAdjoint", "GaussAdjoint"],
                                                  fast=["InterpolatingAdjoint"]))
 def test_implicit_solvers_by_name_and_instance(sensealg, solver):
     tol = 1e-5 if solver == "ImplicitEuler()" else TOL  # first order: loose tolerance, loose agreement

@@ -277,7 +277,7 @@ BACKWARD_STEPS = 4
 UNSTABLE = ("BacksolveAdjoint: the state re-solved backwards in time departs from the forward solution "
             f"(or the backward solve failed, or took more than {BACKWARD_STEPS} steps per forward step), so this problem is "
             "unstable backwards in time (stiff or dissipative) and the gradient would be wrong. Use "
-            "InterpolatingAdjoint (checkpointing=True bounds its memory) or QuadratureAdjoint.")
+            "InterpolatingAdjoint (checkpointing=True bounds its memory) or GaussAdjoint.")
 
 
 class BacksolveAdjoint(_ContinuousAdjoint):
@@ -495,16 +495,13 @@ class InterpolatingAdjoint(_Interpolated):
         return _LambdaMu(prods, leading_seminorm() if self.seminorm else None)
 
 
-class QuadratureAdjoint(_Interpolated):
-    """Continuous adjoint that solves λ backwards with u from the stored
-    interpolation and obtains ∂L/∂p = ∫ λᵀ ∂f/∂p dt as a quadrature along λ's
-    steps: μ rides along with the solver's stages but is left out of error
-    control, so the step count is set by λ alone (n states, not n + m). The same
-    as `InterpolatingAdjoint(seminorm=True)`, under SciMLSensitivity's name, with its
-    checkpointing options (`_Interpolated`)."""
-
-    def system(self, setup, prods):
-        return _LambdaMu(prods, leading_seminorm())
+def QuadratureAdjoint(vjp="jax-reverse", checkpointing=False, checkpoints=None,
+                      interval_max_steps=None) -> InterpolatingAdjoint:
+    """SciMLSensitivity's name for λ solved backwards with ∂L/∂p = ∫ λᵀ ∂f/∂p dt as a quadrature
+    along λ's steps, the parameter integral left out of the error control (its steps set by λ
+    alone, n values, not n + m): `InterpolatingAdjoint(seminorm=True)` with the same checkpointing
+    options, which is what it returns (λ's own quadrature nodes: `GaussAdjoint`)."""
+    return InterpolatingAdjoint(vjp, checkpointing, checkpoints, interval_max_steps, seminorm=True)
 
 
 class GaussAdjoint(_Interpolated):

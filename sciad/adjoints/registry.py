@@ -12,6 +12,7 @@ from the defaults.
 
 import ast
 import dataclasses
+import inspect
 
 import sciad.ad as ad
 from sciad.adjoints.base import AbstractSensitivity
@@ -22,8 +23,10 @@ from sciad.adjoints.forward import ForwardSensitivity
 SENSEALGS: dict[str, type[AbstractSensitivity]] = {
     cls.__name__: cls
     for cls in (ForwardDiffSensitivity, ForwardSensitivity, BacksolveAdjoint,
-                InterpolatingAdjoint, QuadratureAdjoint, GaussAdjoint, DiscreteAdjoint)
+                InterpolatingAdjoint, GaussAdjoint, DiscreteAdjoint)
 }
+# Names that `parse` reads besides the classes': functions returning a configured sensealg.
+ALIASES = {"QuadratureAdjoint": QuadratureAdjoint}
 
 
 def engine_option(sensealg: AbstractSensitivity | type[AbstractSensitivity] | str) -> str | None:
@@ -53,8 +56,8 @@ def parse(text: str, **options) -> AbstractSensitivity:
     """The sensealg `describe` wrote as `text` (or just its name); `options` (e.g. `vjp="torch"`)
     override those in `text`."""
     name, positional, keywords = _call(text)
-    cls = _class(name)
-    engine = engine_option(cls)
+    make = ALIASES.get(name) or _class(name)
+    engine = engine_option(type(make()))
     if len(positional) > (engine is not None):
         raise ValueError(f"sensealg {text!r}: {name} takes {'its engine as its only' if engine else 'no'} "
                          "positional argument; give the other options as name=value")
@@ -63,11 +66,12 @@ def parse(text: str, **options) -> AbstractSensitivity:
         engine_name, _, settings = _call(positional[0])
         kwargs[engine] = ad.get(engine_name, **{k: _literal(text, v) for k, v in settings.items()})
     kwargs.update(options)
-    unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls())}
+    known = list(inspect.signature(make).parameters)
+    unknown = set(kwargs) - set(known)
     if unknown:
         raise ValueError(f"sensealg {text!r}: {name} has no option {', '.join(sorted(unknown))}; its options are "
-                         f"{', '.join(f.name for f in dataclasses.fields(cls())) or 'none'}")
-    return cls(**kwargs)
+                         f"{', '.join(known) or 'none'}")
+    return make(**kwargs)
 
 
 def _class(sensealg) -> type[AbstractSensitivity]:
@@ -76,7 +80,7 @@ def _class(sensealg) -> type[AbstractSensitivity]:
     if isinstance(sensealg, type) and issubclass(sensealg, AbstractSensitivity):
         return sensealg
     if sensealg not in SENSEALGS:
-        raise ValueError(f"unknown sensealg {sensealg!r}; choose one of {', '.join(SENSEALGS)}")
+        raise ValueError(f"unknown sensealg {sensealg!r}; choose one of {', '.join([*SENSEALGS, *ALIASES])}")
     return SENSEALGS[sensealg]
 
 
