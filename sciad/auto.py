@@ -76,6 +76,34 @@ THRESHOLDS = Thresholds(forward_mode_parameters=8, dense_saves=5, parameters_per
 RULES = ("few-parameters", "memory-budget", "stored-steps", "dense-saves", "implicit", "explicit")
 
 
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """The facts the choice uses, from shapes and settings only:
+
+    - states, parameters: n and m, the entries in the array leaves of u0 and of p;
+    - dtype: their result type's name, e.g. "float64";
+    - implicit_solver: whether the solver is implicit;
+    - save_points: the number of save times;
+    - rtol, atol: the solver's tolerances;
+    - interpolation_bytes: bytes of the stored dense output (`STORED_STEPS` steps at most, stages + 1 n-vectors each);
+    - stored_steps_bytes: bytes of the steps' states `DiscreteAdjoint` stores (`STORED_STEPS` at most);
+    - memory_budget: bytes allowed the stored interpolation (None: no bound);
+    - device: JAX's default backend, e.g. "cpu".
+    """
+
+    states: int
+    parameters: int
+    dtype: str
+    implicit_solver: bool
+    save_points: int
+    rtol: float
+    atol: float
+    interpolation_bytes: int
+    stored_steps_bytes: int
+    memory_budget: int | None
+    device: str
+
+
 class Pick(NamedTuple):
     """The heuristic's answer: the sensealg, the name of the rule that fired (one of `RULES`) and why."""
 
@@ -92,7 +120,7 @@ class Choice:
     interquartile range of times_s over its median; see `sciad.select.measure`)."""
 
     sensealg: AbstractSensitivity
-    features: dict
+    features: Features
     candidates: list[dict]
     autotuned: bool = False
 
@@ -124,7 +152,7 @@ class Choice:
                 way = "the heuristic's pick alone measured, unchecked: the budget ran out before the reference"
             how = f"autotuned: {way}; {how} would pick {describe(pick.sensealg)}"
         lines = [f"chosen: {self.name} ({how})", ""]
-        lines += [f"- {k}: {v}" for k, v in self.features.items()]
+        lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in dataclasses.asdict(self.features).items()]
         lines += ["", "| candidate | why considered | median (s) | IQR / median | compile (s) | rel. error | ok |",
                   "|---|---|---|---|---|---|---|"]
         for c in self.candidates:
@@ -145,35 +173,37 @@ def size(tree) -> int:
 
 
 def features(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float, max_steps: int = 4096,
-             memory_budget: int | None = None) -> dict:
-    """The facts the choice uses, from shapes and settings only (u0, p and `ts` (T,) may be traced)."""
+             memory_budget: int | None = None) -> Features:
+    """The `Features` of a solve from `u0` with parameters `p` saved at `ts` (T,) by `solver`; u0, p
+    and `ts` may be traced."""
     leaves = jax.tree.leaves(eqx.filter((u0, p), eqx.is_array))
     dtype = np.dtype(jnp.result_type(*leaves))
     n = size(u0)
     stages = getattr(getattr(solver, "tableau", None), "num_stages", 7)
-    return {
-        "states": n,
-        "parameters": size(p),
-        "dtype": str(dtype),
-        "implicit solver": is_implicit(solver),
-        "save points": int(np.prod(jnp.shape(ts))),
-        "rtol, atol": (rtol, atol),
-        "interpolation bytes": stored_steps(max_steps) * (stages + 1) * n * dtype.itemsize,
-        "stored steps bytes": stored_steps_bytes(max_steps, n, dtype.itemsize),
-        "memory budget": memory_budget,
-        "device": jax.default_backend(),
-    }
+    return Features(
+        states=n,
+        parameters=size(p),
+        dtype=str(dtype),
+        implicit_solver=is_implicit(solver),
+        save_points=int(np.prod(jnp.shape(ts))),
+        rtol=rtol,
+        atol=atol,
+        interpolation_bytes=stored_steps(max_steps) * (stages + 1) * n * dtype.itemsize,
+        stored_steps_bytes=stored_steps_bytes(max_steps, n, dtype.itemsize),
+        memory_budget=memory_budget,
+        device=jax.default_backend(),
+    )
 
 
-def heuristic(feat: dict, thresholds: Thresholds = THRESHOLDS) -> Pick:
-    """The rule-based pick from `features`, with `thresholds`."""
-    n, m, saves = feat["states"], feat["parameters"], feat["save points"]
-    over_budget = feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]
+def heuristic(feat: Features, thresholds: Thresholds = THRESHOLDS) -> Pick:
+    """The rule-based pick from `feat`, with `thresholds`."""
+    n, m, saves = feat.states, feat.parameters, feat.save_points
+    over_budget = feat.memory_budget is not None and feat.interpolation_bytes > feat.memory_budget
     few, dense, per_state = thresholds.forward_mode_parameters, thresholds.dense_saves, thresholds.parameters_per_state
     if m <= few and not over_budget:
-        if feat["implicit solver"] or n <= m:
+        if feat.implicit_solver or n <= m:
             return Pick(ForwardDiffSensitivity(), "few-parameters",
-                        f"m = {m} ≤ {few} parameters and {'an implicit solver' if feat['implicit solver'] else f'n = {n} ≤ m'}: "
+                        f"m = {m} ≤ {few} parameters and {'an implicit solver' if feat.implicit_solver else f'n = {n} ≤ m'}: "
                         "forward mode through the solver's steps (sensitivity equations would add n·m unknowns "
                         "to the error control, and to every Newton solve)")
         return Pick(ForwardSensitivity(seminorm=True), "few-parameters",
@@ -182,7 +212,7 @@ def heuristic(feat: dict, thresholds: Thresholds = THRESHOLDS) -> Pick:
     if over_budget:
         return Pick(InterpolatingAdjoint(checkpointing=True), "memory-budget",
                     "stored interpolation exceeds the memory budget: checkpoint")
-    if m >= per_state * n and feat["stored steps bytes"] <= STORE_ALL_BYTES:
+    if m >= per_state * n and feat.stored_steps_bytes <= STORE_ALL_BYTES:
         return Pick(DiscreteAdjoint(), "stored-steps",
                     f"m = {m} ≥ {per_state:g}n and every step's state fits in {STORE_ALL_BYTES >> 20} MiB: "
                     "discretise-then-optimise keeps the steps (one VJP per stage backwards, no re-solve); a "
@@ -191,7 +221,7 @@ def heuristic(feat: dict, thresholds: Thresholds = THRESHOLDS) -> Pick:
         return Pick(DiscreteAdjoint(), "dense-saves",
                     f"{saves} save points and m = {m} ≥ {per_state:g}n: a continuous adjoint restarts once per save "
                     "point and integrates μ (m) with the solver; discretise-then-optimise does not")
-    if feat["implicit solver"]:
+    if feat.implicit_solver:
         return Pick(InterpolatingAdjoint(), "implicit",
                     "implicit solver (stiff): no backsolve; adjoint on the stored interpolation")
     return Pick(BacksolveAdjoint(), "explicit", "explicit solver: backsolve with compiled reverse-mode VJPs (u is "

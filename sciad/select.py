@@ -2,6 +2,7 @@
 (`sciad.auto`) on an `ODEProblem`, or autotuning: the plausible candidates timed on the
 problem within a time budget, their gradients checked, the fastest correct one chosen."""
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -26,7 +27,7 @@ from sciad.adjoints import (
     describe,
     parse,
 )
-from sciad.auto import THRESHOLDS, Choice, auto_sensealg, heuristic
+from sciad.auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
 from sciad.auto import features as trace_features
 from sciad.problem import ODEProblem, check_saveat
 from sciad.solve import get_solver, solve
@@ -34,14 +35,14 @@ from sciad.timing import compare, fastest
 
 
 def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
-             memory_budget=None) -> dict:
+             memory_budget=None) -> Features:
     """`sciad.auto.features` of `prob` saved at `saveat` with `solver` (a name or a diffrax solver)."""
     return trace_features(prob.u0, prob.p, check_saveat(saveat, *prob.tspan), solver=get_solver(solver),
                           rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget)
 
 
-def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
-    """The plausible (sensealg, reason) pairs for a problem with these `features`, most plausible first:
+def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
+    """The plausible (sensealg, reason) pairs for a problem with `feat`, most plausible first:
     forward modes before the adjoints up to the heuristic's `forward_mode_parameters` parameters, after beyond."""
     forward = [
         (ForwardDiffSensitivity(), "forward mode through the solver"),
@@ -55,13 +56,13 @@ def candidates(feat: dict) -> list[tuple[AbstractSensitivity, str]]:
         (GaussAdjoint(), "λ alone, ∂L/∂p by Gauss–Legendre on each step"),
         (DiscreteAdjoint(), "discretise-then-optimise"),
     ]
-    if not feat["implicit solver"]:
+    if not feat.implicit_solver:
         adjoints.append((BacksolveAdjoint(), "backsolve (explicit solver)"))
         adjoints.append((BacksolveAdjoint(seminorm=True), "backsolve, μ out of the error control"))
     if "enzyme" in ad.available():
         adjoints.append((InterpolatingAdjoint(vjp="enzyme"), "compiler-level VJPs"))
-    out = forward + adjoints if feat["parameters"] <= THRESHOLDS.forward_mode_parameters else adjoints + forward
-    if feat["memory budget"] is not None and feat["interpolation bytes"] > feat["memory budget"]:
+    out = forward + adjoints if feat.parameters <= THRESHOLDS.forward_mode_parameters else adjoints + forward
+    if feat.memory_budget is not None and feat.interpolation_bytes > feat.memory_budget:
         out = [(s, r) for s, r in out if not getattr(s, "stores_interpolation", False)]
     return out
 
@@ -107,12 +108,12 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     path = None if cache_dir is None else pathlib.Path(cache_dir) / f"{_key(prob, ts, loss, solver, kw, budget)}.json"
     if path is not None and path.exists():
         entry = json.loads(path.read_text())
-        return Choice(parse(entry["chosen"]), entry["features"], entry["candidates"], autotuned=True)
+        return Choice(parse(entry["chosen"]), Features(**entry["features"]), entry["candidates"], autotuned=True)
     choice = _autotune(prob, ts, loss, trace_features(prob.u0, prob.p, ts, **kw), deadline, solver, rtol, atol,
                        max_steps)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"chosen": choice.name, "features": choice.features,
+        path.write_text(json.dumps({"chosen": choice.name, "features": dataclasses.asdict(choice.features),
                                     "candidates": choice.candidates}, default=str))
     return choice
 

@@ -30,7 +30,7 @@ import sys
 import sciad
 from sciad import problems
 from sciad.adjoints import describe
-from sciad.auto import THRESHOLDS, Thresholds, heuristic
+from sciad.auto import THRESHOLDS, Features, Thresholds, heuristic
 from sciad.select import candidates, measure
 from sciad.select import features as problem_features
 from sciad.timing import fastest
@@ -61,7 +61,7 @@ def subset(case: str) -> str:
     return "held out" if case.startswith(HELD_OUT) else "calibration"
 
 
-def features(bench) -> dict:
+def features(bench) -> Features:
     """`sciad.select.features` of a `Benchmark` with its solver, tolerances and max_steps."""
     return problem_features(bench.problem, bench.saveat, solver=bench.solver, rtol=bench.rtol, atol=bench.atol,
                             max_steps=bench.max_steps)
@@ -87,7 +87,7 @@ def validate(bench, budget: float, tune_budget: float) -> dict:
             "autotuned": tuned_pick, "autotuned_ratio": ratio(tuned_pick), "rows": rows}
 
 
-def case(name: str, feat: dict, rows) -> dict:
+def case(name: str, feat: Features, rows) -> dict:
     """A calibration case: its `features` and the median time of each correct sensealg, by the
     name `describe` writes (`rows`: dicts with name, ok, median_s, as `sciad.select.measure` gives)."""
     return {"case": name, "features": feat,
@@ -191,7 +191,8 @@ def run_selection(*, quick: bool = False, out=None) -> list[dict]:
         print(f"[{i}/{len(all_cases)}] {bench.name} (states+params {bench.size})", file=sys.stderr, flush=True)
         results.append(validate(bench, budget, tune_budget))
     held = out_of_sample([case(r["case"], r["features"], r["rows"]) for r in results])
-    (out / "selection.json").write_text(json.dumps({"cases": results, "out of sample": held}, indent=1, default=str))
+    records = [{**r, "features": dataclasses.asdict(r["features"])} for r in results]
+    (out / "selection.json").write_text(json.dumps({"cases": records, "out of sample": held}, indent=1, default=str))
     md = (f"# selection{' (quick)' if quick else ''}: picks against the measured best\n\n" + table(results)
           + "\n## Out of sample\n\n" + out_of_sample_table(held))
     (out / "table.md").write_text(md)

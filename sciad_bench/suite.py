@@ -117,7 +117,7 @@ def auto_combination(bench: Benchmark) -> Combination:
 def combinations(bench: Benchmark, category: str, engines, *, quick: bool) -> list[Combination]:
     """"auto", in full mode every sensealg × engine but auto's own pick (with an implicit solver, no
     BacksolveAdjoint and ForwardSensitivity with jax-forward only), and `diffrax_adjoints`."""
-    implicit = selection.features(bench)["implicit solver"]
+    implicit = selection.features(bench).implicit_solver
     auto = auto_combination(bench)
     combos = [auto]
     if not quick:
@@ -130,7 +130,7 @@ def combinations(bench: Benchmark, category: str, engines, *, quick: bool) -> li
 def diffrax_adjoints(bench: Benchmark, category: str, *, quick: bool) -> list[Combination]:
     """diffrax's adjoints: BacksolveAdjoint only with an explicit solver, and in quick mode only on
     the long-horizon problem; quick: not DirectAdjoint."""
-    backsolve = not selection.features(bench)["implicit solver"] and (not quick or category == LONG_HORIZON)
+    backsolve = not selection.features(bench).implicit_solver and (not quick or category == LONG_HORIZON)
     return [diffrax_peer(a) for a in PEERS if (backsolve or a != "BacksolveAdjoint")
             and not (quick and a == "DirectAdjoint")]
 

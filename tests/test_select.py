@@ -61,16 +61,16 @@ def test_many_parameters_get_an_adjoint():
     for max_steps in (100_000, 1_000_000):
         assert sciad.select_sensealg(prob, saveat=[1.0], max_steps=max_steps).sensealg == stored.sensealg
     # Past the memory (many states): DiscreteAdjoint for dense saves, a continuous adjoint otherwise.
-    feat = {**sciad.select.features(prob, [1.0]), "stored steps bytes": 2 * sciad.adjoints.discrete.STORE_ALL_BYTES}
-    dense_saves = sciad.auto.heuristic({**feat, "save points": 5})
+    feat = dataclasses.replace(sciad.select.features(prob, [1.0]),
+                               stored_steps_bytes=2 * sciad.adjoints.discrete.STORE_ALL_BYTES)
+    dense_saves = sciad.auto.heuristic(dataclasses.replace(feat, save_points=5))
     assert isinstance(dense_saves.sensealg, sciad.DiscreteAdjoint) and "per save point" in dense_saves.reason
     sparse_saves = sciad.auto.heuristic(feat)
     assert isinstance(sparse_saves.sensealg, sciad.BacksolveAdjoint)
     assert sparse_saves.sensealg.vjp.name == "jax-reverse"
-    stiff = sciad.auto.heuristic({**feat, "implicit solver": True})
+    stiff = sciad.auto.heuristic(dataclasses.replace(feat, implicit_solver=True))
     assert isinstance(stiff.sensealg, sciad.InterpolatingAdjoint) and "stiff" in stiff.reason
-    many_states = {"states": 512, "parameters": 30, "save points": 2, "implicit solver": False,
-                   "memory budget": None, "interpolation bytes": 0, "stored steps bytes": 0}
+    many_states = dataclasses.replace(feat, states=512, parameters=30, save_points=2, stored_steps_bytes=0)
     assert sciad.auto.heuristic(many_states).rule == "explicit"  # m ≪ n: BacksolveAdjoint beats it
 
 
@@ -139,7 +139,7 @@ def test_autotune_an_equinox_model(monkeypatch, tmp_path):
     assert all(len(c["times_s"]) >= 1 and c["median_s"] > 0 for c in choice.candidates)
     assert choice.name in ("DiscreteAdjoint", "BacksolveAdjoint(jax-reverse)")
     again = sciad.select_sensealg(prob, saveat=[0.5, 1.0], autotune=True, budget=60.0, cache_dir=tmp_path)
-    assert again.candidates == choice.candidates  # answered from disk
+    assert again.candidates == choice.candidates and again.features == choice.features  # answered from disk
     key = sciad.select._key
     args = (np.array([0.5, 1.0]), sum, "tsit5", {}, 60.0)
     assert key(prob, *args) == key(mlp_problem(), *args) != key(mlp_problem(jax.nn.relu), *args)
@@ -166,8 +166,10 @@ def test_autotune_budget_bounds_the_whole_call(lv):
 
 
 def test_heuristic_thresholds_are_an_argument():
-    feat = {"states": 2, "parameters": 20, "save points": 30, "implicit solver": False, "memory budget": None,
-            "interpolation bytes": 0, "stored steps bytes": 2 * sciad.adjoints.discrete.STORE_ALL_BYTES}
+    feat = sciad.auto.Features(states=2, parameters=20, dtype="float64", implicit_solver=False, save_points=30,
+                               rtol=1e-6, atol=1e-6, interpolation_bytes=0,
+                               stored_steps_bytes=2 * sciad.adjoints.discrete.STORE_ALL_BYTES, memory_budget=None,
+                               device="cpu")
     assert sciad.auto.heuristic(feat).rule == "dense-saves"
     assert set(sciad.auto.RULES) >= {sciad.auto.heuristic(feat).rule}
     wide = dataclasses.replace(sciad.auto.THRESHOLDS, forward_mode_parameters=32)
@@ -239,8 +241,8 @@ def test_heuristic_reads_sizes_of_pytrees_and_runs_on_tracers():
     u0 = {"x": np.zeros(3), "v": np.zeros(3)}
     p = (np.zeros((4, 5)), np.zeros(2), "static")
     feat = sciad.auto.features(u0, p, np.linspace(0, 1, 7), solver=dfx.Tsit5(), rtol=1e-6, atol=1e-6)
-    assert (feat["states"], feat["parameters"], feat["save points"]) == (6, 22, 7)
-    assert feat["implicit solver"] is False and feat["interpolation bytes"] == 4096 * 8 * 6 * 8
+    assert (feat.states, feat.parameters, feat.save_points) == (6, 22, 7)
+    assert feat.implicit_solver is False and feat.interpolation_bytes == 4096 * 8 * 6 * 8
 
     def pick(p, ts):
         choice = sciad.auto.auto_sensealg(u0, p, ts, solver=dfx.Kvaerno5(), rtol=1e-6, atol=1e-6)

@@ -183,8 +183,8 @@ def test_host_engine_backsolve_with_an_implicit_solver_says_why_not():
 def test_selection_asks_the_solver_whether_it_is_implicit():
     from sciad.select import features
 
-    assert features(RELAXATION, [1.0, 2.0], solver=dfx.KenCarp4())["implicit solver"] is True
-    assert features(RELAXATION, [1.0, 2.0], solver="tsit5")["implicit solver"] is False
+    assert features(RELAXATION, [1.0, 2.0], solver=dfx.KenCarp4()).implicit_solver is True
+    assert features(RELAXATION, [1.0, 2.0], solver="tsit5").implicit_solver is False
     choice = sciad.select_sensealg(RELAXATION, saveat=[1.0, 2.0], solver=dfx.Kvaerno5())
     assert not isinstance(choice.sensealg, BacksolveAdjoint)
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sciad.auto import THRESHOLDS, Thresholds
+from sciad.auto import THRESHOLDS, Features, Thresholds
 from sciad.problems import lotka_volterra, oregonator
 
 pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sciad[bench]'")
@@ -144,8 +144,9 @@ def test_memory_target_is_flat_growth_over_the_horizon():
 def fake_case(name, m, n, saves, winner, implicit=False, stored_steps_bytes=2**40):
     """Features of a problem and times where `winner` is twice as fast as every other pick (by default
     with too many steps to store them all: `dense-saves` decides for DiscreteAdjoint)."""
-    feat = {"states": n, "parameters": m, "save points": saves, "implicit solver": implicit,
-            "memory budget": None, "interpolation bytes": 0, "stored steps bytes": stored_steps_bytes}
+    feat = Features(states=n, parameters=m, dtype="float64", implicit_solver=implicit, save_points=saves, rtol=1e-6,
+                    atol=1e-6, interpolation_bytes=0, stored_steps_bytes=stored_steps_bytes, memory_budget=None,
+                    device="cpu")
     names = ("ForwardSensitivity(jax-forward, seminorm=True)", "ForwardDiffSensitivity", "DiscreteAdjoint",
              "BacksolveAdjoint(jax-reverse)", "InterpolatingAdjoint(jax-reverse)")
     return {"case": name, "features": feat, "times": {k: 1.0 if k == winner else 2.0 for k in names}}
