@@ -106,9 +106,9 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     deadline = time.perf_counter() + budget
     loss = loss or (lambda us: sum(jnp.sum(x) for x in jax.tree.leaves(us)))
     path = None if cache_dir is None else pathlib.Path(cache_dir) / f"{_key(prob, ts, loss, solver, kw, budget)}.json"
-    if path is not None and path.exists():
-        entry = json.loads(path.read_text())
-        return Choice(parse(entry["chosen"]), Features(**entry["features"]), entry["candidates"], autotuned=True)
+    cached = None if path is None else _cached(path)
+    if cached is not None:
+        return cached
     choice = _autotune(prob, ts, loss, trace_features(prob.u0, prob.p, ts, **kw), deadline, solver, rtol, atol,
                        max_steps)
     if path is not None:
@@ -116,6 +116,17 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
         path.write_text(json.dumps({"chosen": choice.name, "features": dataclasses.asdict(choice.features),
                                     "candidates": choice.candidates}, default=str))
     return choice
+
+
+def _cached(path: pathlib.Path) -> Choice | None:
+    """The autotuned `Choice` kept at `path`; None (a miss) when there is none, or its features are
+    in another layout (an older sciad's)."""
+    if not path.exists():
+        return None
+    entry = json.loads(path.read_text())
+    if set(entry["features"]) != {f.name for f in dataclasses.fields(Features)}:
+        return None
+    return Choice(parse(entry["chosen"]), Features(**entry["features"]), entry["candidates"], autotuned=True)
 
 
 def _key(prob: ODEProblem, ts, loss, solver, kw, budget) -> str:

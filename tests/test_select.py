@@ -3,6 +3,7 @@ the budget over the whole call, ties within noise), caching, errors; the senseal
 round-trip every option."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 import textwrap
@@ -163,6 +164,18 @@ def test_autotune_budget_bounds_the_whole_call(lv):
     assert measured == choice.candidates[:1] and choice.candidates[0]["ok"] == "unchecked: budget"
     assert choice.name == "ForwardDiffSensitivity"
     assert "the heuristic's pick alone measured, unchecked" in choice.report().splitlines()[0]
+
+
+def test_autotune_cache_in_an_older_layout_is_a_miss(lv, tmp_path):
+    """A cached choice whose features are an older sciad's dict (spaced keys) is measured again and rewritten."""
+    choice = sciad.select_sensealg(lv, saveat=TS, autotune=True, budget=1e-3, cache_dir=tmp_path)
+    [path] = tmp_path.glob("*.json")
+    entry = json.loads(path.read_text())
+    assert entry["features"] == dataclasses.asdict(choice.features)
+    path.write_text(json.dumps({**entry, "features": {"states": 2, "parameters": 4, "implicit solver": False}}))
+    again = sciad.select_sensealg(lv, saveat=TS, autotune=True, budget=1e-3, cache_dir=tmp_path)
+    assert again.features == choice.features
+    assert json.loads(path.read_text())["features"] == dataclasses.asdict(choice.features)
 
 
 def test_heuristic_thresholds_are_an_argument():
