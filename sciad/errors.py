@@ -42,6 +42,16 @@ def error_if(x, pred, message: str):
     return _report(x, jnp.any(pred).astype(jnp.int32), 0.0, (message,), False)
 
 
+def check(x, pred, message: str):
+    """`x`, raising `ValueError(message)` now where `pred` is known (concrete values), else a
+    `SolveError` when the program runs with `pred` true (`error_if`)."""
+    if isinstance(pred, jax.core.Tracer):
+        return error_if(x, pred, message)
+    if np.any(pred):
+        raise ValueError(message)
+    return x
+
+
 def warn_if(x, pred, message: str, value):
     """`x` (a PyTree of arrays), warning `message.format(value)` (a `RuntimeWarning`) when the
     program runs with `pred` true; under `jax.vmap` once for the whole batch, with its largest

@@ -85,19 +85,53 @@ def check_like(name: str, tree, ref):
 
 
 def check_tspan(tspan) -> tuple[float, float]:
-    """`(t0, t1)` as floats with t1 > t0."""
+    """`(t0, t1)` as floats, t1 ≠ t0 (t1 < t0 integrates backwards in time)."""
     try:
         t0, t1 = (float(t) for t in tspan)
     except (TypeError, ValueError) as e:
         raise ValueError(f"tspan must be a pair of numbers (t0, t1), got {tspan!r}") from e
     if not (np.isfinite(t0) and np.isfinite(t1)):
         raise ValueError(f"tspan must be finite, got {tspan!r}")
-    if not t1 > t0:
-        raise ValueError(
-            f"tspan = {tspan!r} is reversed or empty: t1 must be greater than t0 "
-            "(sciad integrates forward in time; substitute s = -t for backward problems)"
-        )
+    if t1 == t0:
+        raise ValueError(f"tspan = {tspan!r} is empty: t1 must differ from t0")
     return t0, t1
+
+
+def check_time_span(tspan, default: tuple[float, float]) -> tuple:
+    """(t0, t1, direction): `tspan` (default: the problem's) checked, direction = sign(t1 - t0).
+    Traced times (under `jax.jit`, `jax.grad`) keep the problem's direction, checked when the
+    program runs."""
+    if tspan is None:
+        tspan = default
+    try:
+        t0, t1 = tspan
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"tspan must be a pair of numbers (t0, t1), got {tspan!r}") from e
+    if not any(isinstance(t, jax.core.Tracer) for t in (t0, t1)):
+        t0, t1 = check_tspan((t0, t1))
+        return t0, t1, 1 if t1 > t0 else -1
+    sign = 1 if default[1] > default[0] else -1
+    t0, t1 = (jnp.asarray(t, jnp.result_type(float)) for t in (t0, t1))
+    if t0.shape or t1.shape:
+        raise ValueError(f"tspan must be two scalars (t0, t1), got shapes {t0.shape} and {t1.shape}")
+    bad = ~jnp.isfinite(t0) | ~jnp.isfinite(t1) | (sign * (t1 - t0) <= 0)
+    order = "t1 > t0" if sign > 0 else "t1 < t0"
+    return error_if(t0, bad, f"tspan must be finite with {order} (traced times keep the problem's direction)"), t1, sign
+
+
+def check_integrand(g: Callable, u0, p, t0) -> None:
+    """g(u, p, t) must return a PyTree of float arrays (checked by tracing, no run)."""
+    if not callable(g):
+        raise TypeError(f"integrand must be callable g(u, p, t), got {g!r}")
+    try:
+        out = eqx.filter_eval_shape(lambda u, p: g(u, p, jnp.asarray(t0, jnp.result_type(*jax.tree.leaves(u)))), u0, p)
+    except jax.errors.ConcretizationTypeError as e:
+        raise ValueError("integrand g(u, p, t) has value-dependent Python control flow, which JAX cannot trace: "
+                         "write branches with jnp.where / jax.lax.cond") from e
+    leaves = jax.tree.leaves(out)
+    if not leaves or not all(jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
+        raise ValueError(f"integrand g(u, p, t) must return a float scalar or a PyTree of float arrays, got "
+                         f"{_describe(out)}")
 
 
 def check_rhs(f: Callable, u0, p, t0: float) -> None:
@@ -125,27 +159,34 @@ def _describe(tree) -> str:
     return f"a PyTree {jax.tree.structure(tree)}"
 
 
-def check_saveat(saveat, t0: float, t1: float):
-    """`saveat` as sorted times (T,) inside [t0, t1] (default: t0 and t1); a clear error otherwise.
+def check_saveat(saveat, t0, t1, direction: int | None = None):
+    """`saveat` as times (T,) from t0 towards t1, strictly increasing (decreasing where t1 < t0) inside
+    tspan (default: t0 and t1); a clear error otherwise. `direction` (+1 or -1) is the sign of t1 - t0,
+    needed where t0 or t1 are traced.
 
     Concrete times are checked now and returned as NumPy; traced ones (under `jax.jit`, `jax.vmap`)
     must be a non-empty 1-D array and are checked when the program runs."""
+    sign = direction or (1 if t1 > t0 else -1)
+    order = "increasing" if sign > 0 else "decreasing"
+    traced = any(isinstance(x, jax.core.Tracer) for x in (saveat, t0, t1))
     if saveat is None:
-        return np.array([t0, t1])
-    if isinstance(saveat, jax.core.Tracer):
-        if saveat.ndim != 1 or saveat.shape[0] == 0:
-            raise ValueError(f"saveat must be a non-empty 1-D array of times, got shape {tuple(saveat.shape)}")
-        if not jnp.issubdtype(saveat.dtype, jnp.floating):
-            raise TypeError(f"saveat has dtype {saveat.dtype}; pass float times")
-        bad = ~jnp.all(jnp.isfinite(saveat)) | jnp.any(jnp.diff(saveat) <= 0) | (saveat[0] < t0) | (saveat[-1] > t1)
-        return error_if(saveat, bad, f"saveat must be finite, strictly increasing times inside tspan ({t0}, {t1})")
+        return jnp.stack([jnp.asarray(t0, float), jnp.asarray(t1, float)]) if traced else np.array([t0, t1])
+    if traced:
+        ts = jnp.asarray(saveat)
+        if ts.ndim != 1 or ts.shape[0] == 0:
+            raise ValueError(f"saveat must be a non-empty 1-D array of times, got shape {tuple(ts.shape)}")
+        if not jnp.issubdtype(ts.dtype, jnp.floating):
+            raise TypeError(f"saveat has dtype {ts.dtype}; pass float times")
+        bad = (~jnp.all(jnp.isfinite(ts)) | jnp.any(sign * jnp.diff(ts) <= 0) | (sign * (ts[0] - t0) < 0)
+               | (sign * (t1 - ts[-1]) < 0))
+        return error_if(ts, bad, f"saveat must be finite, strictly {order} times inside tspan")
     ts = np.atleast_1d(np.asarray(saveat, dtype=float))
     if ts.ndim != 1 or ts.size == 0:
         raise ValueError(f"saveat must be a non-empty 1-D sequence of times, got shape {ts.shape}")
     if not np.all(np.isfinite(ts)):
         raise ValueError("saveat contains non-finite times")
-    if np.any(np.diff(ts) <= 0):
-        raise ValueError("saveat must be strictly increasing (sorted, no repeats): sort it with numpy.unique")
-    if ts[0] < t0 or ts[-1] > t1:
+    if np.any(sign * np.diff(ts) <= 0):
+        raise ValueError(f"saveat must be strictly {order} (t0 towards t1, no repeats)")
+    if sign * (ts[0] - t0) < 0 or sign * (t1 - ts[-1]) < 0:
         raise ValueError(f"saveat must lie inside tspan ({t0}, {t1}), got [{ts[0]}, {ts[-1]}]")
     return ts

@@ -12,7 +12,8 @@ import numpy as np
 from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint, parse
 from sciad.adjoints.base import Setup, is_implicit
 from sciad.errors import error_if
-from sciad.problem import ODEProblem, check_like, check_params, check_saveat, check_state
+from sciad.problem import (ODEProblem, check_integrand, check_like, check_params, check_saveat, check_state,
+                           check_time_span)
 from sciad.vector_field import VectorField
 
 SOLVERS = {
@@ -27,6 +28,7 @@ SOLVERS = {
 
 class Solution(eqx.Module):
     """`ts` (T,); `us`: u0's structure with a leading time axis (T, ...), like diffrax's `ys`;
+    `integral`: ∫_{t0}^{t1} g(u, p, t) dt with the integrand's structure (None without one);
     `stats` (integers) with `steps`, `accepted_steps`, `rejected_steps`, `function_evaluations`
     of the forward solve; with `dense=True`, `interpolation(t)` evaluates u (u0's structure) at any t in tspan."""
 
@@ -34,6 +36,7 @@ class Solution(eqx.Module):
     us: Any
     stats: dict[str, Any]
     interpolation: Any = None
+    integral: Any = None
 
 
 def get_solver(solver) -> dfx.AbstractSolver:
@@ -60,20 +63,23 @@ def _finite(name: str, x):
     return error_if(x, ~jnp.all(jnp.isfinite(x)), f"{name} contains non-finite values (NaN or inf)")
 
 
-def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rtol=1e-6, atol=1e-6,
-          sensealg=None, max_steps=4096, dense=False) -> Solution:
+def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="tsit5",
+          rtol=1e-6, atol=1e-6, sensealg=None, max_steps=4096, dense=False) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
-    jax.vmap) with respect to `u0` and `p` passed here (PyTrees like the problem's) and to
-    values f closes over, by the rules of `sensealg` (default `InterpolatingAdjoint()`;
-    `"auto"` picks one with `sciad.select_sensealg`; or any of `sciad.adjoints.SENSEALGS`, as an
-    instance or its name). `solver` is a
-    name in `SOLVERS` or a diffrax solver; steps are adaptive (PID control
-    at `rtol`, `atol`). A solve that needs more than `max_steps` steps (default
-    4096, as diffrax; it also sizes the stored interpolation) raises
-    an error. With `dense=True` the solution carries an interpolant
-    (differentiated by discretise-then-optimise).
+    jax.vmap) with respect to `u0` and `p` passed here (PyTrees like the problem's), values f
+    closes over, the save times and the time span, by the rules of `sensealg` (default
+    `InterpolatingAdjoint()`; `"auto"` picks one with `sciad.select_sensealg`; or any of
+    `sciad.adjoints.SENSEALGS`, as an instance or its name). `tspan=(t0, t1)` overrides the
+    problem's (concrete or traced; t1 < t0 integrates backwards in time, save times then
+    decreasing; traced times keep the problem's direction). `integrand` g(u, p, t) (a scalar or a
+    PyTree of arrays) gives `Solution.integral` = ∫_{t0}^{t1} g dt, integrated with the solve under
+    its error control (q' = g rides along with u), differentiable by every sensealg (the
+    continuous adjoints add ∂g/∂u to λ's equation and ∂g/∂p to μ's). `solver` is a name in
+    `SOLVERS` or a diffrax solver; steps are adaptive (PID control at `rtol`, `atol`). A solve that
+    needs more than `max_steps` steps (default 4096, as diffrax) raises an error. With
+    `dense=True` the solution carries an interpolant (differentiated by discretise-then-optimise).
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
@@ -92,8 +98,10 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
             raise ValueError(f"{name} must be a positive number, got {tol}")
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
-    t0, t1 = prob.tspan
-    ts = check_saveat(saveat, t0, t1)
+    t0, t1, sign = check_time_span(tspan, prob.tspan)
+    ts = check_saveat(saveat, t0, t1, sign)
+    if integrand is not None:
+        check_integrand(integrand, u0, p, t0)
     if isinstance(sensealg, str) and sensealg == "auto":  # decided from shapes and settings: works under jit
         from sciad.auto import auto_sensealg
 
@@ -103,13 +111,20 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
     advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(get_solver(solver)))
     if advice:
         warnings.warn(advice, UserWarning, stacklevel=2)
-    field = VectorField.of(prob.f, u0, p, t0, host=any(not e.traced for e in sensealg.engines()))
+    # Time runs forward inside: a backward problem in s = -t, u' = -f(u, p, -s), q' = -g(u, p, -s).
+    f, g = (prob.f, integrand) if sign > 0 else (_in_reverse(prob.f), integrand and _in_reverse(integrand))
+    field = VectorField.of(f, u0, p, sign * t0, host=any(not e.traced for e in sensealg.engines()), integrand=g)
     dtype = field.dtype
-    ts = jnp.asarray(ts, dtype)
-    setup = Setup(field, get_solver(solver), t0, t1, ts, float(rtol), float(atol), int(max_steps))
+    s0, s1 = (sign * jnp.asarray(t, dtype) for t in (t0, t1))
+    saves = sign * jnp.asarray(ts, dtype)
+    if integrand is not None:  # q(t1) is saved last
+        saves = jnp.concatenate([saves, s1[None]])
+    setup = Setup(field, get_solver(solver), s0, s1, saves, float(rtol), float(atol), int(max_steps))
     u0_flat = _finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
     p_flat = _finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
-    us, stats = sensealg.solve(setup, u0_flat, p_flat)
+    ys, stats = sensealg.solve(setup, u0_flat, p_flat)
+    n, T = field.u.size, len(ts)
+    integral = None if integrand is None else field.q.unravel(ys[T, n:])
     evals = _evaluations_per_step(setup.solver)
     steps = stats.astype(jnp.int32)
     solution_stats = {
@@ -119,8 +134,14 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
     interpolation = None
     if dense:
         dense_sol = setup.forward(u0_flat, p_flat, dense=True, adjoint=dfx.RecursiveCheckpointAdjoint())
-        interpolation = lambda t: field.u.unravel(dense_sol.interpolation.evaluate(t))  # noqa: E731
-    return Solution(ts, jax.vmap(field.u.unravel)(us), solution_stats, interpolation)
+        interpolation = lambda t: field.u.unravel(dense_sol.interpolation.evaluate(sign * t)[:n])  # noqa: E731
+    return Solution(jnp.asarray(ts, dtype), jax.vmap(field.u.unravel)(ys[:T, :n]), solution_stats, interpolation,
+                    integral)
+
+
+def _in_reverse(fn):
+    """fn(u, p, t) in s = -t: -fn(u, p, -s) (leafwise; any array type)."""
+    return lambda u, p, s: jax.tree.map(lambda x: -x, fn(u, p, -s))
 
 
 def _evaluations_per_step(solver) -> int | None:

@@ -154,11 +154,6 @@ def test_traced_saveat_checked_when_run():
         jax.block_until_ready(solve(jnp.array([0.0, 11.0])))
 
 
-def test_derivative_with_respect_to_saveat_is_refused():
-    prob = sciad.problems.lotka_volterra().problem
-    with pytest.raises(ValueError, match="not differentiable with respect to saveat"):
-        jax.grad(lambda ts: jnp.sum(sciad.solve(prob, saveat=ts).us))(jnp.array([1.0, 2.0]))
-
 
 @pytest.mark.slow
 def test_hessian_with_respect_to_a_dict():

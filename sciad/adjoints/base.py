@@ -18,14 +18,17 @@ from sciad.errors import solver_failure, warn_if
 
 
 class Setup(eqx.Module):
-    """Everything about a solve except u0 and p: `f(u, p, t)` on flat vectors u (n,), p (m,);
-    `ts` (T,) the saveat times, strictly increasing inside [t0, t1]. A PyTree: its traced parts
-    (the save times, values f closes over) are leaves, so a custom rule can take it as an argument."""
+    """Everything about a solve except u0 and p: `f(u, p, t)` on flat vectors u (n,), p (m,), and
+    with an integrand, F = [f; g] (n + k,): the state is then y = (u, q) (n + k,), q the running
+    integral ∫ g dt from q(t0) = 0. Time runs forward, t0 < t1 (a backward problem arrives with t
+    negated); `ts` (T,) the save times, increasing inside [t0, t1]. A PyTree: its traced parts
+    (t0, t1, the save times, values f closes over) are leaves, so a custom rule can take it as an
+    argument."""
 
     f: Callable
     solver: dfx.AbstractSolver
-    t0: float = eqx.field(static=True)
-    t1: float = eqx.field(static=True)
+    t0: typing.Any
+    t1: typing.Any
     ts: typing.Any
     rtol: float = eqx.field(static=True)
     atol: float = eqx.field(static=True)
@@ -36,10 +39,24 @@ class Setup(eqx.Module):
         """Whether the solver is implicit (then the adjoint systems are solved implicitly too)."""
         return is_implicit(self.solver)
 
+    @property
+    def n(self) -> int:
+        """The states u (n,)."""
+        return self.f.u.size
+
+    def state(self, u0):
+        """y0 = (u0, q0 = 0) (n + k,): the state the solver integrates."""
+        k = self.f.integrand_size
+        return jnp.concatenate([u0, jnp.zeros((k,), u0.dtype)]) if k else u0
+
+    def rate(self, y, p, t):
+        """y' = F(u, p, t) (n + k,) at the state y (n + k,)."""
+        return self.f(y[: self.n] if self.f.integrand_size else y, p, t)
+
     def term(self, vector_field: Callable | None = None):
-        """`vector_field(t, y, args)` (default: f) as the term the solver takes; IMEX solvers
-        (KenCarp) get it as their implicit part, with a zero explicit part."""
-        vector_field = vector_field or (lambda t, u, p: self.f(u, p, t))
+        """`vector_field(t, y, args)` (default: the state's rate) as the term the solver takes; IMEX
+        solvers (KenCarp) get it as their implicit part, with a zero explicit part."""
+        vector_field = vector_field or (lambda t, y, p: self.rate(y, p, t))
         term = dfx.ODETerm(vector_field)
         if typing.get_origin(self.solver.term_structure) is dfx.MultiTerm:
             zero = dfx.ODETerm(lambda t, y, args: jax.tree.map(jnp.zeros_like, y))
@@ -76,11 +93,12 @@ class Setup(eqx.Module):
             return sol
         return eqx.tree_at(lambda s: s.ys, sol, solver_failure(sol.ys, sol.result, max_steps))
 
-    def forward(self, u0, p, *, ts=None, dense=False, adjoint=None, throw=True):
-        """The forward solve from t0 to t1, saving at `ts` (default: the saveat times)."""
+    def forward(self, u0, p, *, ts=None, **options):
+        """The forward solve of y from (u0, 0) at t0 to t1, saving y (n + k,) at `ts` (default: the
+        saveat times); `options` as `diffeqsolve`'s."""
         ts = self.ts if ts is None else ts
-        return self.diffeqsolve(self.term(), u0, p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
-                                dense=dense, adjoint=adjoint, throw=throw)
+        return self.diffeqsolve(self.term(), self.state(u0), p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
+                                **options)
 
 
 # Steps the storing sensealgs keep without recomputation: diffrax's default max_steps. Buffers are
@@ -184,48 +202,75 @@ class AbstractSensitivity(eqx.Module):
         return None
 
     def solve(self, setup: Setup, u0, p):
-        """-> (us (T, n), stats (3,)), differentiable by this algorithm's rules in u0 (n,), p (m,)
-        and the values f closes over, c = setup.f.held (k,) (held as constants, or appended to p
-        where they are differentiated). The save times setup.ts (T,) are not differentiable."""
+        """-> (ys (T, n + k), stats (3,)): the state y = (u, q) at the save times, differentiable by
+        this algorithm's rules in u0 (n,), p (m,), the values f closes over, c = setup.f.held (k,)
+        (held as constants, or appended to p where they are differentiated), and the times: the save
+        times setup.ts (T,) (∂y(tᵢ)/∂tᵢ = F(y(tᵢ))), t0 (∂y(tᵢ)/∂t0 = -Φ(tᵢ, t0) F(y0)) and t1 (the
+        save times do not move with it)."""
         m = p.shape[0]
-        c, ts = setup.f.held, setup.ts
-        # The rules see c and ts as their own inputs only, never the caller's (traced) values.
-        rules_setup = eqx.tree_at(lambda s: (s.f.held, s.ts), setup, (jnp.zeros((0,), c.dtype), None),
-                                  is_leaf=lambda x: x is None)
+        c, times = setup.f.held, (setup.ts, setup.t0, setup.t1)
+        # The rules see c and the times as their own inputs only, never the caller's (traced) values.
+        rules_setup = eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1), setup,
+                                  (jnp.zeros((0,), c.dtype), None, None, None), is_leaf=lambda x: x is None)
 
-        def bind(c, ts, merged: bool) -> Setup:
-            return eqx.tree_at(lambda s: (s.f, s.ts), rules_setup, (rules_setup.f.with_closure(c, merged), ts),
-                               is_leaf=lambda x: x is None)
+        def bind(c, times, merged: bool) -> Setup:
+            return eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1), rules_setup,
+                               (rules_setup.f.with_closure(c, merged), *times), is_leaf=lambda x: x is None)
 
-        def forward(u0, p, c, ts, active):
+        def forward(u0, p, c, ts, t0, t1, active):
             if active is None:
-                us, stats, residuals = self.forward(bind(c, ts, False), u0, p, None)
-                return (us, stats), residuals
-            if active[3]:
-                raise ValueError("sciad.solve is not differentiable with respect to saveat: pass the save "
-                                 "times as constants (jax.lax.stop_gradient) or differentiate the solution instead")
+                ys, stats, residuals = self.forward(bind(c, (ts, t0, t1), False), u0, p, None)
+                return (ys, stats), residuals
             merged = active[2]
             p_in = jnp.concatenate([p, c]) if merged else p
-            us, stats, residuals = self.forward(bind(c, ts, merged), u0, p_in, (active[0], active[1] or merged))
+            bound = bind(c, (ts, t0, t1), merged)
+            # t0's derivative is ∂L/∂u0's product with -F(y0): it needs ∂L/∂u0.
+            ys, stats, residuals = self.forward(bound, u0, p_in, (active[0] or active[4], active[1] or merged))
+            rates = _Rates(jax.vmap(lambda y, t: bound.rate(y, p_in, t))(ys, ts) if active[3] else None,
+                           bound.rate(bound.state(u0), p_in, t0) if active[4] else None)
             size_u0 = jnp.max(jnp.abs(u0))
-            sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(us)))]))
-            return forward_mode_only(((us, stats), _Residuals(residuals, c, ts, merged, p_in, sizes)),
+            sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(ys)))]))
+            return forward_mode_only(((ys, stats), _Residuals(residuals, c, (ts, t0, t1), merged, p_in, sizes, rates)),
                                      REVERSE_OVER_REVERSE)
 
         def pushforward(res, vs):
-            du0, dp, dc, _ = vs
-            dus = self.pushforward(bind(res.c, res.ts, res.merged), res.inner, du0,
+            du0, dp, dc, dts, dt0, _ = vs
+            n = du0.shape[0]
+            if res.rates.t0 is not None:
+                du0 = du0 - res.rates.t0[:n] * dt0
+            dys = self.pushforward(bind(res.c, res.times, res.merged), res.inner, du0,
                                    jnp.concatenate([dp, dc]) if res.merged else dp)
-            return dus, jnp.zeros((3,), dus.dtype)
+            if res.rates.t0 is not None:  # q(t0) = 0 moves with t0: every q(tᵢ) by -g(u0) dt0
+                dys = dys.at[:, n:].add(-res.rates.t0[n:] * dt0)
+            if res.rates.ts is not None:
+                dys = dys + res.rates.ts * dts[:, None]
+            return dys, jnp.zeros((3,), dys.dtype)
 
         def pullback(res, w):
-            g_u0, g_p = warn_if_chaotic(setup.rtol, res, w[0],
-                                        *self.pullback(bind(res.c, res.ts, res.merged), res.inner, w[0]))
+            w = w[0]
+            n = u0.shape[0]
+            g_u0, g_p = warn_if_chaotic(setup.rtol, res, w,
+                                        *self.pullback(bind(res.c, res.times, res.merged), res.inner, w))
+            g_ts = None if res.rates.ts is None else jnp.sum(w * res.rates.ts, axis=1)
+            g_t0 = None if res.rates.t0 is None else _t0_cotangent(g_u0, w, res.rates.t0, n)
+            g_t1 = jnp.zeros_like(res.times[2])
             if not res.merged:
-                return g_u0, g_p, None, None
-            return g_u0, g_p[:m], g_p[m:], None
+                return g_u0, g_p, None, g_ts, g_t0, g_t1
+            return g_u0, g_p[:m], g_p[m:], g_ts, g_t0, g_t1
 
-        return ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, ts)
+        return ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, *times)
+
+
+def _t0_cotangent(g_u0, w, rate0, n: int):
+    """∂L/∂t0 = -(∂L/∂u0 · f(u0) + w_Q · g(u0)), w_Q (k,) the integral's cotangents summed over the saves."""
+    return -(g_u0 @ rate0[:n] + jnp.sum(w[:, n:], axis=0) @ rate0[n:])
+
+
+class _Rates(eqx.Module):
+    """F = y' at the save times (T, n + k) and at t0 (n + k,), where their times are differentiated."""
+
+    ts: jax.Array | None
+    t0: jax.Array | None
 
 
 def solver_pushforward(setup: Setup, u0, p, du0, dp):
@@ -240,15 +285,17 @@ def solver_pushforward(setup: Setup, u0, p, du0, dp):
 
 
 class _Residuals(eqx.Module):
-    """A sensealg's residuals with the closure `c`, the save times `ts`, whether c was appended to p,
-    the parameters the sensealg saw (`p_in`) and the largest |u0| and |u| over u0 and the saved states (`sizes`, (2,))."""
+    """A sensealg's residuals with the closure `c`, the `times` (ts, t0, t1), whether c was appended
+    to p, the parameters the sensealg saw (`p_in`), the largest |u0| and |y| over u0 and the saved
+    states (`sizes`, (2,)) and the `rates` for the times' derivatives."""
 
     inner: typing.Any
     c: jax.Array
-    ts: jax.Array
+    times: tuple
     merged: bool = eqx.field(static=True)
     p_in: jax.Array
     sizes: jax.Array
+    rates: _Rates
 
 
 CHAOTIC = ("the gradient is {:.1e} times as sensitive as the solution itself (relative to their sizes; "
@@ -276,6 +323,6 @@ def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
 
 
 def plain_forward(setup: Setup, u0, p):
-    """(us, stats, residuals) of an undifferentiated solve."""
+    """(ys, stats, no residuals) of an undifferentiated solve."""
     sol = setup.forward(u0, p)
-    return sol.ys, stats_vector(sol, u0.dtype), (u0, p)
+    return sol.ys, stats_vector(sol, u0.dtype), None

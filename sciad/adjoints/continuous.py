@@ -1,9 +1,11 @@
 """Continuous adjoints: λ' = -(∂f/∂u)ᵀ λ solved backwards, ∂L/∂p = ∫ λᵀ ∂f/∂p dt.
 
 For a loss of the saved states, λ starts at 0 at t1 and jumps by ∂L/∂u(t_k)
-at every saveat time t_k. The backward pass runs interval by interval
-between breakpoints (t0, the saveat times, the checkpoints, t1); the
-methods differ in where u(t) comes from on the way back.
+at every saveat time t_k. A loss of an integral Q = ∫ g(u, p, t) dt adds its
+cotangent w_Q: λ' = -(∂f/∂u)ᵀ λ - (∂g/∂u)ᵀ w_Q and μ' = -(∂f/∂p)ᵀ λ - (∂g/∂p)ᵀ w_Q,
+with no state of its own (w_Q is constant between breakpoints). The backward
+pass runs interval by interval between breakpoints (t0, the saveat times, the
+checkpoints, t1); the methods differ in where u(t) comes from on the way back.
 """
 
 import abc
@@ -29,13 +31,13 @@ from sciad.adjoints.base import (
 )
 from sciad.adjoints import checkpoints
 from sciad.adjoints.stepping import Marcher
-from sciad.errors import batch_any, error_if, warn_if
+from sciad.errors import batch_any, check, error_if, warn_if
 
 
 class Recorded(eqx.Module):
     """What a continuous adjoint's forward pass keeps for the backward sweep: u0 (n,), p (m,), the
-    breakpoints t (B,) (t0, the save times, checkpoints, t1; unused checkpoints sit at t1), u there
-    (B, n), the stored interpolation (None where u is re-solved or backsolved), the forward solve's
+    breakpoints t (B,) (t0, the save times, checkpoints, t1; unused checkpoints sit at t1), the
+    state y = (u, q) there (B, n + k), the stored interpolation of y (None where u is re-solved or backsolved), the forward solve's
     accepted steps, and `again`: whether it ran out of stored steps (None where it cannot, and then
     `resolved` says whether every interval is re-solved)."""
 
@@ -49,11 +51,24 @@ class Recorded(eqx.Module):
     resolved: bool = eqx.field(static=True, default=False)  # u re-solved on every interval (without `again`)
 
 
+class Interval(eqx.Module):
+    """What a backward system reads on one interval between breakpoints: p (m,), `u_of` with
+    `u_of.evaluate(t)` giving the forward state y(t) (n + k,) (None where u is part of the system's
+    state), and `w_q` (k,), the integral's cotangent (Σ ∂L/∂q at the breakpoints after the interval)."""
+
+    p: jax.Array
+    u_of: object
+    w_q: jax.Array
+
+    def u(self, t, n: int):
+        """u(t) (n,) from the stored forward state."""
+        return self.u_of.evaluate(t)[:n]
+
+
 class BackwardSystem(eqx.Module):
     """An adjoint system stepped backwards from t1: its state y, right-hand side and error norm, and
     the places where losses and events enter it (λ's equation `adjoint_rhs`, λ's jump `adjoint_jump`,
-    what is integrated besides y, `integrand`). `args` on an interval: (p, u_of) with u_of.evaluate(t)
-    giving u(t), or p where u is part of y."""
+    what is integrated besides y, `integrand`). `args`: the `Interval` being crossed."""
 
     prods: eqx.AbstractVar[Products]
     norm: eqx.AbstractVar[Callable | None]
@@ -63,7 +78,7 @@ class BackwardSystem(eqx.Module):
         """y at t1 from u(t1), λ(t1) and p."""
 
     @abc.abstractmethod
-    def rhs(self, t, y, args):
+    def rhs(self, t, y, args: Interval):
         """dy/dt."""
 
     @abc.abstractmethod
@@ -75,14 +90,20 @@ class BackwardSystem(eqx.Module):
         """(∂L/∂u0, ∂L/∂p) from y and the quadrature at t0."""
 
     @abc.abstractmethod
-    def integrand(self, setup: Setup, args):
+    def integrand(self, setup: Setup, args: Interval):
         """(initial quadrature, what each accepted step adds to it) on an interval, or (None, None)."""
 
 
-def adjoint_rhs(prods: Products, u, p, t, lam):
-    """(λ', μ') = (-(∂f/∂u)ᵀλ, -(∂f/∂p)ᵀλ) at u(t): the adjoint equations, for every continuous adjoint."""
-    _, vu, vp = prods.vjp(u, p, t, lam)
+def adjoint_rhs(prods: Products, u, p, t, lam, w_q):
+    """(λ', μ') = (-(∂f/∂u)ᵀλ - (∂g/∂u)ᵀw_Q, -(∂f/∂p)ᵀλ - (∂g/∂p)ᵀw_Q) at u(t): the adjoint equations,
+    for every continuous adjoint (w_Q (k,): the integral's cotangent, k = 0 without an integrand)."""
+    _, vu, vp = prods.vjp(u, p, t, _with_integral(lam, w_q))
     return -vu, -vp
+
+
+def _with_integral(lam, w_q):
+    """The cotangent of F = [f; g]: (λ, w_Q) (n + k,)."""
+    return jnp.concatenate([lam, w_q]) if w_q.shape[0] else lam
 
 
 def adjoint_jump(lam, w):
@@ -100,8 +121,7 @@ class _LambdaMu(BackwardSystem):
         return lam1, jnp.zeros_like(p)
 
     def rhs(self, t, y, args):
-        p, u_of = args
-        return adjoint_rhs(self.prods, u_of.evaluate(t), p, t, y[0])
+        return adjoint_rhs(self.prods, args.u(t, y[0].shape[0]), args.p, t, y[0], args.w_q)
 
     def jump(self, y, w, u):
         return adjoint_jump(y[0], w), y[1]
@@ -124,8 +144,7 @@ class _LambdaGauss(BackwardSystem):
         return lam1
 
     def rhs(self, t, lam, args):
-        p, u_of = args
-        return adjoint_rhs(self.prods, u_of.evaluate(t), p, t, lam)[0]
+        return adjoint_rhs(self.prods, args.u(t, lam.shape[0]), args.p, t, lam, args.w_q)[0]
 
     def jump(self, lam, w, u):
         return adjoint_jump(lam, w)
@@ -134,20 +153,20 @@ class _LambdaGauss(BackwardSystem):
         return lam, mu
 
     def integrand(self, setup, args):
-        p, u_of = args
         nodes, weights = np.polynomial.legendre.leggauss(_gauss_nodes(setup))
 
         def integrate(mu, t_start, t_end, lam_of):
             ts = t_end + (t_start - t_end) * jnp.asarray((nodes + 1) / 2, mu.dtype)
-            vp = jax.vmap(lambda t: -adjoint_rhs(self.prods, u_of.evaluate(t), p, t, lam_of.evaluate(t))[1])(ts)
+            vp = jax.vmap(lambda t: -adjoint_rhs(self.prods, args.u(t, setup.n), args.p, t, lam_of.evaluate(t),
+                                                 args.w_q)[1])(ts)
             return mu + (t_start - t_end) / 2 * jnp.tensordot(jnp.asarray(weights, mu.dtype), vp, axes=1)
 
-        return jnp.zeros_like(p), integrate
+        return jnp.zeros_like(args.p), integrate
 
 
 class _ULambdaMu(BackwardSystem):
-    """y = (u, λ, μ): u re-solved backwards with the adjoint; `args` = p; at a breakpoint u is reset
-    to the stored u(t); `seminorm`: μ out of the error control."""
+    """y = (u, λ, μ): u re-solved backwards with the adjoint (`args.u_of` is None); at a breakpoint u
+    is reset to the stored u(t); `seminorm`: μ out of the error control."""
 
     prods: Products
     norm: Callable | None
@@ -155,9 +174,10 @@ class _ULambdaMu(BackwardSystem):
     def start(self, u1, lam1, p):
         return u1, lam1, jnp.zeros_like(p)
 
-    def rhs(self, t, y, p):
+    def rhs(self, t, y, args):
         u, lam, _ = y
-        return self.prods.vjp(u, p, t, lam)[0], *adjoint_rhs(self.prods, u, p, t, lam)
+        rate = self.prods.vjp(u, args.p, t, _with_integral(lam, args.w_q))[0]  # the same product as λ's
+        return rate[: u.shape[0]], *adjoint_rhs(self.prods, u, args.p, t, lam, args.w_q)
 
     def jump(self, y, w, u):
         _, lam, mu = y
@@ -191,14 +211,15 @@ class _ContinuousAdjoint(AbstractSensitivity):
         """(us (T, n), stats (3,), `Recorded`): the forward pass of a differentiated solve."""
 
     @abc.abstractmethod
-    def args_structure(self, setup: Setup, rec: Recorded, resolve: bool):
+    def args_structure(self, setup: Setup, rec: Recorded, resolve: bool) -> Interval:
         """The system's `args` on the last interval, or their structure (what the march starts from)."""
 
     @abc.abstractmethod
-    def cross(self, setup: Setup, marcher: Marcher, system: BackwardSystem, march, rec: Recorded, j, drift,
+    def cross(self, setup: Setup, marcher: Marcher, system: BackwardSystem, march, rec: Recorded, j, w_q, drift,
               resolve: bool):
-        """(march at t[j], drift) from the march at t[j + 1] > t[j]; `drift` ≥ 0, the largest so
-        far, measures how far a state re-solved backwards ends from the stored u(t[j])."""
+        """(march at t[j], drift) from the march at t[j + 1] > t[j], with the integral's cotangent
+        `w_q` (k,) there; `drift` ≥ 0, the largest so far, measures how far a state re-solved
+        backwards ends from the stored u(t[j])."""
 
     @abc.abstractmethod
     def verdict(self, setup: Setup, system: BackwardSystem, march, drift):
@@ -228,7 +249,9 @@ class _ContinuousAdjoint(AbstractSensitivity):
         """(∂L/∂u0, ∂L/∂p) from `rec`, with the stored interpolation (`resolve=False`) or the intervals
         re-solved (`resolve=True`). Breakpoints after the first at t1 (unused checkpoints:
         zero-length intervals) are not walked."""
-        jumps = jnp.zeros((len(rec.t), rec.u0.shape[0]), w.dtype).at[setup.saved(rec.t)].add(w)
+        n = rec.u0.shape[0]
+        jumps = jnp.zeros((len(rec.t), w.shape[1]), w.dtype).at[setup.saved(rec.t)].add(w)
+        w_q = jnp.cumsum(jumps[::-1, n:], axis=0)[::-1]  # the integral's cotangent after each breakpoint
         t = rec.t.astype(rec.u0.dtype)
         last = jnp.searchsorted(t, t[-1])
         system = self.system(setup, Products(setup.f, self.vjp))
@@ -236,18 +259,23 @@ class _ContinuousAdjoint(AbstractSensitivity):
         # The forward pass's mean step is the first one tried: no step-size search.
         dt0 = (setup.t1 - setup.t0) / jnp.maximum(rec.steps, 1)
         args = self.args_structure(setup, rec, resolve)
-        march = marcher.start(system.start(rec.u_at[last], jumps[last], rec.p), args, t[-1], dt0,
+        march = marcher.start(system.start(rec.u_at[last, :n], jumps[last, :n], rec.p), args, t[-1], dt0,
                               system.integrand(setup, args)[0])
 
         def interval(carry):
             j, march, drift = carry
             j = jnp.maximum(j, 0)  # under vmap, members done walk their first interval again, discarded
-            march, drift = self.cross(setup, marcher, system, march, rec, j, drift, resolve)
-            return j - 1, march.jumped(system.jump(march.y, jumps[j], rec.u_at[j])), drift
+            march, drift = self.cross(setup, marcher, system, march, rec, j, w_q[j + 1], drift, resolve)
+            return j - 1, march.jumped(system.jump(march.y, jumps[j, :n], rec.u_at[j, :n])), drift
 
         _, march, drift = jax.lax.while_loop(lambda carry: carry[0] >= 0, interval,
                                              (last - 1, march, jnp.zeros((), w.dtype)))
         return self.verdict(setup, system, march, drift)
+
+
+def _no_integral(setup: Setup, rec: Recorded):
+    """A zero cotangent of the integral (k,)."""
+    return jnp.zeros((setup.f.integrand_size,), rec.u_at.dtype)
 
 
 def _march_interval(setup: Setup, marcher: Marcher, system: BackwardSystem, march, args, t_to, max_steps):
@@ -324,13 +352,13 @@ class BacksolveAdjoint(_ContinuousAdjoint):
         return _record_at_breakpoints(setup, u0, p, setup.breakpoints(), dense=False)
 
     def args_structure(self, setup, rec, resolve):
-        return rec.p
+        return Interval(rec.p, None, _no_integral(setup, rec))
 
-    def cross(self, setup, marcher, system, march, rec, j, drift, resolve):
+    def cross(self, setup, marcher, system, march, rec, j, w_q, drift, resolve):
         def solve():
             budget = jnp.minimum(BACKWARD_STEPS * (rec.steps + 8), setup.max_steps).astype(jnp.int32)
-            m = _march_interval(setup, marcher, system, march, rec.p, rec.t[j], budget)
-            u_start = rec.u_at[j]
+            m = _march_interval(setup, marcher, system, march, Interval(rec.p, None, w_q), rec.t[j], budget)
+            u_start = rec.u_at[j, : setup.n]
             scale = setup.atol + setup.rtol * jnp.abs(u_start)
             d = jnp.sqrt(jnp.mean(((m.y[0] - u_start) / scale) ** 2)) / jnp.maximum(rec.steps, 1)
             d = jnp.where(dfx.is_successful(m.result), d, jnp.inf)
@@ -391,8 +419,7 @@ class _Interpolated(_ContinuousAdjoint):
             return _record_at_breakpoints(setup, u0, p, setup.breakpoints(), dense=True)
         # Every step stored up to `stored`; past it, the solve again with checkpoints every `every` steps.
         bps = setup.breakpoints()
-        sol = setup.diffeqsolve(setup.term(), u0, p, setup.t0, setup.t1, ts=bps.astype(u0.dtype), dense=True,
-                                max_steps=stored, throw=False)
+        sol = setup.forward(u0, p, ts=bps, dense=True, max_steps=stored, throw=False)
         again = batch_any(sol.result == dfx.RESULTS.max_steps_reached)
         recheckpointed = lambda: checkpoints.forward(setup, u0, p, every)  # noqa: E731
         size = jax.eval_shape(recheckpointed)[0].shape[0]
@@ -408,16 +435,17 @@ class _Interpolated(_ContinuousAdjoint):
 
     def args_structure(self, setup, rec, resolve):
         t = rec.t.astype(rec.u0.dtype)
+        w_q = _no_integral(setup, rec)
         if resolve:  # the structure of a re-solved interval's args
-            return eqx.filter_eval_shape(lambda: (rec.p, _Held(
-                self._resolved(setup, rec.p, t[-1], t[-2], rec.u_at[-2], t[-1] - t[-2])[0], t[-2], t[-1])))
-        return rec.p, _Held(rec.interpolation, t[-2], t[-1])
+            return eqx.filter_eval_shape(lambda: Interval(rec.p, _Held(
+                self._resolved(setup, rec.p, t[-1], t[-2], rec.u_at[-2], t[-1] - t[-2])[0], t[-2], t[-1]), w_q))
+        return Interval(rec.p, _Held(rec.interpolation, t[-2], t[-1]), w_q)
 
-    def cross(self, setup, marcher, system, march, rec, j, drift, resolve):
+    def cross(self, setup, marcher, system, march, rec, j, w_q, drift, resolve):
         t = rec.t.astype(rec.u0.dtype)
         t_from, t_to = t[j + 1], t[j]
         if not resolve:
-            args = (rec.p, _Held(rec.interpolation, t_to, t_from))
+            args = Interval(rec.p, _Held(rec.interpolation, t_to, t_from), w_q)
             return _march_interval(setup, marcher, system, march, args, t_to, setup.max_steps), drift
 
         def resolve_and_march():
@@ -427,7 +455,7 @@ class _Interpolated(_ContinuousAdjoint):
                 march, jnp.invert(ok), f"{type(self).__name__}(checkpointing=True): an interval between checkpoints "
                 f"needed more than interval_max_steps={self._steps_per_interval(setup)} steps; pass a larger "
                 "interval_max_steps or more checkpoints")
-            args = (rec.p, _Held(interpolation, t_to, t_from))
+            args = Interval(rec.p, _Held(interpolation, t_to, t_from), w_q)
             return _march_interval(setup, marcher, system, checked_march, args, t_to, setup.max_steps), drift
 
         # Zero-length intervals (unused checkpoints, a save time at t0 or t1) are not re-solved.
@@ -464,11 +492,9 @@ def _checkpointing(name: str, checkpointing, checkpoints, interval_max_steps) ->
             None if interval_max_steps is None else int(interval_max_steps))
 
 
-def _checkpoint_times(setup: Setup, times: tuple) -> np.ndarray:
-    c = np.asarray(times)
-    if np.any((c < setup.t0) | (c > setup.t1)):
-        raise ValueError(f"checkpoints must lie inside tspan ({setup.t0}, {setup.t1}), got {times}")
-    return c
+def _checkpoint_times(setup: Setup, times: tuple) -> jax.Array:
+    c = jnp.asarray(times, jnp.result_type(setup.ts))
+    return check(c, jnp.any((c < setup.t0) | (c > setup.t1)), f"checkpoints must lie inside tspan, got {times}")
 
 
 def _record_at_breakpoints(setup: Setup, u0, p, bps, *, dense: bool, resolved: bool = False):

@@ -71,14 +71,23 @@ class DiscreteAdjoint(AbstractSensitivity):
         count = self.checkpoint_count(setup, u0)
         capped = self.stored_steps is None and count is not None and count < setup.max_steps
         us, stats, result, pb = _recorded(setup, count, capped)(u0, p)
-        return checked(setup, result, us), stats, (u0, p, pb, result)
+        return checked(setup, result, us), stats, Tape(u0, p, pb, result)
 
-    def pushforward(self, setup: Setup, residuals, du0, dp):
-        return solver_pushforward(setup, residuals[0], residuals[1], du0, dp)
+    def pushforward(self, setup: Setup, tape: "Tape", du0, dp):
+        return solver_pushforward(setup, tape.u0, tape.p, du0, dp)
 
-    def pullback(self, setup: Setup, residuals, w):
-        u0, p, pb, result = residuals
-        return checked(setup, result, _replayed(setup)(u0, p, pb, w))
+    def pullback(self, setup: Setup, tape: "Tape", w):
+        return checked(setup, tape.result, _replayed(setup)(tape.u0, tape.p, tape.pullback, w))
+
+
+class Tape(eqx.Module):
+    """DiscreteAdjoint's residuals: u0 (n,), p (m,), the pullback of the recorded solve through the
+    solver's steps, and the solve's diffrax result."""
+
+    u0: jax.Array
+    p: jax.Array
+    pullback: Callable
+    result: dfx.RESULTS
 
 
 def _zero_tangents(tree):
@@ -197,10 +206,18 @@ class ForwardDiffSensitivity(AbstractSensitivity):
         full = [None, None]
         for i, jac in zip(argnums, jacs):
             full[i] = checked(setup, result, jac)
-        return us, stats, (u0, p, tuple(full))
+        return us, stats, Jacobians(*full)
 
-    def pullback(self, setup: Setup, residuals, w):
-        return tuple(None if jac is None else jnp.tensordot(w, jac, axes=2) for jac in residuals[2])
+    def pullback(self, setup: Setup, jacs: "Jacobians", w):
+        return tuple(None if jac is None else jnp.tensordot(w, jac, axes=2) for jac in (jacs.u0, jacs.p))
 
-    def pushforward(self, setup: Setup, residuals, du0, dp):
-        return sum(jnp.tensordot(jac, v, axes=1) for jac, v in zip(residuals[2], (du0, dp)) if jac is not None)
+    def pushforward(self, setup: Setup, jacs: "Jacobians", du0, dp):
+        return sum(jnp.tensordot(jac, v, axes=1) for jac, v in zip((jacs.u0, jacs.p), (du0, dp)) if jac is not None)
+
+
+class Jacobians(eqx.Module):
+    """ForwardDiffSensitivity's residuals: ∂y(tᵢ)/∂u0 (T, n + k, n) and ∂y(tᵢ)/∂p (T, n + k, m) (None where
+    not differentiated)."""
+
+    u0: jax.Array | None
+    p: jax.Array | None

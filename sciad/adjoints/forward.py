@@ -1,5 +1,6 @@
 """The forward sensitivity equations."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -48,26 +49,34 @@ class ForwardSensitivity(AbstractSensitivity):
         if active is None:
             return plain_forward(setup, u0, p)
         n, m = u0.shape[0], p.shape[0]
+        y0 = setup.state(u0)
         sizes = [k if on else 0 for k, on in zip((n, m), active)]
-        # Column c starts at S(t0) = ∂u0/∂x_c and is driven by ∂f/∂p · ∂p/∂x_c.
-        s0 = jnp.concatenate([jnp.eye(sizes[0], n, dtype=u0.dtype), jnp.zeros((sizes[1], n), u0.dtype)])
+        # Column c starts at S(t0) = ∂y0/∂x_c and is driven by ∂F/∂p · ∂p/∂x_c.
+        s0 = jnp.concatenate([jnp.eye(sizes[0], y0.shape[0], dtype=u0.dtype),
+                              jnp.zeros((sizes[1], y0.shape[0]), u0.dtype)])
         dps = jnp.concatenate([jnp.zeros((sizes[0], m), p.dtype), jnp.eye(sizes[1], m, dtype=p.dtype)])
         prods = Products(setup.f, self.jvp)
 
         def rhs(t, y, p):
-            u, s = y
-            du = setup.f(u, p, t)
-            ds = jax.vmap(lambda s, dp: prods.jvp(u, p, t, s, dp)[1])(s, dps)
-            return du, ds
+            y, s = y
+            ds = jax.vmap(lambda s, dp: prods.jvp(y[:n], p, t, s[:n], dp)[1])(s, dps)
+            return setup.rate(y, p, t), ds
 
-        sol = setup.diffeqsolve(setup.term(rhs), (u0, s0), p, setup.t0, setup.t1, ts=jnp.asarray(setup.ts, u0.dtype),
+        sol = setup.diffeqsolve(setup.term(rhs), (y0, s0), p, setup.t0, setup.t1, ts=jnp.asarray(setup.ts, u0.dtype),
                                 norm=leading_seminorm() if self.seminorm else None)
-        us, sens = sol.ys  # sens: (T, columns, n)
-        blocks = (sens[:, : sizes[0]] if active[0] else None, sens[:, sizes[0]:] if active[1] else None)
-        return us, stats_vector(sol, u0.dtype), (u0, p, blocks)
+        ys, sens = sol.ys  # sens: (T, columns, n + k)
+        blocks = Sensitivities(sens[:, : sizes[0]] if active[0] else None, sens[:, sizes[0]:] if active[1] else None)
+        return ys, stats_vector(sol, u0.dtype), blocks
 
-    def pullback(self, setup: Setup, residuals, w):
-        return tuple(None if s is None else jnp.einsum("tn,tkn->k", w, s) for s in residuals[2])
+    def pullback(self, setup: Setup, sens: "Sensitivities", w):
+        return tuple(None if s is None else jnp.einsum("tn,tkn->k", w, s) for s in (sens.u0, sens.p))
 
-    def pushforward(self, setup: Setup, residuals, du0, dp):
-        return sum(jnp.einsum("tkn,k->tn", s, v) for s, v in zip(residuals[2], (du0, dp)) if s is not None)
+    def pushforward(self, setup: Setup, sens: "Sensitivities", du0, dp):
+        return sum(jnp.einsum("tkn,k->tn", s, v) for s, v in zip((sens.u0, sens.p), (du0, dp)) if s is not None)
+
+
+class Sensitivities(eqx.Module):
+    """∂y(tᵢ)/∂u0 (T, n, n + k) and ∂y(tᵢ)/∂p (T, m, n + k) at the save times (None where not differentiated)."""
+
+    u0: jax.Array | None
+    p: jax.Array | None

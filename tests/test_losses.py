@@ -1,0 +1,169 @@
+"""Losses beyond the saved states: integral costs, gradients in time, backward time.
+
+Closed forms on u' = -k u (u(t) = u0 e^{-k (t - t0)}) and the harmonic
+oscillator, for every sensealg at rtol = atol = 1e-10 in float64: the integral
+∫ g(u, p, t) dt and its gradients in u0, p, values g closes over, the save
+times, t0 and t1; integration backwards in time (t1 < t0); under jit, vmap,
+jvp and Hessians; Kvaerno5 with every sensealg.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad
+from conftest import slow_except
+from sciad.adjoints import SENSEALGS, parse
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+TOL = 1e-10
+AGREEMENT = 1e-7
+NAMES = [*SENSEALGS, "InterpolatingAdjoint(checkpointing=True)", "ForwardSensitivity(seminorm=True)"]
+FAST = ["InterpolatingAdjoint", "DiscreteAdjoint", "ForwardSensitivity"]
+K, U0 = 0.5, np.array([1.0, 2.0])
+
+
+def decay(u, p, t):
+    return -p["k"] * u
+
+
+PROB = sciad.ODEProblem(decay, U0, (0.0, 2.0), {"k": np.array(K)})
+
+
+def energy(u, p, t):
+    return jnp.sum(u**2)
+
+
+def closed_energy(k, u0, t0, t1):
+    """∫_{t0}^{t1} |u0|² e^{-2k(t - t0)} dt and its derivatives in k, u0, t0, t1."""
+    s, decayed = t1 - t0, np.exp(-2 * k * (t1 - t0))
+    value = np.sum(u0**2) * (1 - decayed) / (2 * k)
+    d_k = np.sum(u0**2) * (-(1 - decayed) / (2 * k**2) + s * decayed / k)
+    return value, d_k, 2 * u0 * (1 - decayed) / (2 * k), -np.sum(u0**2) * decayed, np.sum(u0**2) * decayed
+
+
+def close(actual, expected, what):
+    np.testing.assert_allclose(actual, expected, rtol=AGREEMENT, atol=AGREEMENT * np.max(np.abs(expected)), err_msg=what)
+
+
+@pytest.mark.parametrize("name", slow_except(NAMES, fast=FAST))
+def test_integral_and_its_gradients(name):
+    """∫|u|² dt and its gradient in k, u0, t0 and t1, against the closed form, under jit."""
+
+    def loss(p, u0, t0, t1):
+        sol = sciad.solve(PROB, p=p, u0=u0, tspan=(t0, t1), integrand=energy, rtol=TOL, atol=TOL, sensealg=name)
+        return sol.integral
+
+    value, d_k, d_u0, d_t0, d_t1 = closed_energy(K, U0, 0.3, 2.0)
+    close(loss(PROB.p, U0, 0.3, 2.0), value, "integral")
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(PROB.p, U0, 0.3, 2.0)
+    close(np.array([g[0]["k"], *g[1], g[2], g[3]]), np.array([d_k, *d_u0, d_t0, d_t1]), name)
+
+
+@pytest.mark.parametrize("name", slow_except(NAMES, fast=["GaussAdjoint", "BacksolveAdjoint", "ForwardDiffSensitivity"]))
+def test_save_times_and_integral_together(name):
+    """L = Σ u₀(tᵢ) + ∫|u|² dt: gradients in the save times, t0, t1 and k (jit), and the jvp in t0."""
+    ts = jnp.array([0.5, 1.0, 1.5])
+
+    def loss(k, t0, t1, ts):
+        sol = sciad.solve(PROB, p={"k": k}, tspan=(t0, t1), saveat=ts, integrand=energy, rtol=TOL, atol=TOL,
+                          sensealg=name)
+        return sol.integral + jnp.sum(sol.us[:, 0])
+
+    t0, t1 = 0.3, 2.0
+    decays = np.exp(-K * (np.asarray(ts) - t0))
+    _, d_k, _, d_t0, d_t1 = closed_energy(K, U0, t0, t1)
+    expected = [d_k - np.sum((np.asarray(ts) - t0) * decays), d_t0 + K * np.sum(decays), d_t1, *(-K * decays)]
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(K, t0, t1, ts)
+    close(np.array([g[0], g[1], g[2], *g[3]]), np.array(expected), name)
+    _, tangent = jax.jvp(lambda t0: loss(K, t0, t1, ts), (t0,), (1.0,))
+    close(tangent, expected[1], f"{name}: jvp in t0")
+
+
+@pytest.mark.parametrize("name", slow_except(NAMES, fast=["InterpolatingAdjoint", "ForwardDiffSensitivity"]))
+def test_backwards_in_time(name):
+    """t1 < t0: u(0) = u(2) e^{2k} from u(2) = u0, and ∫_2^0 |u|² dt = -|u0|² (e^{4k} - 1) / (2k)."""
+
+    def solve(k):
+        return sciad.solve(PROB, p={"k": k}, tspan=(2.0, 0.0), saveat=jnp.array([2.0, 1.0, 0.0]), integrand=energy,
+                           rtol=TOL, atol=TOL, sensealg=name)
+
+    sol = solve(K)
+    close(sol.us[:, 0], np.exp(K * np.array([0.0, 1.0, 2.0])), f"{name}: states")
+    close(sol.integral, -np.sum(U0**2) * (np.exp(4 * K) - 1) / (2 * K), f"{name}: integral")
+    g = jax.jit(jax.grad(lambda k: solve(k).us[-1, 0] + solve(k).integral))(K)
+    expected = 2 * np.exp(2 * K) - np.sum(U0**2) * (4 * np.exp(4 * K) / (2 * K) - (np.exp(4 * K) - 1) / (2 * K**2))
+    close(g, expected, f"{name}: gradient")
+
+
+def test_integrand_pytree_and_closure():
+    """A dict integrand with a tracking cost against a reference a·e^{-t} that g closes over: the
+    gradient in the traced a, and the oscillator's ∫ x² dt = t/2 + sin(2t)/4."""
+
+    def oscillator(u, p, t):
+        return jnp.array([u[1], -u[0]])
+
+    prob = sciad.ODEProblem(oscillator, np.array([1.0, 0.0]), (0.0, 3.0))
+
+    def loss(a):
+        def g(u, p, t):
+            return {"x2": u[0] ** 2, "track": (u[0] - a * jnp.exp(-t)) ** 2}
+
+        return sciad.solve(prob, integrand=g, rtol=TOL, atol=TOL).integral
+
+    out = loss(0.7)
+    close(out["x2"], 1.5 + np.sin(6.0) / 4, "∫ cos² t")
+    # d/da ∫ (cos t - a e^{-t})² dt = -2 ∫ e^{-t} cos t dt + 2a ∫ e^{-2t} dt
+    t = 3.0
+    int_cos = (1 + np.exp(-t) * (np.sin(t) - np.cos(t))) / 2
+    expected = -2 * int_cos + 2 * 0.7 * (1 - np.exp(-2 * t)) / 2
+    close(jax.grad(lambda a: loss(a)["track"])(0.7), expected, "closure")
+
+
+def test_integral_under_vmap_and_hessian():
+    """Batched final times (vmap of the gradient) and the Hessian in k (forward over reverse)."""
+
+    def loss(k, t1):
+        return sciad.solve(PROB, p={"k": k}, tspan=(0.0, t1), integrand=energy, rtol=TOL, atol=TOL).integral
+
+    t1s = jnp.array([1.0, 2.0, 3.0])
+    g = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(None, 0)))(K, t1s)
+    for i, t1 in enumerate(np.asarray(t1s)):
+        _, d_k, _, _, d_t1 = closed_energy(K, U0, 0.0, t1)
+        close(np.array([g[0][i], g[1][i]]), np.array([d_k, d_t1]), f"t1 = {t1}")
+    h = jax.jit(jax.hessian(loss))(K, 2.0)
+    step = 1e-4
+    fd = (jax.grad(loss)(K + step, 2.0) - jax.grad(loss)(K - step, 2.0)) / (2 * step)
+    np.testing.assert_allclose(h, fd, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", slow_except(NAMES, fast=["GaussAdjoint"]))
+def test_integral_with_kvaerno5(name):
+    def loss(k):
+        return sciad.solve(PROB, p={"k": k}, integrand=energy, solver="kvaerno5", rtol=1e-9, atol=1e-9,
+                           sensealg=parse(name)).integral
+
+    _, d_k, _, _, _ = closed_energy(K, U0, 0.0, 2.0)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss))(K), d_k, rtol=1e-6)
+
+
+def test_integral_with_auto_and_host_engine():
+    def loss(k, sensealg):
+        return sciad.solve(PROB, p={"k": k}, integrand=energy, rtol=TOL, atol=TOL, sensealg=sensealg).integral
+
+    _, d_k, _, _, _ = closed_energy(K, U0, 0.0, 2.0)
+    close(jax.grad(loss)(K, "auto"), d_k, "auto")
+    close(jax.grad(loss)(K, sciad.InterpolatingAdjoint(vjp="finite-differences")), d_k, "host engine")
+
+
+def test_bad_integrand_and_time_span():
+    with pytest.raises(TypeError, match="integrand must be callable"):
+        sciad.solve(PROB, integrand=3.0)
+    with pytest.raises(ValueError, match="must return a float scalar or a PyTree of float arrays"):
+        sciad.solve(PROB, integrand=lambda u, p, t: jnp.sum(u > 0))
+    with pytest.raises(ValueError, match="tspan must be a pair"):
+        sciad.solve(PROB, tspan=1.0)
+    with pytest.raises(Exception, match="tspan must be finite with t1 > t0"):
+        jax.block_until_ready(jax.jit(lambda t1: sciad.solve(PROB, tspan=(0.0, t1)).us)(-1.0))
