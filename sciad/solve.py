@@ -11,6 +11,7 @@ import numpy as np
 
 from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint, parse
 from sciad.adjoints.base import Setup, is_implicit
+from sciad.dense import DenseOutput
 from sciad.errors import error_if
 from sciad.problem import (ODEProblem, check_integrand, check_like, check_params, check_saveat, check_state,
                            check_time_span)
@@ -79,7 +80,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     continuous adjoints add ∂g/∂u to λ's equation and ∂g/∂p to μ's). `solver` is a name in
     `SOLVERS` or a diffrax solver; steps are adaptive (PID control at `rtol`, `atol`). A solve that
     needs more than `max_steps` steps (default 4096, as diffrax) raises an error. With
-    `dense=True` the solution carries an interpolant (differentiated by discretise-then-optimise).
+    `dense=True`, `Solution.interpolation(t)` gives u at any t in tspan from the same solve, its
+    derivatives by the same sensealg (`sciad.dense.DenseOutput`).
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
@@ -131,10 +133,7 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
         "steps": steps[0], "accepted_steps": steps[1], "rejected_steps": steps[2],
         "function_evaluations": steps[0] * evals if evals else None,
     }
-    interpolation = None
-    if dense:
-        dense_sol = setup.forward(u0_flat, p_flat, dense=True, adjoint=dfx.RecursiveCheckpointAdjoint())
-        interpolation = lambda t: field.u.unravel(dense_sol.interpolation.evaluate(sign * t)[:n])  # noqa: E731
+    interpolation = DenseOutput.of(setup, sensealg, u0_flat, p_flat, sign) if dense else None
     return Solution(jnp.asarray(ts, dtype), jax.vmap(field.u.unravel)(ys[:T, :n]), solution_stats, interpolation,
                     integral)
 

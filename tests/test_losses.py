@@ -167,3 +167,33 @@ def test_bad_integrand_and_time_span():
         sciad.solve(PROB, tspan=1.0)
     with pytest.raises(Exception, match="tspan must be finite with t1 > t0"):
         jax.block_until_ready(jax.jit(lambda t1: sciad.solve(PROB, tspan=(0.0, t1)).us)(-1.0))
+
+
+@pytest.mark.parametrize("name", slow_except(NAMES, fast=["InterpolatingAdjoint", "BacksolveAdjoint"]))
+def test_loss_on_the_dense_output(name):
+    """u₁(t) between save points from `interpolation`: its value, its gradient in k and t (the
+    sensealg's rules on [t0, t]), batched over t, and its Hessian in k."""
+
+    def loss(k, t):
+        return sciad.solve(PROB, p={"k": k}, dense=True, rtol=TOL, atol=TOL, sensealg=name).interpolation(t)[1]
+
+    t = 1.3
+    exact = U0[1] * np.exp(-K * t)
+    close(loss(K, t), exact, "value")
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)))(K, t)
+    close(np.array(g), np.array([-t * exact, -K * exact]), f"{name}: gradient")
+    ts = np.array([0.4, 1.3, 1.9])
+    batched = jax.vmap(jax.grad(loss), in_axes=(None, 0))(K, jnp.asarray(ts))
+    close(batched, -ts * U0[1] * np.exp(-K * ts), f"{name}: vmap")
+    close(jax.hessian(loss)(K, t), t**2 * exact, f"{name}: Hessian")
+
+
+def test_dense_output_is_the_interpolant_of_the_one_solve():
+    """Values come from the solve's dense output, with u0's structure and t's shape in front."""
+    prob = sciad.ODEProblem(lambda u, p, t: {"x": -u["x"]}, {"x": np.ones(3)}, (0.0, 1.0))
+    sol = sciad.solve(prob, saveat=[0.0, 0.5, 1.0], dense=True, rtol=1e-8, atol=1e-8)
+    grid = jnp.array([[0.0, 0.5], [1.0, 0.25]])
+    out = sol.interpolation(grid)
+    assert out["x"].shape == (2, 2, 3)
+    np.testing.assert_allclose(out["x"][0], sol.us["x"][:2], rtol=1e-7)
+    np.testing.assert_allclose(out["x"][1, 1], np.exp(-0.25) * np.ones(3), rtol=1e-6)
