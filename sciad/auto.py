@@ -88,7 +88,9 @@ class Features:
     - interpolation_bytes: bytes of the stored dense output (`STORED_STEPS` steps at most, stages + 1 n-vectors each);
     - stored_steps_bytes: bytes of the steps' states `DiscreteAdjoint` stores (`STORED_STEPS` at most);
     - memory_budget: bytes allowed the stored interpolation (None: no bound);
-    - device: JAX's default backend, e.g. "cpu".
+    - device: JAX's default backend, e.g. "cpu";
+    - integral_entries: k, the entries of an integrand ∫ g dt (0 without one): the solver's state is
+      then (u, q), n + k values, and the continuous adjoints add ∂g/∂u to λ's equation (no state).
     """
 
     states: int
@@ -102,6 +104,7 @@ class Features:
     stored_steps_bytes: int
     memory_budget: int | None
     device: str
+    integral_entries: int = 0
 
 
 class Pick(NamedTuple):
@@ -173,15 +176,15 @@ def size(tree) -> int:
 
 
 def features(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float, max_steps: int = 4096,
-             memory_budget: int | None = None) -> Features:
-    """The `Features` of a solve from `u0` with parameters `p` saved at `ts` (T,) by `solver`; u0, p
-    and `ts` may be traced."""
+             memory_budget: int | None = None, integral_entries: int = 0) -> Features:
+    """The `Features` of a solve from `u0` with parameters `p` saved at `ts` (T,) by `solver` (with an
+    integrand of `integral_entries` entries); u0, p and `ts` may be traced."""
     leaves = jax.tree.leaves(eqx.filter((u0, p), eqx.is_array))
     dtype = np.dtype(jnp.result_type(*leaves))
-    n = size(u0)
+    n = size(u0) + integral_entries  # the solver's state (u, q)
     stages = getattr(getattr(solver, "tableau", None), "num_stages", 7)
     return Features(
-        states=n,
+        states=size(u0),
         parameters=size(p),
         dtype=str(dtype),
         implicit_solver=is_implicit(solver),
@@ -192,11 +195,21 @@ def features(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float,
         stored_steps_bytes=stored_steps_bytes(max_steps, n, dtype.itemsize),
         memory_budget=memory_budget,
         device=jax.default_backend(),
+        integral_entries=integral_entries,
     )
 
 
 def heuristic(feat: Features, thresholds: Thresholds = THRESHOLDS) -> Pick:
-    """The rule-based pick from `feat`, with `thresholds`."""
+    """The rule-based pick from `feat`, with `thresholds` (an integrand changes no rule: every
+    sensealg differentiates it, and its entries count in the stored state's bytes)."""
+    pick = _rule(feat, thresholds)
+    if not feat.integral_entries:
+        return pick
+    return pick._replace(reason=f"{pick.reason}; the integral ({feat.integral_entries} entries) rides with u in the "
+                         "forward solve and enters λ's equation as ∂g/∂u (no adjoint state)")
+
+
+def _rule(feat: Features, thresholds: Thresholds) -> Pick:
     n, m, saves = feat.states, feat.parameters, feat.save_points
     over_budget = feat.memory_budget is not None and feat.interpolation_bytes > feat.memory_budget
     few, dense, per_state = thresholds.forward_mode_parameters, thresholds.dense_saves, thresholds.parameters_per_state
@@ -229,9 +242,11 @@ def heuristic(feat: Features, thresholds: Thresholds = THRESHOLDS) -> Pick:
 
 
 def auto_sensealg(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float, max_steps: int = 4096,
-                  memory_budget: int | None = None) -> Choice:
+                  memory_budget: int | None = None, integral_entries: int = 0) -> Choice:
     """The heuristic's `Choice` for gradients of a solve from `u0` with parameters `p` saved at `ts`
-    (T,) by `solver`; works on traced values (what `solve(..., sensealg="auto")` calls)."""
-    feat = features(u0, p, ts, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget)
+    (T,) by `solver`, with an integrand of `integral_entries` entries; works on traced values (what
+    `solve(..., sensealg="auto")` calls)."""
+    feat = features(u0, p, ts, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
+                    integral_entries=integral_entries)
     pick = heuristic(feat)
     return Choice(pick.sensealg, feat, [{"name": describe(pick.sensealg), "reason": pick.reason}])

@@ -119,8 +119,8 @@ def check_time_span(tspan, default: tuple[float, float]) -> tuple:
     return error_if(t0, bad, f"tspan must be finite with {order} (traced times keep the problem's direction)"), t1, sign
 
 
-def check_integrand(g: Callable, u0, p, t0) -> None:
-    """g(u, p, t) must return a PyTree of float arrays (checked by tracing, no run)."""
+def check_integrand(g: Callable, u0, p, t0) -> int:
+    """The entries of g(u, p, t), which must return a PyTree of float arrays (checked by tracing, no run)."""
     if not callable(g):
         raise TypeError(f"integrand must be callable g(u, p, t), got {g!r}")
     try:
@@ -132,6 +132,7 @@ def check_integrand(g: Callable, u0, p, t0) -> None:
     if not leaves or not all(jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves):
         raise ValueError(f"integrand g(u, p, t) must return a float scalar or a PyTree of float arrays, got "
                          f"{_describe(out)}")
+    return sum(int(np.prod(x.shape)) for x in leaves)
 
 
 def check_rhs(f: Callable, u0, p, t0: float) -> None:

@@ -102,13 +102,12 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
         raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
     t0, t1, sign = check_time_span(tspan, prob.tspan)
     ts = check_saveat(saveat, t0, t1, sign)
-    if integrand is not None:
-        check_integrand(integrand, u0, p, t0)
+    entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
     if isinstance(sensealg, str) and sensealg == "auto":  # decided from shapes and settings: works under jit
         from sciad.auto import auto_sensealg
 
         sensealg = auto_sensealg(u0, p, ts, solver=get_solver(solver), rtol=rtol, atol=atol,
-                                 max_steps=int(max_steps)).sensealg
+                                 max_steps=int(max_steps), integral_entries=entries).sensealg
     sensealg = _sensealg(sensealg)
     advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(get_solver(solver)))
     if advice:

@@ -15,6 +15,7 @@ import pytest
 import sciad
 from conftest import slow_except
 from sciad.adjoints import SENSEALGS, parse
+from sciad.solve import get_solver
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -155,6 +156,9 @@ def test_integral_with_auto_and_host_engine():
 
     _, d_k, _, _, _ = closed_energy(K, U0, 0.0, 2.0)
     close(jax.grad(loss)(K, "auto"), d_k, "auto")
+    choice = sciad.auto.auto_sensealg(U0, PROB.p, np.array([0.0, 2.0]), solver=get_solver("tsit5"),
+                                      rtol=TOL, atol=TOL, integral_entries=1)
+    assert "integral entries: 1" in choice.report() and "enters λ's equation" in choice.report()
     close(jax.grad(loss)(K, sciad.InterpolatingAdjoint(vjp="finite-differences")), d_k, "host engine")
 
 
