@@ -6,7 +6,7 @@ from sciad_bench.experiments import PLANS, ROUNDS
 from sciad_bench.harness import SLOW_CALL
 from sciad_bench.suite import ROUNDS as SUITE_ROUNDS
 
-BENCHMARKS = (*PLANS, "selection", "suite", "ensemble")
+BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses")
 
 
 def main(argv=None) -> None:
@@ -43,6 +43,10 @@ def main(argv=None) -> None:
             run_ensemble(quick=args.quick, repeats=args.repeats, devices=args.devices, out=args.out)
         except ValueError as e:
             parser.error(str(e))
+    elif args.name == "losses":
+        from sciad_bench.losses import run_losses
+
+        run_losses(quick=args.quick, repeats=args.repeats, out=args.out)
     elif args.name == "selection":
         from sciad_bench.selection import run_selection
 

@@ -65,7 +65,7 @@ def forward_solve() -> Combination:
 def reference_gradient(bench: Benchmark) -> np.ndarray:
     """∂loss/∂p in float64 by `DiscreteAdjoint` at rtol = atol = 1e-10."""
     tight = dataclasses.replace(bench, rtol=REFERENCE_TOLERANCE, atol=REFERENCE_TOLERANCE)
-    p = np.asarray(bench.problem.p, np.float64)
+    p = np.asarray(bench.inputs, np.float64)
     return np.asarray(jax.jit(jax.grad(lambda p: tight.objective(p, sciad.DiscreteAdjoint())))(p))
 
 
@@ -131,7 +131,7 @@ def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10,
     reference = reference_gradient(bench)
     records = []
     for device in devices:
-        p = jax.device_put(jnp.asarray(bench.problem.p), device)
+        p = jax.device_put(jnp.asarray(bench.inputs), device)
         fns = {}
 
         def build(i, combo):

@@ -204,3 +204,18 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
         "suite-paper.png", "suite-stiff.png", "suite-memory.png"}
     tables_written = {p.name for p in (tmp_path / "paper" / "tables").iterdir()}
     assert {"claims.md", "selection.md", "suite.md", "suite.json"} <= tables_written
+
+
+@pytest.mark.slow
+def test_losses_benchmark_checks_then_times(tmp_path):
+    """`sciad bench losses --quick`: every sciad gradient agrees with the tight reference and is timed; diffrax's
+    BacksolveAdjoint cannot differentiate the final time; table, figure and records written."""
+    from sciad_bench.losses import run_losses
+
+    records = run_losses(quick=True, repeats=1, out=tmp_path, verbose=False)
+    assert {r["problem"] for r in records} == {"control-cost", "time-of-flight"}
+    assert all(r["ok"] and r["median_s"] for r in records if r["kind"] == "sciad")
+    backsolve = next(r for r in records if r["problem"] == "time-of-flight" and "BacksolveAdjoint" in r["label"])
+    assert not backsolve["ok"]
+    assert {p.name for p in tmp_path.iterdir()} >= {"records.json", "losses.png", "table.md"}
+    assert "diffrax / auto" in (tmp_path / "table.md").read_text()

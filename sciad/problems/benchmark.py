@@ -31,6 +31,11 @@ class Benchmark:
         """States + parameters (entries of their array leaves): the paper's measure of problem size."""
         return size(self.problem.u0) + size(self.problem.p)
 
+    @property
+    def inputs(self):
+        """What `objective` is differentiated in: the problem's parameters p (m,)."""
+        return self.problem.p
+
     def objective(self, p, sensealg=None):
         """loss(us) with us solved at parameters p (m,), differentiated by `sensealg`."""
         sol = solve(self.problem, p=p, saveat=self.saveat, solver=self.solver,
