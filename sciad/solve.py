@@ -11,8 +11,7 @@ import numpy as np
 
 from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint, parse
 from sciad.adjoints.base import Setup, is_implicit
-from sciad.errors import error_if
-from sciad.problem import ODEProblem, check_like, check_params, check_saveat, check_state
+from sciad.problem import ODEProblem, check_finite, check_inputs, check_saveat, check_tolerances
 from sciad.vector_field import VectorField
 
 SOLVERS = {
@@ -55,11 +54,6 @@ def _sensealg(sensealg) -> AbstractSensitivity:
     raise ValueError(f"unknown sensealg {sensealg!r}; pass one of {sorted(SENSEALGS)} (an instance or its name)")
 
 
-def _finite(name: str, x):
-    """Non-finite values under jit: a runtime error instead of NaN gradients."""
-    return error_if(x, ~jnp.all(jnp.isfinite(x)), f"{name} contains non-finite values (NaN or inf)")
-
-
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rtol=1e-6, atol=1e-6,
           sensealg=None, max_steps=4096, dense=False) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
@@ -77,21 +71,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
-    if u0 is None:
-        u0 = prob.u0
-    else:
-        check_like("u0", u0, prob.u0)
-        u0 = check_state("u0", u0)
-    if p is None:
-        p = prob.p
-    else:
-        check_like("p", p, prob.p)
-        p = check_params("p", p)
-    for name, tol in (("rtol", rtol), ("atol", atol)):
-        if not (np.isfinite(tol) and tol > 0):
-            raise ValueError(f"{name} must be a positive number, got {tol}")
-    if int(max_steps) < 1:
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
+    u0, p = check_inputs(prob, u0, p)
+    check_tolerances(rtol, atol, max_steps)
     t0, t1 = prob.tspan
     ts = check_saveat(saveat, t0, t1)
     if isinstance(sensealg, str) and sensealg == "auto":  # decided from shapes and settings: works under jit
@@ -107,8 +88,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, solver="tsit5", rto
     dtype = field.dtype
     ts = jnp.asarray(ts, dtype)
     setup = Setup(field, get_solver(solver), t0, t1, ts, float(rtol), float(atol), int(max_steps))
-    u0_flat = _finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
-    p_flat = _finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
+    u0_flat = check_finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
+    p_flat = check_finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
     us, stats = sensealg.solve(setup, u0_flat, p_flat)
     evals = _evaluations_per_step(setup.solver)
     steps = stats.astype(jnp.int32)
