@@ -14,10 +14,12 @@ from sciad.adjoints import (
     GaussAdjoint,
     InterpolatingAdjoint,
     QuadratureAdjoint,
+    SteadyStateAdjoint,
 )
 from sciad.errors import SolveError
 from sciad.problem import ODEProblem
 from sciad.select import Choice, select_sensealg
 from sciad.solve import SOLVERS, Solution, solve
 from sciad.ensemble import ensemble
+from sciad.steady import SteadyState, steady_state
 from sciad import problems  # noqa: E402  (builds on solve)

@@ -84,6 +84,35 @@ def check_like(name: str, tree, ref):
                              f"{tuple(np.shape(r))}")
 
 
+def check_inputs(prob: ODEProblem, u0, p) -> tuple:
+    """(u0, p) for a solve of `prob`: the problem's own where None, else checked to be like them."""
+    if u0 is None:
+        u0 = prob.u0
+    else:
+        check_like("u0", u0, prob.u0)
+        u0 = check_state("u0", u0)
+    if p is None:
+        p = prob.p
+    else:
+        check_like("p", p, prob.p)
+        p = check_params("p", p)
+    return u0, p
+
+
+def check_tolerances(rtol, atol, max_steps) -> None:
+    """Positive finite `rtol`, `atol` and a positive `max_steps`, else a clear error."""
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if not (np.isfinite(tol) and tol > 0):
+            raise ValueError(f"{name} must be a positive number, got {tol}")
+    if int(max_steps) < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
+
+
+def check_finite(name: str, x):
+    """`x` (traced or not), with a run-time error where it has non-finite values (instead of NaN gradients)."""
+    return error_if(x, ~jnp.all(jnp.isfinite(x)), f"{name} contains non-finite values (NaN or inf)")
+
+
 def check_tspan(tspan) -> tuple[float, float]:
     """`(t0, t1)` as floats, t1 ≠ t0 (t1 < t0 integrates backwards in time)."""
     try:

@@ -12,9 +12,8 @@ import numpy as np
 from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint, parse
 from sciad.adjoints.base import Setup, is_implicit
 from sciad.dense import DenseOutput
-from sciad.errors import error_if
-from sciad.problem import (ODEProblem, check_integrand, check_like, check_params, check_saveat, check_state,
-                           check_time_span)
+from sciad.problem import (ODEProblem, check_finite, check_inputs, check_integrand, check_saveat, check_time_span,
+                           check_tolerances)
 from sciad.vector_field import VectorField
 
 SOLVERS = {
@@ -59,11 +58,6 @@ def _sensealg(sensealg) -> AbstractSensitivity:
     raise ValueError(f"unknown sensealg {sensealg!r}; pass one of {sorted(SENSEALGS)} (an instance or its name)")
 
 
-def _finite(name: str, x):
-    """Non-finite values under jit: a runtime error instead of NaN gradients."""
-    return error_if(x, ~jnp.all(jnp.isfinite(x)), f"{name} contains non-finite values (NaN or inf)")
-
-
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="tsit5",
           rtol=1e-6, atol=1e-6, sensealg=None, max_steps=4096, dense=False) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
@@ -85,21 +79,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
-    if u0 is None:
-        u0 = prob.u0
-    else:
-        check_like("u0", u0, prob.u0)
-        u0 = check_state("u0", u0)
-    if p is None:
-        p = prob.p
-    else:
-        check_like("p", p, prob.p)
-        p = check_params("p", p)
-    for name, tol in (("rtol", rtol), ("atol", atol)):
-        if not (np.isfinite(tol) and tol > 0):
-            raise ValueError(f"{name} must be a positive number, got {tol}")
-    if int(max_steps) < 1:
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
+    u0, p = check_inputs(prob, u0, p)
+    check_tolerances(rtol, atol, max_steps)
     t0, t1, sign = check_time_span(tspan, prob.tspan)
     ts = check_saveat(saveat, t0, t1, sign)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
@@ -121,8 +102,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     if integrand is not None:  # q(t1) is saved last
         saves = jnp.concatenate([saves, s1[None]])
     setup = Setup(field, get_solver(solver), s0, s1, saves, float(rtol), float(atol), int(max_steps))
-    u0_flat = _finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
-    p_flat = _finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
+    u0_flat = check_finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
+    p_flat = check_finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
     ys, stats = sensealg.solve(setup, u0_flat, p_flat)
     n, T = field.u.size, len(ts)
     integral = None if integrand is None else field.q.unravel(ys[T, n:])

@@ -5,4 +5,5 @@ from sciad.adjoints.base import AbstractSensitivity
 from sciad.adjoints.continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from sciad.adjoints.discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints.forward import ForwardSensitivity
+from sciad.adjoints.steady import SteadyStateAdjoint
 from sciad.adjoints.registry import SENSEALGS, describe, engine_option, parse
