@@ -7,6 +7,8 @@
   x = 10 at the final time T; L = (x(T) - 10)² + y(T)² differentiated in (drag, v, a, T).
   sciad: `tspan=(0, T)` traced, every sensealg; diffrax: a traced t1 (its BacksolveAdjoint
   cannot differentiate t1, diffrax issue 244).
+- steady states: dose–response fits of gene circuits (`sciad_bench.steady`): `sciad.steady_state`
+  with `SteadyStateAdjoint` against diffrax's `ImplicitAdjoint` at a steady-state event.
 
 Each gradient is checked against sciad's `DiscreteAdjoint` at rtol = atol = 1e-10 before it is
 timed (`sciad_bench.harness.run`: interleaved rounds, one process).
@@ -30,6 +32,7 @@ from sciad.solve import get_solver
 
 from sciad_bench import harness, plots, tables
 from sciad_bench.harness import Combination, sciad_combination
+from sciad_bench.steady import induced_circuit, steady_state_cases, time_steady_state
 
 ROUNDS = {False: (15, None), True: (5, 10.0)}  # (rounds, seconds of rounds per tier) by quick
 SENSEALGS = ("InterpolatingAdjoint", "GaussAdjoint", "BacksolveAdjoint", "DiscreteAdjoint",
@@ -167,6 +170,17 @@ def ratio_table(records) -> str:
     return "\n".join(lines) + "\n"
 
 
+def steady_table(rows) -> str:
+    """Steady-state fits: sciad's `SteadyStateAdjoint` against diffrax's `ImplicitAdjoint`."""
+    lines = ["| steady-state fit | sciad (ms) | diffrax ImplicitAdjoint (ms) | diffrax / sciad | rel. error | ok |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        ms = [f"{r[k] * 1e3:.3g}" if r[k] else "–" for k in ("sciad_s", "diffrax_s")]
+        speedup = f"{1 / r['ratio']:.2f}" if r["ratio"] else "–"
+        lines.append(f"| {r['name']} | {ms[0]} | {ms[1]} | {speedup} | {r['rel_error']:.1e} | {r['ok']} |")
+    return "\n".join(lines) + "\n"
+
+
 def run_losses(*, quick: bool = False, repeats: int | None = None, out=None, verbose: bool = True) -> list[dict]:
     """Run the cases, write records.json, losses.png and table.md to `out` (default results/losses)."""
     rounds, budget = ROUNDS[quick]
@@ -178,11 +192,14 @@ def run_losses(*, quick: bool = False, repeats: int | None = None, out=None, ver
     for case, combos in cases:
         records += harness.run(case, combos, repeats=repeats or rounds, budget=budget, progress=progress)
     progress.close()
+    steady = time_steady_state(repeats or rounds, [induced_circuit(10, 8)] if quick else steady_state_cases())
     out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps({"experiment": "losses", "quick": quick, "records": records}, indent=1))
+    (out / "records.json").write_text(json.dumps({"experiment": "losses", "quick": quick, "records": records,
+                                                  "steady_state": steady}, indent=1))
     plots.violin_plot(records, out / "losses.png", f"losses{' (quick)' if quick else ''}: gradient time, "
                       f"{records[0]['device']}")
-    table = f"# losses{' (quick)' if quick else ''}\n\n{ratio_table(records)}\n{tables.markdown_table(records)}"
+    table = (f"# losses{' (quick)' if quick else ''}\n\n{ratio_table(records)}\n{steady_table(steady)}\n"
+             f"{tables.markdown_table(records)}")
     (out / "table.md").write_text(table)
     if verbose:
         print(table)

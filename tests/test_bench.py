@@ -219,3 +219,5 @@ def test_losses_benchmark_checks_then_times(tmp_path):
     assert not backsolve["ok"]
     assert {p.name for p in tmp_path.iterdir()} >= {"records.json", "losses.png", "table.md"}
     assert "diffrax / auto" in (tmp_path / "table.md").read_text()
+    steady = json.loads((tmp_path / "records.json").read_text())["steady_state"]
+    assert steady and all(r["ok"] is True and r["sciad_s"] for r in steady)
