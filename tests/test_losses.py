@@ -142,13 +142,19 @@ def test_integral_under_vmap_and_hessian():
 
 
 @pytest.mark.parametrize("name", slow_except(NAMES, fast=["GaussAdjoint"]))
-def test_integral_with_kvaerno5(name):
-    def loss(k):
-        return sciad.solve(PROB, p={"k": k}, integrand=energy, solver="kvaerno5", rtol=1e-9, atol=1e-9,
-                           sensealg=parse(name)).integral
+def test_integral_and_times_with_kvaerno5(name):
+    """An implicit solver: the integral's gradient in k, t0 and t1, forwards and backwards in time."""
 
-    _, d_k, _, _, _ = closed_energy(K, U0, 0.0, 2.0)
-    np.testing.assert_allclose(jax.jit(jax.grad(loss))(K), d_k, rtol=1e-6)
+    def loss(k, t0, t1):
+        return sciad.solve(PROB, p={"k": k}, tspan=(t0, t1), integrand=energy, solver="kvaerno5", rtol=1e-9,
+                           atol=1e-9, sensealg=parse(name)).integral
+
+    _, d_k, _, d_t0, d_t1 = closed_energy(K, U0, 0.5, 2.0)
+    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(K, 0.5, 2.0)
+    np.testing.assert_allclose(np.array(g), np.array([d_k, d_t0, d_t1]), rtol=1e-6)
+    backwards = sciad.solve(PROB, tspan=(2.0, 0.5), integrand=energy, solver="kvaerno5", rtol=1e-9, atol=1e-9,
+                            sensealg=parse(name))
+    np.testing.assert_allclose(backwards.us[-1], U0 * np.exp(1.5 * K), rtol=1e-6)
 
 
 def test_integral_with_auto_and_host_engine():
