@@ -55,12 +55,13 @@ def slow_except(values, fast):
     return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
 
 
-def engine_matrix(sensealgs, slow_engines) -> list:
+def engine_matrix(sensealgs, slow_engines, fast=None) -> list:
     """(sensealg, engine) params for every sensealg and registry engine: in the default run each
-    sensealg with one engine not in `slow_engines` (taking them in turn, so each runs too), every other
-    pair marked slow (the full matrix runs in CI); engines not installed skipped."""
+    sensealg in `fast` (all by default) with one engine not in `slow_engines` (taking them in turn, so
+    each runs too), every other pair marked slow (the full matrix runs in CI); engines not installed
+    skipped."""
     fast_engines = [name for name in ENGINES if name not in slow_engines]
-    fast = {(s, fast_engines[i % len(fast_engines)]) for i, s in enumerate(sensealgs)}
+    fast = {(s, fast_engines[i % len(fast_engines)]) for i, s in enumerate(sensealgs) if fast is None or s in fast}
     installed = set(ad.available())
     return [pytest.param(s, e, id=f"{e}-{s}", marks=[
         pytest.mark.skipif(e not in installed, reason=f"the {e} engine is not installed"),

@@ -13,6 +13,8 @@ import sciad
 from sciad.adjoints import describe
 from scenarios import HOST_ENGINES, SENSEALGS, assert_agrees, slow_except
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 TIGHT = {"rtol": 1e-10, "atol": 1e-10}
 MATRIX = slow_except(list(SENSEALGS), fast=["InterpolatingAdjoint"])
 TS = np.linspace(0.0, 2.0, 5)
@@ -45,7 +47,7 @@ def diffrax_gradient():
     return eqx.filter_grad(loss)(MLP)
 
 
-@pytest.mark.parametrize("name", slow_except(list(SENSEALGS), fast=["InterpolatingAdjoint", "DiscreteAdjoint"]))
+@pytest.mark.parametrize("name", MATRIX)
 def test_dict_state_and_equinox_model_match_diffrax(name, diffrax_gradient):
     prob = sciad.ODEProblem(oscillator, U0, (0.0, 2.0), MLP)
     sensealg = describe(SENSEALGS[name]())  # by name, as `solve` reads it

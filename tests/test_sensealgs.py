@@ -110,10 +110,11 @@ PROBLEMS = ["lotka-volterra", "neural-ode"]
 
 
 @pytest.mark.parametrize("problem", PROBLEMS)
-def test_discrete_adjoint_matches_finite_differences(problem):
-    for short in (False, True):
-        assert_agrees(discrete_reference(problem, short), finite_difference_reference(problem, short),
-                      f"DiscreteAdjoint vs finite differences ({problem}, short={short})", AGREEMENT)
+@pytest.mark.parametrize("short", [False, pytest.param(True, marks=pytest.mark.slow)],  # short: foreign engines'
+                         ids=["full", "short"])
+def test_discrete_adjoint_matches_finite_differences(problem, short):
+    assert_agrees(discrete_reference(problem, short), finite_difference_reference(problem, short),
+                  f"DiscreteAdjoint vs finite differences ({problem}, short={short})", AGREEMENT)
 
 
 @pytest.mark.parametrize("problem", PROBLEMS)
@@ -134,12 +135,13 @@ def check_gradient(problem, sensealg, engine):
     assert_agrees(grad, finite_difference_reference(problem, short), "vs finite differences", AGREEMENT)
 
 
-@pytest.mark.parametrize("sensealg, engine", engine_matrix(WITH_ENGINE, SLOW_ENGINES))
+# the default run takes each sensealg on one of the two problems (each engine on both)
+@pytest.mark.parametrize("sensealg, engine", engine_matrix(WITH_ENGINE, SLOW_ENGINES, fast=WITH_ENGINE[0::2]))
 def test_gradient_lotka_volterra(sensealg, engine):
     check_gradient("lotka-volterra", sensealg, engine)
 
 
-@pytest.mark.parametrize("sensealg, engine", engine_matrix(WITH_ENGINE, SLOW_ENGINES))
+@pytest.mark.parametrize("sensealg, engine", engine_matrix(WITH_ENGINE, SLOW_ENGINES, fast=WITH_ENGINE[1::2]))
 def test_gradient_neural_ode(sensealg, engine):
     """ForwardSensitivity on the neural ODE carries n + m = 44 columns."""
     check_gradient("neural-ode", sensealg, engine)
@@ -212,6 +214,7 @@ def test_vmap_of_gradient():
         np.testing.assert_allclose(batched[i], one(prob.u0, p), rtol=AGREEMENT)
 
 
+@pytest.mark.slow  # the default run has InterpolatingAdjoint's jvp and the vmap of its gradient
 def test_jacfwd_and_jacrev_agree():
     prob, _ = loss_fn("lotka-volterra", True, None)
 
@@ -223,14 +226,16 @@ def test_jacfwd_and_jacrev_agree():
                                rtol=AGREEMENT, atol=1e-8)
 
 
-@pytest.mark.parametrize("checkpoints", [[0.5], [0.15, 0.234, 0.95], np.linspace(0.0, 1.0, 7)])
+@pytest.mark.parametrize("checkpoints", [pytest.param([0.5], marks=pytest.mark.slow), [0.15, 0.234, 0.95],
+                                         pytest.param(np.linspace(0.0, 1.0, 7), marks=pytest.mark.slow)])
 def test_interpolating_adjoint_custom_checkpoints(checkpoints):
     sensealg = InterpolatingAdjoint(checkpointing=True, checkpoints=checkpoints)
     assert_agrees(gradient("lotka-volterra", True, sensealg), discrete_reference("lotka-volterra", True),
                   f"checkpoints {checkpoints}", AGREEMENT)
 
 
-@pytest.mark.parametrize("make", [InterpolatingAdjoint, GaussAdjoint], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("make", slow_except([InterpolatingAdjoint, GaussAdjoint], fast=[InterpolatingAdjoint]),
+                         ids=lambda c: c.__name__)
 def test_checkpoints_by_step_count(make):
     """Two save points over the whole horizon: with a checkpoint every 2 accepted steps
     (interval_max_steps=4) the reverse pass re-solves tens of short intervals, unused
@@ -288,7 +293,7 @@ def test_checkpointed_memory_grows_by_checkpoints_not_dense_steps():
         assert growth(sensealg) < dense_steps / 50
 
 
-@pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=FAST_DEFAULTS[::2]))
+@pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=["InterpolatingAdjoint-checkpointing"]))
 def test_saveat_without_t0_and_t1(sensealg):
     """The loss sees u at interior times only: λ starts at 0 at t1, and the
     gradient wrt u0 is transported back over [t0, first saveat]."""
