@@ -1,4 +1,5 @@
-"""Shared test set-up: float64 in JAX, and one parametrization over AD engines.
+"""Shared test set-up: float64 in JAX, the parametrization over AD engines, fixtures and hooks
+(what tests share besides: tests/scenarios.py).
 
 The library leaves JAX's precision alone; the tests compare derivatives at
 1e-10 relative and so switch on float64 here.
@@ -7,48 +8,17 @@ The library leaves JAX's precision alone; the tests compare derivatives at
 import jax
 import pytest
 
-import sciad.ad as ad
-
 jax.config.update("jax_enable_x64", True)
+
+from scenarios import engine_params  # noqa: E402  (after float64 is on: it imports sciad)
 
 
 def pytest_generate_tests(metafunc):
     """A test with an argument `engine_name` runs once per registry name in
     `sciad.ad.BACKENDS`, skipped where the engine's package is not installed
     (and marked slow for the engines a module lists in `SLOW_ENGINES`)."""
-    if "engine_name" not in metafunc.fixturenames:
-        return
-    installed = set(ad.available())
-    slow = getattr(metafunc.module, "SLOW_ENGINES", ())
-    metafunc.parametrize(
-        "engine_name",
-        [
-            pytest.param(
-                name,
-                id=name,
-                marks=[pytest.mark.skipif(name not in installed, reason=f"package {cls.package!r} is not installed"),
-                       *([pytest.mark.slow] if name in slow else [])],
-            )
-            for name, cls in ad.BACKENDS.items()
-        ],
-    )
-
-
-def slow_except(values, fast):
-    """`values` as pytest params, all but those in `fast` marked slow (the full matrix runs in CI)."""
-    return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
-
-
-def engine_matrix(sensealgs, slow_engines) -> list:
-    """(sensealg, engine) params for every sensealg and registry engine: in the default run each
-    sensealg with one engine not in `slow_engines` (taking them in turn, so each runs too), every other
-    pair marked slow (the full matrix runs in CI); engines not installed skipped."""
-    fast_engines = [name for name in ad.BACKENDS if name not in slow_engines]
-    fast = {(s, fast_engines[i % len(fast_engines)]) for i, s in enumerate(sensealgs)}
-    installed = set(ad.available())
-    return [pytest.param(s, e, id=f"{e}-{s}", marks=[
-        pytest.mark.skipif(e not in installed, reason=f"the {e} engine is not installed"),
-        *([] if (s, e) in fast else [pytest.mark.slow])]) for e in ad.BACKENDS for s in sensealgs]
+    if "engine_name" in metafunc.fixturenames:
+        metafunc.parametrize("engine_name", engine_params(slow=getattr(metafunc.module, "SLOW_ENGINES", ())))
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,8 @@ import pytest
 import sciad
 import sciad.ad as ad
 from sciad.ad import namespace
+from scenarios import HOST_ENGINES, engine_params
 
-HOST_ENGINES = [
-    pytest.param(name, id=name, marks=pytest.mark.skipif(name not in ad.available(), reason=f"{cls.package} missing"))
-    for name, cls in ad.BACKENDS.items() if cls.host
-]
 US = np.array([1.0, 0.5]) + np.linspace(-0.5, 0.5, 4)[:, None]  # (4, 2)
 PS = np.array([1.5, 1.0, 3.0, 1.0]) + np.linspace(-0.3, 0.3, 3)[:, None]  # (3, 4)
 W = np.array([-0.6, 1.1])
@@ -52,7 +49,7 @@ MEMBERS = {"both batched": (US[:3], PS), "u batched": (US, PS[0]), "p batched": 
 
 
 @pytest.mark.parametrize("transform", sorted(TRANSFORMS))
-@pytest.mark.parametrize("engine", HOST_ENGINES)
+@pytest.mark.parametrize("engine", engine_params(HOST_ENGINES))
 def test_vmap_equals_members(engine, transform):
     """jit(vmap) of the engine's products = its products member by member = JAX's, with all or some
     arguments batched."""
@@ -69,7 +66,7 @@ def test_vmap_equals_members(engine, transform):
                       _tolerance(engine))
 
 
-@pytest.mark.parametrize("engine", HOST_ENGINES)
+@pytest.mark.parametrize("engine", engine_params(HOST_ENGINES))
 def test_nested_vmap_and_jit_orders(engine):
     """vmap of vmap (u on the inner axis, p on the outer), vmap of jit and jit of vmap."""
     t = TRANSFORMS["grad"]
@@ -88,7 +85,7 @@ def test_batches_of_one_and_none(size):
     _assert_close(fn(us, ps), jax.vmap(TRANSFORMS["vjp"](lotka_volterra))(us, ps), 1e-6)
 
 
-@pytest.mark.parametrize("engine", HOST_ENGINES)
+@pytest.mark.parametrize("engine", engine_params(HOST_ENGINES))
 def test_one_callback_per_product_whatever_the_batch(engine, monkeypatch):
     """The batch runs in one host call: `map_batch` is called as often for 8 members as for 4."""
     calls = []

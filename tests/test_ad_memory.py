@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sciad.ad as ad
-from conftest import slow_except
+from scenarios import ENGINES, slow_except
 
 STATM = pathlib.Path("/proc/self/statm")
 
@@ -36,9 +36,7 @@ def differentiate(backend, count: int, refs: list):
 
 
 @pytest.mark.skipif(not STATM.exists(), reason="resident memory is read from /proc (Linux)")
-@pytest.mark.parametrize("engine", slow_except(["jax-reverse", "jax-forward", "jax-transpose", "enzyme", "torch",
-                                                "autograd", "finite-differences"],
-                                               fast=["jax-reverse", "torch"]))
+@pytest.mark.parametrize("engine", slow_except(ENGINES, fast=["jax-reverse", "torch"]))
 def test_fresh_closures_leave_memory_flat(engine):
     if engine not in ad.available():
         pytest.skip(f"{engine} is not installed")

@@ -13,7 +13,9 @@ import pytest
 import sciad
 import sciad.adjoints.continuous as continuous
 from backsolve_corpus import cases
-from conftest import slow_except
+from scenarios import slow_except
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 CASES = {name: case for name, *case in cases()}
 FAST = ["pendulum, damped, t ≤ 100"]  # the rest with the slow tests (CI runs them)

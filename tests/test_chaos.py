@@ -10,7 +10,7 @@ import pytest
 
 import sciad
 import sciad.ad as ad
-from conftest import slow_except
+from scenarios import slow_except
 from sciad.problems.lotka_volterra import lotka_volterra_rhs
 
 

@@ -9,10 +9,8 @@ import pytest
 from jax.sharding import AxisType
 
 import sciad
-from sciad.adjoints import SENSEALGS
 from sciad.problems import lotka_volterra
-
-from conftest import slow_except
+from scenarios import SENSEALGS, slow_except
 
 pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sciad[bench]'")
 from sciad_bench import experiments  # noqa: E402

@@ -1,4 +1,7 @@
-"""The README's Python snippets run as written."""
+"""The README's Python snippets run as written, in order (XLA's optimisations off: the same
+programs, compiled in half the time), with the slow tests: they compile a dozen gradients, Hessians
+and an autotuning run of 30 s, each feature tested on its own in the default run. The default run
+checks that they compile."""
 
 import pathlib
 import re
@@ -12,6 +15,14 @@ README = pathlib.Path(__file__).parents[1] / "README.md"
 SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
+def test_readme_snippets_compile():
+    assert SNIPPETS, "no ```python blocks found in the README"
+    for i, code in enumerate(SNIPPETS):
+        compile(code, f"README.md snippet {i}", "exec")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fast_compiles")
 def test_readme_snippets_run_in_order(capsys):
     namespace: dict = {}
     for i, code in enumerate(SNIPPETS):

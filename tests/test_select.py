@@ -6,8 +6,8 @@ import dataclasses
 import json
 import subprocess
 import sys
-import textwrap
 import time
+from pathlib import Path
 
 import diffrax as dfx
 import equinox as eqx
@@ -36,7 +36,10 @@ def lv():
     return sciad.ODEProblem(lotka_volterra, np.ones(2), (0.0, 10.0), np.array([1.5, 1.0, 3.0, 1.0]))
 
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 TS = np.linspace(0.0, 10.0, 11)
+PROGRAMS = Path(__file__).parent / "programs"
 
 
 def test_few_parameters_get_forward_mode(lv):
@@ -268,27 +271,8 @@ def test_heuristic_reads_sizes_of_pytrees_and_runs_on_tracers():
 @pytest.mark.slow
 def test_auto_under_jit_in_a_fresh_process_matches_discrete_adjoint():
     """No un-jitted call first: the choice is made while tracing."""
-    code = textwrap.dedent("""
-        import equinox as eqx, jax, numpy as np
-        jax.config.update("jax_enable_x64", True)
-        import sciad
-
-        def f(u, p, t):
-            xp = sciad.ad.namespace(u, p)
-            return -u + xp.tanh(xp.reshape(p, (12, 12)) @ u)
-
-        rng = np.random.default_rng(0)
-        prob = sciad.ODEProblem(f, rng.normal(size=12), (0.0, 1.0), 0.1 * rng.normal(size=144))
-        ts = np.linspace(0.0, 1.0, 5)
-        def loss(p, sensealg):
-            return sciad.solve(prob, p=p, saveat=ts, sensealg=sensealg).us.sum()
-        ref = jax.grad(loss)(prob.p, sciad.DiscreteAdjoint())
-        for wrap in (jax.jit, eqx.filter_jit):
-            g = wrap(jax.grad(lambda p: loss(p, "auto")))(prob.p)
-            np.testing.assert_allclose(g, ref, rtol=1e-3, atol=1e-8)
-        print("ok")
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, str(PROGRAMS / "auto_under_jit.py")], capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 

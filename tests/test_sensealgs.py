@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import engine_matrix, slow_except
 import sciad
 from sciad.problems.lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
@@ -31,11 +30,13 @@ from sciad.adjoints import (
     GaussAdjoint,
     InterpolatingAdjoint,
 )
+from scenarios import (HOST_ENGINES, SENSEALGS, WITH_ENGINE, assert_agrees, central_differences, engine_matrix,
+                       slow_except)
 
 RTOL = ATOL = 1e-10
 FOREIGN_TOL = 1e-8  # foreign engines: short horizon, tolerance 1e-8 (still 1e-5 agreement)
 AGREEMENT = 1e-5
-FOREIGN = {"torch", "autograd", "finite-differences"}
+FOREIGN = set(HOST_ENGINES)
 
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
@@ -98,53 +99,29 @@ def discrete_reference(name, short, saveat=None):
 
 @functools.cache
 def finite_difference_reference(name, short):
-    """Central differences of the loss (float64, rtol = atol = 1e-10 always), relative step 1e-5."""
+    """Central differences of the loss (rtol = atol = 1e-10 always), relative step 1e-5."""
     prob, loss = loss_fn(name, short, DiscreteAdjoint(), tol=RTOL)
-    loss = jax.jit(loss)
-    x = np.concatenate([prob.u0, prob.p])
-    n = prob.u0.shape[0]
-    grad = np.empty_like(x)
-    for i in range(x.size):
-        h = 1e-5 * max(1.0, abs(x[i]))
-        up, down = x.copy(), x.copy()
-        up[i] += h
-        down[i] -= h
-        grad[i] = (loss(up[:n], up[n:]) - loss(down[:n], down[n:])) / (2 * h)
-    return grad
-
-
-def assert_agrees(grad, reference, what):
-    """Agreement to 1e-5 relative, componentwise, with components far below
-    the gradient's scale compared at 1e-5 of that scale."""
-    np.testing.assert_allclose(
-        grad, reference, rtol=AGREEMENT, atol=AGREEMENT * np.max(np.abs(reference)), err_msg=what
-    )
+    return np.concatenate(central_differences(jax.jit(lambda x: loss(*x)), (prob.u0, prob.p)))
 
 
 # --- the matrix -----------------------------------------------------------------
 
-WITH_ENGINE = {
-    "ForwardSensitivity": lambda e: ForwardSensitivity(jvp=e),
-    "BacksolveAdjoint": lambda e: BacksolveAdjoint(vjp=e),
-    "InterpolatingAdjoint": lambda e: InterpolatingAdjoint(vjp=e),
-    "InterpolatingAdjoint-checkpointing": lambda e: InterpolatingAdjoint(vjp=e, checkpointing=True),
-    "GaussAdjoint": lambda e: GaussAdjoint(vjp=e),
-}
 PROBLEMS = ["lotka-volterra", "neural-ode"]
 
 
 @pytest.mark.parametrize("problem", PROBLEMS)
-def test_discrete_adjoint_matches_finite_differences(problem):
-    for short in (False, True):
-        assert_agrees(discrete_reference(problem, short), finite_difference_reference(problem, short),
-                      f"DiscreteAdjoint vs finite differences ({problem}, short={short})")
+@pytest.mark.parametrize("short", [False, pytest.param(True, marks=pytest.mark.slow)],  # short: foreign engines'
+                         ids=["full", "short"])
+def test_discrete_adjoint_matches_finite_differences(problem, short):
+    assert_agrees(discrete_reference(problem, short), finite_difference_reference(problem, short),
+                  f"DiscreteAdjoint vs finite differences ({problem}, short={short})", AGREEMENT)
 
 
 @pytest.mark.parametrize("problem", PROBLEMS)
 def test_forward_diff_sensitivity(problem):
     grad = gradient(problem, False, ForwardDiffSensitivity())
-    assert_agrees(grad, discrete_reference(problem, False), "vs DiscreteAdjoint")
-    assert_agrees(grad, finite_difference_reference(problem, False), "vs finite differences")
+    assert_agrees(grad, discrete_reference(problem, False), "vs DiscreteAdjoint", AGREEMENT)
+    assert_agrees(grad, finite_difference_reference(problem, False), "vs finite differences", AGREEMENT)
 
 
 SLOW_ENGINES = FOREIGN | {"enzyme"}  # host callbacks; Enzyme compiles each product slowly
@@ -152,18 +129,19 @@ SLOW_ENGINES = FOREIGN | {"enzyme"}  # host callbacks; Enzyme compiles each prod
 
 def check_gradient(problem, sensealg, engine):
     short = engine in FOREIGN
-    grad = gradient(problem, short, WITH_ENGINE[sensealg](engine))
+    grad = gradient(problem, short, SENSEALGS[sensealg](engine))
     assert np.all(np.isfinite(grad))
-    assert_agrees(grad, discrete_reference(problem, short), "vs DiscreteAdjoint")
-    assert_agrees(grad, finite_difference_reference(problem, short), "vs finite differences")
+    assert_agrees(grad, discrete_reference(problem, short), "vs DiscreteAdjoint", AGREEMENT)
+    assert_agrees(grad, finite_difference_reference(problem, short), "vs finite differences", AGREEMENT)
 
 
-@pytest.mark.parametrize("sensealg, engine", engine_matrix(list(WITH_ENGINE), SLOW_ENGINES))
+# the default run takes each sensealg on one of the two problems (each engine on both)
+@pytest.mark.parametrize("sensealg, engine", engine_matrix(WITH_ENGINE, SLOW_ENGINES, fast=WITH_ENGINE[0::2]))
 def test_gradient_lotka_volterra(sensealg, engine):
     check_gradient("lotka-volterra", sensealg, engine)
 
 
-@pytest.mark.parametrize("sensealg, engine", engine_matrix(list(WITH_ENGINE), SLOW_ENGINES))
+@pytest.mark.parametrize("sensealg, engine", engine_matrix(WITH_ENGINE, SLOW_ENGINES, fast=WITH_ENGINE[1::2]))
 def test_gradient_neural_ode(sensealg, engine):
     """ForwardSensitivity on the neural ODE carries n + m = 44 columns."""
     check_gradient("neural-ode", sensealg, engine)
@@ -171,23 +149,17 @@ def test_gradient_neural_ode(sensealg, engine):
 
 # --- jvp, vmap, checkpoints, saveat ------------------------------------------------
 
-ALL_DEFAULT = {
-    "ForwardDiffSensitivity": ForwardDiffSensitivity(),
-    "ForwardSensitivity": ForwardSensitivity(),
-    "BacksolveAdjoint": BacksolveAdjoint(),
-    "InterpolatingAdjoint": InterpolatingAdjoint(),
-    "InterpolatingAdjoint-checkpointing": InterpolatingAdjoint(checkpointing=True),
-    "GaussAdjoint": GaussAdjoint(),
-    "GaussAdjoint-checkpointing": GaussAdjoint(checkpointing=True),
-    "BacksolveAdjoint-seminorm": BacksolveAdjoint(seminorm=True),
-    "InterpolatingAdjoint-seminorm": InterpolatingAdjoint(seminorm=True),
-    "ForwardSensitivity-seminorm": ForwardSensitivity(seminorm=True),
-    "DiscreteAdjoint-recursive": DiscreteAdjoint(stored_steps=8),
-}
+# every shared variant but the reference, and the options beyond theirs, with default engines
+ALL_DEFAULT = {**{name: make() for name, make in SENSEALGS.items() if name != "DiscreteAdjoint"},
+               "GaussAdjoint-checkpointing": GaussAdjoint(checkpointing=True),
+               "BacksolveAdjoint-seminorm": BacksolveAdjoint(seminorm=True),
+               "InterpolatingAdjoint-seminorm": InterpolatingAdjoint(seminorm=True),
+               "DiscreteAdjoint-recursive": DiscreteAdjoint(stored_steps=8)}
 
 
-# the variants beyond the first six run with the slow tests
-FAST_DEFAULTS = list(ALL_DEFAULT)[:6]
+# the options beyond the shared variants' run with the slow tests
+FAST_DEFAULTS = ["ForwardDiffSensitivity", "ForwardSensitivity", "BacksolveAdjoint", "InterpolatingAdjoint",
+                 "InterpolatingAdjoint-checkpointing", "GaussAdjoint"]
 
 DU0, DP = np.array([0.3, -0.7]), np.array([0.1, 0.2, -0.5, 0.4])
 
@@ -242,6 +214,7 @@ def test_vmap_of_gradient():
         np.testing.assert_allclose(batched[i], one(prob.u0, p), rtol=AGREEMENT)
 
 
+@pytest.mark.slow  # the default run has InterpolatingAdjoint's jvp and the vmap of its gradient
 def test_jacfwd_and_jacrev_agree():
     prob, _ = loss_fn("lotka-volterra", True, None)
 
@@ -253,21 +226,23 @@ def test_jacfwd_and_jacrev_agree():
                                rtol=AGREEMENT, atol=1e-8)
 
 
-@pytest.mark.parametrize("checkpoints", [[0.5], [0.15, 0.234, 0.95], np.linspace(0.0, 1.0, 7)])
+@pytest.mark.parametrize("checkpoints", [pytest.param([0.5], marks=pytest.mark.slow), [0.15, 0.234, 0.95],
+                                         pytest.param(np.linspace(0.0, 1.0, 7), marks=pytest.mark.slow)])
 def test_interpolating_adjoint_custom_checkpoints(checkpoints):
     sensealg = InterpolatingAdjoint(checkpointing=True, checkpoints=checkpoints)
     assert_agrees(gradient("lotka-volterra", True, sensealg), discrete_reference("lotka-volterra", True),
-                  f"checkpoints {checkpoints}")
+                  f"checkpoints {checkpoints}", AGREEMENT)
 
 
-@pytest.mark.parametrize("make", [InterpolatingAdjoint, GaussAdjoint], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("make", slow_except([InterpolatingAdjoint, GaussAdjoint], fast=[InterpolatingAdjoint]),
+                         ids=lambda c: c.__name__)
 def test_checkpoints_by_step_count(make):
     """Two save points over the whole horizon: with a checkpoint every 2 accepted steps
     (interval_max_steps=4) the reverse pass re-solves tens of short intervals, unused
     checkpoints are zero-length intervals, and the gradient is unchanged."""
     saveat = (0.0, 10.0)
     grad = gradient("lotka-volterra", False, make(checkpointing=True, interval_max_steps=4), np.asarray(saveat))
-    assert_agrees(grad, discrete_reference("lotka-volterra", False, saveat), "a checkpoint every 2 steps")
+    assert_agrees(grad, discrete_reference("lotka-volterra", False, saveat), "a checkpoint every 2 steps", AGREEMENT)
 
 
 PAST_THE_CAP = {"InterpolatingAdjoint": InterpolatingAdjoint(), "GaussAdjoint": GaussAdjoint(),
@@ -289,8 +264,7 @@ def test_a_solve_past_the_stored_steps_is_recomputed_right(name):
         return jax.jit(jax.vmap(jax.grad(loss)))(np.stack([prob.p, 1.1 * prob.p]))
 
     reference = gradients(ForwardDiffSensitivity())
-    np.testing.assert_allclose(gradients(PAST_THE_CAP[name]), reference, rtol=1e-5,
-                               atol=1e-5 * np.max(np.abs(reference)))
+    assert_agrees(gradients(PAST_THE_CAP[name]), reference, f"{name} vs ForwardDiffSensitivity", AGREEMENT)
 
 
 @pytest.mark.slow
@@ -319,22 +293,22 @@ def test_checkpointed_memory_grows_by_checkpoints_not_dense_steps():
         assert growth(sensealg) < dense_steps / 50
 
 
-@pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=FAST_DEFAULTS[::2]))
+@pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=["InterpolatingAdjoint-checkpointing"]))
 def test_saveat_without_t0_and_t1(sensealg):
     """The loss sees u at interior times only: λ starts at 0 at t1, and the
     gradient wrt u0 is transported back over [t0, first saveat]."""
     saveat = (0.25, 0.5, 0.8, 0.95)
     grad = gradient("lotka-volterra", True, ALL_DEFAULT[sensealg], np.asarray(saveat))
-    assert_agrees(grad, discrete_reference("lotka-volterra", True, saveat), "interior saveat")
+    assert_agrees(grad, discrete_reference("lotka-volterra", True, saveat), "interior saveat", AGREEMENT)
 
 
 # --- what is not supported raises ---------------------------------------------------
 
 
 def test_unknown_engine_name():
-    for make in WITH_ENGINE.values():
+    for name in WITH_ENGINE:
         with pytest.raises(ValueError, match="unknown AD backend 'no-such-engine'"):
-            make("no-such-engine")
+            SENSEALGS[name]("no-such-engine")
 
 
 def test_engine_must_be_a_backend():

@@ -12,17 +12,9 @@ import sciad
 from sciad.problems.lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
 import sciad.ad.errors
-from sciad.adjoints import (
-    BacksolveAdjoint,
-    DiscreteAdjoint,
-    ForwardDiffSensitivity,
-    ForwardSensitivity,
-    InterpolatingAdjoint,
-    QuadratureAdjoint,
-    GaussAdjoint,
-)
+from sciad.adjoints import DiscreteAdjoint, ForwardSensitivity, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from sciad.solve import SOLVERS
-from conftest import slow_except
+from scenarios import SENSEALGS, slow_except
 
 MAX_STEPS_ERROR = "maximum number of solver steps was reached"
 
@@ -83,7 +75,7 @@ def test_dense_interpolation():
     np.testing.assert_allclose(sol.interpolation(3.33), between, rtol=1e-5)
 
 
-@pytest.mark.parametrize("solver", slow_except(sorted(SOLVERS), fast=["bosh3", "dopri5", "kvaerno5", "tsit5"]))
+@pytest.mark.parametrize("solver", slow_except(sorted(SOLVERS), fast=["kvaerno5", "tsit5"]))
 def test_named_solvers_agree(solver):
     reference = sciad.solve(lv(), saveat=[2.5, 5.0], solver="dopri8", rtol=1e-12, atol=1e-12).us
     # Low-order solvers need more than the default 4096 steps at 1e-8.
@@ -205,6 +197,7 @@ def test_unknown_solver_and_sensealg():
         sciad.solve(lv(), sensealg="Adjoint")
 
 
+@pytest.mark.slow  # names and instances give the same gradient in the default run: the describe() test
 def test_sensealg_by_name():
     """A name is that sensealg: the same gradient, to the bit, as the instance's, and not another's."""
     def gradient(sensealg):
@@ -244,22 +237,18 @@ def test_max_steps_primal():
         jax.block_until_ready(jax.jit(loss)(prob.p))
 
 
-SENSEALGS = [DiscreteAdjoint(), ForwardDiffSensitivity(), ForwardSensitivity(), BacksolveAdjoint(),
-             InterpolatingAdjoint(), InterpolatingAdjoint(checkpointing=True), GaussAdjoint()]
-
-
-@pytest.mark.parametrize("sensealg", slow_except(SENSEALGS, fast=SENSEALGS[:1] + SENSEALGS[4:6]),
-                         ids=lambda s: type(s).__name__)
-def test_max_steps_gradient_under_jit_raises(sensealg):
+@pytest.mark.parametrize("name", slow_except(list(SENSEALGS), fast=["DiscreteAdjoint", "InterpolatingAdjoint"]))
+def test_max_steps_gradient_under_jit_raises(name):
     """Under jit the forward solve of a gradient can be dead code; its failure must still surface."""
-    prob, loss = _max_steps_loss(sensealg)
+    prob, loss = _max_steps_loss(SENSEALGS[name]())
     with pytest.raises(Exception, match=MAX_STEPS_ERROR):
         jax.block_until_ready(jax.jit(jax.grad(loss))(prob.p))
 
 
-@pytest.mark.parametrize("sensealg", [DiscreteAdjoint(), InterpolatingAdjoint()], ids=lambda s: type(s).__name__)
-def test_max_steps_jvp_under_jit_raises(sensealg):
-    prob, loss = _max_steps_loss(sensealg)
+@pytest.mark.parametrize("name", slow_except(["DiscreteAdjoint", "InterpolatingAdjoint"],
+                                             fast=["InterpolatingAdjoint"]))
+def test_max_steps_jvp_under_jit_raises(name):
+    prob, loss = _max_steps_loss(SENSEALGS[name]())
     with pytest.raises(Exception, match=MAX_STEPS_ERROR):
         jax.block_until_ready(jax.jit(lambda p: jax.jvp(loss, (p,), (p,))[1])(prob.p))
 

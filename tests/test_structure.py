@@ -4,6 +4,7 @@ side effects of importing it, and dependencies' private names used only where th
 (sciad/_<package>_internals.py, tested in tests/test_private_surfaces.py)."""
 
 import ast
+import json
 import pathlib
 import subprocess
 import sys
@@ -77,32 +78,20 @@ def test_no_module_imports_one_that_imports_it_back():
     assert cycles(graph) == []
 
 
-def test_importing_the_library_pulls_no_benchmark_packages():
-    code = ("import sys, sciad, sciad.problems, sciad.select; "
-            "print(sorted(m for m in ('matplotlib', 'scipy', 'optax', 'torchdiffeq', 'sciad_bench') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+@pytest.fixture(scope="module")
+def imported() -> dict:
+    """What importing the library does, in a fresh process (tests/programs/import_sciad.py)."""
+    program = pathlib.Path(__file__).parent / "programs" / "import_sciad.py"
+    return json.loads(subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                                     check=True).stdout)
 
 
-def test_importing_the_library_leaves_logging_and_jax_config_as_they_were():
-    code = """
-import logging, warnings
-import diffrax, equinox, jax, optimistix
+def test_importing_the_library_pulls_no_benchmark_packages(imported):
+    assert imported["benchmark_packages"] == []
 
-def state():
-    loggers = {name: logger for name, logger in logging.root.manager.loggerDict.items()
-               if isinstance(logger, logging.Logger)} | {"(root)": logging.root}
-    return ({name: (logger.level, logger.propagate, logger.disabled, list(logger.handlers), list(logger.filters))
-             for name, logger in loggers.items()}, dict(jax.config.values), list(warnings.filters))
 
-(loggers, config, filters) = before = state()
-import sciad, sciad.problems, sciad.select
-after = state()
-fresh = (logging.NOTSET, True, False, [], [])
-print([name for name, got in after[0].items() if got != loggers.get(name, fresh)], after[1:] == before[1:])
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[] True"
+def test_importing_the_library_leaves_logging_and_jax_config_as_they_were(imported):
+    assert imported["changed_loggers"] == [] and imported["config_and_filters_unchanged"]
 
 
 def private_uses(path: pathlib.Path) -> list[str]:
