@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sciad
-from conftest import slow_except
+from scenarios import assert_agrees, slow_except
 from sciad.adjoints import SENSEALGS, parse
 from sciad.solve import get_solver
 
@@ -47,7 +47,7 @@ def closed_energy(k, u0, t0, t1):
 
 
 def close(actual, expected, what):
-    np.testing.assert_allclose(actual, expected, rtol=AGREEMENT, atol=AGREEMENT * np.max(np.abs(expected)), err_msg=what)
+    assert_agrees(actual, expected, what, AGREEMENT)
 
 
 @pytest.mark.parametrize("name", slow_except(NAMES, fast=FAST))

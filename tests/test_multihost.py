@@ -1,5 +1,5 @@
 """`sciad.ensemble` across processes: two JAX processes on loopback (`jax.distributed`, gloo
-collectives, 2 simulated CPU devices each; `tests/multihost_worker.py`) compute sharded gradients
+collectives, 2 simulated CPU devices each; `tests/programs/multihost_worker.py`) compute sharded gradients
 over the 4-device mesh of both; they must equal the one-process, unsharded ensemble's."""
 
 import contextlib
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from multihost_worker import gradients
+from programs.multihost_worker import gradients
 
 import sciad
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")  # as the workers: same programs, faster compiles
 
-WORKER = Path(__file__).with_name("multihost_worker.py")
+WORKER = Path(__file__).parent / "programs" / "multihost_worker.py"
 CASES = ["padded-auto", "InterpolatingAdjoint", "DiscreteAdjoint", "BacksolveAdjoint"]  # see the worker
 TIMEOUT = 300  # seconds for both workers: a hung collective fails the test
 

@@ -13,7 +13,7 @@ import lineax as lx
 import numpy as np
 import pytest
 
-from conftest import slow_except
+from scenarios import central_differences, slow_except
 import sciad
 from sciad.ad import namespace
 from sciad.problems.gene_circuit import GeneCircuitRHS
@@ -64,12 +64,6 @@ def toggle(u, p, t):
 TOGGLE = sciad.ODEProblem(toggle, {"x": np.array(3.0), "y": np.array(0.1)}, (0.0, 1.0), np.array([4.0, 2.0]))
 
 
-def central_differences(fun, p, step=1e-5):
-    """∂fun/∂p (fun's shape + p's, fun jitted once) by central differences."""
-    fun, p = jax.jit(fun), np.asarray(p, float)
-    return np.stack([(fun(p + step * e) - fun(p - step * e)) / (2 * step) for e in np.eye(p.size)], axis=-1)
-
-
 def test_linear_system_closed_form():
     """u* = −A⁻¹b from u0 = 0 with the default solver (Kvaerno5); ∂(wᵀu*)/∂b = −A⁻ᵀw,
     ∂/∂A = −(A⁻ᵀw) u*ᵀ (p a dict); ∂/∂u0 = 0; stats."""
@@ -111,7 +105,7 @@ def test_gradient_and_jvp_closed_form():
 
     grad = jax.grad(hill_closed_form)(HILL.p)
     np.testing.assert_allclose(jax.grad(steady)(HILL.p), grad, rtol=1e-9)
-    np.testing.assert_allclose(central_differences(steady, HILL.p), grad, rtol=1e-7)
+    np.testing.assert_allclose(central_differences(jax.jit(steady), HILL.p), grad, rtol=1e-7)
     v = np.array([0.3, -0.2, 0.5, 1.0])
     _, tangent = jax.jvp(steady, (HILL.p,), (v,))
     np.testing.assert_allclose(tangent, jnp.dot(grad, v), rtol=1e-9)
@@ -169,7 +163,7 @@ def test_toggle_switch_attractors_and_gradient():
         return sciad.steady_state(TOGGLE, p=p, rtol=TOL, atol=TOL).u["x"]
 
     grad = jax.jit(jax.grad(x_star))
-    np.testing.assert_allclose(grad(TOGGLE.p), central_differences(x_star, TOGGLE.p), rtol=1e-7)
+    np.testing.assert_allclose(grad(TOGGLE.p), central_differences(jax.jit(x_star), TOGGLE.p), rtol=1e-7)
 
 
 @pytest.mark.slow

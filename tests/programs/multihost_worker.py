@@ -3,7 +3,7 @@ collectives, 2 simulated CPU devices each: XLA_FLAGS), checks the collectives wi
 before any sciad code runs, then computes sharded `sciad.ensemble` gradients over the 4-device
 mesh of both processes and saves them gathered.
 
-    python tests/multihost_worker.py PORT PROCESS_ID DIR CASE...
+    python tests/programs/multihost_worker.py PORT PROCESS_ID DIR CASE...
 
 DIR/ps.npy holds the members' parameters, (B, 4), B a multiple of 4. A CASE is a sensealg (each
 process passes its half of the members, a global array sharded over the mesh) or "padded-" and a
