@@ -3,6 +3,7 @@ the products of f from a chosen engine, and the custom rules that make a
 solve differentiable."""
 
 import abc
+import dataclasses
 import typing
 from typing import Callable
 
@@ -193,8 +194,9 @@ class AbstractSensitivity(eqx.Module):
         sensealg has no rule of its own)."""
 
     def engines(self) -> tuple:
-        """The `sciad.ad` backends this sensealg runs f's products on."""
-        return ()
+        """The `sciad.ad` backends this sensealg runs f's products on: its fields that hold one."""
+        return tuple(x for x in (getattr(self, f.name) for f in dataclasses.fields(self))
+                     if isinstance(x, ad.AbstractBackend))
 
     def slow_for(self, states: int, implicit: bool) -> str | None:
         """Why this sensealg is known to be far off the fastest for `states` states and an implicit

@@ -226,9 +226,6 @@ class _ContinuousAdjoint(AbstractSensitivity):
         """(∂L/∂u0, ∂L/∂p) from the march at t0, checked: a failed backward solve raises (or what
         the drift says)."""
 
-    def engines(self) -> tuple:
-        return (self.vjp,)
-
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)

@@ -35,9 +35,6 @@ class ForwardSensitivity(AbstractSensitivity):
         self.jvp = ad.get(jvp)
         self.seminorm = bool(seminorm)
 
-    def engines(self) -> tuple:
-        return (self.jvp,)
-
     def slow_for(self, states: int, implicit: bool) -> str | None:
         if implicit and states >= SLOW_IMPLICIT_STATES:
             return (f"ForwardSensitivity with an implicit solver on {states} states: the sensitivity equations "
