@@ -191,6 +191,8 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     monkeypatch.setattr(reproduce, "run_experiment", lambda name, quick, repeats, out: touch(
         out, f"{name}.png", "table.md", "records.json", "claims.md"))
     monkeypatch.setattr(reproduce, "run_selection", lambda quick, out: touch(out, "table.md", "selection.json"))
+    monkeypatch.setattr(reproduce, "run_losses", lambda quick, repeats, out: touch(
+        out, "losses.png", "table.md", "records.json"))
     records = [{"class": suite.PAPER}, {"class": suite.STIFF}]
 
     def run_suite(quick, repeats, out):
@@ -201,9 +203,9 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     reproduce.reproduce(results=tmp_path / "results", paper=tmp_path / "paper", quick=True)
     figures = {p.name for p in (tmp_path / "paper" / "figures").iterdir()}
     assert figures == {f"{name}.png" for name in experiments.PLANS} | {
-        "suite-paper.png", "suite-stiff.png", "suite-memory.png"}
+        "suite-paper.png", "suite-stiff.png", "suite-memory.png", "losses.png"}
     tables_written = {p.name for p in (tmp_path / "paper" / "tables").iterdir()}
-    assert {"claims.md", "selection.md", "suite.md", "suite.json"} <= tables_written
+    assert {"claims.md", "selection.md", "suite.md", "suite.json", "losses.md", "losses.json"} <= tables_written
 
 
 @pytest.mark.slow
