@@ -15,6 +15,12 @@ method with the Jacobian's linear solves done another way (its `jacobian`):
 
 `stiff_solver(solver, jacobian)` does that for a solver or its name; `sciad.solve(...,
 jacobian="matrix-free")` applies it.
+
+Measured on `brusselator_pde(n)` (Kvaerno5, rtol = atol = 1e-6, t ≤ 1; one process, interleaved
+rounds, medians; 2 cores shared with other jobs, load 4–5): forward solve 16×16 (512 states)
+17.2 s dense, 2.2 s matrix-free; 24×24 (1,152) 49.3 s, 4.9 s; InterpolatingAdjoint gradient 16×16
+48.8 s, 8.3 s (agreeing to 1e-7). Without a preconditioner GMRES does not keep up with the
+diffusion's stiffness (h γ |λ_max| in the thousands) at 64×64: no solve within 15 minutes.
 """
 
 from typing import Any, Callable
