@@ -14,6 +14,7 @@ from sciad.adjoints.base import Setup, is_implicit
 from sciad.dense import DenseOutput
 from sciad.problem import (ODEProblem, check_finite, check_inputs, check_integrand, check_saveat, check_time_span,
                            check_tolerances)
+from sciad.stiff import stiff_solver
 from sciad.vector_field import VectorField
 
 SOLVERS = {
@@ -59,7 +60,7 @@ def _sensealg(sensealg) -> AbstractSensitivity:
 
 
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="tsit5",
-          rtol=1e-6, atol=1e-6, sensealg=None, max_steps=4096, dense=False) -> Solution:
+          rtol=1e-6, atol=1e-6, sensealg=None, max_steps=4096, dense=False, jacobian="dense") -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
@@ -75,12 +76,16 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     `SOLVERS` or a diffrax solver; steps are adaptive (PID control at `rtol`, `atol`). A solve that
     needs more than `max_steps` steps (default 4096, as diffrax) raises an error. With
     `dense=True`, `Solution.interpolation(t)` gives u at any t in tspan from the same solve, its
-    derivatives by the same sensealg (`sciad.dense.DenseOutput`).
+    derivatives by the same sensealg (`sciad.dense.DenseOutput`). `jacobian` is how an implicit
+    solver's Newton steps solve with I − hγ ∂f/∂u, in the forward solve and in the adjoint solves:
+    "dense" (diffrax's dense Jacobian and LU), "matrix-free" (Newton–Krylov: GMRES on
+    Jacobian-vector products, for thousands of states), or a `sciad.stiff.MatrixFree(...)`.
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
     u0, p = check_inputs(prob, u0, p)
     check_tolerances(rtol, atol, max_steps)
+    solver = stiff_solver(get_solver(solver), jacobian)
     t0, t1, sign = check_time_span(tspan, prob.tspan)
     ts = check_saveat(saveat, t0, t1, sign)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
