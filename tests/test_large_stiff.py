@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import sciad
-from conftest import slow_except
-from sciad.adjoints import DiscreteAdjoint, InterpolatingAdjoint, QuadratureAdjoint
+from scenarios import slow_except
+from sciad.adjoints import DiscreteAdjoint, GaussAdjoint, InterpolatingAdjoint
 from sciad.problems import brusselator_pde
 from sciad.stiff import MatrixFree, StageNewton, stiff_solver
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = 1e-8
 AGREEMENT = 1e-6
-SENSEALGS = {"InterpolatingAdjoint": InterpolatingAdjoint(), "QuadratureAdjoint": QuadratureAdjoint(),
+SENSEALGS = {"InterpolatingAdjoint": InterpolatingAdjoint(), "GaussAdjoint": GaussAdjoint(),
              "DiscreteAdjoint": DiscreteAdjoint()}
 
 
