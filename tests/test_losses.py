@@ -124,24 +124,29 @@ def test_integrand_pytree_and_closure():
     close(jax.grad(lambda a: loss(a)["track"])(0.7), expected, "closure")
 
 
-def test_integral_under_vmap_and_hessian():
-    """Batched final times (vmap of the gradient) and the Hessian in k (forward over reverse)."""
+def _integral(k, t1):
+    return sciad.solve(PROB, p={"k": k}, tspan=(0.0, t1), integrand=energy, rtol=TOL, atol=TOL).integral
 
-    def loss(k, t1):
-        return sciad.solve(PROB, p={"k": k}, tspan=(0.0, t1), integrand=energy, rtol=TOL, atol=TOL).integral
 
+def test_integral_under_vmap():
+    """Batched final times: vmap of the gradient in k and t1."""
     t1s = jnp.array([1.0, 2.0, 3.0])
-    g = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(None, 0)))(K, t1s)
+    g = jax.jit(jax.vmap(jax.grad(_integral, argnums=(0, 1)), in_axes=(None, 0)))(K, t1s)
     for i, t1 in enumerate(np.asarray(t1s)):
         _, d_k, _, _, d_t1 = closed_energy(K, U0, 0.0, t1)
         close(np.array([g[0][i], g[1][i]]), np.array([d_k, d_t1]), f"t1 = {t1}")
-    h = jax.jit(jax.hessian(loss))(K, 2.0)
-    step, grad = 1e-4, jax.jit(jax.grad(loss))
+
+
+@pytest.mark.slow
+def test_hessian_of_an_integral():
+    """The Hessian in k, forward over reverse, against differences of the gradient."""
+    h = jax.jit(jax.hessian(_integral))(K, 2.0)
+    step, grad = 1e-4, jax.jit(jax.grad(_integral))
     fd = (grad(K + step, 2.0) - grad(K - step, 2.0)) / (2 * step)
     np.testing.assert_allclose(h, fd, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", slow_except(NAMES, fast=["GaussAdjoint"]))
+@pytest.mark.parametrize("name", slow_except(NAMES, fast=[]))  # implicit adjoints by default: test_stiff
 def test_integral_and_times_with_kvaerno5(name):
     """An implicit solver: the integral's gradient in k, t0 and t1, forwards and backwards in time."""
 

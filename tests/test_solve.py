@@ -299,6 +299,7 @@ def test_run_time_errors_under_jit_end_with_one_clear_message():
         sciad.solve(prob, saveat=[5.0, 10.0], max_steps=5)
 
 
+@pytest.mark.slow
 def test_solve_takes_every_string_describe_prints():
     prob = sciad.ODEProblem(lambda u, p, t: -p * u, np.ones(2), (0.0, 1.0), np.array([0.5, 1.0]))
     for sensealg in (InterpolatingAdjoint("jax-forward", checkpointing=True),):  # parse's round trips: test_select
