@@ -17,6 +17,7 @@ pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-10}
 MATRIX = slow_except(list(SENSEALGS), fast=["InterpolatingAdjoint"])
+ALL_SLOW = slow_except(list(SENSEALGS), fast=[])
 TS = np.linspace(0.0, 2.0, 5)
 # gradients agree componentwise to RTOL + RTOL · max|reference| (within 1e-6 of the largest component)
 RTOL = 5e-7
@@ -96,7 +97,7 @@ def test_tuple_state_and_dataclass_parameters(name):
     assert_agrees(grad, ref, name, RTOL)
 
 
-@pytest.mark.parametrize("name", MATRIX)
+@pytest.mark.parametrize("name", ALL_SLOW)  # by default: test_losses (closures in g; save-time gradients)
 def test_closure_over_differentiated_values(name):
     """f closes over k (differentiated) and over an MLP (differentiated with eqx.filter_grad)."""
 
@@ -121,7 +122,7 @@ def test_closure_over_constants_runs_on_host_engines():
     np.testing.assert_allclose(g(1.0), -np.sum(data * np.exp(-data)), rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", MATRIX)
+@pytest.mark.parametrize("name", ALL_SLOW)  # by default: test_losses (closures in g; save-time gradients)
 def test_traced_saveat(name):
     prob = sciad.problems.lotka_volterra().problem
 
