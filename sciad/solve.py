@@ -92,10 +92,10 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     if isinstance(sensealg, str) and sensealg == "auto":  # decided from shapes and settings: works under jit
         from sciad.auto import auto_sensealg
 
-        sensealg = auto_sensealg(u0, p, ts, solver=get_solver(solver), rtol=rtol, atol=atol,
+        sensealg = auto_sensealg(u0, p, ts, solver=solver, rtol=rtol, atol=atol,
                                  max_steps=int(max_steps), integral_entries=entries).sensealg
     sensealg = _sensealg(sensealg)
-    advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(get_solver(solver)))
+    advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(solver))
     if advice:
         warnings.warn(advice, UserWarning, stacklevel=2)
     # Time runs forward inside: a backward problem in s = -t, u' = -f(u, p, -s), q' = -g(u, p, -s).
@@ -106,7 +106,7 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     saves = sign * jnp.asarray(ts, dtype)
     if integrand is not None:  # q(t1) is saved last
         saves = jnp.concatenate([saves, s1[None]])
-    setup = Setup(field, get_solver(solver), s0, s1, saves, float(rtol), float(atol), int(max_steps))
+    setup = Setup(field, solver, s0, s1, saves, float(rtol), float(atol), int(max_steps))
     u0_flat = check_finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
     p_flat = check_finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
     ys, stats = sensealg.solve(setup, u0_flat, p_flat)
