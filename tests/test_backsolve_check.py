@@ -18,7 +18,7 @@ from scenarios import slow_except
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 CASES = {name: case for name, *case in cases()}
-FAST = ["pendulum, damped, t ≤ 100"]  # the rest with the slow tests (CI runs them)
+FAST = ["linear, rates 1 and 20, t ≤ 5"]  # the rest with the slow tests (CI runs them)
 
 
 def gradient(name, sensealg):

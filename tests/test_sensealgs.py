@@ -228,8 +228,8 @@ def test_jacfwd_and_jacrev_agree():
                                rtol=AGREEMENT, atol=1e-8)
 
 
-@pytest.mark.parametrize("checkpoints", [pytest.param([0.5], marks=pytest.mark.slow), [0.15, 0.234, 0.95],
-                                         pytest.param(np.linspace(0.0, 1.0, 7), marks=pytest.mark.slow)])
+@pytest.mark.slow  # checkpointing=True runs in the default matrix; chosen checkpoints with the slow tests
+@pytest.mark.parametrize("checkpoints", [[0.5], [0.15, 0.234, 0.95], np.linspace(0.0, 1.0, 7)])
 def test_interpolating_adjoint_custom_checkpoints(checkpoints):
     sensealg = InterpolatingAdjoint(checkpointing=True, checkpoints=checkpoints)
     assert_agrees(gradient("lotka-volterra", True, sensealg), discrete_reference("lotka-volterra", True),
