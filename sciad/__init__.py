@@ -17,6 +17,7 @@ from sciad.adjoints import (
     SteadyStateAdjoint,
 )
 from sciad.errors import SolveError
+from sciad.events import ContinuousCallback, PresetTimeCallback
 from sciad.problem import ODEProblem
 from sciad.select import Choice, select_sensealg
 from sciad.solve import SOLVERS, Solution, solve

@@ -28,9 +28,7 @@ class DenseOutput(eqx.Module):
         fixed = jax.lax.stop_gradient(eqx.filter((setup, u0, p), eqx.is_inexact_array))
         fixed_setup, fixed_u0, fixed_p = eqx.combine(fixed, (setup, u0, p))
         interpolation = fixed_setup.forward(fixed_u0, fixed_p, dense=True).interpolation
-        bare = eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1), setup, (None, None, None, None),
-                           is_leaf=lambda x: x is None)
-        return cls(setup, u0, p, _Frame(bare, sensealg, interpolation), direction)
+        return cls(setup, u0, p, _Frame(setup.bare(), sensealg, interpolation), direction)
 
     def __call__(self, t):
         s = self.direction * jnp.asarray(t, self.u0.dtype)
@@ -59,8 +57,7 @@ def _at_jvp(primals, tangents, *, frame: _Frame):
     tangents = tuple(jnp.zeros_like(x) if v is None else v for x, v in zip(primals, tangents))
 
     def saved_at(s, u0, p, c, t0, t1):
-        setup = eqx.tree_at(lambda st: (st.f, st.ts, st.t0, st.t1), frame.setup,
-                            (frame.setup.f.with_closure(c, False), s[None], t0, t1), is_leaf=lambda x: x is None)
+        setup = frame.setup.bound(c, s[None], t0, t1)
         return frame.sensealg.solve(setup, u0, p)[0][0, : frame.setup.n]
 
     _, tangent = jax.jvp(saved_at, primals, tangents)

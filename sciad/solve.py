@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sciad import events
 from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint, parse
 from sciad.adjoints.base import Setup, is_implicit
 from sciad.dense import DenseOutput
@@ -31,13 +32,19 @@ class Solution(eqx.Module):
     """`ts` (T,); `us`: u0's structure with a leading time axis (T, ...), like diffrax's `ys`;
     `integral`: ∫_{t0}^{t1} g(u, p, t) dt with the integrand's structure (None without one);
     `stats` (integers) with `steps`, `accepted_steps`, `rejected_steps`, `function_evaluations`
-    of the forward solve; with `dense=True`, `interpolation(t)` evaluates u (u0's structure) at any t in tspan."""
+    of the forward solve; with `dense=True`, `interpolation(t)` evaluates u (u0's structure) at any t in tspan.
+    `t_final`: t1, or the time a stopping event ended the solve (save times after it are reported at
+    t_final, with the state there). With callbacks, `event_times`: one array (max_events,) per callback,
+    the times it fired in order, then inf; `event_counts` (callbacks,) how many times each fired."""
 
     ts: jax.Array
     us: Any
     stats: dict[str, Any]
     interpolation: Any = None
     integral: Any = None
+    t_final: Any = None
+    event_times: tuple | None = None
+    event_counts: Any = None
 
 
 def get_solver(solver) -> dfx.AbstractSolver:
@@ -60,7 +67,8 @@ def _sensealg(sensealg) -> AbstractSensitivity:
 
 
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="tsit5",
-          rtol=1e-6, atol=1e-6, sensealg=None, max_steps=4096, dense=False, jacobian="dense") -> Solution:
+          rtol=1e-6, atol=1e-6, sensealg=None, max_steps=4096, dense=False, jacobian="dense", callbacks=(),
+          max_events=None) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
@@ -80,6 +88,14 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     solver's Newton steps solve with I − hγ ∂f/∂u, in the forward solve and in the adjoint solves:
     "dense" (diffrax's dense Jacobian and LU), "matrix-free" (Newton–Krylov: GMRES on
     Jacobian-vector products, for thousands of states), or a `sciad.stiff.MatrixFree(...)`.
+
+    `callbacks`: `sciad.ContinuousCallback` and `sciad.PresetTimeCallback` events (doses, impacts,
+    resets, stopping conditions), in time order, several in one step in order, simultaneous ones in
+    the order given; the saved state at an event time is the state after it. Every sensealg
+    differentiates through them (event times that depend on u0 and p included: `sciad.events`).
+    `max_events` (static; default: the preset times, plus 16 with continuous callbacks) bounds the
+    events; more raise a `SolveError` saying so. Each segment between events is one solve of at most
+    `max_steps` steps.
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
@@ -89,6 +105,9 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     t0, t1, sign = check_time_span(tspan, prob.tspan)
     ts = check_saveat(saveat, t0, t1, sign)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
+    if callbacks and dense:
+        raise ValueError("dense=True with callbacks is not supported: the state jumps at events; save at the "
+                         "times you need (saveat)")
     if isinstance(sensealg, str) and sensealg == "auto":  # decided from shapes and settings: works under jit
         from sciad.auto import auto_sensealg
 
@@ -104,14 +123,24 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     dtype = field.dtype
     s0, s1 = (sign * jnp.asarray(t, dtype) for t in (t0, t1))
     saves = sign * jnp.asarray(ts, dtype)
-    if integrand is not None:  # q(t1) is saved last
+    if integrand is not None and not callbacks:  # q(t1) is saved last
         saves = jnp.concatenate([saves, s1[None]])
     setup = Setup(field, solver, s0, s1, saves, float(rtol), float(atol), int(max_steps))
     u0_flat = check_finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
     p_flat = check_finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
-    ys, stats = sensealg.solve(setup, u0_flat, p_flat)
     n, T = field.u.size, len(ts)
-    integral = None if integrand is None else field.q.unravel(ys[T, n:])
+    extras = {}
+    if callbacks:
+        plan = events.Plan.of(callbacks, field, u0, p, t0, sign, max_events)
+        us, q, stats, happened = events.solve(setup, sensealg, plan, u0_flat, p_flat)
+        extras = _event_record(plan, happened, sign)
+        t_final = extras["t_final"]
+        ts = sign * jnp.minimum(sign * jnp.asarray(ts, dtype), sign * t_final)
+    else:
+        ys, stats = sensealg.solve(setup, u0_flat, p_flat)
+        us, q = ys[:T, :n], ys[T, n:]
+        extras["t_final"] = jnp.asarray(t1, dtype)
+    integral = None if integrand is None else field.q.unravel(q)
     evals = _evaluations_per_step(setup.solver)
     steps = stats.astype(jnp.int32)
     solution_stats = {
@@ -119,8 +148,19 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
         "function_evaluations": steps[0] * evals if evals else None,
     }
     interpolation = DenseOutput.of(setup, sensealg, u0_flat, p_flat, sign) if dense else None
-    return Solution(jnp.asarray(ts, dtype), jax.vmap(field.u.unravel)(ys[:T, :n]), solution_stats, interpolation,
-                    integral)
+    return Solution(jnp.asarray(ts, dtype), jax.vmap(field.u.unravel)(us), solution_stats, interpolation, integral,
+                    **extras)
+
+
+def _event_record(plan: "events.Plan", happened: "events.Events", sign: int) -> dict:
+    """`Solution`'s t_final, event_times and event_counts from the segments' ends and owners, in user time."""
+    times = []
+    for i in range(plan.callbacks):
+        mine = happened.owners[: plan.max_events] == i
+        order = jnp.argsort(~mine, stable=True)  # its events first, in time order
+        times.append(jnp.where(mine[order], sign * happened.times[: plan.max_events][order], jnp.inf))
+    counts = jnp.stack([jnp.sum(happened.owners == i) for i in range(plan.callbacks)]).astype(jnp.int32)
+    return {"t_final": sign * happened.t_final, "event_times": tuple(times), "event_counts": counts}
 
 
 def _in_reverse(fn):

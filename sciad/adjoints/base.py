@@ -54,6 +54,18 @@ class Setup(eqx.Module):
         """y' = F(u, p, t) (n + k,) at the state y (n + k,)."""
         return self.f(y[: self.n] if self.f.integrand_size else y, p, t)
 
+    def bare(self) -> "Setup":
+        """This setup without its traced parts (f's closure values, save times, t0, t1): what a custom
+        rule holds fixed, the rest arriving as the rule's own inputs (`bound`)."""
+        return eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1), self, (None, None, None, None),
+                           is_leaf=lambda x: x is None)
+
+    def bound(self, c, ts, t0, t1, merged: bool = False) -> "Setup":
+        """This setup with f holding the closure values `c` (appended to p where `merged`), saving at
+        `ts`, from t0 to t1."""
+        return eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1), self, (self.f.with_closure(c, merged), ts, t0, t1),
+                           is_leaf=lambda x: x is None)
+
     def term(self, vector_field: Callable | None = None):
         """`vector_field(t, y, args)` (default: the state's rate) as the term the solver takes; IMEX
         solvers (KenCarp) get it as their implicit part, with a zero explicit part."""
@@ -212,12 +224,10 @@ class AbstractSensitivity(eqx.Module):
         m = p.shape[0]
         c, times = setup.f.held, (setup.ts, setup.t0, setup.t1)
         # The rules see c and the times as their own inputs only, never the caller's (traced) values.
-        rules_setup = eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1), setup,
-                                  (jnp.zeros((0,), c.dtype), None, None, None), is_leaf=lambda x: x is None)
+        rules_setup = setup.bare()
 
         def bind(c, times, merged: bool) -> Setup:
-            return eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1), rules_setup,
-                               (rules_setup.f.with_closure(c, merged), *times), is_leaf=lambda x: x is None)
+            return rules_setup.bound(c, *times, merged)
 
         def forward(u0, p, c, ts, t0, t1, active):
             if active is None:
