@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sciad.ad.linear import linear_map
 from sciad.adjoints.base import AbstractSensitivity, Setup, step_controller
 from sciad.errors import error_if
 
@@ -195,7 +196,7 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
     ts, s1 = setup.ts, setup.t1
     start = jnp.sum(plan.preset < setup.t0).astype(jnp.int32)  # preset times before t0 never fire
     bare = setup.bare()
-    frame = _Frame(bare, sensealg, plan)
+    frame = _Frame(bare, sensealg, _fixed(plan))  # the conditions' own values enter the rule as arguments
 
     def segment(carry, _):
         u, s, stopped, pointer, us, taken, integral, stats, count = carry
@@ -252,29 +253,45 @@ def event_time(tau, j, u0, p, c, s0, conditions, *, frame: _Frame):
     return tau
 
 
+SECOND_ORDER = ("second derivatives through the time of a state-dependent event (a ContinuousCallback) are not "
+                "available yet: take first derivatives (jax.grad, jax.jvp, jax.jacfwd, jax.jacrev) there; Hessians "
+                "through PresetTimeCallback events work")
+
+
 @event_time.def_jvp
 def _event_time_jvp(primals, tangents, *, frame: _Frame):
     tau, j, u0, p, c, s0, conditions = primals
-    tau = event_time(*primals, frame=frame)  # differentiable itself at the next order
     dynamic, static = eqx.partition(conditions, eqx.is_inexact_array)
-    d_u0, d_p, d_c, d_s0 = (jnp.zeros_like(x) if v is None else v for x, v in zip(primals[2:6], tangents[2:6]))
-    d_dynamic = jax.tree.map(lambda x, v: x if x is None else jnp.zeros_like(x) if v is None else v,
-                             dynamic, tangents[6], is_leaf=lambda x: x is None)
+    leaves, tree = jax.tree.flatten(dynamic)
+    d_leaves = jax.tree.leaves(jax.tree.map(lambda x, v: x if x is None else jnp.zeros_like(x) if v is None else v,
+                                            dynamic, tangents[6], is_leaf=lambda x: x is None))
+    lin = [jnp.zeros_like(x) if v is None else v for x, v in zip(primals[2:6], tangents[2:6])] + d_leaves
+
+    held, rest = eqx.partition(frame, eqx.is_array)  # the rules take every traced value as an input
+
+    def pushforward(res, lin):
+        """dτ = -(∂c/∂u du(τ⁻) + ∂c/∂p dp + ∂c/∂k dk) / ċ, k the values the condition closes over."""
+        (tau, j, u0, p, c, s0, *leaves), frame = res[:-1], eqx.combine(res[-1], rest)
+        d_u0, d_p, d_c, d_s0, *d_leaves = lin
+        setup = frame.setup.bound(c, tau[None], s0, tau)
+        u, du = jax.jvp(lambda u0, p, c, s0: frame.sensealg.solve(setup.bound(c, tau[None], s0, tau), u0, p)[0][
+            0, : setup.n], (u0, p, c, s0), (d_u0, d_p, d_c, d_s0))
+
+        def value(u, p, s, leaves):
+            return frame.plan.values(eqx.combine(jax.tree.unflatten(tree, leaves), static), u, p, s)[j]
+
+        _, moved = jax.jvp(lambda u, p, k: value(u, p, tau, k), (u, p, leaves), (du, d_p, d_leaves))
+        rate = setup.rate(u, p, tau)[: u.shape[0]]
+        _, along = jax.jvp(lambda u, s: value(u, p, s, leaves), (u, tau), (rate, jnp.ones_like(tau)))
+        return -moved / jnp.where(along == 0, 1, along)  # along = 0: a grazing event, not differentiable
+
+    def pullback(res, w):
+        return jax.linear_transpose(lambda lin: pushforward(res, lin), lin)(w)[0]
+
+    res = [tau, j, u0, p, c, s0, *leaves, held]
 
     def tangent():
-        def at_tau(u0, p, c, s0):  # u(τ⁻), τ held
-            setup = frame.setup.bound(c, tau[None], s0, tau)
-            return frame.sensealg.solve(setup, u0, p)[0][0, : setup.n]
-
-        u, du = jax.jvp(at_tau, (u0, p, c, s0), (d_u0, d_p, d_c, d_s0))
-
-        def value(u, p, s, dynamic):
-            return frame.plan.values(eqx.combine(dynamic, static), u, p, s)[j]
-
-        _, moved = jax.jvp(lambda u, p, d: value(u, p, tau, d), (u, p, dynamic), (du, d_p, d_dynamic))
-        rate = frame.setup.bound(c, None, s0, tau).rate(u, p, tau)[: u.shape[0]]
-        _, along = jax.jvp(lambda u, s: value(u, p, s, dynamic), (u, tau), (rate, jnp.ones_like(tau)))
-        return -moved / jnp.where(along == 0, 1, along)  # along = 0: a grazing event, not differentiable
+        return linear_map(pushforward, pullback, res, lin, nondifferentiable=SECOND_ORDER)
 
     return tau, jax.lax.cond(j >= 0, tangent, lambda: jnp.zeros_like(tau))
 
