@@ -6,7 +6,7 @@ from sciad_bench.experiments import PLANS, ROUNDS
 from sciad_bench.harness import SLOW_CALL
 from sciad_bench.suite import ROUNDS as SUITE_ROUNDS
 
-BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses")
+BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses", "events")
 
 
 def main(argv=None) -> None:
@@ -47,6 +47,10 @@ def main(argv=None) -> None:
         from sciad_bench.losses import run_losses
 
         run_losses(quick=args.quick, repeats=args.repeats, out=args.out)
+    elif args.name == "events":
+        from sciad_bench.events import run_events
+
+        run_events(quick=args.quick, repeats=args.repeats, out=args.out)
     elif args.name == "selection":
         from sciad_bench.selection import run_selection
 

@@ -181,17 +181,23 @@ def steady_table(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_losses(*, quick: bool = False, repeats: int | None = None, out=None, verbose: bool = True) -> list[dict]:
-    """Run the cases, write records.json, losses.png and table.md to `out` (default results/losses)."""
+def time_cases(cases, *, quick: bool, repeats: int | None) -> list[dict]:
+    """Each (case, combinations) of `cases` checked and timed by `sciad_bench.harness.run`, with progress."""
     rounds, budget = ROUNDS[quick]
-    out = pathlib.Path(out or "results/losses")
-    cases = plan(quick)
     progress = harness.Progress(sum(len(c) + 1 for _, c in cases))
-    start = time.perf_counter()
     records = []
     for case, combos in cases:
         records += harness.run(case, combos, repeats=repeats or rounds, budget=budget, progress=progress)
     progress.close()
+    return records
+
+
+def run_losses(*, quick: bool = False, repeats: int | None = None, out=None, verbose: bool = True) -> list[dict]:
+    """Run the cases, write records.json, losses.png and table.md to `out` (default results/losses)."""
+    rounds = ROUNDS[quick][0]
+    out = pathlib.Path(out or "results/losses")
+    start = time.perf_counter()
+    records = time_cases(plan(quick), quick=quick, repeats=repeats)
     steady = time_steady_state(repeats or rounds, [induced_circuit(10, 8)] if quick else steady_state_cases())
     out.mkdir(parents=True, exist_ok=True)
     (out / "records.json").write_text(json.dumps({"experiment": "losses", "quick": quick, "records": records,

@@ -4,6 +4,7 @@ import pathlib
 import shutil
 
 from sciad_bench.experiments import PLANS, run_experiment
+from sciad_bench.events import run_events
 from sciad_bench.losses import run_losses
 from sciad_bench.selection import run_selection
 from sciad_bench.suite import MEMORY_FIGURE, class_figures, run_suite
@@ -24,10 +25,11 @@ def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool
     run_selection(quick=quick, out=results / "selection")
     shutil.copy(results / "selection" / "table.md", paper / "tables" / "selection.md")
     shutil.copy(results / "selection" / "selection.json", paper / "tables" / "selection.json")
-    run_losses(quick=quick, repeats=repeats, out=results / "losses")
-    shutil.copy(results / "losses" / "losses.png", paper / "figures" / "losses.png")
-    shutil.copy(results / "losses" / "table.md", paper / "tables" / "losses.md")
-    shutil.copy(results / "losses" / "records.json", paper / "tables" / "losses.json")
+    for name, run in (("losses", run_losses), ("events", run_events)):
+        run(quick=quick, repeats=repeats, out=results / name)
+        shutil.copy(results / name / f"{name}.png", paper / "figures" / f"{name}.png")
+        shutil.copy(results / name / "table.md", paper / "tables" / f"{name}.md")
+        shutil.copy(results / name / "records.json", paper / "tables" / f"{name}.json")
     suite = run_suite(quick=quick, repeats=repeats, out=results / "suite")
     for figure in (*class_figures(suite["records"]).values(), MEMORY_FIGURE):
         shutil.copy(results / "suite" / figure, paper / "figures" / figure)

@@ -1,0 +1,169 @@
+"""`sciad bench events`: gradients through events, sciad against diffrax written as a loop of solves.
+
+- multi-dose: a one-compartment pharmacokinetic fit, u' = -k u with 6 doses of D every 12 h, least
+  squares on a concentration between doses, in (k, D). sciad: `PresetTimeCallback`; diffrax: one
+  solve per dosing interval.
+- bouncing ball: (h(T), v(T)) after three bounces, L = h² + v², in (h0, e). sciad:
+  `ContinuousCallback` with a restitution affect; diffrax: one solve per flight, each stopped by an
+  `Event` (Newton root find), the velocity flipped in between.
+- integrate-and-fire: V' = (I - V) / τ, V -> 0 at V = 1; L = Σ (spike time - target)² of the first
+  four spikes, in (I, τ). sciad: a resetting `ContinuousCallback`; diffrax: one solve per spike.
+- landing: a projectile with drag stops where it lands; L = (x_land - 10)², in (drag, v, angle).
+  sciad: a terminating `ContinuousCallback`; diffrax: its terminating `Event`.
+
+diffrax's loops know the number of events in advance (sciad finds them); each gradient is checked
+against sciad's `DiscreteAdjoint` before timing (`sciad_bench.harness.run`), so a diffrax adjoint
+whose event-time derivatives are wrong is reported as not correct rather than timed.
+"""
+
+import json
+import pathlib
+import time
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+
+import sciad
+from sciad.adjoints import engine_option
+from sciad.adjoints.base import step_controller
+from sciad.solve import get_solver
+
+from sciad_bench import plots, tables
+from sciad_bench.harness import sciad_combination
+from sciad_bench.losses import ENGINES, QUICK_SENSEALGS, SENSEALGS, LossCase, auto_combination, diffrax_combination, \
+    ratio_table, time_cases
+
+DOSES = 12.0 * np.arange(6)
+G = 9.81
+
+
+def _diffrax_segment(vector_field, y0, args, t0, t1, adjoint, rtol, atol, cond=None):
+    """(t_end, y(t_end)): one Tsit5 solve from t0 to t1, stopped where `cond(y)` crosses zero if given."""
+    solver = get_solver("tsit5")
+    event = None if cond is None else dfx.Event(lambda t, y, args, **kw: cond(y), optx.Newton(1e-12, 1e-12))
+    sol = dfx.diffeqsolve(dfx.ODETerm(vector_field), solver, t0, t1, None, y0, args=args, saveat=dfx.SaveAt(t1=True),
+                          stepsize_controller=step_controller(solver, rtol, atol), max_steps=4096, adjoint=adjoint,
+                          event=event)
+    return sol.ts[-1], sol.ys[-1]
+
+
+def multi_dose() -> LossCase:
+    prob = sciad.ODEProblem(lambda u, p, t: -p[0] * u, np.array([0.0]), (0.0, 72.0), np.array([0.2]))
+    saves = DOSES + 6.0
+    data = np.array([sum(10.0 * np.exp(-0.15 * (t - d)) for d in DOSES if d <= t) for t in saves])
+
+    def sciad_loss(x, sensealg, rtol, atol):
+        dose = sciad.PresetTimeCallback(DOSES, lambda u, p, t: u + x[1])
+        sol = sciad.solve(prob, p=x[:1], saveat=saves, callbacks=[dose], rtol=rtol, atol=atol, sensealg=sensealg)
+        return jnp.sum((sol.us[:, 0] - data) ** 2)
+
+    def diffrax_loss(x, adjoint, rtol, atol):
+        u, loss = jnp.zeros(1, x.dtype), 0.0
+        for i, t in enumerate(DOSES):
+            _, u = _diffrax_segment(lambda t, u, k: -k * u, u + x[1], x[:1], t, t + 6.0, adjoint, rtol, atol)
+            loss = loss + (u[0] - data[i]) ** 2
+            _, u = _diffrax_segment(lambda t, u, k: -k * u, u, x[:1], t + 6.0, t + 12.0, adjoint, rtol, atol)
+        return loss
+
+    return LossCase("multi-dose", np.array([0.2, 8.0]), 1, sciad_loss, diffrax_loss)
+
+
+def _fall(u, p, t):
+    return jnp.stack([u[1], -G + 0.0 * u[1]])
+
+
+def bouncing_ball() -> LossCase:
+    prob = sciad.ODEProblem(_fall, np.array([1.0, 0.0]), (0.0, 2.0))
+
+    def sciad_loss(x, sensealg, rtol, atol):
+        bounce = sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: jnp.stack([u[0], -x[1] * u[1]]),
+                                          "down")
+        sol = sciad.solve(prob, u0=jnp.stack([x[0], 0.0 * x[0]]), callbacks=[bounce], rtol=rtol, atol=atol,
+                          sensealg=sensealg, max_events=4)
+        return jnp.sum(sol.us[-1] ** 2)
+
+    def diffrax_loss(x, adjoint, rtol, atol):
+        t, u = 0.0, jnp.stack([x[0], 0.0 * x[0]])
+        for _ in range(3):
+            t, u = _diffrax_segment(lambda t, u, p: _fall(u, p, t), u, None, t, 2.0, adjoint, rtol, atol,
+                                    cond=lambda u: u[0])
+            u = jnp.stack([u[0], -x[1] * u[1]])
+        _, u = _diffrax_segment(lambda t, u, p: _fall(u, p, t), u, None, t, 2.0, adjoint, rtol, atol)
+        return jnp.sum(u**2)
+
+    return LossCase("bouncing ball", np.array([1.0, 0.9]), 2, sciad_loss, diffrax_loss)
+
+
+def integrate_and_fire() -> LossCase:
+    prob = sciad.ODEProblem(lambda u, p, t: (p[0] - u) / p[1], np.array([0.0]), (0.0, 3.0), np.array([1.5, 0.5]))
+    targets = np.array([0.5, 1.0, 1.5, 2.0])
+
+    def sciad_loss(x, sensealg, rtol, atol):
+        spike = sciad.ContinuousCallback(lambda u, p, t: u[0] - 1.0, lambda u, p, t: jnp.zeros_like(u), "up")
+        sol = sciad.solve(prob, p=x, callbacks=[spike], rtol=rtol, atol=atol, sensealg=sensealg, max_events=8)
+        return jnp.sum((sol.event_times[0][:4] - targets) ** 2)
+
+    def diffrax_loss(x, adjoint, rtol, atol):
+        t, u, loss = 0.0, jnp.zeros(1, x.dtype), 0.0
+        for target in targets:
+            t, u = _diffrax_segment(lambda t, u, p: (p[0] - u) / p[1], u, x, t, 3.0, adjoint, rtol, atol,
+                                    cond=lambda u: u[0] - 1.0)
+            loss, u = loss + (t - target) ** 2, jnp.zeros_like(u)
+        return loss
+
+    return LossCase("integrate-and-fire", np.array([1.5, 0.5]), 1, sciad_loss, diffrax_loss)
+
+
+def _drag(u, p, t):
+    speed = jnp.sqrt(u[2] ** 2 + u[3] ** 2)
+    return jnp.stack([u[2], u[3], -p[0] * speed * u[2], -G - p[0] * speed * u[3]])
+
+
+def landing() -> LossCase:
+    prob = sciad.ODEProblem(_drag, np.array([0.0, 0.0, 7.0, 7.0]), (0.0, 10.0), np.array([0.05]))
+
+    def launch(x):
+        return jnp.stack([0.0 * x[1], 0.0 * x[1], x[1] * jnp.cos(x[2]), x[1] * jnp.sin(x[2])])
+
+    def sciad_loss(x, sensealg, rtol, atol):
+        lands = sciad.ContinuousCallback(lambda u, p, t: u[1], None, "down")
+        sol = sciad.solve(prob, u0=launch(x), p=x[:1], callbacks=[lands], rtol=rtol, atol=atol, sensealg=sensealg)
+        return (sol.us[-1, 0] - 10.0) ** 2
+
+    def diffrax_loss(x, adjoint, rtol, atol):
+        # from just after the launch, where the height is already positive (diffrax's event would fire at t0)
+        _, u = _diffrax_segment(lambda t, u, p: _drag(u, p, t), launch(x), x[:1], 0.0, 0.1, adjoint, rtol, atol)
+        _, u = _diffrax_segment(lambda t, u, p: _drag(u, p, t), u, x[:1], 0.1, 10.0, adjoint, rtol, atol,
+                                cond=lambda u: u[1])
+        return (u[0] - 10.0) ** 2
+
+    return LossCase("landing", np.array([0.05, 11.0, 0.8]), 4, sciad_loss, diffrax_loss)
+
+
+def plan(quick: bool) -> list:
+    sensealgs = QUICK_SENSEALGS if quick else SENSEALGS
+    combos = [auto_combination()] + [sciad_combination(s, ENGINES[engine_option(s)]) for s in sensealgs]
+    peers = [diffrax_combination(a) for a in ("RecursiveCheckpointAdjoint", "ForwardMode")]
+    cases = [multi_dose(), bouncing_ball(), integrate_and_fire(), landing()]
+    return [(case, combos + peers) for case in cases]
+
+
+def run_events(*, quick: bool = False, repeats: int | None = None, out=None, verbose: bool = True) -> list[dict]:
+    """Run the cases, write records.json, events.png and table.md to `out` (default results/events)."""
+    out = pathlib.Path(out or "results/events")
+    start = time.perf_counter()
+    records = time_cases(plan(quick), quick=quick, repeats=repeats)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "records.json").write_text(json.dumps({"experiment": "events", "quick": quick, "records": records},
+                                                 indent=1))
+    plots.violin_plot(records, out / "events.png", f"events{' (quick)' if quick else ''}: gradient time, "
+                      f"{records[0]['device']}")
+    table = f"# events{' (quick)' if quick else ''}\n\n{ratio_table(records)}\n{tables.markdown_table(records)}"
+    (out / "table.md").write_text(table)
+    if verbose:
+        print(table)
+        print(f"events: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
+    return records
