@@ -322,8 +322,12 @@ def first_crossing(setup: Setup, plan: Plan, u0, p, s0, s1):
         crossed = keep & (values(y1, s_try) * signs <= 0)
         fires = crossed & ((directions == 0) | (directions == -signs))
         interpolant = solver.interpolation_cls(t0=s, t1=s_try, **dense)
-        roots = jax.vmap(lambda j, sign: _bisect(lambda t: values(interpolant.evaluate(t), t)[j] * sign, s, s_try))(
-            jnp.arange(signs.shape[0]), signs)
+
+        def locate():  # only in the step where an event fires
+            return jax.vmap(lambda j, sign: _bisect(lambda t: values(interpolant.evaluate(t), t)[j] * sign, s,
+                                                    s_try))(jnp.arange(signs.shape[0]), signs)
+
+        roots = jax.lax.cond(jnp.any(fires), locate, lambda: jnp.full_like(signs, jnp.inf))
         roots = jnp.where(fires, roots, jnp.inf)
         j = jnp.where(jnp.any(fires), jnp.argmin(roots), -1)
         return (jnp.where(keep, s_try, s), jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y),

@@ -191,8 +191,9 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     monkeypatch.setattr(reproduce, "run_experiment", lambda name, quick, repeats, out: touch(
         out, f"{name}.png", "table.md", "records.json", "claims.md"))
     monkeypatch.setattr(reproduce, "run_selection", lambda quick, out: touch(out, "table.md", "selection.json"))
-    monkeypatch.setattr(reproduce, "run_losses", lambda quick, repeats, out: touch(
-        out, "losses.png", "table.md", "records.json"))
+    for name in ("losses", "events"):
+        monkeypatch.setattr(reproduce, f"run_{name}", lambda quick, repeats, out, name=name: touch(
+            out, f"{name}.png", "table.md", "records.json"))
     records = [{"class": suite.PAPER}, {"class": suite.STIFF}]
 
     def run_suite(quick, repeats, out):
@@ -203,9 +204,10 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     reproduce.reproduce(results=tmp_path / "results", paper=tmp_path / "paper", quick=True)
     figures = {p.name for p in (tmp_path / "paper" / "figures").iterdir()}
     assert figures == {f"{name}.png" for name in experiments.PLANS} | {
-        "suite-paper.png", "suite-stiff.png", "suite-memory.png", "losses.png"}
+        "suite-paper.png", "suite-stiff.png", "suite-memory.png", "losses.png", "events.png"}
     tables_written = {p.name for p in (tmp_path / "paper" / "tables").iterdir()}
-    assert {"claims.md", "selection.md", "suite.md", "suite.json", "losses.md", "losses.json"} <= tables_written
+    assert {"claims.md", "selection.md", "suite.md", "suite.json", "losses.md", "losses.json", "events.md",
+            "events.json"} <= tables_written
 
 
 @pytest.mark.slow
@@ -223,3 +225,16 @@ def test_losses_benchmark_checks_then_times(tmp_path):
     assert "diffrax / auto" in (tmp_path / "table.md").read_text()
     steady = json.loads((tmp_path / "records.json").read_text())["steady_state"]
     assert steady and all(r["ok"] is True and r["sciad_s"] for r in steady)
+
+
+@pytest.mark.slow
+def test_events_benchmark_checks_then_times(tmp_path):
+    """`sciad bench events --quick`: every sciad gradient agrees with the tight reference and is timed; diffrax's
+    loop of solves gets the bouncing ball's gradient wrong; table, figure and records written."""
+    from sciad_bench.events import run_events
+
+    records = run_events(quick=True, repeats=1, out=tmp_path, verbose=False)
+    assert {r["problem"] for r in records} == {"multi-dose", "bouncing ball", "integrate-and-fire", "landing"}
+    assert all(r["ok"] and r["median_s"] for r in records if r["kind"] == "sciad")
+    assert not any(r["ok"] for r in records if r["problem"] == "bouncing ball" and r["kind"] == "peer")
+    assert {p.name for p in tmp_path.iterdir()} >= {"records.json", "events.png", "table.md"}
