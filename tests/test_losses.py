@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sciad
-from scenarios import assert_agrees, slow_except
+from scenarios import assert_agrees, central_differences, slow_except
 from sciad.adjoints import SENSEALGS, parse
 from sciad.solve import get_solver
 
@@ -238,3 +238,23 @@ def test_integral_and_final_time_with_each_engine(engine_name):
     _, d_k, _, _, d_t1 = closed_energy(K, U0, 0.0, 2.0)
     g = jax.jit(jax.grad(loss, argnums=(0, 1)))(K, 2.0)
     np.testing.assert_allclose(np.array(g), np.array([d_k, d_t1]), rtol=1e-6, err_msg=engine_name)
+
+
+@pytest.mark.parametrize("name", slow_except(NAMES, fast=["InterpolatingAdjoint"]))
+def test_hessian_in_the_times(name):
+    """∂²/∂(k, t0, t) of u₁(t) + ∫_{t0}^{t1} |u|² dt, t a save time and t1 = 2 t: forward over reverse, the
+    continuous adjoints' backward solves moving with t0 and the save times (a cross term in time and k)."""
+
+    def loss(x):
+        k, t0, t = x[0], x[1], x[2]
+        sol = sciad.solve(PROB, p={"k": k}, tspan=(t0, 2 * t), saveat=jnp.stack([t, 2 * t]), integrand=energy,
+                          rtol=TOL, atol=TOL, sensealg=name)
+        return sol.us[0, 1] + sol.integral
+
+    def closed(x):
+        k, t0, t = x
+        return U0[1] * np.exp(-k * (t - t0)) + closed_energy(k, U0, t0, 2 * t)[0]
+
+    x = np.array([K, 0.3, 1.0])
+    hessian = central_differences(lambda y: central_differences(closed, y, rel_step=1e-4), x, rel_step=1e-4)
+    assert_agrees(jax.jit(jax.hessian(loss))(x), hessian, f"{name}: Hessian", 1e-5)

@@ -141,9 +141,8 @@ def _recorded(setup: Setup, checkpoints: int | None, capped: bool):
     @record.defjvp
     def record_jvp(primals, tangents):
         out = record(*primals)
-        u0, p, arrays = primals
-        setup = eqx.combine(arrays, rest)
-        _, dus = jax.jvp(lambda u0, p: setup.forward(u0, p).ys, (u0, p), tangents[:2])
+        # the setup's traced parts (times) move the solution too: second derivatives in time
+        _, dus = jax.jvp(lambda u0, p, arrays: eqx.combine(arrays, rest).forward(u0, p).ys, primals, tangents)
         return out, (dus, *_zero_tangents(out[1:]))
 
     def recorded(u0, p):
@@ -176,13 +175,13 @@ def _replayed(setup: Setup):
     @replay.defjvp
     def replay_jvp(primals, tangents):
         u0, p, pb, w, arrays = primals
-        du0, dp, _, dw, _ = tangents
-        setup = eqx.combine(arrays, rest)
+        du0, dp, _, dw, d_arrays = tangents
 
-        def pullback(u0, p, w):
+        def pullback(u0, p, w, arrays):  # arrays: the setup's traced parts (times), which move it too
+            setup = eqx.combine(arrays, rest)
             return jax.vjp(lambda u0, p: setup.forward(u0, p, adjoint=dfx.DirectAdjoint()).ys, u0, p)[1](w)
 
-        _, tangent = jax.jvp(pullback, (u0, p, w), (du0, dp, dw))
+        _, tangent = jax.jvp(pullback, (u0, p, w, arrays), (du0, dp, dw, d_arrays))
         return pb(w), tangent
 
     return lambda u0, p, pb, w: replay(u0, p, pb, w, arrays)

@@ -82,9 +82,9 @@ class Marcher(eqx.Module):
         (`jax.ShapeDtypeStruct` leaves): the march starts as after a jump, so the solver's first
         step computes what its state would hold (e.g. an FSAL stage)."""
         terms, solver = self._terms(), self._solver()
-        # Step sizes and times carry no derivative (as in diffrax's controllers).
+        # Step sizes carry no derivative (as in diffrax's controllers); times do (second derivatives in time).
         dt0 = jax.lax.stop_gradient(jnp.asarray(dt0, jnp.result_type(t)))
-        s = jax.lax.stop_gradient(-jnp.asarray(t, dt0.dtype))
+        s = -jnp.asarray(t, dt0.dtype)
         _, controller_state = self._controller().init(terms, s, s + dt0, y, dt0, None, solver.func,
                                                       solver.error_order(terms))
         shape = eqx.filter_eval_shape(lambda y, args: solver.init(terms, s, s + dt0, y, args), y, args)
@@ -99,7 +99,7 @@ class Marcher(eqx.Module):
         into `march.quadrature`."""
         terms, solver, controller = self._terms(), self._solver(), self._controller()
         error_order = solver.error_order(terms)
-        s_to = jax.lax.stop_gradient(-jnp.asarray(t_to, march.dt.dtype))
+        s_to = -jnp.asarray(t_to, march.dt.dtype)  # differentiable: λ at a breakpoint moves with it (Hessians in time)
 
         def cond(carry):
             m, steps = carry
