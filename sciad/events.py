@@ -110,8 +110,7 @@ class Plan(eqx.Module):
                 owners.append(i)
             else:
                 ts = jnp.asarray(callback.times)
-                if ts.ndim > 1 or not jnp.issubdtype(ts.dtype, jnp.floating) and not jnp.issubdtype(ts.dtype,
-                                                                                                  jnp.integer):
+                if ts.ndim > 1 or not jnp.issubdtype(ts.dtype, jnp.number) or jnp.iscomplexobj(ts):
                     raise ValueError(f"callbacks[{i}]: PresetTimeCallback(times=...) must be a 1-D array of times, "
                                      f"got {callback.times!r}")
                 ts = error_if(ts, ~jnp.all(jnp.isfinite(ts)), f"callbacks[{i}]: PresetTimeCallback times must be "
@@ -160,8 +159,6 @@ class Plan(eqx.Module):
 
 
 def _check_affect(affect: Callable, u0, p, t, i: int) -> None:
-    if not callable(affect):
-        raise TypeError(f"callbacks[{i}]: affect must be callable affect(u, p, t), got {affect!r}")
     out = eqx.filter_eval_shape(affect, u0, p, t)
     if jax.tree.structure(out) != jax.tree.structure(u0) or any(
             tuple(a.shape) != tuple(np.shape(b)) for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(u0))):
