@@ -7,10 +7,11 @@ A primitive lowered to a host call rather than `jax.pure_callback`: pure_callbac
 arguments into jax.Arrays before the call, about 200 µs a call on CPU against 20 µs here, and a
 sparse Newton makes a thousand calls a solve (sciad._jax_internals).
 
-Every factorisation, solve and release runs on one thread of its own: SciPy's SuperLU frees a
+Every factorisation is made and dropped on one thread of its own: SciPy's SuperLU frees a
 factorisation's memory only on the thread that allocated it (a per-thread registry), and JAX makes
 host calls from several threads, so factors released elsewhere were never freed (0.86 GB a forward
-solve at 8,192 states).
+solve at 8,192 states). Solves run on the calling thread (a hop costs ~50 µs, a Newton iteration's
+solve ~100 µs at 2,048 states) under the held factors' lock, which keeps the factor they use held.
 
 `HostLU` keeps the `kept` latest factorisations, found again by their entries (every stage and
 Newton iteration of a step solves with one), and orders every matrix of its pattern as the first
@@ -21,6 +22,7 @@ the factorisations and solves made and the most bytes held in factors (the bench
 
 import collections
 import concurrent.futures
+import threading
 import weakref
 
 import jax.numpy as jnp
@@ -42,6 +44,7 @@ class HostLU:
         self.rows, self.cols, self.shape, self.kept = rows, cols, shape, kept
         self.key = (shape, kept, rows.tobytes(), cols.tobytes())
         self.factors = collections.deque(maxlen=kept)  # (entries, SuperLU or None), the latest last
+        self.lock = threading.Lock()  # over `factors`: a solve keeps its factor held
         self.order = None  # the fill-reducing ordering, from the first factorisation
         weakref.finalize(self, _release, self.factors)
 
@@ -54,24 +57,34 @@ class HostLU:
     def __call__(self, values: np.ndarray, b: np.ndarray) -> np.ndarray:
         """x (..., n) with A(values[i]) x[i] = b[i]: values (..., nnz), b (..., n), one batch shape."""
         flat_values, flat_b = values.reshape(-1, values.shape[-1]), b.reshape(-1, b.shape[-1])
-        return _SUPERLU.submit(lambda: np.stack([self.solve(v, r) for v, r in zip(flat_values, flat_b)])).result(
-        ).reshape(b.shape)
+        return np.stack([self.solve(v, r) for v, r in zip(flat_values, flat_b)]).reshape(b.shape)
 
     def solve(self, values: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """x (n,) with A(values) x = b: values (nnz,), b (n,); NaN where A is singular. On SuperLU's thread."""
+        """x (n,) with A(values) x = b: values (nnz,), b (n,); NaN where A is singular. A(values)
+        is factorised on SuperLU's thread unless held; the solve runs here, under the lock."""
         COUNTS["solves"] += 1
-        lu = self.factorised(values)
-        if lu is None:
-            return np.full_like(b, np.nan)
-        x = np.empty_like(b)
-        x[self.order] = lu.solve(b[self.order])
-        return x
+        while True:  # once, unless another thread's factorisations push this one out first
+            with self.lock:
+                x = self._solve_held(values, b)
+            if x is not None:
+                return x
+            _SUPERLU.submit(self.factorise, values).result()
 
-    def factorised(self, values: np.ndarray):
-        """The factorisation of A(values), reordered (None where A is singular): held or made."""
+    def _solve_held(self, values, b):
+        """x, or None where A(values) is not held; under the lock. No factor outlives this frame
+        here: dropping the last reference to one off SuperLU's thread would leak it."""
         for held, lu in reversed(self.factors):
             if np.array_equal(held, values):
-                return lu
+                if lu is None:
+                    return np.full_like(b, np.nan)
+                x = np.empty_like(b)
+                x[self.order] = lu.solve(b[self.order])
+                return x
+        return None
+
+    def factorise(self, values: np.ndarray):
+        """Hold the factorisation of A(values), reordered (None where A is singular), pushing out
+        the oldest held. On SuperLU's thread."""
         import scipy.sparse as sp
         import scipy.sparse.linalg as spla
 
@@ -91,10 +104,10 @@ class HostLU:
                            relax=1, panel_size=6)
         except RuntimeError:  # exactly singular
             lu = None
-        self.factors.append((values.copy(), lu))
+        with self.lock:
+            self.factors.append((values.copy(), lu))
         held = sum(f.nnz * (values.itemsize + 4) for _, f in self.factors if f is not None)  # entries, row indices
         COUNTS["factor_bytes"] = max(COUNTS["factor_bytes"], held)
-        return lu
 
 
 def _release(factors):

@@ -65,3 +65,22 @@ def test_equal_patterns_are_one_static_value():
     b, _ = random_sparse(10, 5)
     c, _ = random_sparse(10, 6)
     assert a == b and hash(a) == hash(b) and a != c
+
+
+def test_threads_solving_at_once_each_get_their_own_matrix():
+    """JAX calls the host from several threads: with one factorisation held, each thread's next
+    factorisation pushes out another's, and every solve still uses its own matrix."""
+    import concurrent.futures
+
+    two, values = random_sparse(30, 7)
+    lu = HostLU(two.rows, two.cols, two.shape, kept=1)
+    b = np.arange(30.0)
+    scales = np.linspace(1, 2, 8)
+
+    def solve(scale):
+        return [lu.solve(values * scale, b) for _ in range(5)]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(solve, scales))
+    for scale, xs in zip(scales, results):
+        np.testing.assert_allclose(xs, [np.linalg.solve(dense(lu, values * scale), b)] * 5, rtol=1e-10)
