@@ -16,7 +16,9 @@ each) and the rest, whose columns are coloured so that no two columns of one col
 with two coupled species needs about ten colours at any grid size.
 """
 
+import collections
 import dataclasses
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -63,12 +65,20 @@ class Pattern:
         the rest coloured greedily, largest degree first."""
         n = self.matrix.shape[1]
         limit = max(16, int(4 * np.sqrt(n))) if dense_row is None else dense_row
+
+        def coloured():
+            csr = self.matrix.tocsr()
+            counts = np.diff(csr.indptr)
+            sparse_rows = sp.csr_matrix(csr.multiply((counts <= limit)[:, None]))
+            return Colouring(csr, _greedy_colours(sparse_rows), np.flatnonzero(counts > limit))
+        return _remembered(_COLOURINGS, (self.key, limit), coloured)
+
+    @property
+    def key(self) -> tuple:
+        """Equal for equal patterns."""
         csr = self.matrix.tocsr()
-        counts = np.diff(csr.indptr)
-        dense = np.flatnonzero(counts > limit)
-        sparse_rows = sp.csr_matrix(csr.multiply((counts <= limit)[:, None]))
-        colours = _greedy_colours(sparse_rows)
-        return Colouring(csr, colours, dense)
+        csr.sort_indices()
+        return csr.shape, csr.indptr.tobytes(), csr.indices.tobytes()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -138,9 +148,15 @@ def _greedy_colours(pattern: sp.csr_matrix) -> np.ndarray:
 
 
 def jacobian_pattern(fn, x, *args) -> Pattern:
-    """The sparsity of ∂fn(x, *args)/∂x for flat x (n,) and a flat output (N,) (see the module)."""
+    """The sparsity of ∂fn(x, *args)/∂x for flat x (n,) and a flat output (N,) (see the module).
+    Found again, not propagated, for a jaxpr seen before: solvers trace one stage relation dozens
+    of times per program."""
     closed = jax.make_jaxpr(fn)(x, *args)
-    n = x.size
+    return _remembered(_PATTERNS, (str(closed.jaxpr), *map(_const_key, closed.consts)),
+                       lambda: _propagated(closed, x.size))
+
+
+def _propagated(closed, n) -> Pattern:
     deps = _Propagation(n)
     inputs = [sp.identity(n, dtype=bool, format="csr")] + [None] * (len(closed.jaxpr.invars) - 1)
     (out,) = deps.run(closed.jaxpr, closed.consts, inputs)
@@ -317,6 +333,30 @@ class _Propagation:
             m = sp.block_diag([sp.kron(sp.csr_matrix(left[b]), sp.identity(J, dtype=bool)) for b in range(B)])
             parts.append(sp.csr_matrix(m, dtype=bool) @ deps[1][perm_r])
         return _union(parts)
+
+
+REMEMBERED = 64  # patterns (and colourings) kept, the latest used
+_PATTERNS, _COLOURINGS = collections.OrderedDict(), collections.OrderedDict()
+
+
+def _remembered(cache: collections.OrderedDict, key, make):
+    """cache[key], made by `make()` if missing; the `REMEMBERED` latest used kept."""
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    cache[key] = value = make()
+    if len(cache) > REMEMBERED:
+        cache.popitem(last=False)
+    return value
+
+
+def _const_key(value):
+    """A jaxpr constant's part in a pattern's key: its bytes where known (an index, a zero
+    structure), its type where traced (taken as unknown)."""
+    concrete = _concrete(value)
+    if concrete is None:
+        return str(jax.typeof(value))
+    return concrete.dtype.str, concrete.shape, hashlib.blake2b(concrete.tobytes(), digest_size=16).digest()
 
 
 def _concrete(value):

@@ -98,3 +98,18 @@ def test_arguments_other_than_x_carry_nothing_and_may_be_traced():
         return jacobian_pattern(fn, jnp.ones(5), p).matrix.nnz + 0 * p[0]
 
     assert int(nnz(jnp.ones(3))) == 5
+
+
+def test_a_jaxpr_seen_before_is_found_not_propagated_and_its_constants_count():
+    """Solvers trace one stage relation many times per program: its pattern is remembered by the
+    jaxpr and its constants' values (a closed-over index array changes the pattern, not the jaxpr)."""
+    x = jnp.ones(6)
+
+    def gather(indices):
+        return lambda x: x[jnp.asarray(indices)] * 2
+
+    first = jacobian_pattern(gather(np.array([0, 1, 2])), x)
+    assert jacobian_pattern(gather(np.array([0, 1, 2])), x) is first
+    other = jacobian_pattern(gather(np.array([5, 4, 3])), x)
+    assert other is not first and sorted(other.matrix.indices) == [3, 4, 5]
+    assert first.colouring() is jacobian_pattern(gather(np.array([0, 1, 2])), x).colouring()
