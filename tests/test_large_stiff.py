@@ -247,3 +247,15 @@ def test_pytree_states_parameters_and_a_traced_closure_through_the_sparse_newton
         assert relative(got, want) < AGREEMENT
     fd = (loss(prob.p, 0.3 + 1e-4, "sparse") - loss(prob.p, 0.3 - 1e-4, "sparse")) / 2e-4
     assert relative(gradients["sparse"][1], fd) < 1e-5
+
+
+@pytest.mark.slow
+def test_sparse_gradient_agrees_with_finite_differences():
+    """Central differences of the loss through the sparse Newton's own forward solves at rtol = 1e-11."""
+    b = bench()
+    loss = jax.jit(lambda p: b.loss(sciad.solve(b.problem, p=p, saveat=b.saveat, solver="kvaerno5", rtol=1e-11,
+                                                atol=1e-11, jacobian="sparse", max_steps=20_000).us))
+    p = np.asarray(b.problem.p)
+    steps = 1e-4 * np.abs(p)
+    fd = [(loss(p + e) - loss(p - e)) / (2 * h) for e, h in zip(np.diag(steps), steps)]
+    assert relative(jax.jit(jax.grad(lambda p: objective(b, p, GaussAdjoint(), "sparse")))(p), fd) < 1e-5
