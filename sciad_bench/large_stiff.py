@@ -35,7 +35,7 @@ TOL = 1e-6
 GRIDS = {True: (16, 32, 64), False: (16, 24, 32, 64, 128)}
 DENSE_UP_TO = 32  # N: a dense Newton beyond (8,192 states) forms a 512 MB Jacobian and an LU of ~0.4 TFLOP per step
 MATRIX_FREE_UP_TO = 32  # N: unpreconditioned GMRES does not keep up with the diffusion beyond (docs: sciad.stiff)
-DIFFRAX_GRADIENT_UP_TO = 24  # N: diffrax's ForwardMode gradient (its fastest here) takes minutes beyond
+DIFFRAX_GRADIENT_UP_TO = 24  # N: dense gradients (diffrax's ForwardMode, its fastest here) take minutes beyond
 AGREEMENT = {"forward": 1e-3, "gradient": 1e-3}  # two methods at rtol = 1e-6: their errors, not ours
 
 
@@ -79,10 +79,10 @@ def scipy_forward(b):
     return run, None
 
 
-def sciad_gradient(b, sensealg):
+def sciad_gradient(b, sensealg, jacobian="auto"):
     def loss(p):
         return b.loss(sciad.solve(b.problem, p=p, saveat=b.saveat, solver="kvaerno5", rtol=TOL, atol=TOL,
-                                  sensealg=sensealg).us)
+                                  sensealg=sensealg, jacobian=jacobian).us)
 
     return _compiled(jax.jit(jax.grad(loss)), b.problem.p)
 
@@ -112,7 +112,9 @@ def forward_plan(n):
 def gradient_plan(n):
     plan = {"sciad auto (GaussAdjoint, sparse)": lambda b: sciad_gradient(b, "auto"),
             "sciad InterpolatingAdjoint (sparse)": lambda b: sciad_gradient(b, "InterpolatingAdjoint")}
-    if n <= DIFFRAX_GRADIENT_UP_TO:
+    if n <= DIFFRAX_GRADIENT_UP_TO:  # each stage strategy under one sensealg; diffrax's fastest adjoint
+        plan["sciad GaussAdjoint (matrix-free)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "matrix-free")
+        plan["sciad GaussAdjoint (dense)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "dense")
         plan["diffrax ForwardMode (dense)"] = diffrax_gradient
     return plan
 
