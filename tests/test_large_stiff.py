@@ -4,8 +4,10 @@ matrix-free Newton–Krylov.
 On the stiff 2-D Brusselator PDE (3×3 grid, 18 states) with Kvaerno5 at rtol = atol = 1e-8, the
 sparse and matrix-free forward solves agree with diffrax's dense Newton to 1e-6 relative, and so
 do gradients of the continuous adjoints (whose backward solves step the same solver, λ's system
-with its own detected pattern), of ForwardSensitivity (its augmented system's) and of
-DiscreteAdjoint; under jit, vmap, jvp and Hessians, in float32; "auto" picks the sparse Newton
+with its own detected pattern), of ForwardSensitivity (its augmented system's), of
+DiscreteAdjoint and ForwardDiffSensitivity (forward mode through the Newton solves), and of central
+differences; BacksolveAdjoint refuses the diffusion it cannot re-solve backwards; under jit, vmap,
+jvp and Hessians, with PyTree states and parameters, in float32; "auto" picks the sparse Newton
 and GaussAdjoint on a large grid and says so; bad `jacobian` options are refused naming the fix.
 Each solve compiles for tens of seconds on two cores: the default run keeps the forward checks,
 one gradient, the choice and the errors.
@@ -23,7 +25,8 @@ import pytest
 import sciad
 from scenarios import SENSEALGS as SCENARIOS
 from scenarios import reference_for, slow_except
-from sciad.adjoints import DiscreteAdjoint, ForwardSensitivity, GaussAdjoint, InterpolatingAdjoint
+from sciad.adjoints import (BacksolveAdjoint, DiscreteAdjoint, ForwardDiffSensitivity, ForwardSensitivity,
+                             GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint)
 from sciad.problems import brusselator_pde
 from sciad.stiff import MatrixFree, Sparse, StageNewton, stiff_solver
 
@@ -32,7 +35,9 @@ pytestmark = pytest.mark.usefixtures("fast_compiles")
 TOL = 1e-8
 AGREEMENT = 1e-6
 SENSEALGS = {"InterpolatingAdjoint": InterpolatingAdjoint(), "GaussAdjoint": GaussAdjoint(),
-             "DiscreteAdjoint": DiscreteAdjoint(), "ForwardSensitivity": ForwardSensitivity()}
+             "QuadratureAdjoint": QuadratureAdjoint(),
+             "DiscreteAdjoint": DiscreteAdjoint(), "ForwardSensitivity": ForwardSensitivity(),
+             "ForwardDiffSensitivity": ForwardDiffSensitivity()}
 JACOBIANS = ["sparse", "matrix-free"]
 
 
@@ -82,6 +87,15 @@ def test_gradient_agrees_with_forward_mode_through_the_dense_newton(name, jacobi
     b = bench()
     g = jax.jit(jax.grad(lambda p: objective(b, p, SENSEALGS[name], jacobian)))(b.problem.p)
     assert relative(g, dense_gradient()) < AGREEMENT
+
+
+@pytest.mark.slow
+def test_backsolve_refuses_the_diffusion_it_cannot_re_solve_backwards():
+    """u re-solved backwards through a stiff diffusion departs from the forward solution: the sparse
+    Newton's BacksolveAdjoint says so, naming the sensealgs to use, rather than a wrong gradient."""
+    b = bench()
+    with pytest.raises(Exception, match="unstable backwards in time .* Use InterpolatingAdjoint"):
+        jax.jit(jax.grad(lambda p: objective(b, p, BacksolveAdjoint(), "sparse")))(b.problem.p)
 
 
 @pytest.mark.slow
