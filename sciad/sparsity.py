@@ -76,9 +76,7 @@ class Pattern:
     @property
     def key(self) -> tuple:
         """Equal for equal patterns."""
-        csr = self.matrix.tocsr()
-        csr.sort_indices()
-        return csr.shape, csr.indptr.tobytes(), csr.indices.tobytes()
+        return _structure_key(self.matrix)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -175,9 +173,9 @@ class GivenPattern:
             raise ValueError(f"pattern: ∂f/∂u's sparsity must be square (n, n) over the flattened state, got shape "
                              f"{matrix.shape}")
         n = matrix.shape[0]
-        self.matrix = sp.csr_matrix(matrix + matrix.T + sp.identity(n, dtype=bool, format="csr"), dtype=bool)
-        self.matrix.sort_indices()
-        self.key = (self.matrix.shape, self.matrix.indices.tobytes(), self.matrix.indptr.tobytes())
+        symmetric = matrix + matrix.T + sp.identity(n, dtype=bool, format="csr")
+        self.matrix = sp.csr_matrix(symmetric, dtype=bool).sorted_indices()
+        self.key = _structure_key(self.matrix)
 
     def __eq__(self, other):
         return isinstance(other, GivenPattern) and self.key == other.key
@@ -348,6 +346,13 @@ def _remembered(cache: collections.OrderedDict, key, make):
     if len(cache) > REMEMBERED:
         cache.popitem(last=False)
     return value
+
+
+def _structure_key(matrix) -> tuple:
+    """(shape, indptr bytes, indices bytes) of a sparse matrix's structure, indices sorted: equal
+    for equal patterns."""
+    csr = sp.csr_matrix(matrix).sorted_indices()
+    return csr.shape, csr.indptr.tobytes(), csr.indices.tobytes()
 
 
 def _const_key(value):
