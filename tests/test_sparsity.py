@@ -113,3 +113,22 @@ def test_a_jaxpr_seen_before_is_found_not_propagated_and_its_constants_count():
     other = jacobian_pattern(gather(np.array([5, 4, 3])), x)
     assert other is not first and sorted(other.matrix.indices) == [3, 4, 5]
     assert first.colouring() is jacobian_pattern(gather(np.array([0, 1, 2])), x).colouring()
+
+
+def test_remembered_patterns_keep_no_function_nor_what_it_captures():
+    import gc
+    import weakref
+
+    class Weights(np.ndarray):  # a weak-referenceable array captured by f
+        pass
+
+    weights = np.arange(1.0, 6.0).view(Weights)
+
+    def f(x):
+        return x * weights
+
+    refs = weakref.ref(f), weakref.ref(weights)
+    jacobian_pattern(f, jnp.ones(5)).colouring()
+    del f, weights
+    gc.collect()
+    assert all(ref() is None for ref in refs)
