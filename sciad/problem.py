@@ -99,9 +99,9 @@ def check_inputs(prob: ODEProblem, u0, p) -> tuple:
     return u0, p
 
 
-def check_tolerances(rtol, atol, max_steps) -> None:
-    """Positive finite `rtol`, `atol` and a positive `max_steps`, else a clear error."""
-    for name, tol in (("rtol", rtol), ("atol", atol)):
+def check_tolerances(rtol, atol, max_steps, prefix: str = "") -> None:
+    """Positive finite `rtol`, `atol` (named with `prefix`) and a positive `max_steps`, else a clear error."""
+    for name, tol in ((prefix + "rtol", rtol), (prefix + "atol", atol)):
         if not (np.isfinite(tol) and tol > 0):
             raise ValueError(f"{name} must be a positive number, got {tol}")
     if int(max_steps) < 1:

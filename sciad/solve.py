@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad import events
-from sciad.adjoints import SENSEALGS, AbstractSensitivity, InterpolatingAdjoint, parse
+from sciad.adjoints import SENSEALGS, AbstractSensitivity, parse
 from sciad.adjoints.base import Setup, is_implicit
 from sciad.dense import DenseOutput
 from sciad.problem import (ODEProblem, check_finite, check_inputs, check_integrand, check_saveat, check_time_span,
@@ -57,8 +57,6 @@ def get_solver(solver) -> dfx.AbstractSolver:
 
 
 def _sensealg(sensealg) -> AbstractSensitivity:
-    if sensealg is None:
-        return InterpolatingAdjoint()
     if isinstance(sensealg, AbstractSensitivity):
         return sensealg
     if isinstance(sensealg, str) and sensealg.partition("(")[0].strip() in SENSEALGS:
@@ -67,14 +65,14 @@ def _sensealg(sensealg) -> AbstractSensitivity:
 
 
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="tsit5",
-          rtol=1e-6, atol=1e-6, sensealg=None, max_steps=4096, dense=False, jacobian="auto", callbacks=(),
-          max_events=None) -> Solution:
+          rtol=1e-6, atol=1e-6, sensealg="auto", max_steps=4096, dense=False, jacobian="auto", callbacks=(),
+          max_events=None, adjoint_rtol=None, adjoint_atol=None) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
     jax.vmap) with respect to `u0` and `p` passed here (PyTrees like the problem's), values f
-    closes over, the save times and the time span, by the rules of `sensealg` (default
-    `InterpolatingAdjoint()`; `"auto"` picks one with `sciad.select_sensealg`; or any of
+    closes over, the save times and the time span, by the rules of `sensealg` (default `"auto"`:
+    one picked from what is known at trace time, as `sciad.select_sensealg` reports it; or any of
     `sciad.adjoints.SENSEALGS`, as an instance or its name). `tspan=(t0, t1)` overrides the
     problem's (concrete or traced; t1 < t0 integrates backwards in time, save times then
     decreasing; traced times keep the problem's direction). `integrand` g(u, p, t) (a scalar or a
@@ -82,7 +80,10 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     its error control (q' = g rides along with u), differentiable by every sensealg (the
     continuous adjoints add ∂g/∂u to λ's equation and ∂g/∂p to μ's). `solver` is a name in
     `SOLVERS` or a diffrax solver; steps are adaptive (PID control at `rtol`, `atol`). A solve that
-    needs more than `max_steps` steps (default 4096, as diffrax) raises an error. With
+    needs more than `max_steps` steps (default 4096, as diffrax) raises an error. The continuous
+    adjoints solve their linear adjoint systems for the cotangent divided by its largest entry and
+    scale back, so a gradient's accuracy does not depend on the loss's scale; they control that
+    normalised λ (and μ) at `adjoint_rtol`, `adjoint_atol` (default: `rtol`, `atol`). With
     `dense=True`, `Solution.interpolation(t)` gives u at any t in tspan from the same solve, its
     derivatives by the same sensealg (`sciad.dense.DenseOutput`). `jacobian` is how an implicit
     solver's Newton steps solve with I − hγ ∂f/∂u, in the forward solve and in the adjoint solves:
@@ -104,6 +105,9 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
     u0, p = check_inputs(prob, u0, p)
     check_tolerances(rtol, atol, max_steps)
+    adjoint_rtol, adjoint_atol = (tol if tol is not None else default for tol, default in
+                                  ((adjoint_rtol, rtol), (adjoint_atol, atol)))
+    check_tolerances(adjoint_rtol, adjoint_atol, max_steps, prefix="adjoint_")
     t0, t1, sign = check_time_span(tspan, prob.tspan)
     solver, stages = with_stage_jacobian(get_solver(solver), jacobian, prob.f, u0, p, t0)
     ts = check_saveat(saveat, t0, t1, sign)
@@ -128,7 +132,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     saves = sign * jnp.asarray(ts, dtype)
     if integrand is not None and not callbacks:  # q(t1) is saved last
         saves = jnp.concatenate([saves, s1[None]])
-    setup = Setup(field, solver, s0, s1, saves, float(rtol), float(atol), int(max_steps))
+    setup = Setup(field, solver, s0, s1, saves, float(rtol), float(atol), int(max_steps), float(adjoint_rtol),
+                  float(adjoint_atol))
     u0_flat = check_finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
     p_flat = check_finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
     n, T = field.u.size, len(ts)

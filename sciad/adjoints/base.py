@@ -24,7 +24,8 @@ class Setup(eqx.Module):
     integral ∫ g dt from q(t0) = 0. Time runs forward, t0 < t1 (a backward problem arrives with t
     negated); `ts` (T,) the save times, increasing inside [t0, t1]. A PyTree: its traced parts
     (t0, t1, the save times, values f closes over) are leaves, so a custom rule can take it as an
-    argument."""
+    argument. `adjoint_rtol`, `adjoint_atol` (default: rtol, atol): the backward systems' tolerances,
+    on the adjoint state of a cotangent divided by its largest entry (`normalised`)."""
 
     f: Callable
     solver: dfx.AbstractSolver
@@ -34,6 +35,14 @@ class Setup(eqx.Module):
     rtol: float = eqx.field(static=True)
     atol: float = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
+    adjoint_rtol: float | None = eqx.field(static=True, default=None)
+    adjoint_atol: float | None = eqx.field(static=True, default=None)
+
+    @property
+    def adjoint_tolerances(self) -> tuple[float, float]:
+        """(rtol, atol) of the backward systems."""
+        return (self.rtol if self.adjoint_rtol is None else self.adjoint_rtol,
+                self.atol if self.adjoint_atol is None else self.adjoint_atol)
 
     @property
     def implicit(self) -> bool:
@@ -132,6 +141,15 @@ def stored_steps(max_steps: int, step_bytes: int = 0) -> int:
 def interpolation_step_bytes(solver, states: int, itemsize: int) -> int:
     """Bytes of one step of a dense interpolation: stages + 1 vectors of `states` (7 stages if unknown)."""
     return (getattr(getattr(solver, "tableau", None), "num_stages", 7) + 1) * states * itemsize
+
+
+def normalised(w) -> tuple:
+    """(s, w / s): a cotangent w divided by its largest |entry| s (1 where w is 0), s a constant (no
+    derivative: what is solved with w / s is linear in it). A linear adjoint system solved for w / s
+    and scaled back by s has its error controlled relative to its own size, whatever the loss's scale."""
+    size = jax.lax.stop_gradient(jnp.max(jnp.abs(w), initial=0.0))
+    scale = jnp.where((size > 0) & jnp.isfinite(size), size, jnp.ones_like(size))
+    return scale, w / scale
 
 
 def leading_seminorm(parts: int = 1) -> Callable:

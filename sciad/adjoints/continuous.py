@@ -25,6 +25,7 @@ from sciad.adjoints.base import (
     checked,
     interpolation_step_bytes,
     leading_seminorm,
+    normalised,
     plain_forward,
     solver_pushforward,
     stats_vector,
@@ -233,12 +234,17 @@ class _ContinuousAdjoint(AbstractSensitivity):
         return self.record(setup, u0, p)
 
     def pullback(self, setup: Setup, rec: Recorded, w):
-        """The backward sweep; where the forward pass ran out of stored steps (`rec.again`, for any
-        member of a vmap batch), the sweep that re-solves each interval."""
+        """The backward sweep of the cotangent w divided by its largest entry, scaled back: the adjoint
+        systems are linear in w, and their error control (relative to λ's own size) then does not
+        depend on the loss's scale. Where the forward pass ran out of stored steps (`rec.again`, for
+        any member of a vmap batch), the sweep that re-solves each interval."""
+        scale, w = normalised(w)
         if rec.again is None:
-            return self._sweep(setup, rec, w, rec.resolved)
-        return jax.lax.cond(batch_any(rec.again), lambda: self._sweep(setup, rec, w, True),
-                            lambda: self._sweep(setup, rec, w, False))
+            cotangents = self._sweep(setup, rec, w, rec.resolved)
+        else:
+            cotangents = jax.lax.cond(batch_any(rec.again), lambda: self._sweep(setup, rec, w, True),
+                                      lambda: self._sweep(setup, rec, w, False))
+        return jax.tree.map(lambda g: g * scale, cotangents)
 
     def pushforward(self, setup: Setup, rec: Recorded, du0, dp):
         return solver_pushforward(setup, rec.u0, rec.p, du0, dp)
@@ -357,7 +363,8 @@ class BacksolveAdjoint(_ContinuousAdjoint):
             budget = jnp.minimum(BACKWARD_STEPS * (rec.steps + 8), setup.max_steps).astype(jnp.int32)
             m = _march_interval(setup, marcher, system, march, Interval(rec.p, None, w_q), rec.t[j], budget)
             u_start = rec.u_at[j, : setup.n]
-            scale = setup.atol + setup.rtol * jnp.abs(u_start)
+            rtol, atol = setup.adjoint_tolerances  # u is re-solved at the adjoint's tolerances
+            scale = atol + rtol * jnp.abs(u_start)
             d = jnp.sqrt(jnp.mean(((m.y[0] - u_start) / scale) ** 2)) / jnp.maximum(rec.steps, 1)
             d = jnp.where(dfx.is_successful(m.result), d, jnp.inf)
             return m, jnp.maximum(drift, jax.lax.stop_gradient(d))

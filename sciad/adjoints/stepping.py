@@ -47,8 +47,8 @@ class March(eqx.Module):
 
 
 class Marcher(eqx.Module):
-    """Steps `rhs(t, y, args)` backwards in time with `setup`'s solver and tolerances (`norm`:
-    the controller's norm, None for the RMS norm over all of y)."""
+    """Steps `rhs(t, y, args)` backwards in time with `setup`'s solver at its adjoint tolerances
+    (`norm`: the controller's norm, None for the RMS norm over all of y)."""
 
     setup: Setup
     rhs: Callable
@@ -75,7 +75,7 @@ class Marcher(eqx.Module):
         return solver
 
     def _controller(self):
-        return step_controller(self.setup.solver, self.setup.rtol, self.setup.atol, self.norm)
+        return step_controller(self.setup.solver, *self.setup.adjoint_tolerances, self.norm)
 
     def start(self, y, args, t, dt0, quadrature=None) -> March:
         """A march at time t from state y, first trying the step dt0 > 0. `args` may be abstract
