@@ -258,3 +258,18 @@ def test_hessian_in_the_times(name):
     x = np.array([K, 0.3, 1.0])
     hessian = central_differences(lambda y: central_differences(closed, y, rel_step=1e-4), x, rel_step=1e-4)
     assert_agrees(jax.jit(jax.hessian(loss))(x), hessian, f"{name}: Hessian", 1e-5)
+
+
+@pytest.mark.parametrize("name", slow_except([*NAMES, "auto"], fast=["ForwardDiffSensitivity", "auto"]))
+def test_save_times_alone(name):
+    """Gradients and tangents in the save times with nothing else differentiated: ∂u(tᵢ)/∂tᵢ = f(u(tᵢ))
+    (forward mode through the steps once had no input to differentiate and failed)."""
+    ts = jnp.asarray([0.3, 1.1, 1.7])
+
+    def loss(ts):
+        return jnp.sum(sciad.solve(PROB, saveat=ts, sensealg=name, rtol=TOL, atol=TOL).us ** 2)
+
+    u = U0 * np.exp(-K * np.asarray(ts))[:, None]
+    expected = np.sum(2 * u * (-K * u), axis=1)  # ∂|u(tᵢ)|²/∂tᵢ
+    close(jax.jit(jax.grad(loss))(ts), expected, f"{name}: ∂L/∂ts")
+    close(jax.jvp(loss, (ts,), (jnp.ones_like(ts),))[1], np.sum(expected), f"{name}: the tangent in ts")

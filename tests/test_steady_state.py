@@ -292,3 +292,25 @@ def test_other_sensealgs_are_refused():
     with pytest.raises(ValueError, match="linear_solver='cg'.*choose 'auto', 'dense'"):
         sciad.SteadyStateAdjoint(linear_solver="cg")
     assert "SteadyStateAdjoint" not in sciad.adjoints.SENSEALGS
+
+
+def test_krylov_gradient_does_not_depend_on_the_loss_scale():
+    """GMRES solves (∂f/∂u)ᵀλ = ∂L/∂u* for ∂L/∂u* over its largest entry: a loss × 1e-8 gives 1e-8 × the
+    gradient at the default tolerances (it was 0.2 % off with the residual held to atol), as a loss × 1e8."""
+    n = 150
+
+    def reaction_diffusion(u, p, t):
+        lap = jnp.concatenate([u[1:2] - u[:1], u[2:] - 2 * u[1:-1] + u[:-2], u[-2:-1] - u[-1:]])
+        return p[0] * n * lap - p[1] * u + 1.0 / (1.0 + jnp.arange(n) / n) - 0.1 * u**3
+
+    prob = sciad.ODEProblem(reaction_diffusion, np.zeros(n), (0.0, 1.0), np.array([0.3, 1.0]))
+    scales = jnp.asarray([1e-8, 1.0, 1e8])
+
+    def loss(p, s, how):
+        return s * jnp.sum(sciad.steady_state(prob, p=p, sensealg=sciad.SteadyStateAdjoint(linear_solver=how)).u ** 2)
+
+    gradients = jax.jit(jax.vmap(jax.grad(loss), (None, 0, None)), static_argnums=2)(prob.p, scales, "gmres")
+    gradients = gradients / scales[:, None]
+    np.testing.assert_allclose(gradients, np.broadcast_to(gradients[1], gradients.shape), rtol=1e-9)
+    dense = jax.jit(jax.grad(loss), static_argnums=2)(prob.p, 1.0, "dense")
+    np.testing.assert_allclose(gradients[1], dense, rtol=1e-6)

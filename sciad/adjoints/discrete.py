@@ -200,23 +200,28 @@ class ForwardDiffSensitivity(AbstractSensitivity):
         if active is None:
             return plain_forward(setup, u0, p)
         argnums = tuple(i for i, on in enumerate(active) if on)
+        if not argnums:  # only the times are differentiated: their derivatives need no Jacobian
+            ys, stats, _ = plain_forward(setup, u0, p)
+            return ys, stats, Jacobians(None, None, ys.shape)
         jacs, (us, stats, result) = jax.jacfwd(
             _solution(setup), argnums=argnums, has_aux=True)(u0, p)
         full = [None, None]
         for i, jac in zip(argnums, jacs):
             full[i] = checked(setup, result, jac)
-        return us, stats, Jacobians(*full)
+        return us, stats, Jacobians(*full, us.shape)
 
     def pullback(self, setup: Setup, jacs: "Jacobians", w):
         return tuple(None if jac is None else jnp.tensordot(w, jac, axes=2) for jac in (jacs.u0, jacs.p))
 
     def pushforward(self, setup: Setup, jacs: "Jacobians", du0, dp):
-        return sum(jnp.tensordot(jac, v, axes=1) for jac, v in zip((jacs.u0, jacs.p), (du0, dp)) if jac is not None)
+        return sum((jnp.tensordot(jac, v, axes=1) for jac, v in zip((jacs.u0, jacs.p), (du0, dp)) if jac is not None),
+                   start=jnp.zeros(jacs.shape, du0.dtype))
 
 
 class Jacobians(eqx.Module):
     """ForwardDiffSensitivity's residuals: ∂y(tᵢ)/∂u0 (T, n + k, n) and ∂y(tᵢ)/∂p (T, n + k, m) (None where
-    not differentiated)."""
+    not differentiated), and the `shape` (T, n + k) of the saves."""
 
     u0: jax.Array | None
     p: jax.Array | None
+    shape: tuple = eqx.field(static=True)

@@ -62,18 +62,22 @@ class ForwardSensitivity(AbstractSensitivity):
         sol = setup.diffeqsolve(setup.term(rhs), (y0, s0), p, setup.t0, setup.t1, ts=jnp.asarray(setup.ts, u0.dtype),
                                 norm=leading_seminorm() if self.seminorm else None)
         ys, sens = sol.ys  # sens: (T, columns, n + k)
-        blocks = Sensitivities(sens[:, : sizes[0]] if active[0] else None, sens[:, sizes[0]:] if active[1] else None)
+        blocks = Sensitivities(sens[:, : sizes[0]] if active[0] else None, sens[:, sizes[0]:] if active[1] else None,
+                               ys.shape)
         return ys, stats_vector(sol, u0.dtype), blocks
 
     def pullback(self, setup: Setup, sens: "Sensitivities", w):
         return tuple(None if s is None else jnp.einsum("tn,tkn->k", w, s) for s in (sens.u0, sens.p))
 
     def pushforward(self, setup: Setup, sens: "Sensitivities", du0, dp):
-        return sum(jnp.einsum("tkn,k->tn", s, v) for s, v in zip((sens.u0, sens.p), (du0, dp)) if s is not None)
+        return sum((jnp.einsum("tkn,k->tn", s, v) for s, v in zip((sens.u0, sens.p), (du0, dp)) if s is not None),
+                   start=jnp.zeros(sens.shape, du0.dtype))
 
 
 class Sensitivities(eqx.Module):
-    """∂y(tᵢ)/∂u0 (T, n, n + k) and ∂y(tᵢ)/∂p (T, m, n + k) at the save times (None where not differentiated)."""
+    """∂y(tᵢ)/∂u0 (T, n, n + k) and ∂y(tᵢ)/∂p (T, m, n + k) at the save times (None where not
+    differentiated), and the `shape` (T, n + k) of the saves."""
 
     u0: jax.Array | None
     p: jax.Array | None
+    shape: tuple = eqx.field(static=True)

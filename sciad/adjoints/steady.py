@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import lineax as lx
 
 import sciad.ad as ad
-from sciad.adjoints.base import Products
+from sciad.adjoints.base import Products, normalised
 from sciad.errors import error_if
 
 # States up to which "auto" solves with a dense J: n products and an LU, exact, with nothing to fail to
@@ -126,12 +126,15 @@ def jacobian(prods: Products, u, p, t) -> jax.Array:
 
 def jacobian_solve(linear, b, *, matrix=None, matvec: Callable):
     """x (n,) with A x = b: by LU of `matrix` (A, n×n) where `linear` is "dense", else by the lineax
-    solver `linear` from the products `matvec(v) = A v`, with a run-time error where it fails."""
+    solver `linear` from the products `matvec(v) = A v` for b divided by its largest entry, scaled back
+    (its tolerances then hold relative to b's size, whatever the loss's scale), with a run-time error
+    where it fails."""
     if linear == "dense":
         return jnp.linalg.solve(matrix, b)
+    scale, b = normalised(b)
     operator = lx.FunctionLinearOperator(matvec, jax.ShapeDtypeStruct(b.shape, b.dtype))
     sol = lx.linear_solve(operator, b, linear, throw=False)
-    return error_if(sol.value, sol.result != lx.RESULTS.successful, KRYLOV_FAILED)
+    return error_if(sol.value * scale, sol.result != lx.RESULTS.successful, KRYLOV_FAILED)
 
 
 def is_singular(jac) -> jax.Array:
