@@ -98,7 +98,7 @@ def measure(bench, batch: int, configs, *, repeats: int, progress: Progress) -> 
     ps = members(bench, batch)
     records, calls, reference = [], [], None
     for method, count in configs:
-        progress.show(f"{bench.name} B={batch}: {method} ×{count} (compiling)")
+        progress.step(f"{bench.name} B={batch}: {method} ×{count} (compiling)")
         record = {"problem": bench.name, "size": bench.size, "sensealg": describe(sensealg), "batch": batch,
                   "method": method, "devices": count, "device": device_name(jax.devices()[0]), "times": [],
                   "median_s": None, "grads_per_s": None, "compile_time": None, "rel_error": None, "ok": False,
@@ -120,10 +120,10 @@ def measure(bench, batch: int, configs, *, repeats: int, progress: Progress) -> 
         except Exception as e:  # a method that cannot run is reported, not fatal
             record["error"] = f"{type(e).__name__}: {summary(e)[:300]}"
         records.append(record)
-        progress.step(f"{bench.name} B={batch}: {method} ×{count}")
     interleaved([call for _, call in calls], rounds=1)  # warm-up
     times = interleaved([call for _, call in calls], rounds=repeats,
-                        on_round=lambda i: progress.show(f"{bench.name} B={batch}: timing round {i + 1}/{repeats}"))
+                        on_round=lambda i: progress.show(f"{bench.name} B={batch}: timing ({repeats} rounds)",
+                                                         f"round {i + 1}"))
     for (record, _), t in zip(calls, times):
         record["times"], record["median_s"] = t, float(np.median(t))
         record["grads_per_s"] = batch / record["median_s"]

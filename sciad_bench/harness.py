@@ -70,25 +70,39 @@ def reference_gradient(bench: Benchmark) -> np.ndarray:
 
 
 class Progress:
-    """A one-line progress bar on stderr: `[#####     ] 12/40 label`."""
+    """Progress on stderr (or `stream`) through `total` counted stages. On a terminal, one bar redrawn
+    in place: `[#####     ] 12/40 label, detail`. Elsewhere (a file, a pipe, CI's log) one line per
+    stage, `[12/40] label`: each `step`, and each `show` whose label differs from the last line's
+    (its `detail`, e.g. the round being timed, stays off the log)."""
 
     def __init__(self, total: int, width: int = 30, stream=None):
         self.total, self.done, self.width = max(total, 1), 0, width
         self.stream = stream or sys.stderr
+        self.live = getattr(self.stream, "isatty", lambda: False)()
+        self.last = None
 
-    def show(self, label: str) -> None:
-        filled = int(self.width * self.done / self.total)
-        line = f"\r[{'#' * filled}{' ' * (self.width - filled)}] {self.done}/{self.total} {label}"
-        self.stream.write(f"{line[:110]:<110}")
+    def show(self, label: str, detail: str = "") -> None:
+        """Say what is under way now, without counting a stage."""
+        if self.live:
+            filled = int(self.width * self.done / self.total)
+            line = f"\r[{'#' * filled}{' ' * (self.width - filled)}] {self.done}/{self.total} {label}"
+            self.stream.write(f"{(line + (f', {detail}' if detail else ''))[:110]:<110}")
+        elif label != self.last:
+            self.stream.write(f"[{self.done}/{self.total}] {label}\n")
+        self.last = label
         self.stream.flush()
 
     def step(self, label: str) -> None:
+        """Count the stage `label` begins (or ends) and say so."""
         self.done += 1
+        self.last = None
         self.show(label)
 
     def close(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
+        """End the bar's line (a terminal's)."""
+        if self.live:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def device_name(device) -> str:
@@ -141,13 +155,14 @@ def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10,
 
             return prepare
 
-        limit = f"/{repeats}" if budget is None else f" (up to {budget:g} s)"
+        most = f"{repeats} rounds" if budget is None else f"≤ {repeats} rounds, ≤ {budget:g} s"
         with jax.default_device(device):
             rows = compare([build(i, c) for i, c in enumerate(combinations)], lambda: lambda: reference,
                            tolerance=tolerance, rounds=repeats, budget=budget, slow_call=SLOW_CALL, baselines=[0],
                            on_compile=lambda i: progress.step(f"{bench.name}: {combinations[i].label} (compiling)"),
                            on_round=lambda tier, i: progress.show(
-                               f"{bench.name}: timing {tier} calls, round {i + 1}{limit}"))
+                               f"{bench.name}: timing the calls {'<' if tier == 'fast' else '≥'} {SLOW_CALL:g} s ({most})",
+                               f"round {i + 1}"))
         records += [_record(c, bench, device, row, tolerance, fns.get(i))
                     for i, (c, row) in enumerate(zip(combinations, rows))]
     if own:

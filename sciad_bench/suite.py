@@ -207,12 +207,10 @@ def memory_sweep(horizons, combos: list[Combination], progress=None) -> list[dic
         p = jnp.asarray(bench.problem.p)
         for combo in combos:
             if progress is not None:
-                progress.show(f"memory: {combo.label} at T = {horizon:g}")
+                progress.step(f"memory: {combo.label} at T = {horizon:g} (compiling)")
             rows.append({"label": combo.label, "sensealg": combo.sensealg, "horizon": float(horizon),
                          "max_steps": bench.max_steps,
                          "peak_bytes": harness.peak_bytes(harness.compiled(combo.build(bench), p))})
-            if progress is not None:
-                progress.step(f"memory: {combo.label} at T = {horizon:g}")
     return rows
 
 

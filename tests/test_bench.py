@@ -253,3 +253,29 @@ def test_large_stiff_benchmark_checks_then_times(tmp_path):
     assert all(r["ok"] is True and r["median_s"] for r in records), [(r["name"], r.get("ok")) for r in records]
     assert {p.name for p in tmp_path.iterdir()} >= {"records.json", "large-stiff.png", "table.md"}
     assert "its median / sciad auto's" in (tmp_path / "table.md").read_text()
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_writes_one_line_per_stage_off_a_terminal():
+    """To a file or a pipe: a line per step and per new kind of work, no carriage returns, no rounds;
+    on a terminal: the bar redrawn in place with them."""
+    def report(stream):
+        progress = harness.Progress(2, stream=stream)
+        progress.step("lv: a (compiling)")
+        progress.step("lv: b (compiling)")
+        for i in range(200):
+            progress.show("lv: timing the calls < 0.1 s", f"round {i + 1}")
+        progress.show("lv: timing the calls ≥ 0.1 s", "round 1")
+        progress.close()
+        return stream.getvalue()
+
+    assert report(io.StringIO()).splitlines(keepends=True) == [
+        "[1/2] lv: a (compiling)\n", "[2/2] lv: b (compiling)\n", "[2/2] lv: timing the calls < 0.1 s\n",
+        "[2/2] lv: timing the calls ≥ 0.1 s\n"]
+    live = report(Terminal())
+    assert live.count("\r") == 203 and live.count("\n") == 1 and "round 200" in live and "#" * 30 in live
+
