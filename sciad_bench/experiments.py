@@ -194,7 +194,9 @@ def run_experiment(name: str, *, quick: bool = False, repeats: int | None = None
     start = time.perf_counter()
     records = []
     for bench, combos in plan:
-        records += harness.run(bench, combos, repeats=repeats, budget=budget, devices=devices, progress=progress)
+        pick = harness.auto_pick(bench)
+        records += [{**r, "auto_pick": pick} for r in
+                    harness.run(bench, combos, repeats=repeats, budget=budget, devices=devices, progress=progress)]
     progress.close()
     table = write_outputs(name, records, skipped, out, quick=quick)
     if verbose:

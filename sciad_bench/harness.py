@@ -57,6 +57,15 @@ def sciad_combination(sensealg: str, engine: str | None = None) -> Combination:
                        lambda bench: jax.jit(jax.grad(lambda p: bench.objective(p, alg))))
 
 
+def auto_pick(bench: Benchmark) -> str:
+    """The label of the combination `sensealg="auto"` runs on `bench` (`sciad.select_sensealg`'s choice),
+    as `sciad_combination` labels it."""
+    alg = sciad.select_sensealg(bench.problem, saveat=bench.saveat, solver=bench.solver, rtol=bench.rtol,
+                                atol=bench.atol, max_steps=bench.max_steps).sensealg
+    option = engine_option(alg)
+    return Combination(describe(alg, engine=False), getattr(alg, option).name if option else None, None).label
+
+
 def forward_solve() -> Combination:
     """The loss without a gradient: the baseline for the ratios."""
     return Combination(FORWARD_SOLVE, None, lambda bench: jax.jit(bench.objective), kind="baseline")

@@ -279,3 +279,21 @@ def test_progress_writes_one_line_per_stage_off_a_terminal():
     live = report(Terminal())
     assert live.count("\r") == 203 and live.count("\n") == 1 and "round 200" in live and "#" * 30 in live
 
+def test_table_says_what_bold_and_autos_pick_mean():
+    group = [{**r, "problem": "lotka-volterra", "auto_pick": "b / jax-reverse"} for r in (
+        record("a", "A", None, 6, 0.002), record("b / jax-reverse", "b", "jax-reverse", 6, 0.003),
+        record("w", "W", None, 6, None, ok=False), record("peer", "P", None, 6, 0.001, kind="peer"))]
+    table = tables.markdown_table(group)
+    assert "| **a** |" in table and "| b / jax-reverse ← auto's pick |" in table and "| w |" in table
+    assert "**Bold**: the fastest sciad combination whose gradient passed the check" in table
+    assert "← auto's pick: what `sensealg=\"auto\"` runs on the problem" in table and "not among" not in table
+    elsewhere = tables.markdown_table([{**r, "auto_pick": "GaussAdjoint"} for r in group])
+    assert "← auto's pick |" not in elsewhere
+    assert "on lotka-volterra GaussAdjoint is not among the combinations timed" in elsewhere
+    assert "auto's pick" not in tables.markdown_table([record("a", "A", None, 6, 0.002)])  # no pick recorded
+
+
+def test_autos_pick_is_timed_by_the_main_job():
+    [(bench, combos)], _ = experiments.PLANS["lotka-volterra"](["jax-reverse", "jax-forward"], True)
+    assert harness.auto_pick(bench) in [c.label for c in combos if c.kind == "sciad"]
+
