@@ -8,65 +8,124 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib import cbook, mlab, ticker  # noqa: E402
+from matplotlib import mlab, ticker  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from sciad_bench.tables import ordered  # noqa: E402
+from sciad_bench.tables import best, is_auto_pick, ordered  # noqa: E402
 
 COLORS = {"sciad": "tab:blue", "peer": "tab:orange", "baseline": "tab:gray"}
 KINDS = {"sciad": "sciad", "peer": "peer", "baseline": "forward solve (no gradient)"}  # the legend's labels
+WHISKERS = (5, 95)  # the percentiles of a combination's per-repeat times its violin and whiskers span
+AUTO_EDGE = "black"  # the outline of auto's pick
+FAILED = "tab:red"
 
 
-def violin_plot(records, path, title: str) -> None:
+def violin_plot(records, path, title: str):
     """One panel per problem, one horizontal violin per combination in the table's order (fastest on
-    top), times on a log axis; colours by kind in a legend (sciad, peer, forward solve); wrong or failed
-    combinations listed last without data."""
+    top), times on a log axis, saved to `path`; returns the (closed) figure.
+
+    Each violin and its whiskers span the `WHISKERS` percentiles of the per-repeat times (the times
+    themselves stay in records.json), its bar the median, labelled with the median and the count n.
+    Colours by kind (sciad, peer, forward solve); auto's pick (`tables.is_auto_pick`) outlined and
+    labelled, the fastest correct sciad combination (the table's bold row) labelled in bold; those
+    whose gradient failed the check, or that raised, are listed last in red, untimed. The legend and
+    the axis label say so."""
     problems = {}
     for r in records:
         problems.setdefault(r["problem"], []).append(r)
     heights = [len(group) for group in problems.values()]
-    fig, axes = plt.subplots(len(problems), 1, figsize=(9, 1.4 + 0.32 * sum(heights) + 0.6 * (len(problems) - 1)),
-                             height_ratios=heights, squeeze=False)
+    fig, axes = plt.subplots(len(problems), 1, figsize=(10, 2.6 + 0.34 * sum(heights) + 0.6 * (len(problems) - 1)),
+                             height_ratios=heights, squeeze=False, layout="constrained")
     for ax, (problem, group) in zip(axes[:, 0], problems.items()):
         _violins(ax, ordered(group))
         ax.set_title(title if len(problems) == 1 else f"{title}: {problem}")
-    axes[0, 0].legend(handles=[Patch(color=COLORS[k], alpha=0.6, label=label) for k, label in KINDS.items()
-                               if any(r["kind"] == k for r in records)], loc="upper right", fontsize=8)
+    handles = [Patch(color=COLORS[k], alpha=0.6, label=label) for k, label in KINDS.items()
+               if any(r["kind"] == k and r["ok"] for r in records)]
+    if any(is_auto_pick(r) for r in records):
+        handles.append(Patch(facecolor="white", edgecolor=AUTO_EDGE, linewidth=2,
+                             label='auto\'s pick (what sensealg="auto" runs)'))
+    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=8, frameon=False)
+    low, high = WHISKERS
     axes[-1, 0].set_xlabel("time per gradient (log scale)")
-    fig.tight_layout()
+    fig.supxlabel(f"Violin and whiskers: {low}th–{high}th percentile of the n timed repeats (every time is in "
+                  "records.json); bar: median.\nBold: the fastest sciad combination whose gradient passed the "
+                  "check. ✗ in red: failed the check or raised, not timed.", fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return fig
 
 
 def _density(x, coords):
     return mlab.GaussianKDE(x, "scott").evaluate(coords)
 
 
+def violin_stats(times) -> dict:
+    """A violin of `times` for a log axis: `min` and `max` (its ends and whiskers) the `WHISKERS`
+    percentiles, `median`, the density of log10(times) at `coords` between them (`vals`; None
+    when the times are all alike)."""
+    times = np.asarray(times, float)
+    low, high = np.percentile(times, WHISKERS)
+    stats = {"min": low, "max": high, "median": float(np.median(times)), "mean": float(np.mean(times)),
+             "coords": np.geomspace(low, high, 100), "vals": None}
+    if times.size >= 2 and high > low:
+        stats["vals"] = _density(np.log10(times), np.log10(stats["coords"]))
+    return stats
+
+
 def _violins(ax, records) -> None:
-    """Row i for records[i], from the top; each violin's density estimated on log10 of the times."""
+    """Row i for records[i], from the top; the density of each estimated on log10 of its times."""
+    winner = best(records, kind="sciad")
+    ends = []
     for i, r in enumerate(records):
         times = np.asarray(r["times"])
-        if r["ok"] and times.size >= 2 and np.ptp(times) > 0:
-            [stats] = cbook.violin_stats([np.log10(times)], _density)
-            stats.update({k: 10 ** np.asarray(stats[k]) for k in ("coords", "mean", "median", "min", "max")})
+        if not r["ok"]:
+            error = r["error"] or "not finite"
+            why = (f"failed the gradient check ({error.removeprefix('gradient off: ')})" if error.startswith(
+                "gradient off") else f"raised {error if len(error) <= 60 else error[:59] + '…'}")
+            ax.text(0.01, i, f"✗ {why}: not timed", transform=ax.get_yaxis_transform(), color=FAILED,
+                    fontsize=8, va="center")
+            continue
+        if not times.size:
+            continue
+        stats = violin_stats(times)
+        color = COLORS[r["kind"]]
+        if stats["vals"] is not None:
             parts = ax.violin([stats], positions=[i], orientation="horizontal", widths=0.8, showmedians=True)
             for body in parts["bodies"]:
-                body.set_facecolor(COLORS[r["kind"]])
+                body.set_facecolor(color)
                 body.set_alpha(0.6)
+                if is_auto_pick(r):
+                    body.set_edgecolor(AUTO_EDGE)
+                    body.set_linewidth(2)
             for name in ("cmedians", "cmins", "cmaxes", "cbars"):
-                parts[name].set_color(COLORS[r["kind"]])
-        elif r["ok"] and times.size:
-            ax.plot(times, [i] * times.size, "o", color=COLORS[r["kind"]])
+                parts[name].set_color(color)
+        else:
+            ax.plot([stats["median"]], [i], "o", color=color, markeredgecolor=AUTO_EDGE if is_auto_pick(r) else color,
+                    markeredgewidth=2)
+        ax.text(stats["max"] * 1.1, i, f"{_seconds(stats['median'])}  n={times.size}", fontsize=7, va="center",
+                color="0.25")
+        ends.append((stats["min"], stats["max"]))
     ax.set_yticks(range(len(records)))
-    ax.set_yticklabels([r["label"] + ("" if r["ok"] else "  ✗ " + ("wrong gradient" if r["error"] and r["error"].startswith("gradient off") else "failed"))
-                        for r in records], fontsize=8)
+    ax.set_yticklabels([_row_label(r, r is winner) for r in records], fontsize=8)
+    for tick, r in zip(ax.get_yticklabels(), records):
+        tick.set_fontweight("bold" if r is winner else "normal")
+        tick.set_color("black" if r["ok"] else FAILED)
     ax.set_ylim(len(records) - 0.5, -0.5)
     ax.set_xscale("log")
+    if ends:  # room on the right for the labels, none for the times beyond the whiskers
+        low, high = min(lo for lo, _ in ends), max(hi for _, hi in ends)
+        span = max(high / low, 10.0)
+        ax.set_xlim(low / span ** 0.04, high * span ** 0.2)
     low, high = ax.get_xlim()
     ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5) if math.log10(high / low) <= 3 else (1,)))
     ax.xaxis.set_major_formatter(ticker.FuncFormatter(_seconds))
     ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     ax.grid(axis="x", alpha=0.3)
+
+
+def _row_label(record, fastest: bool) -> str:
+    marks = (["auto's pick"] if is_auto_pick(record) else []) + (["fastest sciad"] if fastest else [])
+    return record["label"] + (f"  ({', '.join(marks)})" if marks else "") + ("" if record["ok"] else "  ✗")
 
 
 def _seconds(x: float, _pos=None) -> str:

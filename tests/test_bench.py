@@ -279,6 +279,7 @@ def test_progress_writes_one_line_per_stage_off_a_terminal():
     live = report(Terminal())
     assert live.count("\r") == 203 and live.count("\n") == 1 and "round 200" in live and "#" * 30 in live
 
+
 def test_table_says_what_bold_and_autos_pick_mean():
     group = [{**r, "problem": "lotka-volterra", "auto_pick": "b / jax-reverse"} for r in (
         record("a", "A", None, 6, 0.002), record("b / jax-reverse", "b", "jax-reverse", 6, 0.003),
@@ -297,3 +298,28 @@ def test_autos_pick_is_timed_by_the_main_job():
     [(bench, combos)], _ = experiments.PLANS["lotka-volterra"](["jax-reverse", "jax-forward"], True)
     assert harness.auto_pick(bench) in [c.label for c in combos if c.kind == "sciad"]
 
+
+def test_violin_plot_marks_autos_pick_the_winner_and_the_wrong(tmp_path):
+    """Whiskers at the 5th and 95th percentiles (a loaded maximum off the axis), auto's pick outlined and
+    named, the fastest correct sciad combination in bold, a wrong gradient in red; the legend and the
+    captions say so."""
+    from sciad_bench import plots
+
+    loaded = [0.001] * 40 + [0.0012] * 59 + [0.5]  # one call slowed 500× by the machine
+    group = [{**r, "problem": "p", "auto_pick": "pick"} for r in (
+        {**record("fast", "A", None, 6, 0.001), "times": loaded},
+        record("pick", "B", None, 6, 0.002), record("peer", "P", None, 6, 0.0005, kind="peer"),
+        record("wrong", "W", None, 6, None, ok=False))]
+    fig = plots.violin_plot(group, tmp_path / "p.png", "p")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    [ax] = fig.axes
+    ticks = {t.get_text(): t for t in ax.get_yticklabels()}
+    assert list(ticks) == ["peer", "fast  (fastest sciad)", "pick  (auto's pick)", "wrong  ✗"]
+    assert ticks["fast  (fastest sciad)"].get_fontweight() == "bold" and ticks["peer"].get_fontweight() == "normal"
+    assert ticks["wrong  ✗"].get_color() == plots.FAILED
+    assert any("failed the gradient check" in t.get_text() for t in ax.texts)
+    assert "auto's pick (what sensealg=\"auto\" runs)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "5th–95th percentile" in fig.get_supxlabel() and "Bold: the fastest sciad combination" in fig.get_supxlabel()
+    stats = plots.violin_stats(loaded)
+    assert stats["min"] == np.percentile(loaded, 5) and stats["max"] == np.percentile(loaded, 95) < 0.002
+    assert ax.get_xlim()[1] < 0.1  # the loaded call is left out of the axis (it stays in records.json)
