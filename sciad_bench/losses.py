@@ -59,7 +59,7 @@ class LossCase:
     def size(self) -> int:
         return self.states + self.inputs.size
 
-    def objective(self, x, sensealg=None):
+    def objective(self, x, sensealg="auto"):
         return self.sciad_loss(x, sensealg, self.rtol, self.atol)
 
 

@@ -36,7 +36,7 @@ class Benchmark:
         """What `objective` is differentiated in: the problem's parameters p (m,)."""
         return self.problem.p
 
-    def objective(self, p, sensealg=None):
+    def objective(self, p, sensealg="auto"):
         """loss(us) with us solved at parameters p (m,), differentiated by `sensealg`."""
         sol = solve(self.problem, p=p, saveat=self.saveat, solver=self.solver,
                     rtol=self.rtol, atol=self.atol, sensealg=sensealg, max_steps=self.max_steps)
