@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from sciad.adjoints.base import AbstractSensitivity, Setup
+from sciad.errors import raising_solve_errors
 
 
 class DenseOutput(eqx.Module):
@@ -30,6 +31,7 @@ class DenseOutput(eqx.Module):
         interpolation = fixed_setup.forward(fixed_u0, fixed_p, dense=True).interpolation
         return cls(setup, u0, p, _Frame(setup.bare(), sensealg, interpolation), direction)
 
+    @raising_solve_errors  # its derivatives run the sensealg's rules: their run-time checks raise as SolveError
     def __call__(self, t):
         s = self.direction * jnp.asarray(t, self.u0.dtype)
         args = (self.u0, self.p, self.setup.f.held, self.setup.t0, self.setup.t1)

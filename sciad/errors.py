@@ -22,24 +22,77 @@ from sciad._jax_internals import callback_logger
 
 class SolveError(RuntimeError):
     """A check sciad makes while a (possibly compiled) solve runs: non-finite inputs, too many
-    steps, an unstable BacksolveAdjoint, an interval budget. Under `jax.jit` it reaches the
-    user wrapped in JAX's runtime error; its message is the last line there."""
+    steps, an unstable BacksolveAdjoint, an interval budget, no steady state.
+
+    Where sciad's own call runs eagerly (not inside a user's `jax.jit`) it is raised as itself
+    and `except sciad.SolveError` catches it: from `sciad.solve`, `sciad.steady_state` and
+    `Solution.interpolation`, and from the backward pass of an eager `jax.grad` / `jax.vjp`
+    (except the backward pass of a solve with callbacks, whose segments run in a compiled
+    `jax.lax.scan`). Inside a user's `jax.jit` (or a `jax.lax` loop) it is raised when the
+    compiled program runs, wrapped in JAX's runtime error (`jax.errors.JaxRuntimeError`) whose
+    last line is `SolveError: <the message>`: catch that, and `sciad.errors.summary(error)`
+    returns the line."""
+
+
+_MARKER = "SolveError: "  # how a SolveError's line starts in JAX's runtime error
 
 
 def summary(error: Exception) -> str:
-    """The line of `error` that says what went wrong: the `SolveError` line of a JAX runtime error
-    that wraps one, else the last line naming an error type, else the first line."""
+    """The line of `error` that says what went wrong: `SolveError: <message>` for a SolveError or a
+    JAX runtime error that wraps one, else the last line naming an error type, else the first line."""
+    message = str(error) if isinstance(error, SolveError) else carried(error)
+    if message is not None:
+        return f"SolveError: {message}"
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     named = [line for line in lines if "Error" in line and not line.startswith("File")]
-    solve = [line for line in named if line.startswith("SolveError")]
-    return (solve or named[-1:] or lines[:1] or [type(error).__name__])[0]
+    return (named[-1:] or lines[:1] or [type(error).__name__])[0]
+
+
+def carried(error: Exception) -> str | None:
+    """The message of the `SolveError` that a JAX runtime error carries (raised in a host callback
+    of a compiled program: JAX appends its traceback, the SolveError last), or None."""
+    lines = str(error).splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(_MARKER)]
+    return "\n".join(lines[starts[-1]:])[len(_MARKER):].strip() if starts else None
+
+
+def raising_solve_errors(fn):
+    """`fn`, made to raise the `SolveError`s met while it runs eagerly as themselves: a JAX runtime
+    error that carries one is raised again as `SolveError(message)` (JAX's wrapper and traceback
+    dropped), and `fn`'s concrete results (arrays that are not tracers) are waited for first, so an
+    error of a program still running asynchronously surfaces here, not at a later use of the result.
+    Where `fn` is traced (under a user's `jax.jit`) it changes nothing. sciad's public calls and
+    the eager execution of its custom rules (`sciad.ad.linear`) go through it."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            out = fn(*args, **kwargs)
+            jax.block_until_ready([x for x in jax.tree.leaves(out)
+                                   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)])
+        except jax.errors.JaxRuntimeError as e:
+            message = carried(e)
+            if message is None:
+                raise
+            raise SolveError(message) from None
+        return out
+
+    return call
 
 
 def error_if(x, pred, message: str):
     """`x` (a PyTree of arrays), raising `SolveError(message)` when the program runs with `pred` true
     (under `jax.vmap`: for any batch member). Transparent to differentiation; no host call unless
     `pred` holds."""
-    return _report(x, jnp.any(pred).astype(jnp.int32), 0.0, (message,), False)
+    return error_where(x, [pred], [message])
+
+
+def error_where(x, preds, messages):
+    """`x` (a PyTree of arrays), raising `SolveError(messages[i])` for the first `preds[i]` that holds
+    when the program runs (under `jax.vmap`: for some batch member), in one check."""
+    held = jnp.stack([jnp.any(pred) for pred in preds])
+    index = jnp.where(jnp.any(held), jnp.argmax(held) + 1, 0).astype(jnp.int32)
+    return _report(x, index, 0.0, tuple(messages), False)
 
 
 def check(x, pred, message: str):

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 # A new primitive needs JAX's internals (jax._src), kept with the JAX versions they were
 # tested on in sciad/_jax_internals.py, which says why.
 from sciad._jax_internals import Zero, batching, core, debug_info, jax_ad, lu, mlir, pe
+from sciad.errors import raising_solve_errors
 
 linear_map_p = core.Primitive("sciad_linear_map")
 linear_map_p.multiple_results = True
@@ -117,6 +118,7 @@ def _run(jaxpr: core.ClosedJaxpr, *args):
     return core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
 
 
+@raising_solve_errors  # run eagerly (an eager jax.grad's backward pass): sciad's checks raise a SolveError
 def _impl(*args, callee, **_):
     return _run(callee, *args)
 
