@@ -12,13 +12,17 @@ from the defaults.
 
 import ast
 import dataclasses
+import difflib
 import inspect
+
+import diffrax as dfx
 
 import sciad.ad as ad
 from sciad.adjoints.base import AbstractSensitivity
 from sciad.adjoints.continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from sciad.adjoints.discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints.forward import ForwardSensitivity
+from sciad.adjoints.steady import SteadyStateAdjoint
 
 SENSEALGS: dict[str, type[AbstractSensitivity]] = {
     cls.__name__: cls
@@ -27,6 +31,71 @@ SENSEALGS: dict[str, type[AbstractSensitivity]] = {
 }
 # Names that `parse` reads besides the classes': functions returning a configured sensealg.
 ALIASES = {"QuadratureAdjoint": QuadratureAdjoint}
+# diffrax's adjoints by class name, and what to pass to sciad instead.
+DIFFRAX_EQUIVALENTS = {
+    "RecursiveCheckpointAdjoint": "sciad.DiscreteAdjoint()",
+    "DirectAdjoint": "sciad.DiscreteAdjoint()",
+    "BacksolveAdjoint": "sciad.BacksolveAdjoint()",
+    "ForwardMode": "sciad.ForwardDiffSensitivity()",
+    "ImplicitAdjoint": "sciad.steady_state(prob, sensealg=sciad.SteadyStateAdjoint())",
+}
+STEADY = "sciad.SteadyStateAdjoint()"
+
+
+def resolve(sensealg) -> AbstractSensitivity:
+    """The sensealg `sensealg` stands for: an instance itself, or the one a name or a `describe`
+    string names (`parse`); anything else is refused with an error naming what to pass instead
+    (`refusal`). The one place `sciad.solve`'s `sensealg=` becomes a sensealg."""
+    if isinstance(sensealg, AbstractSensitivity):
+        return sensealg
+    if isinstance(sensealg, str):
+        return parse(sensealg)
+    raise ValueError(refusal(sensealg))
+
+
+def refusal(sensealg, *, steady: bool = False) -> str:
+    """Why `sensealg` is not a sensealg of `sciad.solve` (with `steady`: of `sciad.steady_state`, which
+    takes a `SteadyStateAdjoint`), naming exactly what to pass instead: a class's instance, sciad's
+    equivalent of one of diffrax's adjoints, the closest name to a misspelt one, else the choices."""
+    is_class = isinstance(sensealg, type)
+    cls = sensealg if is_class else type(sensealg)
+    if isinstance(sensealg, str):
+        return (f"steady_state takes sensealg={STEADY} (an instance), got {sensealg!r}" if steady
+                else _unknown_name(sensealg))
+    if isinstance(sensealg, dfx.AbstractAdjoint) or (is_class and issubclass(cls, dfx.AbstractAdjoint)):
+        equivalent = DIFFRAX_EQUIVALENTS.get(cls.__name__)
+        if steady:
+            equivalent = STEADY if cls.__name__ == "ImplicitAdjoint" else None
+        given = f"sensealg=diffrax.{cls.__name__}{'' if is_class else '()'} is diffrax's"
+        return f"{given}; sciad's equivalent is {equivalent}" if equivalent else f"{given}; pass {_choices(steady)}"
+    if any(sensealg is alias for alias in ALIASES.values()):
+        return f"sensealg=sciad.{sensealg.__name__} is a function: pass what it returns, sciad.{sensealg.__name__}()"
+    kind = "steady" if cls is SteadyStateAdjoint else "ode" if issubclass(cls, AbstractSensitivity) else None
+    if is_class and kind == ("steady" if steady else "ode"):
+        name = ("sciad." if cls.__module__.startswith("sciad.") else "") + cls.__name__
+        return f"sensealg={name} is a class: pass an instance, {name}()"
+    if steady and kind == "ode":
+        return (f"steady_state takes sensealg=SteadyStateAdjoint(...) (the implicit function theorem), got "
+                f"{cls.__name__}: the ODE sensealgs differentiate a time integration, which a steady state does "
+                "not depend on")
+    if kind == "steady":
+        return (f"sensealg=sciad.SteadyStateAdjoint{'' if is_class else '()'} differentiates a steady state: pass "
+                f"it to sciad.steady_state; sciad.solve takes {_choices(False)}")
+    return f"unknown sensealg {sensealg!r}; pass {_choices(steady)}"
+
+
+def _choices(steady: bool) -> str:
+    if steady:
+        return STEADY
+    return f"one of {sorted([*SENSEALGS, *ALIASES])} (an instance, e.g. sciad.GaussAdjoint(), or its name)"
+
+
+def _unknown_name(name: str) -> str:
+    """`unknown sensealg 'name'`, with the closest name where it is a misspelling (or another case)."""
+    names = sorted([*SENSEALGS, *ALIASES])
+    close = difflib.get_close_matches(name.lower(), [n.lower() for n in names], n=1, cutoff=0.8)
+    guess = f" (did you mean {next(n for n in names if n.lower() == close[0])!r}?)" if close else ""
+    return f"unknown sensealg {name!r}{guess}; pass {_choices(False)}"
 
 
 def engine_option(sensealg: AbstractSensitivity | type[AbstractSensitivity] | str) -> str | None:
@@ -80,7 +149,7 @@ def _class(sensealg) -> type[AbstractSensitivity]:
     if isinstance(sensealg, type) and issubclass(sensealg, AbstractSensitivity):
         return sensealg
     if sensealg not in SENSEALGS:
-        raise ValueError(f"unknown sensealg {sensealg!r}; choose one of {', '.join([*SENSEALGS, *ALIASES])}")
+        raise ValueError(refusal(sensealg))
     return SENSEALGS[sensealg]
 
 
