@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import optimistix as optx
 
 from sciad.adjoints.base import step_controller
+from sciad.adjoints.registry import refusal
 from sciad.adjoints.steady import SteadyStateAdjoint, is_singular, jacobian_solve
-from sciad.errors import error_if, solver_failure
-from sciad.problem import ODEProblem, check_finite, check_inputs, check_tolerances
+from sciad.errors import error_if, raising_solve_errors, solver_failure
+from sciad.problem import ODEProblem, check_inputs, check_tolerances
 from sciad.solve import get_solver
 from sciad.vector_field import VectorField
 
@@ -39,6 +40,7 @@ class SteadyState(eqx.Module):
     stats: dict[str, Any]
 
 
+@raising_solve_errors
 def steady_state(prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6, atol=1e-6, max_steps=4096,
                  solver="kvaerno5") -> SteadyState:
     """The steady state u* of `prob`'s f: f(u*, p, t) = 0 with t = prob.tspan[1] held fixed (f is
@@ -56,9 +58,17 @@ def steady_state(prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6,
     Differentiable (jax.grad, jax.jvp, jax.hessian; under jax.jit and jax.vmap) in `p` (a PyTree
     like the problem's) and the values f closes over, by `sensealg` (default
     `SteadyStateAdjoint()`, the implicit function theorem; its `linear_solver` also solves the
-    Newton steps); the derivative in u0 is zero. Raises `sciad.SolveError` (under jit too) when
-    no steady state is reached within `max_steps` time steps, or when ∂f/∂u is singular there
-    (dense solves: e.g. a conserved quantity; Krylov solves report failing to converge).
+    Newton steps); the derivative in u0 is zero.
+
+    Checked at the call (errors naming the argument and the fix): `prob`, `u0` and `p` as in
+    `sciad.solve` (`check_inputs`: structures, float leaves, concrete values finite), the
+    tolerances and `max_steps`, and `sensealg` (a `SteadyStateAdjoint` instance; for one of
+    diffrax's adjoints the error names sciad's equivalent). While it runs it raises
+    `sciad.SolveError` when traced u0 or p hold NaN or inf (naming the leaf), when no steady state
+    is reached within `max_steps` time steps, or when ∂f/∂u is singular there (dense solves: e.g. a
+    conserved quantity; Krylov solves report failing to converge): as itself where this call runs
+    eagerly (also in an eager `jax.grad`'s backward pass), inside JAX's runtime error under a
+    user's `jax.jit` (`sciad.SolveError` says how to read it).
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
@@ -67,13 +77,11 @@ def steady_state(prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6,
     if sensealg is None:
         sensealg = SteadyStateAdjoint()
     if not isinstance(sensealg, SteadyStateAdjoint):
-        raise ValueError(f"steady_state takes sensealg=SteadyStateAdjoint(...) (the implicit function theorem), got "
-                         f"{type(sensealg).__name__}: the ODE sensealgs differentiate a time integration, which a "
-                         "steady state does not depend on")
+        raise ValueError(refusal(sensealg, steady=True))
     t = prob.tspan[1]
     field = VectorField.of(prob.f, u0, p, t, host=any(not e.traced for e in sensealg.engines()))
-    u0_flat = check_finite("u0", jnp.asarray(field.u.ravel(u0), field.dtype))
-    p_flat = check_finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), field.dtype))
+    u0_flat = jnp.asarray(field.u.ravel(u0), field.dtype)
+    p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), field.dtype)
     find = functools.partial(_find, solver=get_solver(solver), t=t, rtol=float(rtol), atol=float(atol),
                              max_steps=int(max_steps))
     u, stats = sensealg.solve(field, find, u0_flat, p_flat, t=t, rtol=float(rtol), atol=float(atol))
