@@ -25,7 +25,7 @@ import numpy as np
 
 from sciad.ad.linear import linear_map
 from sciad.adjoints.base import AbstractSensitivity, Setup, step_controller
-from sciad.errors import error_if
+from sciad.errors import check, error_if
 
 DIRECTIONS = {"up": 1, "down": -1, "both": 0}
 # Segments of a solve with only continuous callbacks: events it may take before `max_events` must be raised.
@@ -63,8 +63,10 @@ class ContinuousCallback(AbstractCallback):
 
 
 class PresetTimeCallback(AbstractCallback):
-    """`affect(u, p, t)` applied at each of `times` (P,) (concrete or traced; differentiable) that lies in
-    tspan, t0 and t1 included: a dose. The state saved at such a time is the state after it."""
+    """`affect(u, p, t)` applied at each of `times` (P,) (concrete or traced; differentiable), which
+    must lie in tspan, t0 and t1 included: a dose. The state saved at such a time is the state after
+    it. A time outside tspan is an error naming it (concrete times: a ValueError at the solve's call;
+    traced ones: a `SolveError` when it runs), never silently skipped."""
 
     times: Any
     affect: Callable
@@ -91,13 +93,16 @@ class Plan(eqx.Module):
     max_events: int = eqx.field(static=True)
 
     @classmethod
-    def of(cls, callbacks, field, u0, p, t0, sign: int, max_events: int | None) -> "Plan":
+    def of(cls, callbacks, field, u0, p, tspan: tuple, sign: int, max_events: int | None) -> "Plan":
         """The plan of `callbacks` (a sequence of `ContinuousCallback`, `PresetTimeCallback`) for a solve of
-        `field` from u0, p (the user's PyTrees) at t0, checked."""
+        `field` from u0, p (the user's PyTrees) over tspan = (t0, t1) (user time, sign(t1 - t0) = `sign`),
+        checked: affects and conditions by tracing them now; preset times finite and inside tspan, now
+        where they and tspan are concrete (ValueError), else when the solve runs (`SolveError`)."""
         if isinstance(callbacks, AbstractCallback) or not all(isinstance(c, AbstractCallback) for c in callbacks):
             raise TypeError("callbacks must be a list of sciad.ContinuousCallback / sciad.PresetTimeCallback, got "
                             f"{callbacks!r}")
         dtype = field.dtype
+        t0, t1 = tspan
         t = jnp.asarray(t0, dtype)
         conditions, directions, owners, times, time_owners = [], [], [], [], []
         for i, callback in enumerate(callbacks):
@@ -113,8 +118,8 @@ class Plan(eqx.Module):
                 if ts.ndim > 1 or not jnp.issubdtype(ts.dtype, jnp.number) or jnp.iscomplexobj(ts):
                     raise ValueError(f"callbacks[{i}]: PresetTimeCallback(times=...) must be a 1-D array of times, "
                                      f"got {callback.times!r}")
-                ts = error_if(ts, ~jnp.all(jnp.isfinite(ts)), f"callbacks[{i}]: PresetTimeCallback times must be "
-                              "finite")
+                ts = check(ts, ~jnp.all(jnp.isfinite(ts)), f"callbacks[{i}]: PresetTimeCallback times must be finite")
+                ts = _inside(ts, t0, t1, sign, i)
                 times.append(sign * jnp.atleast_1d(ts).astype(dtype))
                 time_owners.append(np.full(ts.size, i))
         preset = jnp.concatenate([*times, jnp.full((1,), jnp.inf, dtype)])  # an end marker after the last
@@ -156,6 +161,20 @@ class Plan(eqx.Module):
     def stops(self, owner) -> jax.Array:
         """Whether callback `owner` (traced, -1 for none) stops the solve."""
         return jnp.asarray([False, *(fn is None for fn in self.affects)])[owner + 1]
+
+
+def _inside(ts, t0, t1, sign: int, i: int):
+    """Callback i's preset times `ts`, which must lie in [t0, t1] (in [t1, t0] backwards, `sign` -1):
+    a ValueError naming those outside now where all are concrete, else a run-time check."""
+    outside = (sign * (ts - t0) < 0) | (sign * (t1 - ts) < 0)
+    span = f"tspan ({t0}, {t1})" if not any(isinstance(t, jax.core.Tracer) for t in (t0, t1)) else "tspan"
+    fix = "drop them or widen tspan (a time outside it would never fire)"
+    if isinstance(outside, jax.core.Tracer):
+        return error_if(ts, outside, f"callbacks[{i}]: PresetTimeCallback times lie outside {span}: {fix}")
+    if np.any(outside):  # concrete (under an eager jax.grad too: the primal times, without their tangents)
+        times = np.atleast_1d(jax.lax.stop_gradient(ts))[np.atleast_1d(outside)].tolist()
+        raise ValueError(f"callbacks[{i}]: PresetTimeCallback times {times} lie outside {span}: {fix}")
+    return ts
 
 
 def _check_affect(affect: Callable, u0, p, t, i: int) -> None:

@@ -10,10 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad import events
-from sciad.adjoints import SENSEALGS, AbstractSensitivity, parse
 from sciad.adjoints.base import Setup, is_implicit
+from sciad.adjoints.registry import resolve
 from sciad.dense import DenseOutput
-from sciad.problem import (ODEProblem, check_finite, check_inputs, check_integrand, check_saveat, check_time_span,
+from sciad.errors import raising_solve_errors
+from sciad.problem import (ODEProblem, check_inputs, check_integrand, check_saveat, check_time_span,
                            check_tolerances)
 from sciad.stiff import with_stage_jacobian
 from sciad.vector_field import VectorField
@@ -56,14 +57,7 @@ def get_solver(solver) -> dfx.AbstractSolver:
     return SOLVERS[solver]()
 
 
-def _sensealg(sensealg) -> AbstractSensitivity:
-    if isinstance(sensealg, AbstractSensitivity):
-        return sensealg
-    if isinstance(sensealg, str) and sensealg.partition("(")[0].strip() in SENSEALGS:
-        return parse(sensealg)  # a name, or any string `sciad.adjoints.describe` prints
-    raise ValueError(f"unknown sensealg {sensealg!r}; pass one of {sorted(SENSEALGS)} (an instance or its name)")
-
-
+@raising_solve_errors
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="tsit5",
           rtol=1e-6, atol=1e-6, sensealg="auto", max_steps=4096, dense=False, jacobian="auto", callbacks=(),
           max_events=None, adjoint_rtol=None, adjoint_atol=None) -> Solution:
@@ -100,6 +94,17 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     `max_events` (static; default: the preset times, plus 16 with continuous callbacks) bounds the
     events; more raise a `SolveError` saying so. Each segment between events is one solve of at most
     `max_steps` steps.
+
+    Checked at the call, raising TypeError or ValueError that names the argument (and the PyTree
+    leaf) and the fix: `u0`, `p` like the problem's, with float leaves, finite where concrete
+    (`sciad.problem.check_inputs`); the tolerances and `max_steps`; `tspan` and `saveat` where
+    concrete; the integrand (by tracing it); the callbacks (their functions by tracing, concrete
+    preset times inside tspan); and `sensealg` (a class, one of diffrax's adjoints or a misspelt
+    name is refused naming what to pass). What can only be checked while the solve runs (traced
+    u0 or p with NaN or inf, named by leaf; traced times; more than `max_steps` steps; an unstable
+    BacksolveAdjoint; too many events) raises `sciad.SolveError`: as itself where this call runs
+    eagerly (also in the backward pass of an eager `jax.grad`), and inside JAX's runtime error,
+    as its last line, under a user's `jax.jit`.
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
@@ -115,12 +120,12 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     if callbacks and dense:
         raise ValueError("dense=True with callbacks is not supported: the state jumps at events; save at the "
                          "times you need (saveat)")
-    if isinstance(sensealg, str) and sensealg == "auto":  # decided from shapes and settings: works under jit
+    if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):  # from shapes and settings: under jit too
         from sciad.auto import auto_sensealg
 
         sensealg = auto_sensealg(u0, p, ts, solver=solver, rtol=rtol, atol=atol,
                                  max_steps=int(max_steps), integral_entries=entries, jacobian=stages).sensealg
-    sensealg = _sensealg(sensealg)
+    sensealg = resolve(sensealg)  # an instance, a name or a `sciad.adjoints.describe` string
     advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(solver))
     if advice:
         warnings.warn(advice, UserWarning, stacklevel=2)
@@ -134,12 +139,12 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
         saves = jnp.concatenate([saves, s1[None]])
     setup = Setup(field, solver, s0, s1, saves, float(rtol), float(atol), int(max_steps), float(adjoint_rtol),
                   float(adjoint_atol))
-    u0_flat = check_finite("u0", jnp.asarray(field.u.ravel(u0), dtype))
-    p_flat = check_finite("p", jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype))
+    u0_flat = jnp.asarray(field.u.ravel(u0), dtype)  # traced leaves checked finite first (check_inputs)
+    p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
     n, T = field.u.size, len(ts)
     extras = {}
     if callbacks:
-        plan = events.Plan.of(callbacks, field, u0, p, t0, sign, max_events)
+        plan = events.Plan.of(callbacks, field, u0, p, (t0, t1), sign, max_events)
         us, q, stats, happened = events.solve(setup, sensealg, plan, u0_flat, p_flat)
         extras = _event_record(plan, happened, sign)
         t_final = extras["t_final"]

@@ -339,5 +339,6 @@ def test_checkpoints_outside_tspan():
 
 def test_sensealg_class_instead_of_instance():
     prob, _, _ = case("lotka-volterra", True)
-    with pytest.raises(ValueError, match="unknown sensealg"):
+    with pytest.raises(ValueError, match=r"sensealg=sciad.InterpolatingAdjoint is a class: pass an instance, "
+                                         r"sciad.InterpolatingAdjoint\(\)"):
         sciad.solve(prob, sensealg=InterpolatingAdjoint)
