@@ -13,11 +13,14 @@ host calls from several threads, so factors released elsewhere were never freed 
 solve at 8,192 states). Solves run on the calling thread (a hop costs ~50 µs, a Newton iteration's
 solve ~100 µs at 2,048 states) under the held factors' lock, which keeps the factor they use held.
 
-`HostLU` keeps the `kept` latest factorisations, found again by their entries (every stage and
-Newton iteration of a step solves with one), and orders every matrix of its pattern as the first
-one's minimum-degree ordering on Aᵀ + A (stage matrices are structurally near-symmetric; it fills
-a 2-D grid's LU about half as much as SuperLU's default, COLAMD), computed once. `COUNTS` tallies
-the factorisations and solves made and the most bytes held in factors (the benchmark reports them).
+`HostLU` is a pattern: an immutable value, equal for equal patterns, the primitive's static
+parameter. The factorisations belong to the pattern's `_Factorisations`, which every equal `HostLU`
+shares (found by the pattern's content, held while one of them lives): the `kept` latest, found
+again by their entries (every stage and Newton iteration of a step solves with one), every matrix
+ordered as the first one's minimum-degree ordering on Aᵀ + A (stage matrices are structurally
+near-symmetric; it fills a 2-D grid's LU about half as much as SuperLU's default, COLAMD),
+computed once. `COUNTS` tallies the factorisations and solves made and the most bytes held in
+factors (the benchmark reports them).
 """
 
 import collections
@@ -30,23 +33,53 @@ import numpy as np
 
 from sciad._jax_internals import batching, callback_op_sharding, core, emit_python_callback, mlir
 
-# since the last COUNTS.clear(): "factorisations", "solves", "factor_bytes" (the most held in LU factors)
-COUNTS = collections.Counter()
 _SUPERLU = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sciad-superlu")  # started on use
+
+
+class Counts:
+    """A tally of the host LUs' work since `clear()`, safe to update from several threads:
+    "factorisations", "solves", and "factor_bytes" (the most one pattern held in LU factors)."""
+
+    def __init__(self):
+        self._counts = collections.Counter()
+        self._lock = threading.Lock()
+
+    def add(self, name: str, count: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += count
+
+    def at_least(self, name: str, value: int) -> None:
+        """Raise `name` to `value` where it is lower."""
+        with self._lock:
+            self._counts[name] = max(self._counts[name], value)
+
+    def __getitem__(self, name: str) -> int:
+        with self._lock:
+            return self._counts[name]
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+COUNTS = Counts()  # every pattern's work, for the benchmark: COUNTS.clear(), a call, COUNTS.snapshot()
 
 
 class HostLU:
     """Solves with matrices of the pattern `rows`, `cols` (nnz,) of `shape` (n, n), entries in that
-    order; the `kept` latest factorisations held. Equal (and hashing equal) for equal patterns: a
-    static part of a JAX program. A singular matrix gives NaN."""
+    order; the `kept` latest factorisations held. Immutable, equal (and hashing equal) for equal
+    patterns, which share their factorisations: a static part of a JAX program. A singular matrix
+    gives NaN."""
 
     def __init__(self, rows: np.ndarray, cols: np.ndarray, shape: tuple, kept: int):
-        self.rows, self.cols, self.shape, self.kept = rows, cols, shape, kept
-        self.key = (shape, kept, rows.tobytes(), cols.tobytes())
-        self.factors = collections.deque(maxlen=kept)  # (entries, SuperLU or None), the latest last
-        self.lock = threading.Lock()  # over `factors`: a solve keeps its factor held
-        self.order = None  # the fill-reducing ordering, from the first factorisation
-        weakref.finalize(self, _release, self.factors)
+        self.rows, self.cols = _frozen(rows), _frozen(cols)
+        self.shape, self.kept = tuple(shape), kept
+        self.key = (self.shape, kept, self.rows.tobytes(), self.cols.tobytes())
+        self._factorisations = _Factorisations.of(self)
 
     def __eq__(self, other):
         return isinstance(other, HostLU) and self.key == other.key
@@ -54,15 +87,51 @@ class HostLU:
     def __hash__(self):
         return hash(self.key)
 
+    def __repr__(self):
+        return f"HostLU(n={self.shape[0]}, nnz={len(self.rows)}, kept={self.kept})"
+
     def __call__(self, values: np.ndarray, b: np.ndarray) -> np.ndarray:
         """x (..., n) with A(values[i]) x[i] = b[i]: values (..., nnz), b (..., n), one batch shape."""
         flat_values, flat_b = values.reshape(-1, values.shape[-1]), b.reshape(-1, b.shape[-1])
         return np.stack([self.solve(v, r) for v, r in zip(flat_values, flat_b)]).reshape(b.shape)
 
     def solve(self, values: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """x (n,) with A(values) x = b: values (nnz,), b (n,); NaN where A is singular. A(values)
-        is factorised on SuperLU's thread unless held; the solve runs here, under the lock."""
-        COUNTS["solves"] += 1
+        """x (n,) with A(values) x = b: values (nnz,), b (n,); NaN where A is singular."""
+        return self._factorisations.solve(values, b)
+
+
+def _frozen(indices) -> np.ndarray:
+    out = np.array(indices, dtype=np.int64)
+    out.flags.writeable = False
+    return out
+
+
+class _Factorisations:
+    """The held factorisations of one pattern (`HostLU`), shared by its equal values. A(values) is
+    factorised on SuperLU's thread unless held; solves run on the calling thread under the lock."""
+
+    _shared: "weakref.WeakValueDictionary[tuple, _Factorisations]" = weakref.WeakValueDictionary()
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, lu: HostLU) -> "_Factorisations":
+        """The factorisations of `lu`'s pattern: those of an equal pattern still alive, or new ones."""
+        with cls._shared_lock:
+            held = cls._shared.get(lu.key)
+            if held is None:
+                held = cls._shared[lu.key] = cls(lu.rows, lu.cols, lu.shape, lu.kept)
+            return held
+
+    def __init__(self, rows, cols, shape, kept):
+        self.rows, self.cols, self.shape = rows, cols, shape
+        self.factors = collections.deque(maxlen=kept)  # (entries, SuperLU or None), the latest last
+        self.lock = threading.Lock()  # over `factors`: a solve keeps its factor held
+        self.order = None  # the fill-reducing ordering, from the first factorisation
+        weakref.finalize(self, _release, self.factors)
+
+    def solve(self, values: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """x (n,) with A(values) x = b: values (nnz,), b (n,); NaN where A is singular."""
+        COUNTS.add("solves")
         while True:  # once, unless another thread's factorisations push this one out first
             with self.lock:
                 x = self._solve_held(values, b)
@@ -88,7 +157,7 @@ class HostLU:
         import scipy.sparse as sp
         import scipy.sparse.linalg as spla
 
-        COUNTS["factorisations"] += 1
+        COUNTS.add("factorisations")
         if self.order is None:
             first = sp.csc_matrix((values, (self.rows, self.cols)), shape=self.shape)
             try:
@@ -106,8 +175,8 @@ class HostLU:
             lu = None
         with self.lock:
             self.factors.append((values.copy(), lu))
-        held = sum(f.nnz * (values.itemsize + 4) for _, f in self.factors if f is not None)  # entries, row indices
-        COUNTS["factor_bytes"] = max(COUNTS["factor_bytes"], held)
+            held = sum(f.nnz * (values.itemsize + 4) for _, f in self.factors if f is not None)  # entries, row indices
+        COUNTS.at_least("factor_bytes", held)
 
 
 def _release(factors):

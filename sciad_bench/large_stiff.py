@@ -74,7 +74,7 @@ def scipy_forward(b):
     def run():
         sol = scipy.integrate.solve_ivp(lambda t, u: b.problem.f(u, p, t), (0.0, 1.0), u0, method="BDF",
                                         t_eval=np.asarray(b.saveat), rtol=TOL, atol=TOL, jac_sparsity=pattern)
-        COUNTS["factorisations"] += sol.nlu  # BDF does not count its steps nor its solves
+        COUNTS.add("factorisations", sol.nlu)  # BDF does not count its steps nor its solves
         return sol.y.T, None
     return run, None
 
@@ -129,7 +129,7 @@ def _measure(b, n, what, plan, reference, rounds, log):
         def counted():  # the output (forward: the saved states), with the steps and host LU work recorded aside
             COUNTS.clear()
             out = call()
-            counts[name] = dict(COUNTS)
+            counts[name] = COUNTS.snapshot()
             if what == "gradient":
                 return out
             us, steps[name] = out
