@@ -14,11 +14,17 @@ stop_gradient) carry nothing.
 each) and the rest, whose columns are coloured so that no two columns of one colour share a row
 (one Jacobian-vector product per colour: Curtis, Powell and Reid 1974). A 2-D five-point stencil
 with two coupled species needs about ten colours at any grid size.
+
+`PatternCache` remembers patterns by their jaxpr's content (its text and its constants' values):
+solvers trace one stage relation dozens of times per program, and printing its jaxpr costs a
+fraction of propagating it again (and less than any other content key tried: a walk of the
+equations). `jacobian_pattern` uses the one `PATTERNS`; a `Pattern` keeps its colourings.
 """
 
 import collections
 import dataclasses
 import hashlib
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -51,10 +57,13 @@ _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_ca
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Pattern:
-    """The structural nonzeros of a Jacobian (N, n) and the operations followed conservatively."""
+    """The structural nonzeros of a Jacobian (N, n) and the operations followed conservatively; its
+    colourings, made once each."""
 
     matrix: sp.csr_matrix
     conservative: tuple
+    _colourings: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def density(self) -> float:
@@ -65,18 +74,13 @@ class Pattern:
         the rest coloured greedily, largest degree first."""
         n = self.matrix.shape[1]
         limit = max(16, int(4 * np.sqrt(n))) if dense_row is None else dense_row
-
-        def coloured():
-            csr = self.matrix.tocsr()
-            counts = np.diff(csr.indptr)
-            sparse_rows = sp.csr_matrix(csr.multiply((counts <= limit)[:, None]))
-            return Colouring(csr, _greedy_colours(sparse_rows), np.flatnonzero(counts > limit))
-        return _remembered(_COLOURINGS, (self.key, limit), coloured)
-
-    @property
-    def key(self) -> tuple:
-        """Equal for equal patterns."""
-        return _structure_key(self.matrix)
+        with self._lock:
+            if limit not in self._colourings:
+                csr = self.matrix.tocsr()
+                counts = np.diff(csr.indptr)
+                sparse_rows = sp.csr_matrix(csr.multiply((counts <= limit)[:, None]))
+                self._colourings[limit] = Colouring(csr, _greedy_colours(sparse_rows), np.flatnonzero(counts > limit))
+            return self._colourings[limit]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -145,13 +149,45 @@ def _greedy_colours(pattern: sp.csr_matrix) -> np.ndarray:
     return colours
 
 
+class PatternCache:
+    """Patterns found before, by their jaxpr's content (its text, its constants' values: never fn
+    nor what it captures); the `size` latest used kept. Safe to share between threads."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._patterns = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def pattern(self, fn, x, *args) -> Pattern:
+        """`jacobian_pattern(fn, x, *args)`, found again for a jaxpr seen before."""
+        closed = jax.make_jaxpr(fn)(x, *args)
+        return self._remembered((str(closed.jaxpr), *map(_const_key, closed.consts)),
+                                lambda: _propagated(closed, x.size))
+
+    def given(self, given: "GivenPattern") -> Pattern:
+        """A user's pattern as a `Pattern`: the same one (and its colourings) for equal ones."""
+        return self._remembered(("given", *given.key), lambda: Pattern(given.matrix, ()))
+
+    def _remembered(self, key, make) -> Pattern:
+        with self._lock:
+            if key in self._patterns:
+                self._patterns.move_to_end(key)
+                return self._patterns[key]
+        pattern = make()  # unlocked: other threads' patterns are found meanwhile
+        with self._lock:
+            pattern = self._patterns.setdefault(key, pattern)  # another thread's, if it came first
+            if len(self._patterns) > self.size:
+                self._patterns.popitem(last=False)
+        return pattern
+
+
+PATTERNS = PatternCache()  # the patterns `jacobian_pattern` found
+
+
 def jacobian_pattern(fn, x, *args) -> Pattern:
-    """The sparsity of ∂fn(x, *args)/∂x for flat x (n,) and a flat output (N,) (see the module).
-    Found again, not propagated, for a jaxpr seen before: solvers trace one stage relation dozens
-    of times per program."""
-    closed = jax.make_jaxpr(fn)(x, *args)
-    return _remembered(_PATTERNS, (str(closed.jaxpr), *map(_const_key, closed.consts)),
-                       lambda: _propagated(closed, x.size))
+    """The sparsity of ∂fn(x, *args)/∂x for flat x (n,) and a flat output (N,) (see the module),
+    found again in `PATTERNS` for a jaxpr seen before."""
+    return PATTERNS.pattern(fn, x, *args)
 
 
 def _propagated(closed, n) -> Pattern:
@@ -182,9 +218,6 @@ class GivenPattern:
 
     def __hash__(self):
         return hash(self.key)
-
-    def pattern(self) -> Pattern:
-        return Pattern(self.matrix, ())
 
 
 class _Propagation:
@@ -331,21 +364,6 @@ class _Propagation:
             m = sp.block_diag([sp.kron(sp.csr_matrix(left[b]), sp.identity(J, dtype=bool)) for b in range(B)])
             parts.append(sp.csr_matrix(m, dtype=bool) @ deps[1][perm_r])
         return _union(parts)
-
-
-REMEMBERED = 64  # patterns (and colourings) kept, the latest used
-_PATTERNS, _COLOURINGS = collections.OrderedDict(), collections.OrderedDict()
-
-
-def _remembered(cache: collections.OrderedDict, key, make):
-    """cache[key], made by `make()` if missing; the `REMEMBERED` latest used kept."""
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key]
-    cache[key] = value = make()
-    if len(cache) > REMEMBERED:
-        cache.popitem(last=False)
-    return value
 
 
 def _structure_key(matrix) -> tuple:

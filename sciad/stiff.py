@@ -33,7 +33,7 @@ ends within 15 minutes.
 """
 
 import abc
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import diffrax as dfx
 import equinox as eqx
@@ -49,7 +49,11 @@ from sciad.host_lu import HostLU, lu_solve
 
 class AbstractStageJacobian(eqx.Module):
     """How the chord method solves with the stage relation's Jacobian: `linearise` once per step,
-    `solve` for every Newton iteration of every stage."""
+    `solve` for every Newton iteration of every stage. Each declares its `kind` (the name
+    `jacobian=` takes for it, reported) and the `pattern` of ∂f/∂u it was given (None: none)."""
+
+    kind: eqx.AbstractClassVar[str]
+    pattern: eqx.AbstractVar[Any]
 
     @abc.abstractmethod
     def linearise(self, fn, y, args):
@@ -71,6 +75,8 @@ class MatrixFree(AbstractStageJacobian):
     rtol: float = 1e-3
     restart: int = 50
     max_steps: int = 1000
+    kind: ClassVar[str] = "matrix-free"
+    pattern: ClassVar[None] = None  # forms no Jacobian
 
     def linearise(self, fn, y, args):
         """The arrays of the linearisation point (y, args): the step's chord Jacobian."""
@@ -113,6 +119,7 @@ class Sparse(AbstractStageJacobian):
     dense_row: int | None = None
     kept: int = 8
     pattern: Any = eqx.field(default=None, static=True, converter=lambda p: p if p is None else _given(p))
+    kind: ClassVar[str] = "sparse"
 
     def linearise(self, fn, y, args):
         from sciad import sparsity  # SciPy on first use: importing sciad pulls no SciPy
@@ -124,7 +131,7 @@ class Sparse(AbstractStageJacobian):
             return jfu.ravel_pytree(fn(unravel(x), eqx.combine(dynamic, static))[0])[0]
 
         given = self.pattern is not None and self.pattern.matrix.shape[0] == flat.size
-        pattern = self.pattern.pattern() if given else sparsity.jacobian_pattern(relation, flat, dynamic)
+        pattern = sparsity.PATTERNS.given(self.pattern) if given else sparsity.jacobian_pattern(relation, flat, dynamic)
         colouring = pattern.colouring(self.dense_row)
         values = colouring.jacobian_values(lambda x: relation(x, dynamic), flat)
         rows, cols = colouring.rows_cols
@@ -213,7 +220,7 @@ class StageNewton(optx.AbstractRootFinder):
         return y, aux, {}
 
 
-JACOBIANS = {"dense": None, "sparse": Sparse, "matrix-free": MatrixFree}
+JACOBIANS = {"dense": None, **{cls.kind: cls for cls in (Sparse, MatrixFree)}}
 SPARSE_STATES = 256  # "auto": a sparse Newton from this many states (an f whose Jacobian is sparse)
 SPARSE_DENSITY = 0.05  # ... with at most this share of its entries structurally nonzero
 
@@ -249,14 +256,15 @@ def with_stage_jacobian(solver: dfx.AbstractSolver, jacobian, f: Callable, u0, p
     if isinstance(jacobian, str) and jacobian == "auto":
         kind, why = auto_jacobian(solver, f, u0, p, t0)
         return stiff_solver(solver, kind), (kind, why)
-    pattern = getattr(jacobian, "pattern", None)
+    solver = stiff_solver(solver, jacobian)
+    if isinstance(jacobian, str):
+        return solver, (jacobian, "given")
     states = jfu.ravel_pytree(u0)[0].size
-    if pattern is not None and pattern.matrix.shape[0] != states:
-        raise ValueError(f"pattern: ∂f/∂u's sparsity is {pattern.matrix.shape}, the state has {states} entries: give "
+    if jacobian.pattern is not None and jacobian.pattern.matrix.shape[0] != states:
+        shape = jacobian.pattern.matrix.shape
+        raise ValueError(f"pattern: ∂f/∂u's sparsity is {shape}, the state has {states} entries: give "
                          f"it ({states}, {states}) over the flattened state (jax.flatten_util.ravel_pytree's order)")
-    kinds = {cls: name for name, cls in JACOBIANS.items() if cls is not None}
-    kind = jacobian if isinstance(jacobian, str) else kinds.get(type(jacobian), type(jacobian).__name__)
-    return stiff_solver(solver, jacobian), (kind, "given")
+    return solver, (jacobian.kind, "given")
 
 
 def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
