@@ -2,10 +2,10 @@
 
 - `use_stepsize_tol` (diffrax._root_finder, no public name): the marker an implicit solver's root
   finder holds in place of rtol, atol and norm when the step-size controller provides them.
-  sciad's backward marcher (sciad.adjoints.stepping) steps a diffrax solver itself and fills
-  them in, as `diffrax.diffeqsolve` does.
+  sciad's `Stepper` (sciad.adjoints.stepping: the backward sweep and event location) steps a
+  diffrax solver itself and fills them in, as `diffrax.diffeqsolve` does.
 
-The marcher also drives diffrax's solver and controller interfaces directly (`init`, `step`,
+The stepper also drives diffrax's solver and controller interfaces directly (`init`, `step`,
 `adapt_step_size`, `interpolation_cls`, `scan_kind`): public, but changed between minor
 versions, so the whole range below holds for them too. pyproject.toml pins the same range.
 """

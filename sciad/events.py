@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad.ad.linear import linear_map
-from sciad.adjoints.base import AbstractSensitivity, Setup, step_controller
+from sciad.adjoints.base import AbstractSensitivity, Setup
+from sciad.adjoints.stepping import Stepper
 from sciad.errors import check, error_if
 
 DIRECTIONS = {"up": 1, "down": -1, "both": 0}
@@ -316,14 +317,11 @@ def first_crossing(setup: Setup, plan: Plan, u0, p, s0, s1):
     """(τ, j): the earliest time in (s0, s1] at which condition j crosses zero in its direction, on the
     steps of `setup`'s solver and controller from u0 (n,) at s0 (each crossing in a step located by
     bisection on the step's interpolant; ties to the lower j); (s1, -1) if none. Not differentiated."""
-    n, solver = setup.n, setup.solver
-    terms = setup.term()
-    controller = step_controller(solver, setup.rtol, setup.atol)
-    order = solver.error_order(terms)
+    n = setup.n
+    stepper = Stepper.of(setup.term(), setup.solver, setup.rtol, setup.atol)
     y0 = setup.state(u0)
     span = jnp.where(s1 > s0, s1, s0 + 1)  # a zero-length segment takes no step
-    t_next, controller_state = controller.init(terms, s0, span, y0, None, p, solver.func, order)
-    solver_state = solver.init(terms, s0, span, y0, p)
+    t_next, solver_state, controller_state = stepper.init(s0, span, y0, p)
     directions = jnp.asarray(plan.directions)
 
     def values(y, s):
@@ -332,12 +330,11 @@ def first_crossing(setup: Setup, plan: Plan, u0, p, s0, s1):
     def body(state):
         s, y, t_next, solver_state, controller_state, made_jump, signs, steps, _, _ = state
         s_try = jnp.where(t_next >= s1 - 1e-12 * jnp.abs(s1), s1, jnp.minimum(t_next, s1))
-        y1, error, dense, solver_state1, _ = solver.step(terms, s, s_try, y, p, solver_state, made_jump)
-        keep, _, t_next, made_jump, controller_state, _ = controller.adapt_step_size(
-            s, s_try, y, y1, p, error, order, controller_state)
+        y1, error, dense, solver_state1, _ = stepper.step(s, s_try, y, p, solver_state, made_jump)
+        keep, _, t_next, made_jump, controller_state, _ = stepper.adapt(s, s_try, y, y1, p, error, controller_state)
         crossed = keep & (values(y1, s_try) * signs <= 0)
         fires = crossed & ((directions == 0) | (directions == -signs))
-        interpolant = solver.interpolation_cls(t0=s, t1=s_try, **dense)
+        interpolant = stepper.interpolation(s, s_try, dense)
 
         def locate():  # only in the step where an event fires
             return jax.vmap(lambda j, sign: _bisect(lambda t: values(interpolant.evaluate(t), t)[j] * sign, s,

@@ -46,6 +46,54 @@ class March(eqx.Module):
         return eqx.tree_at(lambda m: (m.y, m.made_jump), self, (y, jnp.asarray(True)))
 
 
+class Stepper(eqx.Module):
+    """A diffrax solver and its step-size controller for `terms`, prepared as `diffrax.diffeqsolve`
+    prepares them (in `ForwardMode`): stages as a plain `lax.scan` where the solver has a choice (its
+    default scan is a custom_vjp, which forward mode cannot enter), and an implicit solver's root
+    finder given the controller's rtol, atol and norm where it leaves them to the controller. Every
+    loop sciad runs over a solver's steps itself (the backward sweep, event location) steps one."""
+
+    terms: object
+    solver: dfx.AbstractSolver
+    controller: dfx.PIDController
+
+    @classmethod
+    def of(cls, terms, solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None) -> "Stepper":
+        """`solver` on `terms` with adaptive steps at rtol, atol (`step_controller`; `norm`: its norm)."""
+        controller = step_controller(solver, rtol, atol, norm)
+        if getattr(solver, "scan_kind", "lax") is None:
+            solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
+        finder = getattr(solver, "root_finder", None)
+        if finder is not None:
+            for name in ("rtol", "atol", "norm"):
+                if getattr(finder, name, None) is use_stepsize_tol:
+                    solver = eqx.tree_at(lambda s: getattr(s.root_finder, name), solver, getattr(controller, name))
+        return cls(terms, solver, controller)
+
+    @property
+    def error_order(self):
+        return self.solver.error_order(self.terms)
+
+    def init(self, t0, t1, y0, args, dt0=None) -> tuple:
+        """(the next step's end, the solver's state, the controller's state) for a solve of y0 from t0
+        towards t1 (dt0: the first step, None: the controller's choice)."""
+        t_next, controller_state = self.controller.init(self.terms, t0, t1, y0, dt0, args, self.solver.func,
+                                                        self.error_order)
+        return t_next, self.solver.init(self.terms, t0, t_next, y0, args), controller_state
+
+    def step(self, t0, t1, y, args, solver_state, made_jump) -> tuple:
+        """One step from t0 to t1: (y1, error estimate, dense info, solver state, result), as `diffrax`'s."""
+        return self.solver.step(self.terms, t0, t1, y, args, solver_state, made_jump)
+
+    def adapt(self, t0, t1, y0, y1, args, error, controller_state) -> tuple:
+        """(keep, next t0, next t1, made_jump, controller state, result): the controller's verdict on a step."""
+        return self.controller.adapt_step_size(t0, t1, y0, y1, args, error, self.error_order, controller_state)
+
+    def interpolation(self, t0, t1, dense_info):
+        """The step's dense output on [t0, t1]."""
+        return self.solver.interpolation_cls(t0=t0, t1=t1, **dense_info)
+
+
 class Marcher(eqx.Module):
     """Steps `rhs(t, y, args)` backwards in time with `setup`'s solver at its adjoint tolerances
     (`norm`: the controller's norm, None for the RMS norm over all of y)."""
@@ -54,40 +102,22 @@ class Marcher(eqx.Module):
     rhs: Callable
     norm: Callable | None = None
 
-    def _terms(self):
+    def _stepper(self) -> Stepper:
         rhs = self.rhs
-        return self.setup.term(lambda s, y, args: jax.tree.map(jnp.negative, rhs(-s, y, args)))
-
-    def _solver(self):
-        """The setup's solver as `diffrax.diffeqsolve` would run it in `ForwardMode`: stages as a
-        plain `lax.scan` where it has a choice (its default scan is a custom_vjp, which forward
-        mode cannot enter), and a root finder's tolerances, where left to the step-size controller,
-        taken from it."""
-        solver = self.setup.solver
-        if getattr(solver, "scan_kind", "lax") is None:
-            solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
-        finder = getattr(solver, "root_finder", None)
-        if finder is not None:
-            controller = self._controller()
-            for name in ("rtol", "atol", "norm"):
-                if getattr(finder, name, None) is use_stepsize_tol:
-                    solver = eqx.tree_at(lambda s: getattr(s.root_finder, name), solver, getattr(controller, name))
-        return solver
-
-    def _controller(self):
-        return step_controller(self.setup.solver, *self.setup.adjoint_tolerances, self.norm)
+        terms = self.setup.term(lambda s, y, args: jax.tree.map(jnp.negative, rhs(-s, y, args)))
+        return Stepper.of(terms, self.setup.solver, *self.setup.adjoint_tolerances, self.norm)
 
     def start(self, y, args, t, dt0, quadrature=None) -> March:
         """A march at time t from state y, first trying the step dt0 > 0. `args` may be abstract
         (`jax.ShapeDtypeStruct` leaves): the march starts as after a jump, so the solver's first
         step computes what its state would hold (e.g. an FSAL stage)."""
-        terms, solver = self._terms(), self._solver()
+        stepper = self._stepper()
         # Step sizes carry no derivative (as in diffrax's controllers); times do (second derivatives in time).
         dt0 = jax.lax.stop_gradient(jnp.asarray(dt0, jnp.result_type(t)))
         s = -jnp.asarray(t, dt0.dtype)
-        _, controller_state = self._controller().init(terms, s, s + dt0, y, dt0, None, solver.func,
-                                                      solver.error_order(terms))
-        shape = eqx.filter_eval_shape(lambda y, args: solver.init(terms, s, s + dt0, y, args), y, args)
+        _, controller_state = stepper.controller.init(stepper.terms, s, s + dt0, y, dt0, None, stepper.solver.func,
+                                                      stepper.error_order)
+        shape = eqx.filter_eval_shape(lambda y, args: stepper.solver.init(stepper.terms, s, s + dt0, y, args), y, args)
         solver_state = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shape)
         return March(-s, y, dt0, solver_state, controller_state, jnp.asarray(True), quadrature,
                      dfx.RESULTS.successful)
@@ -97,8 +127,7 @@ class Marcher(eqx.Module):
         `on_step(quadrature, t_start, t_end, interpolation) -> quadrature` runs on each accepted
         step (t_end < t_start; `interpolation.evaluate(t)` gives y inside it) and accumulates
         into `march.quadrature`."""
-        terms, solver, controller = self._terms(), self._solver(), self._controller()
-        error_order = solver.error_order(terms)
+        stepper = self._stepper()
         s_to = -jnp.asarray(t_to, march.dt.dtype)  # differentiable: λ at a breakpoint moves with it (Hessians in time)
 
         def cond(carry):
@@ -110,18 +139,18 @@ class Marcher(eqx.Module):
             s = -m.t
             clipped = m.dt >= s_to - s
             s1 = jnp.where(clipped, s_to, s + m.dt)
-            y1, y_error, dense_info, solver_state, result = solver.step(
-                terms, s, s1, m.y, args, m.solver_state, m.made_jump)
+            y1, y_error, dense_info, solver_state, result = stepper.step(s, s1, m.y, args, m.solver_state,
+                                                                         m.made_jump)
             y_error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), y_error)
-            keep, next_s, next_s1, _, controller_state, _ = controller.adapt_step_size(
-                s, s1, m.y, y1, args, y_error, error_order, m.controller_state)
+            keep, next_s, next_s1, _, controller_state, _ = stepper.adapt(s, s1, m.y, y1, args, y_error,
+                                                                         m.controller_state)
             # After a step clipped to a breakpoint, resume with the step size proposed before it.
             dt = jax.lax.stop_gradient(jnp.where(keep & clipped, jnp.maximum(next_s1 - next_s, m.dt),
                                                  next_s1 - next_s))
             select = lambda a, b: jax.tree.map(lambda x, y: jnp.where(keep, x, y), a, b)
             quadrature = m.quadrature
             if on_step is not None:
-                interpolation = solver.interpolation_cls(t0=s, t1=s1, **dense_info)
+                interpolation = stepper.interpolation(s, s1, dense_info)
                 quadrature = select(on_step(quadrature, -s, -s1, _Reversed(interpolation)), quadrature)
             steps = steps + 1
             result = dfx.RESULTS.where(keep, result, dfx.RESULTS.successful)
