@@ -15,7 +15,7 @@ The rule, calibrated on the committed measurements (paper/tables); each step is 
    the steps and DiscreteAdjoint would differentiate every Newton solve with a dense n × n
    Jacobian (optimistix's implicit rule). Brusselator PDE, 2,048 states (one run each): gradient
    3.9 s, InterpolatingAdjoint 5.9 s, ForwardSensitivity 16.4 s. Checkpointed over `memory_budget`
-   (the interpolation of 8,192 states is 2 GB: 4,096 steps of 8 n-vectors).
+   (at 8,192 states the 1 GiB cap, `STORED_BYTES`, holds 2,048 steps of 8 n-vectors; more are recomputed).
 1. `few-parameters`: m ≤ 8 parameters → forward mode, one tangent per parameter; adjoints win
    at m = 252. `ForwardSensitivity(seminorm=True)` with an explicit solver and n > m: forward
    sensitivities fastest with m = 3 from 18 to 800 states (within 1.32× at 8; scaling.md), and

@@ -212,9 +212,9 @@ class Products:
 
 
 class AbstractSensitivity(eqx.Module):
-    """How a solve is differentiated. Subclasses give the forward pass and the
-    pullback (and may override the pushforward, by default forward-mode AD
-    through the solver)."""
+    """How a solve is differentiated. Subclasses give the forward pass, the pullback and the
+    pushforward (`solver_pushforward`, forward-mode AD through the solver, where they have no
+    rule of their own)."""
 
     stores_interpolation: eqx.AbstractVar[bool]  # the forward pass keeps a dense interpolation (memory ~ steps)
 
