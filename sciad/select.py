@@ -64,7 +64,7 @@ def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
         adjoints.append((InterpolatingAdjoint(vjp="enzyme"), "compiler-level VJPs"))
     out = forward + adjoints if feat.parameters <= THRESHOLDS.forward_mode_parameters else adjoints + forward
     if feat.memory_budget is not None and feat.interpolation_bytes > feat.memory_budget:
-        out = [(s, r) for s, r in out if not getattr(s, "stores_interpolation", False)]
+        out = [(s, r) for s, r in out if not s.stores_interpolation]
     return out
 
 
@@ -93,9 +93,10 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     tie with it (`sciad.timing.ties`), and a tie is settled for the
     heuristic's pick when it is among them. If the budget ran out before the
     reference, the pick is chosen unchecked. With `cache_dir`,
-    autotuned choices are kept on disk, keyed on everything that
-    changes them: f, loss, u0, p, tspan, saveat, solver, tolerances,
-    max_steps, memory budget, timing budget and device.
+    autotuned choices are kept on disk, keyed on the content of everything
+    that changes them: f and loss (their programs and the values they
+    close over), u0, p, tspan, saveat, solver, tolerances, max_steps,
+    memory budget, timing budget and device.
     """
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
@@ -134,17 +135,24 @@ def _cached(path: pathlib.Path) -> Choice | None:
 
 
 def _key(prob: ODEProblem, ts, loss, solver, kw, budget) -> str:
-    """A digest of everything the autotuned answer depends on: array leaves by value, functions
-    (f, loss, non-array leaves such as an activation) by name, or by value repr."""
-    def ident(x):
-        name = getattr(x, "__qualname__", None)
-        return f"{getattr(x, '__module__', None)}.{name}" if callable(x) and name else repr(x)
-
+    """A digest of the content of everything the autotuned answer depends on: array leaves by
+    value; f and loss by their programs (jaxprs at u0, p, t0 and at the saved states, functions in
+    p's non-array leaves, such as an activation, included) and the values they close over; the
+    rest by value repr."""
+    us = jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(ts), *jnp.shape(x)), jnp.result_type(x)), prob.u0)
     arrays, static = eqx.partition((prob.u0, prob.p, ts), eqx.is_array)
-    parts = [ident(prob.f), ident(loss), [np.asarray(x).tobytes() for x in jax.tree.leaves(arrays)],
-             [ident(x) for x in jax.tree.leaves(static)], jax.tree.structure((prob.u0, prob.p)), prob.tspan,
-             str(solver), sorted((k, str(v)) for k, v in kw.items()), budget, jax.default_backend()]
+    parts = [_program(lambda u, p, t: prob.f(u, p, t), prob.u0, prob.p, prob.tspan[0]), _program(loss, us),
+             [np.asarray(x).tobytes() for x in jax.tree.leaves(arrays)],
+             [repr(x) for x in jax.tree.leaves(static) if not callable(x)], jax.tree.structure((prob.u0, prob.p)),
+             prob.tspan, str(solver), sorted((k, str(v)) for k, v in kw.items()), budget, jax.default_backend()]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _program(fn: Callable, *args) -> tuple:
+    """`fn`'s content at `args` (arrays traced, other leaves static): its jaxpr's text and the dtype,
+    shape and bytes of each value it closes over."""
+    closed = eqx.filter_make_jaxpr(fn)(*args)[0]
+    return str(closed.jaxpr), [(x.dtype.str, x.shape, x.tobytes()) for x in map(np.asarray, closed.consts)]
 
 
 def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float | None = None,
