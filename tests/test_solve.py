@@ -299,11 +299,23 @@ def test_run_time_errors_under_jit_end_with_one_clear_message():
         sciad.solve(prob, saveat=[5.0, 10.0], max_steps=5)
 
 
-@pytest.mark.slow
+DESCRIBED = [InterpolatingAdjoint("jax-forward", checkpointing=True, interval_max_steps=32),
+             sciad.GaussAdjoint("jax-transpose", checkpointing=True), sciad.BacksolveAdjoint(
+                 on_instability="warn", drift_tolerance=20.0, seminorm=True), sciad.ForwardSensitivity(seminorm=True),
+             sciad.DiscreteAdjoint(stored_steps=16), sciad.ForwardDiffSensitivity(), sciad.QuadratureAdjoint()]
+
+
 def test_solve_takes_every_string_describe_prints():
+    """Every sensealg's `describe` string is that sensealg to `solve` (through the one resolver it uses)."""
+    for sensealg in DESCRIBED:
+        assert sciad.adjoints.registry.resolve(sciad.adjoints.describe(sensealg)) == sensealg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sensealg", DESCRIBED, ids=sciad.adjoints.describe)
+def test_solve_by_string_gives_the_instances_gradient(sensealg):
     prob = sciad.ODEProblem(lambda u, p, t: -p * u, np.ones(2), (0.0, 1.0), np.array([0.5, 1.0]))
-    for sensealg in (InterpolatingAdjoint("jax-forward", checkpointing=True),):  # parse's round trips: test_select
-        text = sciad.adjoints.describe(sensealg)
-        grad = jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, sensealg=text).us))(prob.p)
-        np.testing.assert_allclose(grad, jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, sensealg=sensealg).us))(
-            prob.p), rtol=1e-12)
+    text = sciad.adjoints.describe(sensealg)
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, sensealg=text).us)))(prob.p)
+    np.testing.assert_allclose(grad, jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, sensealg=sensealg).us)))(
+        prob.p), rtol=1e-12)
