@@ -5,14 +5,14 @@ import re
 
 import numpy as np
 
-from sciad.ad.backend import AbstractBackend
+from sciad.ad.backend import AbstractHostBackend
 
 _FIX = ("write f with functions autograd differentiates (`sciad.ad.namespace(x)` gives the array-API ones), "
         "or use another engine, e.g. 'jax-reverse' or 'torch'")
 
 
 @dataclasses.dataclass(frozen=True)
-class Autograd(AbstractBackend):
+class Autograd(AbstractHostBackend):
     """HIPS autograd reverse mode (`autograd.make_vjp`): a tape recorded on
     every call over `autograd.numpy`. Value-dependent branches are fine.
     Nests with itself for Hessians. A function autograd has no derivative
@@ -20,7 +20,7 @@ class Autograd(AbstractBackend):
 
     name = "autograd"
     mode = "reverse"
-    host = True
+    primitives = frozenset({"pullback"})
     package = "autograd"
     extra = "autograd"
 

@@ -1,30 +1,36 @@
 """The backend concept: an engine and its settings, implementing one or two primitives.
 
-A backend implements `value_and_pullback` (reverse mode) or
-`value_and_pushforward` (forward mode), or both; the other primitive, the
-Jacobian and the gradient are derived here, generically (an engine with a
-faster gradient overrides `value_and_gradient`). Functions take a tuple of arrays
-`xs` and return one array `y`; Jacobians have shape `y.shape + x.shape`.
+A backend declares the primitives it implements, `primitives`: "pullback" (`value_and_pullback`,
+reverse mode), "pushforward" (`value_and_pushforward`, forward mode), or both, and `mode` names
+the native one. The Jacobian is derived here from the native primitive and the other primitive
+from the Jacobian, generically (an engine with a faster gradient overrides `value_and_gradient`).
+A backend that declares no primitive, or not what it implements, cannot be created. Functions
+take a tuple of arrays `xs` and return one array `y`; Jacobians have shape `y.shape + x.shape`.
 """
 
 import abc
 import dataclasses
+import inspect
+import typing
 from typing import Callable, ClassVar
 
 import numpy as np
+from equinox import AbstractClassVar, AbstractVar
 
 from sciad.ad.errors import require
 from sciad.ad.namespace import namespace
 
+PRIMITIVES = {"pullback": "value_and_pullback", "pushforward": "value_and_pushforward"}  # name: method
+NATIVE = {"reverse": "pullback", "forward": "pushforward"}  # mode: its primitive
 
-@dataclasses.dataclass(frozen=True)
+
 class AbstractBackend(abc.ABC):
-    """An AD engine with its settings: a small immutable value.
+    """An AD engine with its settings: a small immutable value (a frozen dataclass).
 
-    Subclasses set `name` (the registry name), `mode` ("reverse" when the
-    native primitive is the pullback, "forward" when it is the pushforward),
-    and `package`/`extra` when the engine is an optional install. Code asks
-    these capabilities, never the engine's type:
+    A concrete backend declares, as class attributes: `name` (the registry name) and `primitives`
+    (what it implements, above); and, as class attributes or, where they depend on its settings
+    or parts, properties: `mode` ("reverse" when the native primitive is the pullback, "forward"
+    when it is the pushforward) and the capabilities code asks, never the engine's type:
 
     - `traced`: its products are JAX programs, traced into the caller's.
     - `host`: its products run on the host (Python, NumPy, torch); called
@@ -36,17 +42,25 @@ class AbstractBackend(abc.ABC):
       (second derivatives through code that uses them).
     - `vmappable`: `jax.vmap` can batch its products; otherwise batches run
       as a loop.
+
+    `package`/`extra` name the engine's optional install. Creating a backend that misses a
+    declaration raises a TypeError naming it.
     """
 
-    name: ClassVar[str]
-    mode: ClassVar[str]
-    traced: ClassVar[bool] = False
-    host: ClassVar[bool] = False
-    compiled: ClassVar[bool] = False
-    higher_order: ClassVar[bool] = False
-    vmappable: ClassVar[bool] = True
+    name: AbstractClassVar[str]
+    primitives: AbstractClassVar[frozenset[str]]
+    mode: AbstractVar[str]
+    traced: AbstractVar[bool]
+    host: AbstractVar[bool]
+    compiled: AbstractVar[bool]
+    higher_order: AbstractVar[bool]
+    vmappable: AbstractVar[bool]
     package: ClassVar[str | None] = None
     extra: ClassVar[str | None] = None
+
+    def __new__(cls, *args, **kwargs):
+        _check_declarations(cls)
+        return super().__new__(cls)
 
     def __post_init__(self):
         if self.package is not None:
@@ -92,9 +106,9 @@ class AbstractBackend(abc.ABC):
         check_scalar(y)
         return y, pb(self.asarray(np.ones(()), like=y))
 
-    # -- primitives (override one or both) -----------------------------------
+    # -- primitives (implement those declared in `primitives`) --------------
     def value_and_pullback(self, f: Callable, xs: tuple):
-        """`(y, pb)` with `y = f(*xs)` and `pb(w) = tuple(wᵀ ∂y/∂x_i)`."""
+        """`(y, pb)` with `y = f(*xs)` and `pb(w) = tuple(wᵀ ∂y/∂x_i)`; here, from the Jacobian."""
         y, jacs = self.value_and_jacobian(f, xs)
         m = _size(y)
 
@@ -108,7 +122,8 @@ class AbstractBackend(abc.ABC):
         return y, pb
 
     def value_and_pushforward(self, f: Callable, xs: tuple):
-        """`(y, pf)` with `y = f(*xs)` and `pf(vs) = Σ_i ∂y/∂x_i v_i` (same shape as y)."""
+        """`(y, pf)` with `y = f(*xs)` and `pf(vs) = Σ_i ∂y/∂x_i v_i` (same shape as y); here, from the
+        Jacobian."""
         y, jacs = self.value_and_jacobian(f, xs)
         m = _size(y)
 
@@ -122,8 +137,9 @@ class AbstractBackend(abc.ABC):
         return y, pf
 
     def value_and_jacobian(self, f: Callable, xs: tuple):
-        """`(y, Js)` with `Js[i]` of shape `y.shape + xs[i].shape`, from the native primitive."""
-        if self.mode == "reverse":
+        """`(y, Js)` with `Js[i]` of shape `y.shape + xs[i].shape`, from the native primitive (`mode`):
+        one pullback per entry of y, or one pushforward per entry of each x."""
+        if NATIVE[self.mode] == "pullback":
             y, pb = self.value_and_pullback(f, xs)
             m = _size(y)
             basis = namespace(y).reshape(self.asarray(np.eye(m), like=y), (m, *y.shape))
@@ -141,6 +157,50 @@ class AbstractBackend(abc.ABC):
             cols = namespace(cols).reshape(cols, (n, _size(y))).T
             jacs.append(namespace(cols).reshape(cols, (*y.shape, *x.shape)))
         return y, tuple(jacs)
+
+
+class AbstractHostBackend(AbstractBackend):
+    """An engine whose products run on the host: not traced nor compiled by JAX, not differentiable
+    again inside it; batches of host callbacks run through `map_batch`."""
+
+    traced = False
+    host = True
+    compiled = False
+    higher_order = False
+    vmappable = True
+
+
+# what a concrete backend declares: name -> AbstractClassVar (a class attribute) or AbstractVar (any attribute)
+_DECLARED = {n: typing.get_origin(hint) for n, hint in typing.get_type_hints(AbstractBackend).items()
+             if typing.get_origin(hint) in (AbstractClassVar, AbstractVar)}
+
+
+def _check_declarations(cls: type) -> None:
+    """Raise a TypeError naming what `cls` must declare or implement to be created."""
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    missing = [n for n in _DECLARED if not (hasattr(cls, n) or n in fields)]
+    if missing:
+        raise TypeError(f"{cls.__name__} cannot be created: declare {', '.join(missing)} (see sciad.ad.AbstractBackend)")
+    for n, kind in _DECLARED.items():
+        if kind is AbstractClassVar and isinstance(inspect.getattr_static(cls, n), property):
+            raise TypeError(f"{cls.__name__}.{n} must be a class attribute, not a property")
+    if not cls.primitives or not set(cls.primitives) <= PRIMITIVES.keys():
+        raise TypeError(f"{cls.__name__} cannot be created: it declares primitives={set(cls.primitives)}; declare "
+                        "those it implements, 'pullback' (value_and_pullback), 'pushforward' "
+                        "(value_and_pushforward) or both, and implement them")
+    for primitive, method in PRIMITIVES.items():
+        implemented = getattr(cls, method) is not getattr(AbstractBackend, method)
+        if primitive in cls.primitives and not implemented:
+            raise TypeError(f"{cls.__name__} cannot be created: it declares the {primitive} but does not implement "
+                            f"it: implement {method}")
+        if implemented and primitive not in cls.primitives:
+            raise TypeError(f"{cls.__name__} cannot be created: it implements the {primitive} but does not declare "
+                            f"it: add '{primitive}' to its primitives")
+    mode = inspect.getattr_static(cls, "mode")
+    if not isinstance(mode, property) and NATIVE.get(mode) not in cls.primitives:
+        raise TypeError(f"{cls.__name__} cannot be created: its mode {mode!r} must name a primitive it implements, "
+                        f"'reverse' (the pullback) or 'forward' (the pushforward); its primitives: "
+                        f"{sorted(cls.primitives)}")
 
 
 def check_scalar(y, op: str = "gradient") -> None:

@@ -4,11 +4,11 @@ import dataclasses
 
 import numpy as np
 
-from sciad.ad.backend import AbstractBackend
+from sciad.ad.backend import AbstractHostBackend
 
 
 @dataclasses.dataclass(frozen=True)
-class FiniteDifferences(AbstractBackend):
+class FiniteDifferences(AbstractHostBackend):
     """Central differences on NumPy arrays: `(f(x + h v) - f(x - h v)) / 2h`.
 
     `step` is the relative step; `None` picks `eps^(1/3)` of the input dtype
@@ -21,7 +21,7 @@ class FiniteDifferences(AbstractBackend):
 
     name = "finite-differences"
     mode = "forward"
-    host = True
+    primitives = frozenset({"pushforward"})
 
     def __post_init__(self):
         if self.step is not None and not (np.isfinite(self.step) and self.step > 0):

@@ -20,11 +20,12 @@ class HigherOrder(AbstractBackend):
     inner: AbstractBackend
 
     name = "higher-order"
+    primitives = frozenset({"pullback", "pushforward"})  # inner's, its other one derived there
 
     def __post_init__(self):
-        for arg in ("outer", "inner"):
-            if not isinstance(getattr(self, arg), AbstractBackend):
-                raise TypeError(f"HigherOrder({arg}=...) must be a sciad.ad backend, got {getattr(self, arg)!r}")
+        for arg, backend in (("outer", self.outer), ("inner", self.inner)):
+            if not isinstance(backend, AbstractBackend):
+                raise TypeError(f"HigherOrder({arg}=...) must be a sciad.ad backend, got {backend!r}")
 
     @property
     def mode(self):

@@ -12,10 +12,12 @@ from sciad.ad.backend import AbstractBackend
 
 @dataclasses.dataclass(frozen=True)
 class _JaxTraced(AbstractBackend):
-    """Shared by the JAX engines: JAX arrays, `jax.jit`, `jax.vmap`."""
+    """Shared by the JAX engines: JAX arrays, `jax.jit`, `jax.vmap`; compiled with `jit`."""
 
     traced = True
+    host = False
     higher_order = True
+    vmappable = True
     jit: bool = True
 
     def asarray(self, x, like=None):
@@ -44,6 +46,7 @@ class JaxReverse(_JaxTraced):
 
     name = "jax-reverse"
     mode = "reverse"
+    primitives = frozenset({"pullback"})
 
     def value_and_pullback(self, f, xs):
         return jax.vjp(f, *xs)
@@ -55,6 +58,7 @@ class JaxForward(_JaxTraced):
 
     name = "jax-forward"
     mode = "forward"
+    primitives = frozenset({"pushforward"})
 
     def value_and_pushforward(self, f, xs):
         y = f(*xs)
@@ -68,6 +72,7 @@ class JaxTranspose(_JaxTraced):
 
     name = "jax-transpose"
     mode = "reverse"
+    primitives = frozenset({"pullback", "pushforward"})
 
     def value_and_pullback(self, f, xs):
         y, lin = jax.linearize(f, *xs)
@@ -95,8 +100,11 @@ class Enzyme(AbstractBackend):
 
     name = "enzyme"
     mode = "reverse"
+    primitives = frozenset({"pullback"})
     traced = True
+    host = False
     compiled = True
+    higher_order = False
     vmappable = False
     package = "enzyme_ad"
     extra = "enzyme"

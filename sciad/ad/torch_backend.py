@@ -4,11 +4,11 @@ import dataclasses
 
 import numpy as np
 
-from sciad.ad.backend import AbstractBackend, check_scalar
+from sciad.ad.backend import AbstractBackend, AbstractHostBackend, check_scalar
 
 
 @dataclasses.dataclass(frozen=True)
-class Torch(AbstractBackend):
+class Torch(AbstractHostBackend):
     """PyTorch reverse mode (`torch.autograd.grad`), the paper's tape-based
     ReverseDiff/Tracker. Value-dependent branches are fine: the tape is
     rebuilt at every call. Nests with itself for Hessians. Under `jax.vmap` a
@@ -18,7 +18,7 @@ class Torch(AbstractBackend):
 
     name = "torch"
     mode = "reverse"
-    host = True
+    primitives = frozenset({"pullback"})
     package = "torch"
     extra = "torch"
 
@@ -97,6 +97,7 @@ class Torch(AbstractBackend):
 class _Functional(Torch):
     """Torch's primitives as `torch.func` transforms, which compose with `torch.func.vmap`."""
 
+    primitives = frozenset({"pullback", "pushforward"})
     value_and_gradient = AbstractBackend.value_and_gradient  # the pullback of 1, not a tape
 
     def value_and_pullback(self, f, xs):
