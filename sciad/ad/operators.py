@@ -20,6 +20,7 @@ structures), naming the argument and the fix.
 """
 
 import dataclasses
+import threading
 import types
 import weakref
 from operator import itemgetter
@@ -290,8 +291,10 @@ def _one_array(name: str, backend, f, x) -> None:
 
 # Compiled calls per user function, held weakly: a function the caller drops takes its compiled
 # programs (and the arrays it closes over) with it. A bound method, made anew at each attribute
-# access, is held through its instance.
+# access, is held through its instance. Read and written under the lock (operators may be called
+# from several threads).
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COMPILED_LOCK = threading.Lock()
 
 
 def _cached(op: _Operator, backend, f, args: trees.Arguments) -> Callable:
@@ -299,17 +302,19 @@ def _cached(op: _Operator, backend, f, args: trees.Arguments) -> Callable:
     functions that cannot be weakly referenced or hashed."""
     method = getattr(f, "__func__", None)
     anchor = getattr(f, "__self__", None) if method is not None else f
+    key = (op, backend, args, method)
     try:
-        entries = _COMPILED.setdefault(anchor, {})
-        key = (op, backend, args, method)
         hash(key)
+        with _COMPILED_LOCK:
+            entries = _COMPILED.setdefault(anchor, {})
     except TypeError:
         return _compile(op, backend, f, args)
-    if key not in entries:
-        ref = weakref.ref(anchor)
-        held = (lambda *a: types.MethodType(method, ref())(*a)) if method is not None else (lambda *a: ref()(*a))
-        entries[key] = _compile(op, backend, held, args)
-    return entries[key]
+    with _COMPILED_LOCK:
+        if key not in entries:
+            ref = weakref.ref(anchor)
+            held = (lambda *a: types.MethodType(method, ref())(*a)) if method is not None else (lambda *a: ref()(*a))
+            entries[key] = _compile(op, backend, held, args)
+        return entries[key]
 
 
 def _compile(op: _Operator, backend, f, args: trees.Arguments) -> Callable:
