@@ -27,24 +27,23 @@ class _Jax(AbstractBackend):
         return jnp.asarray(x, dtype=None if like is None else like.dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class OnlyPullback(_Jax):
-    name = "only-pullback"
-    mode = "reverse"
-    primitives = frozenset({"pullback"})
-
-    def value_and_pullback(self, f, xs):
-        return jax.vjp(f, *xs)
+def backend_class(**body):
+    """A frozen dataclass backend made of `_Jax`'s declarations and `body`."""
+    return dataclasses.dataclass(frozen=True)(type("Engine", (_Jax,), {"name": "engine", **body}))
 
 
-@dataclasses.dataclass(frozen=True)
-class OnlyPushforward(_Jax):
-    name = "only-pushforward"
-    mode = "forward"
-    primitives = frozenset({"pushforward"})
+def pullback(self, f, xs):
+    return jax.vjp(f, *xs)
 
-    def value_and_pushforward(self, f, xs):
-        return f(*xs), lambda vs: jax.jvp(f, xs, tuple(vs))[1]
+
+def pushforward(self, f, xs):
+    return f(*xs), lambda vs: jax.jvp(f, xs, tuple(vs))[1]
+
+
+OnlyPullback = backend_class(name="only-pullback", mode="reverse", primitives=frozenset({"pullback"}),
+                             value_and_pullback=pullback)
+OnlyPushforward = backend_class(name="only-pushforward", mode="forward", primitives=frozenset({"pushforward"}),
+                                value_and_pushforward=pushforward)
 
 
 def f(x):
@@ -72,15 +71,6 @@ def test_one_primitive_gives_every_operator(backend):
     close(ad.differentiate_with(g, backend)(X), g(X))
     close(jax.grad(lambda x: jnp.sum(ad.differentiate_with(g, backend)(x) ** 2))(X),
           jax.grad(lambda x: jnp.sum(g(x) ** 2))(X))
-
-
-def backend_class(**body):
-    """A frozen dataclass backend made of `_Jax`'s declarations and `body`."""
-    return dataclasses.dataclass(frozen=True)(type("Engine", (_Jax,), {"name": "engine", **body}))
-
-
-def pullback(self, f, xs):
-    return jax.vjp(f, *xs)
 
 
 @pytest.mark.parametrize("body, message", [

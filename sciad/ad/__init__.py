@@ -1,7 +1,8 @@
 """sciad.ad: one API over interchangeable AD engines.
 
 Backends (small immutable values) implement one or two primitives
-(pullback, pushforward); every operator is derived from them. Arguments and
+(pullback, pushforward), which they declare (`primitives`) with their
+capabilities; every operator is derived from them. Arguments and
 f's output may be PyTrees; results are structured as JAX's own transformations
 structure them (`jax.jacobian`, `jax.hessian`):
 
