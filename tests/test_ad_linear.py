@@ -101,3 +101,33 @@ def test_linear_map_closing_over_a_traced_value():
     np.testing.assert_allclose(jax.grad(h)(0.7), jnp.sum(X) * (jnp.sin(0.7) + 0.7 * jnp.cos(0.7)), rtol=1e-12)
     np.testing.assert_allclose(jax.hessian(h)(0.7), jax.hessian(lambda k: jnp.sum(k * jnp.sin(k) * X))(0.7),
                                rtol=1e-12)
+
+
+def test_each_direction_is_traced_only_when_used():
+    """A rule's pushforward is traced by jax.jvp and its pullback by jax.grad, never the other: a reverse-mode
+    gradient of a solve once traced (and threw away) a forward-mode solve too."""
+    import sciad
+
+    calls = {"pushforward": 0, "pullback": 0}
+
+    class Counted(sciad.InterpolatingAdjoint):
+        def pushforward(self, setup, rec, du0, dp):
+            calls["pushforward"] += 1
+            return super().pushforward(setup, rec, du0, dp)
+
+        def pullback(self, setup, rec, w):
+            calls["pullback"] += 1
+            return super().pullback(setup, rec, w)
+
+    prob = sciad.ODEProblem(lambda u, p, t: -p * u, np.ones(2), (0.0, 1.0), np.array([0.5, 1.5]))
+
+    def loss(p):
+        return jnp.sum(sciad.solve(prob, p=p, sensealg=Counted()).us ** 2)
+
+    gradient = jax.jit(jax.grad(loss))(prob.p)
+    assert calls == {"pushforward": 0, "pullback": 1}
+    tangent = jax.jit(lambda p, v: jax.jvp(loss, (p,), (v,))[1])(prob.p, jnp.ones(2))
+    assert calls == {"pushforward": 1, "pullback": 1}
+    np.testing.assert_allclose(tangent, jnp.sum(gradient), rtol=1e-6)
+    with pytest.raises(TypeError, match="closes over a traced value"):  # a deferred fun must not close over tracers
+        jax.jit(lambda x: linear_map(lambda r, v: v * x, lambda r, w: w * x, (), jnp.ones(2), out=jnp.ones(2)))(2.0)

@@ -76,9 +76,10 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
             y = g(*xs)
             return y, jax.tree.map(jnp.zeros_like, y)
         y, residuals = forward(*xs, active=mask)
+        shapes = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in xs]
 
-        def lin(residuals, active_vs):
-            full = [jnp.zeros_like(x) for x in xs]
+        def lin(residuals, active_vs):  # traced only where a tangent is evaluated (jax.jvp), not under jax.grad
+            full = [jnp.zeros(x.shape, x.dtype) for x in shapes]
             for i, v in zip(active, active_vs):
                 full[i] = v
             return pushforward(residuals, tuple(full))
@@ -87,7 +88,7 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
             cotangents = pullback(residuals, w)
             return tuple(cotangents[i] for i in active)
 
-        return y, linear_map(lin, lin_t, residuals, tuple(vs[i] for i in active), vmappable=vmappable,
+        return y, linear_map(lin, lin_t, residuals, tuple(vs[i] for i in active), out=y, vmappable=vmappable,
                              nondifferentiable=nondifferentiable)
 
     return g

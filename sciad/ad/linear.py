@@ -2,7 +2,9 @@
 
 `linear_map(fun, transpose, residuals, linear)` evaluates `fun(residuals, linear)`,
 which is linear in `linear` (and possibly nonlinear in `residuals`), and declares
-`transpose(residuals, cotangent)` its transpose. It is what JAX's
+`transpose(residuals, cotangent)` its transpose. Each is traced only when used: the
+transpose when a cotangent is pulled back, and, given its output's shapes (`out`), `fun` when
+the map is evaluated, so `jax.grad` traces no pushforward and `jax.jvp` no pullback. It is what JAX's
 `jax.custom_derivatives.linear_call` is, with the rules that make the rules
 built on it composable:
 
@@ -17,9 +19,9 @@ built on it composable:
 
 A map whose `fun` runs outside JAX (a host callback) cannot be differentiated
 in its residuals; `nondifferentiable` then gives the reason, raised as a clear
-error when that is attempted. Functions closing over traced values are
+error when that is attempted. Without `out`, a `fun` closing over traced values is
 traced at once and the values hoisted into the residuals, so they are
-differentiated too.
+differentiated too; with `out` it must close over none (pass them in `residuals`).
 """
 
 import functools
@@ -27,6 +29,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # A new primitive needs JAX's internals (jax._src), kept with the JAX versions they were
 # tested on in sciad/_jax_internals.py, which says why.
@@ -47,22 +50,31 @@ REVERSE_OVER_REVERSE = (
     "jax.jacfwd(jax.grad(f)) or jax.jvp(jax.grad(f), (x,), (v,))")
 
 
-def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, vmappable: bool = True,
+def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, out=None, vmappable: bool = True,
                nondifferentiable: str | None = None):
     """`fun(residuals, linear)` (PyTrees of arrays in and out), linear in `linear`,
-    with `transpose(residuals, cotangent) -> cotangent of linear` as its transpose."""
+    with `transpose(residuals, cotangent) -> cotangent of linear` as its transpose. `out`: the
+    structure, shapes and dtypes of fun's output (arrays or `jax.ShapeDtypeStruct`s), where known:
+    `fun` is then traced only when the map is evaluated (it must close over no traced value)."""
     res_flat, res_tree = jax.tree.flatten(residuals)
     lin_flat, lin_tree = jax.tree.flatten(linear)
-    out_tree = []
+    out_tree = [] if out is None else [jax.tree.structure(out)]
 
     def flat_fun(*args):
         out = fun(jax.tree.unflatten(res_tree, args[: len(res_flat)]),
                   jax.tree.unflatten(lin_tree, args[len(res_flat):]))
         flat, tree = jax.tree.flatten(out)
-        out_tree.append(tree)
+        if out_tree and tree != out_tree[0]:
+            raise TypeError(f"linear_map: fun returned structure {tree}, declared {out_tree[0]}")
+        out_tree[:] = [tree]
         return flat
 
-    callee, consts = _trace(flat_fun, [*res_flat, *lin_flat])
+    if out is None:
+        callee, consts = _trace(flat_fun, [*res_flat, *lin_flat])
+        callee = _Callee(callee)
+    else:
+        avals = [core.ShapedArray(np.shape(x), x.dtype) for x in jax.tree.leaves(out)]
+        callee, consts = _Callee(None, lambda: _trace_closed(flat_fun, [*res_flat, *lin_flat], avals), avals), []
 
     def flat_transpose(*args):
         cts = transpose(jax.tree.unflatten(res_tree, args[: len(res_flat)]),
@@ -106,6 +118,40 @@ def forward_mode_only(tree, reason: str):
     return jax.tree.unflatten(treedef, leaves)
 
 
+class _Callee:
+    """The map's function as a closed jaxpr taking (closed-over values, *args): `jaxpr`, ready, or
+    traced by `trace()` when first asked for, its `out_avals` declared (then it holds its constants
+    itself and has no effects). A primitive parameter, hashed by identity."""
+
+    def __init__(self, jaxpr: core.ClosedJaxpr | None, trace: Callable | None = None, out_avals=None):
+        self._jaxpr, self._trace = jaxpr, trace
+        self.out_avals = jaxpr.out_avals if jaxpr is not None else out_avals
+        self.effects = jaxpr.effects if jaxpr is not None else core.no_effects
+
+    @functools.cached_property
+    def jaxpr(self) -> core.ClosedJaxpr:
+        return self._jaxpr if self._jaxpr is not None else self._trace()
+
+    def __repr__(self) -> str:
+        return f"Callee({'traced' if self._jaxpr is not None or 'jaxpr' in self.__dict__ else 'deferred'})"
+
+
+def _trace_closed(flat_fun: Callable, args, out_avals) -> core.ClosedJaxpr:
+    """`flat_fun` as a closed jaxpr holding its constants, checked against the `out_avals` declared."""
+    avals = [core.typeof(a) if not isinstance(a, core.AbstractValue) else a for a in args]
+    wrapped = lu.wrap_init(flat_fun, debug_info=debug_info("sciad linear_map", flat_fun, avals, {}))
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, avals)
+    traced = [c for c in consts if isinstance(c, core.Tracer)]
+    if traced:
+        raise TypeError("linear_map(out=...): fun closes over a traced value; pass it in `residuals`")
+    closed = core.ClosedJaxpr(jaxpr, consts)
+    got = [(a.shape, a.dtype) for a in closed.out_avals]
+    if got != [(a.shape, a.dtype) for a in out_avals] or closed.effects:
+        raise TypeError(f"linear_map(out=...): fun returned {got} (effects {closed.effects}), declared "
+                        f"{[(a.shape, a.dtype) for a in out_avals]} and no effects")
+    return closed
+
+
 def _trace(flat_fun: Callable, args) -> tuple[core.ClosedJaxpr, list]:
     """`flat_fun` as a closed jaxpr taking (closed-over values, *args), and those values."""
     avals = [core.typeof(a) if not isinstance(a, core.AbstractValue) else a for a in args]
@@ -114,7 +160,8 @@ def _trace(flat_fun: Callable, args) -> tuple[core.ClosedJaxpr, list]:
     return pe.close_jaxpr(pe.convert_constvars_jaxpr(jaxpr)), consts
 
 
-def _run(jaxpr: core.ClosedJaxpr, *args):
+def _run(jaxpr: "core.ClosedJaxpr | _Callee", *args):
+    jaxpr = jaxpr.jaxpr if isinstance(jaxpr, _Callee) else jaxpr
     return core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
 
 
@@ -187,7 +234,7 @@ def _transpose(cts, *args, callee, transpose_thunk, num_consts, num_res, vmappab
     t_jaxpr, t_consts = transpose_thunk()
     cts = [jax_ad.instantiate_zeros(ct) if type(ct) is Zero else ct for ct in cts]
     cts = [jnp.zeros(a.shape, a.dtype) if ct is None else ct for ct, a in zip(cts, callee.out_avals)]
-    out = linear_map_p.bind(*t_consts, *user_res, *cts, callee=t_jaxpr,
+    out = linear_map_p.bind(*t_consts, *user_res, *cts, callee=t_jaxpr if isinstance(t_jaxpr, _Callee) else _Callee(t_jaxpr),
                             transpose_thunk=lambda: (callee, list(consts)), num_consts=len(t_consts),
                             num_res=num_res, vmappable=vmappable, nondifferentiable=nondifferentiable)
     return [None] * nres + list(out)
