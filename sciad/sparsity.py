@@ -2,13 +2,20 @@
 
 `jacobian_pattern(fn, x, *args)` traces fn(x, *args) (x a flat array (n,), the output flat
 (N,)) to a jaxpr and carries, for every value in it, which entries of x it depends on: a boolean
-sparse matrix (size, n). Elementwise operations unite their operands' sets; data movement
-(slices, rolls, reshapes, pads, gathers at fixed indices) is followed exactly by running the
-primitive on the operands' indices; reductions and products unite along the contracted axes;
-calls (jit, custom rules, remat, cond) are entered. Anything else depends on everything its
-operands depend on: a superset, reported in `Pattern.conservative`. The pattern is structural
-(no values), so it holds for every x; operations with a zero derivative (comparisons, rounding,
-stop_gradient) carry nothing.
+sparse matrix (size, n). Elementwise operations unite their operands' sets (`select_n` with a known
+choice takes the chosen case's, a product with a known zero nothing); data movement (slices,
+rolls, reshapes, stacks, concatenations, tiles, pads, gathers and dynamic slices at fixed
+indices) is followed exactly by running the primitive on the operands' indices; scatters
+(`.at[i].set/add/...`) at fixed indices through the gather that reads where they write;
+convolutions with a known kernel on the kernel's nonzero taps; cumulative sums on the entries up
+to each; reductions and products unite along the contracted axes. Calls (jit, custom rules,
+remat) are entered with what is known of their operands' values (an index made outside a jit is
+still an index inside), a cond at a known index takes its branch (else every branch's, united),
+a scan of at most `_UNROLL` steps is followed step by step. What cannot be followed exactly
+depends on everything its operands depend on, or for loops on what any number of iterations
+reaches: a superset, named in `Pattern.conservative` with where it is ("sort at model.py:12").
+The pattern is structural (no values of x), so it holds for every x; operations with a zero
+derivative (comparisons, rounding, stop_gradient, integer results) carry nothing.
 
 `Pattern.colouring()` splits the rows into dense ones (computed by one vector-Jacobian product
 each) and the rest, whose columns are coloured so that no two columns of one colour share a row
@@ -24,6 +31,8 @@ equations). `jacobian_pattern` uses the one `PATTERNS`; a `Pattern` keeps its co
 import collections
 import dataclasses
 import hashlib
+import os
+import re
 import threading
 
 import jax
@@ -31,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 from jax.extend import core as jex_core
+from jax.extend import source_info_util
 
 # operations whose derivative is zero (their outputs carry no dependence)
 _ZERO = {"eq", "ne", "lt", "le", "gt", "ge", "sign", "floor", "ceil", "round", "is_finite", "stop_gradient",
@@ -44,11 +54,14 @@ _ELEMENTWISE = {"add", "add_any", "sub", "mul", "div", "neg", "max", "min", "abs
                 "erf_inv", "lgamma", "digamma", "square", "convert_element_type", "reduce_precision", "copy",
                 "copy_p", "select_n", "clamp", "rem", "nextafter", "real", "imag", "conj", "complex", "custom_lin",
                 "pjit_identity", "optimization_barrier"}
-# data movement: followed exactly by running the primitive on indices
+# data movement: followed exactly by running the primitive on indices (index operands must be known)
 _MOVES = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "rev", "slice", "concatenate", "pad",
-          "dynamic_slice", "dynamic_update_slice", "gather", "split"}
+          "dynamic_slice", "dynamic_update_slice", "gather", "split", "stack", "tile"}
+# `.at[i].set/add/...`: followed at known indices (`_Propagation.scattered`)
+_SCATTERS = {"scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"}
 _REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"}
 _CUMULATIVE = {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"}
+_UNROLL = 128  # a scan of at most this many steps is followed step by step; loops settle within as many
 # calls: the jaxpr parameter to enter
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
           "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
@@ -57,8 +70,9 @@ _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_ca
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Pattern:
-    """The structural nonzeros of a Jacobian (N, n) and the operations followed conservatively; its
-    colourings, made once each."""
+    """The structural nonzeros of a Jacobian (N, n) and the operations followed conservatively (a
+    superset taken for them: "<primitive> at <file>:<line>", empty when exact); its colourings,
+    made once each."""
 
     matrix: sp.csr_matrix
     conservative: tuple
@@ -193,7 +207,7 @@ def jacobian_pattern(fn, x, *args) -> Pattern:
 def _propagated(closed, n) -> Pattern:
     deps = _Propagation(n)
     inputs = [sp.identity(n, dtype=bool, format="csr")] + [None] * (len(closed.jaxpr.invars) - 1)
-    (out,) = deps.run(closed.jaxpr, closed.consts, inputs)
+    (out,), _ = deps.run(closed.jaxpr, closed.consts, inputs)
     matrix = sp.csr_matrix((np.prod(closed.out_avals[0].shape, dtype=int), n), dtype=bool) if out is None else out
     return Pattern(sp.csr_matrix(matrix, dtype=bool), tuple(sorted(deps.conservative)))
 
@@ -222,20 +236,31 @@ class GivenPattern:
 
 class _Propagation:
     """Dependence sets through a jaxpr: each value maps to a boolean matrix (size, n) or None (no
-    dependence); known constant values are kept where an index operand needs them."""
+    dependence); known constant values are kept where an index operand (or a structural zero)
+    needs them, into calls and loop bodies too."""
 
     def __init__(self, n):
         self.n = n
         self.conservative = set()
+        self.calls = []  # the equation being followed and the calls around it, outermost first
 
-    def run(self, jaxpr, consts, inputs, const_values=None):
+    def where(self, eqn) -> str:
+        """Where `eqn` was traced in the user's code, else where the innermost call around it was
+        (jnp's own jitted functions keep no user frame)."""
+        for e in [eqn, *reversed(self.calls[:-1])]:
+            found = _where(e)
+            if found:
+                return found
+        return "an unknown line"
+
+    def run(self, jaxpr, consts, inputs, known=None):
+        """The dependence of `jaxpr`'s outputs on x (and their values where known: `known` gives the
+        inputs' known values, None where unknown), as two lists."""
         deps, values = {}, {}
         for var, c in zip(jaxpr.constvars, consts):
             deps[var], values[var] = None, _concrete(c)
-        for var, d in zip(jaxpr.invars, inputs):
-            deps[var] = d
-            if const_values is not None and var in const_values:
-                values[var] = const_values[var]
+        for var, d, c in zip(jaxpr.invars, inputs, known or [None] * len(inputs)):
+            deps[var], values[var] = d, c
 
         def read(v):
             if isinstance(v, jex_core.Literal):
@@ -244,9 +269,16 @@ class _Propagation:
 
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
-            outs = self.equation(eqn, [d for d, _ in ins], [c for _, c in ins])
-            for var, d in zip(eqn.outvars, outs):
-                deps[var] = d
+            self.calls.append(eqn)
+            try:
+                outs, out_values = self.equation(eqn, [d for d, _ in ins], [c for _, c in ins])
+            finally:
+                self.calls.pop()
+            for var, d, c in zip(eqn.outvars, outs, out_values):
+                # integers and booleans carry no derivative: an index computed from x is an unknown index
+                deps[var] = d if jnp.issubdtype(var.aval.dtype, jnp.inexact) else None
+                if c is not None:
+                    values[var] = c
             if all(d is None for d, _ in ins) and all(c is not None for _, c in ins):
                 try:  # a constant sub-expression: its value may be an index later
                     with jax.ensure_compile_time_eval():
@@ -256,37 +288,145 @@ class _Propagation:
                         values[var] = _concrete(r)
                 except Exception:  # noqa: BLE001  (only an optimisation: the value stays unknown)
                     pass
-        return [read(v)[0] for v in jaxpr.outvars]
+        found = [read(v) for v in jaxpr.outvars]
+        return [d for d, _ in found], [c for _, c in found]
 
     def equation(self, eqn, deps, values):
+        """(the outputs' dependence, their values where a call or loop body found them)."""
         name = eqn.primitive.name
         outs = eqn.outvars
+        unknown = [None] * len(outs)
         if all(d is None for d in deps) or name in _ZERO:
-            return [None] * len(outs)
+            return unknown, unknown
         if name in _CALLS:
             sub = eqn.params[_CALLS[name]]
             jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
-            return self.run(jaxpr, consts, deps[: len(jaxpr.invars)])
-        if name == "cond":  # every branch's dependence, united
-            branches = [self.run(b.jaxpr, b.consts, deps[1:]) for b in eqn.params["branches"]]
-            return [_union([b[i] for b in branches]) for i in range(len(outs))]
+            k = len(jaxpr.invars)
+            return self.run(jaxpr, consts, deps[:k], values[:k])
+        if name == "cond":
+            return self.branched(eqn, deps, values)
+        if name == "scan":
+            return self.scanned(eqn, deps, values)
+        if name == "while":
+            return self.looped(eqn, deps, values), unknown
         if name in _ELEMENTWISE:
-            if name == "select_n":
-                deps = [None, *deps[1:]]
-            shape = outs[0].aval.shape  # operands broadcast to it (size-1 axes, rank 0)
-            return [_union([None if d is None else _broadcast(d, var.aval.shape, shape)
-                            for d, var in zip(deps, eqn.invars)])]
+            return [self.elementwise(eqn, deps, values)], unknown
+        moved = None
         if name in _MOVES:
             moved = self.moved(eqn, deps, values)
-            if moved is not None:
-                return moved
-        if name in _REDUCE or name in _CUMULATIVE:
-            return [self.reduced(eqn, deps[0])]
-        if name == "dot_general":
-            return [self.contracted(eqn, deps, values)]
-        self.conservative.add(name)
+        elif name in _SCATTERS:
+            moved = self.scattered(eqn, deps, values)
+        elif name == "conv_general_dilated":
+            moved = self.convolved(eqn, deps, values)
+        elif name in _REDUCE:
+            moved = [self.reduced(eqn, deps[0])]
+        elif name in _CUMULATIVE:
+            moved = [self.accumulated(eqn, deps[0])]
+        elif name == "dot_general":
+            moved = [self.contracted(eqn, deps, values)]
+        if moved is not None:
+            return moved, unknown
+        return self.dense(eqn, deps), unknown
+
+    def dense(self, eqn, deps):
+        """Every output entry depends on everything the operands depend on (a superset, named with
+        where the operation is)."""
+        self.conservative.add(f"{eqn.primitive.name} at {self.where(eqn)}")
         everything = _union([None if d is None else _rows_union(d) for d in deps])
-        return [None if everything is None else _repeat(everything, _size(out)) for out in outs]
+        return [None if everything is None else _repeat(everything, _size(out)) for out in eqn.outvars]
+
+    def elementwise(self, eqn, deps, values):
+        """Each output entry depends on the same entry of each operand (broadcast: size-1 axes, rank 0);
+        `select_n` with a known choice on the chosen case's entry alone, `mul` by a known zero on
+        nothing."""
+        shape = eqn.outvars[0].aval.shape
+        name = eqn.primitive.name
+        spread = [None if d is None else _broadcast(d, var.aval.shape, shape) for d, var in zip(deps, eqn.invars)]
+        if name == "select_n":
+            which = values[0]
+            if which is None:  # any case may be chosen
+                return _union(spread[1:])
+            which = np.broadcast_to(np.asarray(which).astype(np.int64), shape).ravel()
+            return _union([None if d is None else _masked(d, which == k) for k, d in enumerate(spread[1:])])
+        total = _union(spread)
+        if name == "mul" and total is not None:
+            for d, c, var in zip(deps, values, eqn.invars):
+                if d is None and c is not None:
+                    total = _masked(total, np.broadcast_to(np.asarray(c) != 0, shape).ravel())
+        return total
+
+    def branched(self, eqn, deps, values):
+        """cond: the chosen branch where the index is known, else every branch's dependence united
+        (each can be taken: the structural pattern)."""
+        branches = eqn.params["branches"]
+        if values[0] is not None:  # lax.cond clamps the index
+            branches = [branches[int(np.clip(np.asarray(values[0]), 0, len(branches) - 1))]]
+        found = [self.run(b.jaxpr, b.consts, deps[1:], values[1:]) for b in branches]
+        outs = [_union([d[i] for d, _ in found]) for i in range(len(eqn.outvars))]
+        return outs, (found[0][1] if len(found) == 1 else [None] * len(outs))
+
+    def scanned(self, eqn, deps, values):
+        """scan: its steps followed one by one up to `_UNROLL` steps (the carry's known values too: a
+        loop counter stays an index), a longer one by `fixpoint` (its inputs xs and outputs ys united
+        over the steps), named."""
+        p = eqn.params
+        body, length, n_consts, n_carry = p["jaxpr"], p["length"], p["num_consts"], p["num_carry"]
+        consts, carry, xs = deps[:n_consts], deps[n_consts:n_consts + n_carry], deps[n_consts + n_carry:]
+        const_values, carry_values = values[:n_consts], values[n_consts:n_consts + n_carry]
+        xs_values = values[n_consts + n_carry:]
+        per_x = [_size(v) // max(length, 1) for v in eqn.invars[n_consts + n_carry:]]
+        per_y = [_size(v) // max(length, 1) for v in eqn.outvars[n_carry:]]
+        if length > _UNROLL:
+            united = [None if d is None else _united_steps(d, length) for d in xs]
+            found = self.fixpoint(eqn, body, consts, carry, united, const_values)
+            if found is None:
+                return self.dense(eqn, deps), [None] * len(eqn.outvars)
+            carry, ys = found
+            if any(d is not None for d in xs):  # each step's inputs taken as every step's
+                self.conservative.add(f"scan at {self.where(eqn)} (united over its iterations)")
+            ys = [None if y is None else sp.csr_matrix(sp.vstack([y] * length), dtype=bool) for y in ys]
+            return carry + ys, [None] * len(eqn.outvars)
+        steps = [[None] * length for _ in per_y]
+        for step in range(length):
+            k = length - 1 - step if p["reverse"] else step
+            x_k = [None if d is None else d[k * s:(k + 1) * s] for d, s in zip(xs, per_x)]
+            x_values = [None if c is None else np.asarray(c)[k] for c in xs_values]
+            out, out_values = self.run(body.jaxpr, body.consts, [*consts, *carry, *x_k],
+                                       [*const_values, *carry_values, *x_values])
+            carry, carry_values = out[:n_carry], out_values[:n_carry]
+            for j, y in enumerate(out[n_carry:]):
+                steps[j][k] = y
+        ys = [None if all(r is None for r in rows) else
+              sp.csr_matrix(sp.vstack([sp.csr_matrix((s, self.n), dtype=bool) if r is None else r for r in rows]),
+                            dtype=bool) for rows, s in zip(steps, per_y)]
+        return carry + ys, [*carry_values, *[None] * len(ys)]
+
+    def looped(self, eqn, deps, values):
+        """while: the carry's dependence united over any number of iterations (the trip count is not
+        known here: a superset of a fixed count's), named."""
+        p = eqn.params
+        start, count = p["cond_nconsts"], p["body_nconsts"]
+        found = self.fixpoint(eqn, p["body_jaxpr"], deps[start:start + count], deps[start + count:], [],
+                              values[start:start + count])
+        return self.dense(eqn, deps) if found is None else found[0]
+
+    def fixpoint(self, eqn, body, consts, carry, xs, const_values):
+        """(the carry's dependence after any number of steps of `body`, its other outputs' united over
+        the steps), iterated until nothing grows, at most `_UNROLL` times (None: not settled); named
+        unless one step already gives back what it was given (then every count of steps does)."""
+        carry, ys, steady = list(carry), None, None
+        unknown = [None] * (len(carry) + len(xs))
+        for _ in range(_UNROLL):
+            out, _ = self.run(body.jaxpr, body.consts, [*consts, *carry, *xs], [*const_values, *unknown])
+            steady = all(_same(c, d) for c, d in zip(carry, out)) if steady is None else steady
+            grown = [_union([c, d]) for c, d in zip(carry, out)]
+            ys = out[len(carry):] if ys is None else [_union([a, b]) for a, b in zip(ys, out[len(carry):])]
+            if all(_nnz(g) == _nnz(c) for g, c in zip(grown, carry)):
+                if not steady:
+                    self.conservative.add(f"{eqn.primitive.name} at {self.where(eqn)} (united over its iterations)")
+                return carry, ys
+            carry = grown
+        return None
 
     def moved(self, eqn, deps, values):
         """Data movement followed on indices (a list, one per output, or None where it cannot be):
@@ -320,20 +460,120 @@ class _Propagation:
             moved.append(sp.csr_matrix(picked.multiply((positions > 0)[:, None]), dtype=bool))
         return moved
 
-    def reduced(self, eqn, d):
-        """Each output entry depends on every input entry with its kept coordinates (cumulative
-        operations: the whole axis, a superset)."""
+    def scattered(self, eqn, deps, values):
+        """scatter (`.at[i].set/add/mul/min/max`) at known indices: each update entry goes where a
+        gather with the same indices would read it (the transpose's gather, as in JAX's own rule);
+        `scatter` keeps the operand's entries it does not overwrite, the others all of them. None
+        where the indices are not known."""
+        operand, _, updates = eqn.invars
+        indices = values[1]
+        if indices is None:
+            return None
+        dn = eqn.params["dimension_numbers"]
+        gathered = jax.lax.GatherDimensionNumbers(
+            offset_dims=dn.update_window_dims, collapsed_slice_dims=dn.inserted_window_dims,
+            start_index_map=dn.scatter_dims_to_operand_dims, operand_batching_dims=dn.operand_batching_dims,
+            start_indices_batching_dims=dn.scatter_indices_batching_dims)
+        window = iter(dn.update_window_dims)
+        slice_sizes = [1 if a in dn.inserted_window_dims or a in dn.operand_batching_dims
+                       else updates.aval.shape[next(window)] for a in range(operand.aval.ndim)]
+        size = _size(operand)
+        positions = np.arange(1, size + 1, dtype=np.int32).reshape(operand.aval.shape)
+        try:
+            with jax.ensure_compile_time_eval():
+                target = jax.lax.gather(positions, np.asarray(indices), gathered, tuple(slice_sizes),
+                                        mode=eqn.params["mode"], fill_value=0)
+        except Exception:  # noqa: BLE001  (an index form not covered: conservative)
+            return None
+        target = np.asarray(target).ravel()
+        if target.size != _size(updates):
+            return None
+        hit = np.flatnonzero(target > 0)
+        parts = []
+        if deps[2] is not None:
+            goes = sp.csr_matrix((np.ones(hit.size, bool), (target[hit] - 1, hit)), shape=(size, target.size))
+            parts.append(sp.csr_matrix(goes @ deps[2], dtype=bool))
+        if deps[0] is not None:
+            kept = np.ones(size, bool)
+            if eqn.primitive.name == "scatter":
+                kept[target[hit] - 1] = False
+            parts.append(_masked(deps[0], kept))
+        return [_union(parts)]
+
+    def convolved(self, eqn, deps, values):
+        """conv_general_dilated: an output entry depends on the input entries under its window where
+        the kernel is not structurally zero (kernel unknown: everywhere), and on the kernel's taps
+        over input entries inside the input (padding carries nothing). None for batch groups."""
+        p = eqn.params
+        if p["batch_group_count"] != 1:
+            return None
+        lhs, rhs = eqn.invars
+        out = eqn.outvars[0]
+        dn = p["dimension_numbers"]
+        lhs_pos = np.arange(_size(lhs)).reshape(lhs.aval.shape).transpose(dn.lhs_spec)  # (N, C, *S)
+        rhs_pos = np.arange(_size(rhs)).reshape(rhs.aval.shape).transpose(dn.rhs_spec)  # (O, I, *K)
+        out_pos = np.arange(_size(out)).reshape(out.aval.shape).transpose(dn.out_spec)  # (N, O, *Y)
+        nonzero = [None if c is None else (np.asarray(c) != 0) for c in values]
+        lhs_nz = np.ones(lhs_pos.shape, bool) if nonzero[0] is None else nonzero[0].transpose(dn.lhs_spec)
+        rhs_nz = np.ones(rhs_pos.shape, bool) if nonzero[1] is None else nonzero[1].transpose(dn.rhs_spec)
+        batch, out_ch, *spatial_out = out_pos.shape
+        in_per_group = rhs_pos.shape[1]
+        groups = p["feature_group_count"]
+        out_per_group = out_ch // groups
+        spatial_in, kernel = lhs_pos.shape[2:], rhs_pos.shape[2:]
+        strides, pads = p["window_strides"], p["padding"]
+        lhs_dil = p["lhs_dilation"] or (1,) * len(kernel)
+        rhs_dil = p["rhs_dilation"] or (1,) * len(kernel)
+        # (N, O, I, *Y) index grids: the batch, output channel, input channel (in its group)
+        full = (batch, out_ch, in_per_group, *spatial_out)
+        nb, no, ni = (np.arange(s).reshape((-1,) + (1,) * (len(full) - 1 - a)) for a, s in enumerate(full[:3]))
+        channel = (no // out_per_group) * in_per_group + ni  # the input channel of (o, i)
+        grid = np.indices(spatial_out)
+        rows_l, cols_l, rows_r, cols_r = [], [], [], []
+        for tap in np.ndindex(*kernel):
+            coords, inside = [], np.ones(spatial_out, bool)
+            for d, k in enumerate(tap):  # the input coordinate under output y at this tap
+                c = grid[d] * strides[d] + k * rhs_dil[d] - pads[d][0]
+                inside &= (c >= 0) & (c % lhs_dil[d] == 0) & (c // lhs_dil[d] < spatial_in[d])
+                coords.append(np.clip(c // lhs_dil[d], 0, spatial_in[d] - 1))
+            outs = np.broadcast_to(out_pos[(nb, no, *grid)], full)
+            live = np.broadcast_to(inside, full)
+            take_l = live & rhs_nz[(no, ni, *tap)]
+            rows_l.append(outs[take_l])
+            cols_l.append(np.broadcast_to(lhs_pos[(nb, channel, *coords)], full)[take_l])
+            take_r = live & lhs_nz[(nb, channel, *coords)]
+            rows_r.append(outs[take_r])
+            cols_r.append(np.broadcast_to(rhs_pos[(no, ni, *tap)], full)[take_r])
+        parts = []
+        for d, rows, cols, width in ((deps[0], rows_l, cols_l, _size(lhs)), (deps[1], rows_r, cols_r, _size(rhs))):
+            if d is not None:
+                rows, cols = np.concatenate(rows), np.concatenate(cols)
+                m = sp.csr_matrix((np.ones(rows.size, bool), (rows, cols)), shape=(_size(out), width))
+                parts.append(sp.csr_matrix(m @ d, dtype=bool))
+        return [_union(parts)]
+
+    def accumulated(self, eqn, d):
+        """cumsum and its kin along `axis`: each entry depends on the entries before it (after it,
+        reversed) and itself: lower-triangular, exact for cumsum."""
         shape = eqn.invars[0].aval.shape
-        axes = eqn.params["axes"] if "axes" in eqn.params else (eqn.params["axis"],)
+        axis = eqn.params["axis"]
+        length = shape[axis]
+        before, after = int(np.prod(shape[:axis], dtype=int)), int(np.prod(shape[axis + 1:], dtype=int))
+        out_at, in_at = np.tril_indices(length)
+        if eqn.params.get("reverse", False):
+            out_at, in_at = in_at, out_at
+        a = np.arange(before)[:, None, None]
+        b = np.arange(after)[None, None, :]
+        rows = ((a * length + out_at[None, :, None]) * after + b).ravel()
+        cols = ((a * length + in_at[None, :, None]) * after + b).ravel()
+        m = sp.csr_matrix((np.ones(rows.size, bool), (rows, cols)), shape=(_size(eqn.invars[0]),) * 2)
+        return sp.csr_matrix(m @ d, dtype=bool)
+
+    def reduced(self, eqn, d):
+        """Each output entry depends on every input entry with its kept coordinates."""
+        shape = eqn.invars[0].aval.shape
+        axes = eqn.params["axes"]
         coords = np.indices(shape).reshape(len(shape), -1)
-        if eqn.primitive.name in _CUMULATIVE:
-            grouped = coords.copy()
-            grouped[list(axes)] = 0
-            groups = np.ravel_multi_index(grouped, shape)
-            members = sp.csr_matrix((np.ones(groups.size, bool), (groups, np.arange(groups.size))),
-                                    shape=(int(np.prod(shape)),) * 2)
-            gathered = members @ d
-            return sp.csr_matrix(gathered[groups], dtype=bool)
         kept = [a for a in range(len(shape)) if a not in axes]
         out_shape = tuple(shape[a] for a in kept)
         groups = np.ravel_multi_index(coords[kept], out_shape) if kept else np.zeros(coords.shape[1], int)
@@ -399,6 +639,43 @@ def _broadcast(d, shape, out_shape):
         return d
     rows = np.broadcast_to(np.arange(d.shape[0]).reshape(shape), out_shape).ravel()
     return sp.csr_matrix(d[rows], dtype=bool)
+
+
+def _masked(d, keep):
+    """The rows of `d` where `keep` (a boolean vector, one per row) holds; the others empty."""
+    return sp.csr_matrix(d.multiply(np.asarray(keep, bool)[:, None]), dtype=bool)
+
+
+def _united_steps(d, length):
+    """The rows of `d` ((length · s, n): `length` steps of s entries) united over the steps: (s, n)."""
+    per = d.shape[0] // length
+    steps = np.arange(length * per)
+    g = sp.csr_matrix((np.ones(steps.size, bool), (steps % per, steps)), shape=(per, steps.size))
+    return sp.csr_matrix(g @ d, dtype=bool)
+
+
+def _nnz(d) -> int:
+    return 0 if d is None else d.nnz
+
+
+def _same(a, b) -> bool:
+    """Whether two dependence sets (matrices or None) are equal."""
+    if a is None or b is None:
+        return _nnz(a) == _nnz(b) == 0
+    return (a != b).nnz == 0
+
+
+def _where(eqn) -> str:
+    """Where in the user's code an equation was traced: "file.py:line" (JAX's frames skipped; ""
+    when there is none, as inside jnp's own jitted functions)."""
+    try:
+        summary = source_info_util.summarize(eqn.source_info)
+    except Exception:  # noqa: BLE001  (no traceback kept)
+        return ""
+    if summary in ("", "unknown"):
+        return ""
+    found = re.match(r"(.*?):(\d+)(?::\d+)? \(.*\)$", summary)
+    return f"{os.path.basename(found[1])}:{found[2]}" if found else summary
 
 
 def _repeat(d, size):

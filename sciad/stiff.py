@@ -244,10 +244,12 @@ def auto_jacobian(solver: dfx.AbstractSolver, f: Callable, u0, p, t0) -> tuple[s
 
     pattern = sparsity.jacobian_pattern(rate, flat, dynamic, jnp.asarray(t0, flat.dtype))
     nonzeros = f"∂f/∂u has {pattern.matrix.nnz} structural nonzeros ({pattern.density:.2%} of {n}²)"
+    # a superset where detection could not follow f: which operations, and where
+    dense_by = f"; taken as dense by: {', '.join(pattern.conservative)}" if pattern.conservative else ""
     if pattern.density > SPARSE_DENSITY:
-        return "dense", nonzeros
+        return "dense", nonzeros + dense_by
     colouring = pattern.colouring()
-    return "sparse", f"{nonzeros}: {colouring.count} colours, {len(colouring.dense)} dense rows, a sparse LU"
+    return "sparse", f"{nonzeros}: {colouring.count} colours, {len(colouring.dense)} dense rows, a sparse LU{dense_by}"
 
 
 def with_stage_jacobian(solver: dfx.AbstractSolver, jacobian, f: Callable, u0, p, t0) -> tuple:
