@@ -10,7 +10,9 @@ the root finder (`event_time`):
 
     dτ = -(∂c/∂u du(τ⁻) + ∂c/∂p dp) / (∂c/∂u f(u(τ⁻), p, τ) + ∂c/∂t).
 
-The chain rule through the segments, the affects and τ is the adjoint's jump at an event with
+A segment is solved to the located τ (held fixed), and τ's derivative comes from the state it
+reached there; the saves at τ then move with it along u' = f, so nothing is solved twice. The chain
+rule through the segments, the affects and τ is the adjoint's jump at an event with
 SciMLSensitivity's event-time correction: λ(τ⁻) = (∂a/∂u)ᵀ λ(τ⁺) plus, for a state-dependent event,
 (∂c/∂u)ᵀ (λ(τ⁺) · (f⁺ - ∂a/∂u f⁻ - ∂a/∂t)) / ċ; forward sensitivities jump by the transpose.
 Segments run in a `jax.lax.scan` of `max_events + 1` steps, so one segment is traced and compiled.
@@ -213,23 +215,32 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
     ts, s1 = setup.ts, setup.t1
     start = jnp.sum(plan.preset < setup.t0).astype(jnp.int32)  # preset times before t0 never fire
     bare = setup.bare()
-    frame = _Frame(bare, sensealg, _fixed(plan))  # the conditions' own values enter the rule as arguments
+    frame = _Frame(bare, _fixed(plan))  # the conditions' own values enter the rule as arguments
 
     def segment(carry, _):
         u, s, stopped, pointer, us, taken, integral, stats, count = carry
         preset = plan.preset[pointer]
         end = jnp.where(stopped, s, jnp.minimum(preset, s1))
         if plan.conditions:
-            tau, j = first_crossing(*_fixed((bare.bound(setup.f.held, None, s, end), plan, u, p, s, end)))
+            located, j = first_crossing(*_fixed((bare.bound(setup.f.held, None, s, end), plan, u, p, s, end)))
             continuous = (j >= 0) & ~stopped
-            tau = jnp.where(continuous, event_time(tau, j, u, p, setup.f.held, s, plan.conditions, frame=frame), end)
+            end = jnp.where(continuous, located, end)  # a located time is not differentiated: `event_time` is
             owner = jnp.where(continuous, jnp.asarray(plan.owners)[jnp.maximum(j, 0)], -1)
         else:
-            continuous, tau, owner = jnp.asarray(False), end, jnp.asarray(-1)
+            continuous, owner = jnp.asarray(False), jnp.asarray(-1)
         fires_preset = ~continuous & ~stopped & (preset <= s1) & (preset == end)
         owner = jnp.where(fires_preset, plan.preset_owners[pointer], owner)
-        saves = jnp.concatenate([jnp.clip(ts, s, tau), tau[None]])
-        ys, seg_stats = sensealg.solve(setup.bound(setup.f.held, saves, s, tau), u, p)
+        saves = jnp.concatenate([jnp.clip(ts, s, end), end[None]])
+        ys, seg_stats = sensealg.solve(setup.bound(setup.f.held, saves, s, end), u, p)
+        tau = end
+        if plan.conditions:
+            # τ's derivative from the state reached at the located time (no second solve of the segment); the
+            # saves at τ (its end, the save times past it) move with it along y' = F: zero here, exact derivatives.
+            shift = jnp.where(continuous, event_time(located, j, ys[-1, :n], p, setup.f.held, plan.conditions,
+                                                     frame=frame) - located, 0.0)
+            at_end = (saves >= end)[:, None]
+            ys = ys + jnp.where(at_end, setup.bound(setup.f.held, None, s, end).rate(ys[-1], p, end) * shift, 0.0)
+            tau = end + shift
         goes_on = (owner >= 0) & ~plan.stops(owner)
         take = ~taken & (ts >= s) & (~goes_on | (ts < tau))
         us = jnp.where(take[:, None], ys[:-1, :n], us)
@@ -256,17 +267,17 @@ def _fixed(tree):
 
 
 class _Frame(eqx.Module):
-    """What the event-time rule holds fixed: the setup without its traced parts, the sensealg, the plan."""
+    """What the event-time rule holds fixed: the setup without its traced parts, the plan."""
 
     setup: Setup
-    sensealg: AbstractSensitivity
     plan: Plan
 
 
 @eqx.filter_custom_jvp
-def event_time(tau, j, u0, p, c, s0, conditions, *, frame: _Frame):
-    """τ (located, undifferentiated), the first zero of condition `j` on the segment from u0 (n,) at s0
-    with p (m,) and f's closure values c: its derivatives are the implicit function's (see the module)."""
+def event_time(tau, j, u, p, c, conditions, *, frame: _Frame):
+    """τ (located, undifferentiated), the first zero of condition `j`, with u (n,) the state the segment
+    reached there (its derivatives those of a solve to a fixed end time), p (m,) and f's closure values c:
+    its derivatives are the implicit function's (see the module)."""
     return tau
 
 
@@ -277,35 +288,32 @@ SECOND_ORDER = ("second derivatives through the time of a state-dependent event 
 
 @event_time.def_jvp
 def _event_time_jvp(primals, tangents, *, frame: _Frame):
-    tau, j, u0, p, c, s0, conditions = primals
+    tau, j, u, p, c, conditions = primals
     dynamic, static = eqx.partition(conditions, eqx.is_inexact_array)
     leaves, tree = jax.tree.flatten(dynamic)
     d_leaves = jax.tree.leaves(jax.tree.map(lambda x, v: x if x is None else jnp.zeros_like(x) if v is None else v,
-                                            dynamic, tangents[6], is_leaf=lambda x: x is None))
-    lin = [jnp.zeros_like(x) if v is None else v for x, v in zip(primals[2:6], tangents[2:6])] + d_leaves
+                                            dynamic, tangents[5], is_leaf=lambda x: x is None))
+    lin = [jnp.zeros_like(x) if v is None else v for x, v in zip(primals[2:4], tangents[2:4])] + d_leaves
 
     held, rest = eqx.partition(frame, eqx.is_array)  # the rules take every traced value as an input
 
     def pushforward(res, lin):
         """dτ = -(∂c/∂u du(τ⁻) + ∂c/∂p dp + ∂c/∂k dk) / ċ, k the values the condition closes over."""
-        (tau, j, u0, p, c, s0, *leaves), frame = res[:-1], eqx.combine(res[-1], rest)
-        d_u0, d_p, d_c, d_s0, *d_leaves = lin
-        setup = frame.setup.bound(c, tau[None], s0, tau)
-        u, du = jax.jvp(lambda u0, p, c, s0: frame.sensealg.solve(setup.bound(c, tau[None], s0, tau), u0, p)[0][
-            0, : setup.n], (u0, p, c, s0), (d_u0, d_p, d_c, d_s0))
+        (tau, j, u, p, c, *leaves), frame = res[:-1], eqx.combine(res[-1], rest)
+        d_u, d_p, *d_leaves = lin
 
         def value(u, p, s, leaves):
             return frame.plan.values(eqx.combine(jax.tree.unflatten(tree, leaves), static), u, p, s)[j]
 
-        _, moved = jax.jvp(lambda u, p, k: value(u, p, tau, k), (u, p, leaves), (du, d_p, d_leaves))
-        rate = setup.rate(u, p, tau)[: u.shape[0]]
+        _, moved = jax.jvp(lambda u, p, k: value(u, p, tau, k), (u, p, leaves), (d_u, d_p, d_leaves))
+        rate = frame.setup.bound(c, None, tau, tau).rate(u, p, tau)[: u.shape[0]]
         _, along = jax.jvp(lambda u, s: value(u, p, s, leaves), (u, tau), (rate, jnp.ones_like(tau)))
         return -moved / jnp.where(along == 0, 1, along)  # along = 0: a grazing event, not differentiable
 
     def pullback(res, w):
         return jax.linear_transpose(lambda lin: pushforward(res, lin), lin)(w)[0]
 
-    res = [tau, j, u0, p, c, s0, *leaves, held]
+    res = [tau, j, u, p, c, *leaves, held]
 
     def tangent():
         return linear_map(pushforward, pullback, res, lin, nondifferentiable=SECOND_ORDER)
