@@ -5,7 +5,8 @@
 sparse matrix (size, n). Elementwise operations unite their operands' sets (`select_n` with a known
 choice takes the chosen case's, a product with a known zero nothing); data movement (slices,
 rolls, reshapes, stacks, concatenations, tiles, pads, gathers and dynamic slices at fixed
-indices) is followed exactly by running the primitive on the operands' indices; scatters
+indices) is followed exactly by running the primitive on the operands' indices (in NumPy where
+it has the primitive: JAX compiles each shape and parameters once, 16 ms apiece); scatters
 (`.at[i].set/add/...`) at fixed indices through the gather that reads where they write;
 convolutions with a known kernel on the kernel's nonzero taps; cumulative sums on the entries up
 to each; reductions and products unite along the contracted axes. Calls (jit, custom rules,
@@ -56,7 +57,7 @@ _ELEMENTWISE = {"add", "add_any", "sub", "mul", "div", "neg", "max", "min", "abs
                 "pjit_identity", "optimization_barrier"}
 # data movement: followed exactly by running the primitive on indices (index operands must be known)
 _MOVES = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "rev", "slice", "concatenate", "pad",
-          "dynamic_slice", "dynamic_update_slice", "gather", "split", "stack", "tile"}
+          "dynamic_slice", "dynamic_update_slice", "gather", "split", "stack", "unstack", "tile"}
 # `.at[i].set/add/...`: followed at known indices (`_Propagation.scattered`)
 _SCATTERS = {"scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"}
 _REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"}
@@ -280,14 +281,8 @@ class _Propagation:
                 if c is not None:
                     values[var] = c
             if all(d is None for d, _ in ins) and all(c is not None for _, c in ins):
-                try:  # a constant sub-expression: its value may be an index later
-                    with jax.ensure_compile_time_eval():
-                        results = eqn.primitive.bind(*[c for _, c in ins], **eqn.params)
-                    results = results if eqn.primitive.multiple_results else [results]
-                    for var, r in zip(eqn.outvars, results):
-                        values[var] = _concrete(r)
-                except Exception:  # noqa: BLE001  (only an optimisation: the value stays unknown)
-                    pass
+                for var, r in zip(eqn.outvars, _evaluated(eqn, [c for _, c in ins])):
+                    values[var] = r  # a constant sub-expression: its value may be an index later
         found = [read(v) for v in jaxpr.outvars]
         return [d for d, _ in found], [c for _, c in found]
 
@@ -296,8 +291,13 @@ class _Propagation:
         name = eqn.primitive.name
         outs = eqn.outvars
         unknown = [None] * len(outs)
-        if all(d is None for d in deps) or name in _ZERO:
+        if name in _ZERO:
             return unknown, unknown
+        if all(d is None for d in deps):
+            # entered all the same unless every operand is known (`run` evaluates those): what it computes
+            # from known values alone is known (an index or kernel f's forward part hands its reverse part)
+            if name not in _CALLS and name not in ("cond", "scan") or all(c is not None for c in values):
+                return unknown, unknown
         if name in _CALLS:
             sub = eqn.params[_CALLS[name]]
             jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
@@ -387,6 +387,7 @@ class _Propagation:
             ys = [None if y is None else sp.csr_matrix(sp.vstack([y] * length), dtype=bool) for y in ys]
             return carry + ys, [None] * len(eqn.outvars)
         steps = [[None] * length for _ in per_y]
+        step_values = [[None] * length for _ in per_y]
         for step in range(length):
             k = length - 1 - step if p["reverse"] else step
             x_k = [None if d is None else d[k * s:(k + 1) * s] for d, s in zip(xs, per_x)]
@@ -394,12 +395,14 @@ class _Propagation:
             out, out_values = self.run(body.jaxpr, body.consts, [*consts, *carry, *x_k],
                                        [*const_values, *carry_values, *x_values])
             carry, carry_values = out[:n_carry], out_values[:n_carry]
-            for j, y in enumerate(out[n_carry:]):
-                steps[j][k] = y
+            for j in range(len(per_y)):
+                steps[j][k], step_values[j][k] = out[n_carry + j], out_values[n_carry + j]
         ys = [None if all(r is None for r in rows) else
               sp.csr_matrix(sp.vstack([sp.csr_matrix((s, self.n), dtype=bool) if r is None else r for r in rows]),
                             dtype=bool) for rows, s in zip(steps, per_y)]
-        return carry + ys, [*carry_values, *[None] * len(ys)]
+        # outputs known at every step (a counter stacked for the reverse pass) are known
+        ys_values = [np.stack(v) if length and all(c is not None for c in v) else None for v in step_values]
+        return carry + ys, [*carry_values, *ys_values]
 
     def looped(self, eqn, deps, values):
         """while: the carry's dependence united over any number of iterations (the trip count is not
@@ -444,14 +447,16 @@ class _Propagation:
                 return None
             else:
                 operands.append(np.asarray(c))
-        params = dict(eqn.params)
-        if eqn.primitive.name == "gather":
-            params["fill_value"] = 0
-        try:
-            with jax.ensure_compile_time_eval():
-                results = eqn.primitive.bind(*operands, **params)
-        except Exception:  # noqa: BLE001  (an index form the trick does not cover: conservative)
-            return None
+        results = _numpy_moved(eqn.primitive.name, operands, eqn.params)
+        if results is None:  # by JAX itself: one XLA compilation per shape and parameters
+            params = dict(eqn.params)
+            if eqn.primitive.name == "gather":
+                params["fill_value"] = 0
+            try:
+                with jax.ensure_compile_time_eval():
+                    results = eqn.primitive.bind(*operands, **params)
+            except Exception:  # noqa: BLE001  (an index form the trick does not cover: conservative)
+                return None
         source = sp.vstack(stacked, format="csr")
         moved = []
         for positions in results if eqn.primitive.multiple_results else [results]:
@@ -604,6 +609,102 @@ class _Propagation:
             m = sp.block_diag([sp.kron(sp.csr_matrix(left[b]), sp.identity(J, dtype=bool)) for b in range(B)])
             parts.append(sp.csr_matrix(m, dtype=bool) @ deps[1][perm_r])
         return _union(parts)
+
+
+def _pad(x, fill, config):
+    """lax.pad in NumPy: per axis, `interior` fills between entries, then `low`/`high` at the ends
+    (negative: cropped)."""
+    for axis, (low, high, interior) in enumerate(config):
+        low, high, interior = int(low), int(high), int(interior)
+        if interior and x.shape[axis] > 1:
+            dilated = np.full((*x.shape[:axis], x.shape[axis] + (x.shape[axis] - 1) * interior, *x.shape[axis + 1:]),
+                              fill, x.dtype)
+            dilated[(slice(None),) * axis + (slice(None, None, interior + 1),)] = x
+            x = dilated
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (max(low, 0), max(high, 0))
+        x = np.pad(x, widths, constant_values=fill)
+        x = x[(slice(None),) * axis + (slice(max(-low, 0), x.shape[axis] - max(-high, 0)),)]
+    return x
+
+
+def _clamped(starts, shape, sizes):
+    """dynamic_slice's starts as XLA takes them: clamped so that the window fits."""
+    return tuple(slice(s, s + k) for s, k in
+                 ((int(np.clip(int(s), 0, n - k)), k) for s, n, k in zip(starts, shape, sizes)))
+
+
+def _updated(x, update, *starts):
+    x = x.copy()
+    x[_clamped(starts, x.shape, update.shape)] = update
+    return x
+
+
+# data movement in NumPy, on integer positions (what `_Propagation.moved` runs; the rest by JAX)
+_NUMPY_MOVES = {
+    "reshape": lambda x, new_sizes, dimensions, **_: np.reshape(
+        x if dimensions is None else np.transpose(x, dimensions), new_sizes),
+    "broadcast_in_dim": lambda x, shape, broadcast_dimensions, **_: np.broadcast_to(np.reshape(
+        x, [x.shape[broadcast_dimensions.index(a)] if a in broadcast_dimensions else 1 for a in range(len(shape))]),
+        shape),
+    "squeeze": lambda x, dimensions: np.reshape(x, [n for a, n in enumerate(x.shape) if a not in dimensions]),
+    "transpose": lambda x, permutation: np.transpose(x, permutation),
+    "rev": lambda x, dimensions: np.flip(x, tuple(dimensions)) if dimensions else x,
+    "slice": lambda x, start_indices, limit_indices, strides: x[tuple(
+        slice(s, e, k) for s, e, k in zip(start_indices, limit_indices, strides or (1,) * x.ndim))],
+    "concatenate": lambda *xs, dimension: np.concatenate(xs, axis=dimension),
+    "stack": lambda *xs, axis: np.stack(xs, axis=axis),
+    "unstack": lambda x, axis: [np.take(x, i, axis=axis) for i in range(x.shape[axis])],
+    "split": lambda x, sizes, axis: np.split(x, np.cumsum(sizes)[:-1].astype(int), axis=axis),
+    "tile": lambda x, reps: np.tile(x, reps),
+    "pad": lambda x, fill, padding_config: _pad(x, fill, padding_config),
+    "dynamic_slice": lambda x, *starts, slice_sizes: x[_clamped(starts, x.shape, slice_sizes)],
+    "dynamic_update_slice": lambda x, update, *starts: _updated(x, update, *starts),
+}
+
+
+# constant sub-expressions (index arithmetic, masks) in NumPy where it agrees with lax
+_NUMPY_ELEMENTWISE = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "neg": np.negative, "max": np.maximum,
+    "min": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+    "eq": np.equal, "ne": np.not_equal, "and": np.bitwise_and, "or": np.bitwise_or, "not": np.invert,
+    "select_n": lambda which, *cases: np.choose(np.asarray(which, int), cases),
+    "convert_element_type": lambda x, new_dtype, **_: np.asarray(x).astype(new_dtype),
+}
+
+
+def _evaluated(eqn, operands) -> list:
+    """The values of a constant equation's outputs (None where it cannot be run): NumPy for
+    elementwise arithmetic and data movement, else JAX (one XLA compilation per shape and
+    parameters)."""
+    name = eqn.primitive.name
+    if name in _NUMPY_ELEMENTWISE and len(eqn.outvars) == 1:
+        try:
+            with np.errstate(all="ignore"):
+                result = np.asarray(_NUMPY_ELEMENTWISE[name](*operands, **eqn.params))
+            if result.shape == eqn.outvars[0].aval.shape:
+                return [result.astype(eqn.outvars[0].aval.dtype)]
+        except Exception:  # noqa: BLE001  (JAX's own below)
+            pass
+    results = _numpy_moved(name, operands, eqn.params)
+    if results is None:
+        try:
+            with jax.ensure_compile_time_eval():
+                results = eqn.primitive.bind(*operands, **eqn.params)
+        except Exception:  # noqa: BLE001  (only an optimisation: the value stays unknown)
+            return [None] * len(eqn.outvars)
+    return [_concrete(r) for r in (results if eqn.primitive.multiple_results else [results])]
+
+
+def _numpy_moved(name, operands, params):
+    """The primitive `name` run in NumPy on `operands` (a list for several results), None where
+    there is no NumPy version or it does not apply (then JAX runs it)."""
+    if name not in _NUMPY_MOVES:
+        return None
+    try:
+        return _NUMPY_MOVES[name](*operands, **params)
+    except Exception:  # noqa: BLE001  (parameters this version does not know: JAX's own)
+        return None
 
 
 def _structure_key(matrix) -> tuple:

@@ -208,6 +208,22 @@ def test_rule_is_exact(name):
     np.testing.assert_array_equal(pattern.matrix.toarray(), truth, err_msg=name)
 
 
+@pytest.mark.parametrize("name", [name for name in RULES if "while" not in name])
+def test_rule_is_exact_through_its_transpose(name):
+    """The adjoint stages' relations hold f's VJP: the rules' transposes (unstack, scatter-add, pads,
+    reversed scans, ...) are followed exactly too, Jᵀ's pattern found with x unknown."""
+    x = jnp.asarray(RNG.uniform(0.5, 1.5, 12))
+    fn = RULES[name]
+    cotangent = jnp.asarray(RNG.uniform(0.5, 1.5, np.size(fn(x))))
+
+    def pullback(w, x):
+        return jax.vjp(fn, x)[1](w)[0]
+
+    pattern = jacobian_pattern(pullback, cotangent, x)
+    assert pattern.conservative == (), name
+    np.testing.assert_array_equal(pattern.matrix.toarray(), true_nonzeros(fn, x, jacobian=jax.jacrev).T, err_msg=name)
+
+
 def test_a_while_loop_is_united_over_iterations_and_named():
     """Its trip count is not known here: the carry's dependence after any number of iterations."""
     x = jnp.asarray(RNG.uniform(0.5, 1.5, 12))
@@ -278,3 +294,57 @@ def test_the_report_names_what_was_taken_as_dense_and_where():
     prob = sciad.ODEProblem(f, np.linspace(0.0, 1.0, n), (0.0, 1.0), jnp.asarray(1.0))
     report = sciad.select_sensealg(prob, saveat=jnp.array([1.0]), solver="kvaerno5").report()
     assert f"(100.00% of {n}²); taken as dense by: sort at test_sparsity.py:{line}" in report
+
+
+MOVES = [
+    lambda x: x.reshape(6, 4),
+    lambda x: jax.lax.reshape(x, (24,), dimensions=(1, 0)),
+    lambda x: jax.lax.broadcast_in_dim(x[:2, 0], (2, 3, 5), (0,)),
+    lambda x: jax.lax.broadcast_in_dim(x[:1], (3, 4, 6), (1, 2)),
+    lambda x: jax.lax.squeeze(x[:1, None], (0, 1)),
+    lambda x: jax.lax.transpose(x.reshape(2, 2, 6), (2, 0, 1)),
+    lambda x: jax.lax.rev(x, (0, 1)),
+    lambda x: jax.lax.slice(x, (1, 0), (4, 6), (2, 3)),
+    lambda x: jax.lax.concatenate([x, x[:1]], 0),
+    lambda x: jnp.stack([x, x], axis=2),
+    lambda x: jnp.unstack(x, axis=1),
+    lambda x: jnp.split(x, [1, 4], axis=1),
+    lambda x: jnp.tile(x, (2, 1, 3)),
+    lambda x: jax.lax.pad(x, x[0, 0], [(1, -2, 1), (-1, 3, 2)]),
+    lambda x: jax.lax.pad(x, x[0, 0], [(-3, 0, 0), (0, -2, 0)]),
+    lambda x: jax.lax.dynamic_slice(x, (3, -1), (2, 2)),
+    lambda x: jax.lax.dynamic_update_slice(x, x[:2, :2], (5, 1)),
+]
+
+
+@pytest.mark.parametrize("k", range(len(MOVES)))
+def test_data_movement_in_numpy_is_jaxs(k):
+    """`sparsity` runs common moves in NumPy (not one XLA compilation each): the same result as
+    the primitive itself, on positions, for each parameter form (negative and interior pads,
+    clamped dynamic starts, a reshape with dimensions)."""
+    from jax.extend import core as jex_core
+
+    from sciad.sparsity import _NUMPY_MOVES, _numpy_moved
+
+    def equations(jaxpr):
+        for eqn in jaxpr.eqns:
+            if "jaxpr" in eqn.params:  # jnp's own jitted functions
+                yield from equations(getattr(eqn.params["jaxpr"], "jaxpr", eqn.params["jaxpr"]))
+            yield eqn
+
+    checked = 0
+    for eqn in equations(jax.make_jaxpr(MOVES[k])(jnp.ones((4, 6))).jaxpr):
+        if eqn.primitive.name not in _NUMPY_MOVES:
+            continue
+        operands = [np.asarray(v.val) if isinstance(v, jex_core.Literal) else
+                    np.arange(1, 1 + np.prod(v.aval.shape, dtype=int), dtype=np.int32).reshape(v.aval.shape)
+                    for v in eqn.invars]
+        ours = _numpy_moved(eqn.primitive.name, operands, eqn.params)
+        with jax.ensure_compile_time_eval():
+            theirs = eqn.primitive.bind(*operands, **eqn.params)
+        ours, theirs = (ours, theirs) if eqn.primitive.multiple_results else ([ours], [theirs])
+        assert len(ours) == len(theirs), eqn
+        for a, b in zip(ours, theirs):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(eqn))
+        checked += 1
+    assert checked
