@@ -119,21 +119,30 @@ def forward_mode_only(tree, reason: str):
 
 
 class _Callee:
-    """The map's function as a closed jaxpr taking (closed-over values, *args): `jaxpr`, ready, or
+    """The map's function as a closed jaxpr taking (closed-over values, *args): `closed`, ready, or
     traced by `trace()` when first asked for, its `out_avals` declared (then it holds its constants
-    itself and has no effects). A primitive parameter, hashed by identity."""
+    itself and has no effects). Read as a `ClosedJaxpr` is (`jaxpr`, `consts`, `out_avals`, `effects`:
+    jaxpr walkers such as `sciad.sparsity` enter it alike); a primitive parameter, hashed by identity."""
 
-    def __init__(self, jaxpr: core.ClosedJaxpr | None, trace: Callable | None = None, out_avals=None):
-        self._jaxpr, self._trace = jaxpr, trace
-        self.out_avals = jaxpr.out_avals if jaxpr is not None else out_avals
-        self.effects = jaxpr.effects if jaxpr is not None else core.no_effects
+    def __init__(self, closed: core.ClosedJaxpr | None, trace: Callable | None = None, out_avals=None):
+        self._closed, self._trace = closed, trace
+        self.out_avals = closed.out_avals if closed is not None else out_avals
+        self.effects = closed.effects if closed is not None else core.no_effects
 
     @functools.cached_property
-    def jaxpr(self) -> core.ClosedJaxpr:
-        return self._jaxpr if self._jaxpr is not None else self._trace()
+    def closed(self) -> core.ClosedJaxpr:
+        return self._closed if self._closed is not None else self._trace()
+
+    @property
+    def jaxpr(self) -> core.Jaxpr:
+        return self.closed.jaxpr
+
+    @property
+    def consts(self) -> list:
+        return self.closed.consts
 
     def __repr__(self) -> str:
-        return f"Callee({'traced' if self._jaxpr is not None or 'jaxpr' in self.__dict__ else 'deferred'})"
+        return f"Callee({'traced' if self._closed is not None or 'closed' in self.__dict__ else 'deferred'})"
 
 
 def _trace_closed(flat_fun: Callable, args, out_avals) -> core.ClosedJaxpr:
@@ -161,7 +170,6 @@ def _trace(flat_fun: Callable, args) -> tuple[core.ClosedJaxpr, list]:
 
 
 def _run(jaxpr: "core.ClosedJaxpr | _Callee", *args):
-    jaxpr = jaxpr.jaxpr if isinstance(jaxpr, _Callee) else jaxpr
     return core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
 
 
