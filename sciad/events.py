@@ -239,7 +239,7 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
             shift = jnp.where(continuous, event_time(located, j, ys[-1, :n], p, setup.f.held, plan.conditions,
                                                      frame=frame) - located, 0.0)
             at_end = (saves >= end)[:, None]
-            ys = ys + jnp.where(at_end, setup.bound(setup.f.held, None, s, end).rate(ys[-1], p, end) * shift, 0.0)
+            ys = ys + jnp.where(at_end, setup.rate(ys[-1], p, end) * shift, 0.0)
             tau = end + shift
         goes_on = (owner >= 0) & ~plan.stops(owner)
         take = ~taken & (ts >= s) & (~goes_on | (ts < tau))

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from sciad._diffrax_internals import use_stepsize_tol  # the marker: the controller's tolerances
-from sciad.adjoints.base import Setup, step_controller
+from sciad.adjoints.base import Setup, is_implicit, step_controller
 
 
 class March(eqx.Module):
@@ -61,12 +61,11 @@ class Stepper(eqx.Module):
     def of(cls, terms, solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None) -> "Stepper":
         """`solver` on `terms` with adaptive steps at rtol, atol (`step_controller`; `norm`: its norm)."""
         controller = step_controller(solver, rtol, atol, norm)
-        if getattr(solver, "scan_kind", "lax") is None:
+        if isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
             solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
-        finder = getattr(solver, "root_finder", None)
-        if finder is not None:
+        if is_implicit(solver):
             for name in ("rtol", "atol", "norm"):
-                if getattr(finder, name, None) is use_stepsize_tol:
+                if getattr(solver.root_finder, name, None) is use_stepsize_tol:
                     solver = eqx.tree_at(lambda s: getattr(s.root_finder, name), solver, getattr(controller, name))
         return cls(terms, solver, controller)
 
