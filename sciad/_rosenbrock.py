@@ -1,0 +1,174 @@
+"""Rosenbrock (Rodas) solvers for M u' = f(u, p, t) with a constant mass matrix M, as diffrax solvers.
+
+A Rosenbrock method is linearly implicit: each step takes the Jacobian J = ∂f/∂u and ∂f/∂t once at
+(t0, y0), factorises W = M/(hγ) − J once (LU), and solves one linear system with it per stage —
+no Newton iteration, so no root finder. In the transformed form of Hairer & Wanner (Solving ODEs
+II, §IV.7 and, for M, §VI.4), stage i solves
+
+    (M/(hγ) − J) u_i = f(t0 + c_i h, y0 + Σ_j a_ij u_j) + M Σ_j (C_ij/h) u_j + h d_i ∂f/∂t,
+
+and y1 = y0 + Σ_j m_j u_j. M may be singular: rows of zeros mark algebraic equations (index-1
+semi-explicit DAEs), and the stiffly accurate Rodas methods keep their order on them. y0 must be
+consistent (the algebraic equations hold at t0).
+
+    solver = Rodas5P(mass_matrix=jnp.array([1.0, 1.0, 0.0]))
+    diffrax.diffeqsolve(diffrax.ODETerm(f), solver, t0, t1, dt0, y0, args,
+                        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10))
+
+The state may be any PyTree; M acts on its flattened vector (`jax.flatten_util.ravel_pytree`).
+The linear solves go through `lineax.linear_solve` with the step's factorisation as its state, so
+derivatives of a step solve with the same LU factors and never differentiate the decomposition.
+"""
+
+from typing import Any, ClassVar
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.flatten_util as jfu
+import jax.numpy as jnp
+import lineax as lx
+
+from sciad._rosenbrock_tableaus import RODAS4, RODAS5P, RosenbrockTableau
+
+
+class RosenbrockInterpolation(dfx.AbstractLocalInterpolation):
+    """A Rodas method's own dense output on [t0, t1]: with θ = (t − t0)/(t1 − t0),
+    y(t) = (1 − θ) y0 + θ (y1 + (1 − θ)(k_0 + θ k_1 + … + θ^{q−1} k_{q−1})).
+    `y0`, `y1`: the state's structure; `k`: the same with a leading axis q (the tableau's `dense`
+    rows applied to the stages)."""
+
+    t0: Any
+    t1: Any
+    y0: Any
+    y1: Any
+    k: Any
+
+    def evaluate(self, t0, t1=None, left=True):
+        del left
+        if t1 is not None:
+            return jax.tree.map(jnp.subtract, self.evaluate(t1), self.evaluate(t0))
+        span = self.t1 - self.t0  # 0 on the discarded steps of a vmapped solve's finished members
+        theta = jnp.where(span == 0, 0, (t0 - self.t0) / jnp.where(span == 0, 1, span))
+
+        def leaf(y0, y1, k):
+            th = theta.astype(y0.dtype)
+            poly = k[-1]
+            for k_r in k[-2::-1]:
+                poly = k_r + th * poly
+            return (1 - th) * y0 + th * (y1 + (1 - th) * poly)
+
+        return jax.tree.map(leaf, self.y0, self.y1, self.k)
+
+
+class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
+    """A stiffly accurate Rosenbrock method (`rosenbrock_tableau`) for M u' = f with a constant
+    `mass_matrix` M: None (the identity), a vector (n,) (its diagonal) or a matrix (n, n), n the
+    flattened state's size. Linearly implicit: one Jacobian and one LU factorisation per step,
+    no root finder. Any term whose `vf_prod` is linear in its control (`diffrax.ODETerm`, and the
+    direction-reversing wrapper diffrax puts around it for t1 < t0) steps with it."""
+
+    rosenbrock_tableau: eqx.AbstractClassVar[RosenbrockTableau]
+    mass_matrix: eqx.AbstractVar[jax.Array | None]
+
+    term_structure: ClassVar = dfx.AbstractTerm
+    interpolation_cls: ClassVar = RosenbrockInterpolation
+
+    def order(self, terms):
+        return self.rosenbrock_tableau.order
+
+    def error_order(self, terms):
+        return self.rosenbrock_tableau.embedded_order + 1
+
+    def init(self, terms, t0, t1, y0, args):
+        return None
+
+    def func(self, terms, t0, y0, args):
+        return terms.vf(t0, y0, args)
+
+    def jacobian(self, increment, y):
+        """∂increment/∂y at y (n,), dense (n, n): increment(y) = h f(t0, y) over the flattened state.
+        The one place a step differentiates f in u (override for sparse or matrix-free Jacobians)."""
+        return jax.jacfwd(increment)(y)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        del solver_state, made_jump
+        tab = self.rosenbrock_tableau
+        flat, unravel = jfu.ravel_pytree(y0)
+        dtype, n = flat.dtype, flat.size
+        coef = lambda x: jnp.asarray(x, dtype)
+        control = terms.contr(t0, t1)
+        dt = jnp.asarray(t1 - t0)
+
+        def increment(t, y):  # h f(t, y), (n,)
+            return jfu.ravel_pytree(terms.vf_prod(t, unravel(y), args, control))[0]
+
+        g0, g_t = jax.jvp(lambda t: increment(t, flat), (jnp.asarray(t0, dt.dtype),), (jnp.ones((), dt.dtype),))
+        g_t = dt.astype(dtype) * g_t  # h² ∂f/∂t
+        mass, times_mass = self._mass(n, dtype)
+        W = mass / coef(tab.gamma) - self.jacobian(lambda y: increment(t0, y), flat)
+        # diffrax steps the finished members of a vmapped solve with t0 = t1 and discards the result:
+        # there every right-hand side is 0 and W = M/γ is singular for a DAE; I gives the same u = 0.
+        W = lx.MatrixLinearOperator(jnp.where(dt == 0, jnp.eye(n, dtype=dtype), W))
+        lu = lx.LU()
+        factors = lu.init(jax.lax.stop_gradient(W), {})  # the step's one factorisation
+
+        def solve(rhs):
+            return lx.linear_solve(W, rhs, lu, state=factors, throw=False).value
+
+        u = jnp.zeros((tab.num_stages, n), dtype).at[0].set(solve(g0 + coef(tab.d[0]) * g_t))
+
+        def stage(u, i):  # (h M/(hγ) − h J) u_i = h f(Y_i) + M Σ_j C_ij u_j + h² d_i ∂f/∂t
+            y_i = flat + coef(tab.a)[i] @ u
+            rhs = increment(t0 + jnp.asarray(tab.c, dt.dtype)[i] * dt, y_i)
+            rhs = rhs + times_mass(coef(tab.C)[i] @ u) + coef(tab.d)[i] * g_t
+            return u.at[i].set(solve(rhs)), None
+
+        u, _ = jax.lax.scan(stage, u, jnp.arange(1, tab.num_stages))
+        y1 = flat + coef(tab.m) @ u
+        error = coef(tab.error) @ u
+        k = coef(tab.dense) @ u
+        y1, error = unravel(y1), unravel(error)
+        dense_info = dict(y0=y0, y1=y1, k=jax.vmap(unravel)(k))
+        return y1, error, dense_info, None, dfx.RESULTS.successful
+
+    def _mass(self, n, dtype):
+        """(M as a dense (n, n) matrix, v ↦ M v) in `dtype`."""
+        M = self.mass_matrix
+        if M is None:
+            return jnp.eye(n, dtype=dtype), lambda v: v
+        if M.shape not in ((n,), (n, n)):
+            raise ValueError(f"mass_matrix has shape {M.shape} for a state of {n} entries: give a vector "
+                             f"({n},) (the diagonal) or a matrix ({n}, {n}) over the flattened state.")
+        M = M.astype(dtype)
+        if M.ndim == 1:
+            return jnp.diag(M), lambda v: M * v
+        return M, lambda v: M @ v
+
+
+def _mass_matrix(M):
+    if M is None:
+        return None
+    M = jnp.asarray(M)
+    if M.ndim not in (1, 2) or (M.ndim == 2 and M.shape[0] != M.shape[1]):
+        raise ValueError(f"mass_matrix has shape {M.shape}: give None (the identity), a vector (n,) "
+                         f"(its diagonal) or a square matrix (n, n).")
+    return M
+
+
+class Rodas5P(AbstractRosenbrock):
+    """Rodas5P (Steinebach 2023): 8 stages, order 5 with an embedded order-4 error estimate, stiffly
+    accurate, dense output of order 4. Linearly implicit (one Jacobian and LU per step). For stiff
+    ODEs and index-1 DAEs given by `mass_matrix` (None, a diagonal (n,) or a matrix (n, n))."""
+
+    mass_matrix: jax.Array | None = eqx.field(default=None, converter=_mass_matrix)
+    rosenbrock_tableau: ClassVar[RosenbrockTableau] = RODAS5P
+
+
+class Rodas4(AbstractRosenbrock):
+    """Rodas4 (Hairer & Wanner 1996): 6 stages, order 4 with an embedded order-3 error estimate,
+    stiffly accurate, dense output of order 3. Linearly implicit (one Jacobian and LU per step). For
+    stiff ODEs and index-1 DAEs given by `mass_matrix` (None, a diagonal (n,) or a matrix (n, n))."""
+
+    mass_matrix: jax.Array | None = eqx.field(default=None, converter=_mass_matrix)
+    rosenbrock_tableau: ClassVar[RosenbrockTableau] = RODAS4
