@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 import sciad
-from sciad.problems.spiral import spiral_data
+from sciad.problems import spiral_data
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

@@ -22,7 +22,7 @@ that every interval is solved and the gradient the check judges is the one it wo
 
 The calibration corpus is what the limits are set on; the held-out corpus is only looked at. Both
 take about 10 minutes on 2 cores; the margins are quoted at DRIFT_TOLERANCE in
-sciad/adjoints/continuous.py.
+sciad/adjoints/_continuous.py.
 """
 
 import argparse
@@ -41,8 +41,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 import sciad  # noqa: E402
-import sciad.adjoints.continuous as continuous  # noqa: E402
-import sciad.adjoints.stepping as stepping  # noqa: E402
+import sciad.adjoints._continuous as continuous  # noqa: E402
+import sciad.adjoints._stepping as stepping  # noqa: E402
 from backsolve_corpus import breakpoints, gradient, own, reference, relative_error, right  # noqa: E402
 
 STEP_CAP = 50  # backward steps per forward step measured at most

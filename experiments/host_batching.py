@@ -26,7 +26,7 @@ import numpy as np
 
 import sciad
 from sciad.problems import lotka_volterra
-from sciad.problems.lotka_volterra import lotka_volterra_rhs
+from sciad.problems import lotka_volterra_rhs
 from sciad.timing import interleaved, timed
 
 jax.config.update("jax_enable_x64", True)

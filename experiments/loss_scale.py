@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad
-import sciad.adjoints.continuous as continuous
+import sciad.adjoints._continuous as continuous
 from sciad.problems import PROBLEMS
 from sciad.timing import interleaved, relative_error
 

@@ -5,7 +5,7 @@
 
 import sys
 
-from sciad.cli import main
+from sciad_bench.cli import main
 
 if __name__ == "__main__":
     main(["bench", "spiral-node", *sys.argv[1:]])

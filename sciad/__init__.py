@@ -2,9 +2,18 @@
 
     prob = sciad.ODEProblem(f, u0, tspan, p)
     sol = sciad.solve(prob, p=p, saveat=ts, sensealg=sciad.InterpolatingAdjoint(vjp="jax-reverse"))
+
+The public API is what `__all__` lists here, in `sciad.ad`, `sciad.adjoints`, `sciad.problems`,
+`sciad.errors`, `sciad.select`, `sciad.sparsity`, `sciad.stiff` and `sciad.timing`; modules named
+`_name` are private.
 """
 
-from sciad import ad
+from sciad import ad, adjoints, errors, select, stiff, timing
+from sciad._ensemble import ensemble
+from sciad._events import ContinuousCallback, PresetTimeCallback
+from sciad._problem import ODEProblem
+from sciad._solve import SOLVERS, Solution, get_solver, solve
+from sciad._steady import SteadyState, steady_state
 from sciad.adjoints import (
     AbstractSensitivity,
     BacksolveAdjoint,
@@ -15,12 +24,22 @@ from sciad.adjoints import (
     InterpolatingAdjoint,
     QuadratureAdjoint,
     SteadyStateAdjoint,
+    step_controller,
 )
 from sciad.errors import SolveError
-from sciad.events import ContinuousCallback, PresetTimeCallback
-from sciad.problem import ODEProblem
 from sciad.select import Choice, select_sensealg
-from sciad.solve import SOLVERS, Solution, solve
-from sciad.ensemble import ensemble
-from sciad.steady import SteadyState, steady_state
 from sciad import problems  # noqa: E402  (builds on solve)
+
+__all__ = ["SOLVERS", "AbstractSensitivity", "BacksolveAdjoint", "Choice", "ContinuousCallback", "DiscreteAdjoint",
+           "ForwardDiffSensitivity", "ForwardSensitivity", "GaussAdjoint", "InterpolatingAdjoint", "ODEProblem",
+           "PresetTimeCallback", "QuadratureAdjoint", "Solution", "SolveError", "SteadyState", "SteadyStateAdjoint",
+           "ad", "adjoints", "ensemble", "errors", "get_solver", "problems", "select", "select_sensealg", "solve",
+           "sparsity", "steady_state", "step_controller", "stiff", "timing"]
+
+
+def __getattr__(name: str):
+    if name == "sparsity":  # on first use: sparsity detection pulls SciPy, which importing sciad does not
+        import sciad.sparsity
+
+        return sciad.sparsity
+    raise AttributeError(f"module 'sciad' has no attribute {name!r}")

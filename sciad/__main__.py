@@ -1,3 +1,3 @@
-from sciad.cli import main
+from sciad._cli import main
 
 main()

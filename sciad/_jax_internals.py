@@ -1,13 +1,13 @@
 """JAX's private modules sciad uses (jax._src), in one place, with the JAX versions they were tested on.
 
-- sciad.ad.linear defines a primitive, `linear_map`, with its own JVP, transpose, batching and
+- sciad.ad._linear defines a primitive, `linear_map`, with its own JVP, transpose, batching and
   lowering rules: the public `jax.custom_jvp`/`custom_vjp` cannot declare a transpose that is
   itself differentiable, and `jax.custom_derivatives.linear_call` asserts zero tangents in its
   residuals. It uses the modules below by their attributes (`core.Primitive`,
   `pe.trace_to_jaxpr_dynamic`, ...); tests/test_private_surfaces.py checks each one it names.
 - `callback_logger`: the logger JAX's callbacks log an exception to before re-raising it
   (sciad.errors keeps a SolveError from appearing twice).
-- `emit_python_callback`, `callback_op_sharding`: sciad.host_lu lowers its primitive to a host call
+- `emit_python_callback`, `callback_op_sharding`: sciad._host_lu lowers its primitive to a host call
   that receives NumPy arrays. `jax.pure_callback` first copies its arguments into jax.Arrays
   (`device_put`), about 200 µs a call on CPU against 20 µs: a sparse Newton makes a thousand
   such calls a solve.

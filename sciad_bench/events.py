@@ -28,8 +28,8 @@ import optimistix as optx
 
 import sciad
 from sciad.adjoints import engine_option
-from sciad.adjoints.base import step_controller
-from sciad.solve import get_solver
+from sciad.adjoints import step_controller
+from sciad import get_solver
 
 from sciad_bench import plots, tables
 from sciad_bench.harness import sciad_combination

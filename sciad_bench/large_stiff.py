@@ -24,7 +24,7 @@ import numpy as np
 import scipy.integrate
 
 import sciad
-from sciad.host_lu import COUNTS
+from sciad.stiff import LU_COUNTS
 from sciad.problems import brusselator_pde
 from sciad.sparsity import jacobian_pattern
 from sciad.timing import compare
@@ -74,7 +74,7 @@ def scipy_forward(b):
     def run():
         sol = scipy.integrate.solve_ivp(lambda t, u: b.problem.f(u, p, t), (0.0, 1.0), u0, method="BDF",
                                         t_eval=np.asarray(b.saveat), rtol=TOL, atol=TOL, jac_sparsity=pattern)
-        COUNTS.add("factorisations", sol.nlu)  # BDF does not count its steps nor its solves
+        LU_COUNTS.add("factorisations", sol.nlu)  # BDF does not count its steps nor its solves
         return sol.y.T, None
     return run, None
 
@@ -127,9 +127,9 @@ def _measure(b, n, what, plan, reference, rounds, log):
         call, memory[name] = plan[name](b)
 
         def counted():  # the output (forward: the saved states), with the steps and host LU work recorded aside
-            COUNTS.clear()
+            LU_COUNTS.clear()
             out = call()
-            counts[name] = COUNTS.snapshot()
+            counts[name] = LU_COUNTS.snapshot()
             if what == "gradient":
                 return out
             us, steps[name] = out

@@ -27,8 +27,8 @@ import numpy as np
 
 import sciad
 from sciad.adjoints import engine_option
-from sciad.adjoints.base import step_controller
-from sciad.solve import get_solver
+from sciad.adjoints import step_controller
+from sciad import get_solver
 
 from sciad_bench import harness, plots, tables
 from sciad_bench.harness import Combination, sciad_combination

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sciad.adjoints.base import step_controller
+from sciad.adjoints import step_controller
 from sciad.problems import Benchmark
-from sciad.solve import get_solver
+from sciad import get_solver
 
 from sciad_bench.harness import Combination
 

@@ -3,7 +3,7 @@ within 1.5x, and the autotuned pick within 1.1x, of the best measured combinatio
 And does the heuristic hold out of sample?
 
 For each case the plausible candidates (`sciad.select.candidates`) are timed
-in interleaved rounds; the heuristic's pick (`sciad.auto`, what
+in interleaved rounds; the heuristic's pick (`sciad.select.heuristic`, what
 `sensealg="auto"` chooses) and an independent autotuning trial's pick are
 then looked up in that measurement.
 
@@ -30,7 +30,7 @@ import sys
 import sciad
 from sciad import problems
 from sciad.adjoints import describe
-from sciad.auto import THRESHOLDS, Features, Thresholds, heuristic
+from sciad.select import THRESHOLDS, Features, Thresholds, heuristic
 from sciad.select import candidates, measure
 from sciad.select import features as problem_features
 from sciad.timing import fastest

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad
-from sciad.adjoints.base import step_controller
-from sciad.problems.gene_circuit import GeneCircuitRHS
-from sciad.solve import get_solver
+from sciad.adjoints import step_controller
+from sciad.problems import GeneCircuitRHS
+from sciad import get_solver
 from sciad.timing import compare
 
 TOLERANCE = 1e-8  # rtol = atol of both solves

@@ -37,7 +37,7 @@ import numpy as np
 import sciad
 import sciad.ad as ad
 from sciad.adjoints import describe, engine_option, parse
-from sciad.auto import heuristic
+from sciad.select import heuristic
 from sciad.problems import (
     Benchmark,
     brusselator_pde,

@@ -23,7 +23,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 import sciad
-import sciad.adjoints.continuous as continuous
+import sciad.adjoints._continuous as continuous
 from sciad.problems import hamiltonian_node
 
 REFERENCE_TOL = 1e-12

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import sciad.ad as ad
-from sciad.ad import errors, namespace
+from sciad.ad import _errors as errors, namespace
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 

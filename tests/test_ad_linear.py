@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sciad.ad as ad
-from sciad.ad.linear import HigherOrderError, linear_map
+from sciad.ad._linear import HigherOrderError, linear_map
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 

@@ -60,9 +60,9 @@ def test_a_bound_method_is_compiled_once_and_its_instance_freed():
 
     backend, model, x = ad.get("jax-reverse"), Model(), np.ones(3)
     ad.gradient(backend, model.loss, x)
-    compiled = ad.operators._COMPILED[model]
+    compiled = ad._operators._COMPILED[model]
     ad.gradient(backend, model.loss, 2 * x)
-    assert ad.operators._COMPILED[model] is compiled and len(compiled) == 1
+    assert ad._operators._COMPILED[model] is compiled and len(compiled) == 1
     ref = weakref.ref(model)
     del model, compiled
     gc.collect()

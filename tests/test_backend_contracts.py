@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import sciad.ad as ad
-from sciad.ad.backend import AbstractBackend
+from sciad.ad._backend import AbstractBackend
 
 
 @dataclasses.dataclass(frozen=True)

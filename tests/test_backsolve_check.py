@@ -17,7 +17,7 @@ import pytest
 import backsolve_corpus
 import backsolve_heldout
 import sciad
-import sciad.adjoints.continuous as continuous
+import sciad.adjoints._continuous as continuous
 from scenarios import slow_except
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")

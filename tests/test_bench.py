@@ -10,7 +10,7 @@ import pytest
 
 import sciad
 
-from sciad.cli import main
+from sciad._cli import main
 from sciad.problems import lotka_volterra
 
 pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sciad[bench]'")

@@ -1,6 +1,6 @@
 """Caches belong to the objects that use them, are keyed on content and safe between threads: the
-autotune disk cache (`sciad.select`), remembered sparsity patterns (`sciad.sparsity.PatternCache`),
-the host LU's factorisations and its tally (`sciad.host_lu`)."""
+autotune disk cache (`sciad.select`), remembered sparsity patterns (`sciad._sparsity.PatternCache`),
+the host LU's factorisations and its tally (`sciad._host_lu`)."""
 
 import concurrent.futures
 
@@ -10,8 +10,8 @@ import numpy as np
 import scipy.sparse as sp
 
 import sciad
-from sciad import host_lu, sparsity
-from sciad.auto import Choice
+from sciad import _host_lu as host_lu, _sparsity as sparsity
+from sciad._auto import Choice
 
 TS = np.array([0.5, 1.0])
 
@@ -30,7 +30,7 @@ def test_autotune_cache_tells_two_lambdas_apart(monkeypatch, tmp_path):
         sensealg = sciad.DiscreteAdjoint() if len(measured) % 2 else sciad.ForwardDiffSensitivity()
         return Choice(sensealg, feat, [{"name": sciad.adjoints.describe(sensealg)}], autotuned=True)
 
-    monkeypatch.setattr(sciad.select, "_autotune", autotune)
+    monkeypatch.setattr(sciad._select, "_autotune", autotune)
 
     def choose(prob):
         return sciad.select_sensealg(prob, saveat=TS, autotune=True, cache_dir=tmp_path).name

@@ -11,7 +11,7 @@ import pytest
 import sciad
 import sciad.ad as ad
 from scenarios import slow_except
-from sciad.problems.lotka_volterra import lotka_volterra_rhs
+from sciad.problems._lotka_volterra import lotka_volterra_rhs
 
 
 def lorenz(u, p, t):

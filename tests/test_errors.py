@@ -143,7 +143,7 @@ def test_the_sensealg_to_pass_is_named(call, sensealg, message):
 def test_quadrature_adjoint_by_name_is_accepted():
     by_name = sciad.solve(DECAY, sensealg="QuadratureAdjoint").us
     np.testing.assert_array_equal(by_name, sciad.solve(DECAY, sensealg=sciad.QuadratureAdjoint()).us)
-    assert sciad.adjoints.registry.resolve("QuadratureAdjoint(checkpointing=True)") == \
+    assert sciad.adjoints._registry.resolve("QuadratureAdjoint(checkpointing=True)") == \
         sciad.QuadratureAdjoint(checkpointing=True)
 
 

@@ -1,4 +1,4 @@
-"""sciad.host_lu: sparse LU solves on the host as a JAX primitive, against dense NumPy solves."""
+"""sciad._host_lu: sparse LU solves on the host as a JAX primitive, against dense NumPy solves."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from sciad.host_lu import COUNTS, HostLU, lu_solve
+from sciad._host_lu import COUNTS, HostLU, lu_solve
 
 
 def random_sparse(n, seed, density=0.1, dtype=np.float64):

@@ -28,7 +28,7 @@ from scenarios import reference_for, slow_except
 from sciad.adjoints import (BacksolveAdjoint, DiscreteAdjoint, ForwardDiffSensitivity, ForwardSensitivity,
                              GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint)
 from sciad.problems import brusselator_pde
-from sciad.stiff import MatrixFree, Sparse, StageNewton, stiff_solver
+from sciad._stiff import MatrixFree, Sparse, StageNewton, stiff_solver
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -179,8 +179,8 @@ def ring_loss(prob, p, sensealg, jacobian):
 
 @pytest.mark.slow
 def test_a_given_pattern_stands_in_for_detection_that_cannot_follow_f():
-    from sciad.host_lu import COUNTS
-    from sciad.sparsity import jacobian_pattern
+    from sciad._host_lu import COUNTS
+    from sciad._sparsity import jacobian_pattern
 
     prob, pattern = ring_diffusion()
     detected = jacobian_pattern(lambda u, p: prob.f(u, p, 0.0), jnp.asarray(prob.u0), prob.p)
@@ -211,7 +211,7 @@ def test_a_given_pattern_serves_the_adjoint_stages_too():
 def test_a_large_state_stores_fewer_dense_steps():
     """4,096 dense Tsit5 steps of 40,000 states would be 10 GB: the interpolation keeps STORED_BYTES'
     worth (and would re-solve with checkpoints past them); the gradient is still exact."""
-    from sciad.adjoints.base import STORED_BYTES
+    from sciad.adjoints._base import STORED_BYTES
 
     n = 40_000
     prob = sciad.ODEProblem(lambda u, p, t: -p * u, np.ones(n), (0.0, 1.0), np.array(1.0))

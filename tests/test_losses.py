@@ -15,7 +15,7 @@ import pytest
 import sciad
 from scenarios import assert_agrees, central_differences, slow_except, values_and_jacobian
 from sciad.adjoints import SENSEALGS, parse
-from sciad.solve import get_solver
+from sciad._solve import get_solver
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -172,7 +172,7 @@ def test_integral_with_auto():
 
     _, d_k, _, _, _ = closed_energy(K, U0, 0.0, 2.0)
     close(jax.grad(loss)(K, "auto"), d_k, "auto")
-    choice = sciad.auto.auto_sensealg(U0, PROB.p, np.array([0.0, 2.0]), solver=get_solver("tsit5"),
+    choice = sciad._auto.auto_sensealg(U0, PROB.p, np.array([0.0, 2.0]), solver=get_solver("tsit5"),
                                       rtol=TOL, atol=TOL, integral_entries=1)
     assert "integral entries: 1" in choice.report() and "enters λ's equation" in choice.report()
 

@@ -7,7 +7,7 @@ import pytest
 
 import sciad
 from sciad.problems import brusselator, gene_circuit, hamiltonian_node, lotka_volterra, spiral_node
-from sciad.problems.gene_circuit import GeneCircuitRHS
+from sciad.problems._gene_circuit import GeneCircuitRHS
 from scenarios import central_differences
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.ad.linear import HigherOrderError
+from sciad.ad._linear import HigherOrderError
 from sciad.adjoints import DiscreteAdjoint, InterpolatingAdjoint
-from sciad.problems.lotka_volterra import lotka_volterra_rhs
+from sciad.problems._lotka_volterra import lotka_volterra_rhs
 from scenarios import SENSEALGS, assert_agrees, central_differences, slow_except
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")

@@ -67,16 +67,16 @@ def test_many_parameters_get_an_adjoint():
         assert sciad.select_sensealg(prob, saveat=[1.0], max_steps=max_steps).sensealg == stored.sensealg
     # Past the memory (many states): DiscreteAdjoint for dense saves, a continuous adjoint otherwise.
     feat = dataclasses.replace(sciad.select.features(prob, [1.0]),
-                               stored_steps_bytes=2 * sciad.adjoints.discrete.STORE_ALL_BYTES)
-    dense_saves = sciad.auto.heuristic(dataclasses.replace(feat, save_points=5))
+                               stored_steps_bytes=2 * sciad.adjoints._discrete.STORE_ALL_BYTES)
+    dense_saves = sciad.select.heuristic(dataclasses.replace(feat, save_points=5))
     assert isinstance(dense_saves.sensealg, sciad.DiscreteAdjoint) and "per save point" in dense_saves.reason
-    sparse_saves = sciad.auto.heuristic(feat)
+    sparse_saves = sciad.select.heuristic(feat)
     assert isinstance(sparse_saves.sensealg, sciad.BacksolveAdjoint)
     assert sparse_saves.sensealg.vjp.name == "jax-reverse"
-    stiff = sciad.auto.heuristic(dataclasses.replace(feat, implicit_solver=True))
+    stiff = sciad.select.heuristic(dataclasses.replace(feat, implicit_solver=True))
     assert isinstance(stiff.sensealg, sciad.InterpolatingAdjoint) and "stiff" in stiff.reason
     many_states = dataclasses.replace(feat, states=512, parameters=30, save_points=2, stored_steps_bytes=0)
-    assert sciad.auto.heuristic(many_states).rule == "explicit"  # m ≪ n: BacksolveAdjoint beats it
+    assert sciad.select.heuristic(many_states).rule == "explicit"  # m ≪ n: BacksolveAdjoint beats it
 
 
 def test_report_names_the_rule_and_when_autotuned_the_measured_alternatives(lv):
@@ -87,7 +87,7 @@ def test_report_names_the_rule_and_when_autotuned_the_measured_alternatives(lv):
              "rel_error": 0.0, "ok": True},
             {"name": "BacksolveAdjoint(jax-reverse)", "reason": "backsolve", "median_s": 0.003, "compile_s": 2.0,
              "rel_error": 1e-7, "ok": True}]
-    tuned = sciad.auto.Choice(sciad.DiscreteAdjoint(), heuristic.features, rows, autotuned=True).report()
+    tuned = sciad.Choice(sciad.DiscreteAdjoint(), heuristic.features, rows, autotuned=True).report()
     assert tuned.splitlines()[0] == ("chosen: DiscreteAdjoint (autotuned: the fastest correct of 2 measured; "
                                      "heuristic rule `few-parameters` would pick ForwardDiffSensitivity)")
     assert "| BacksolveAdjoint(jax-reverse) | backsolve | 0.003 | – | 2 | 1e-07 | True |" in tuned
@@ -115,13 +115,13 @@ def test_ties_within_noise_go_to_the_heuristic_pick(lv):
     assert sciad.timing.ties([wrong, skipped]) == [] and sciad.timing.fastest([wrong, skipped]) is None
 
     feat = sciad.select_sensealg(lv, saveat=TS).features
-    tie = sciad.auto.Choice(sciad.ForwardDiffSensitivity(), feat, [fast, near, wrong, skipped], autotuned=True)
+    tie = sciad.Choice(sciad.ForwardDiffSensitivity(), feat, [fast, near, wrong, skipped], autotuned=True)
     assert tie.report().splitlines()[0] == (
         "chosen: ForwardDiffSensitivity (autotuned: tie (within noise) among DiscreteAdjoint, ForwardDiffSensitivity "
         "of 3 measured, the heuristic's pick taken; heuristic rule `few-parameters` would pick ForwardDiffSensitivity)")
     assert "| DiscreteAdjoint | r | 1.2 | 0.167 | – | – | True |" in tie.report()  # IQR 0.2 over the median 1.2
     assert "| GaussAdjoint(jax-reverse) | r | – | – | – | – | not measured: budget |" in tie.report()
-    apart = sciad.auto.Choice(sciad.DiscreteAdjoint(), feat, [fast, far], autotuned=True).report()
+    apart = sciad.Choice(sciad.DiscreteAdjoint(), feat, [fast, far], autotuned=True).report()
     assert "(autotuned: the fastest correct of 2 measured;" in apart
 
 
@@ -137,7 +137,7 @@ def test_autotune_an_equinox_model(monkeypatch, tmp_path):
     DiscreteAdjoint reference, timed, the choice cached; the cache key tells activations apart."""
     prob = mlp_problem()
     few = [(sciad.BacksolveAdjoint(), "backsolve"), (sciad.DiscreteAdjoint(), "discretise-then-optimise")]
-    monkeypatch.setattr(sciad.select, "candidates", lambda feat: few)
+    monkeypatch.setattr(sciad._select, "candidates", lambda feat: few)
     choice = sciad.select_sensealg(prob, saveat=[0.5, 1.0], autotune=True, budget=60.0, cache_dir=tmp_path)
     discrete, backsolve = choice.candidates  # the heuristic's pick (stored-steps) first
     assert discrete["name"] == "DiscreteAdjoint" and discrete["rel_error"] == 0.0
@@ -146,7 +146,7 @@ def test_autotune_an_equinox_model(monkeypatch, tmp_path):
     assert choice.name in ("DiscreteAdjoint", "BacksolveAdjoint(jax-reverse)")
     again = sciad.select_sensealg(prob, saveat=[0.5, 1.0], autotune=True, budget=60.0, cache_dir=tmp_path)
     assert again.candidates == choice.candidates and again.features == choice.features  # answered from disk
-    key = sciad.select._key
+    key = sciad._select._key
     args = (np.array([0.5, 1.0]), sum, "tsit5", {}, 60.0)
     assert key(prob, *args) == key(mlp_problem(), *args) != key(mlp_problem(jax.nn.relu), *args)
 
@@ -184,16 +184,16 @@ def test_autotune_cache_in_an_older_layout_is_a_miss(lv, tmp_path):
 
 
 def test_heuristic_thresholds_are_an_argument():
-    feat = sciad.auto.Features(states=2, parameters=20, dtype="float64", implicit_solver=False, save_points=30,
+    feat = sciad.select.Features(states=2, parameters=20, dtype="float64", implicit_solver=False, save_points=30,
                                rtol=1e-6, atol=1e-6, interpolation_bytes=0,
-                               stored_steps_bytes=2 * sciad.adjoints.discrete.STORE_ALL_BYTES, memory_budget=None,
+                               stored_steps_bytes=2 * sciad.adjoints._discrete.STORE_ALL_BYTES, memory_budget=None,
                                device="cpu")
-    assert sciad.auto.heuristic(feat).rule == "dense-saves"
-    assert set(sciad.auto.RULES) >= {sciad.auto.heuristic(feat).rule}
-    wide = dataclasses.replace(sciad.auto.THRESHOLDS, forward_mode_parameters=32)
-    assert sciad.auto.heuristic(feat, wide).rule == "few-parameters"
-    sparse = dataclasses.replace(sciad.auto.THRESHOLDS, dense_saves=50)
-    pick = sciad.auto.heuristic(feat, sparse)
+    assert sciad.select.heuristic(feat).rule == "dense-saves"
+    assert set(sciad.select.RULES) >= {sciad.select.heuristic(feat).rule}
+    wide = dataclasses.replace(sciad.select.THRESHOLDS, forward_mode_parameters=32)
+    assert sciad.select.heuristic(feat, wide).rule == "few-parameters"
+    sparse = dataclasses.replace(sciad.select.THRESHOLDS, dense_saves=50)
+    pick = sciad.select.heuristic(feat, sparse)
     assert pick.rule == "explicit" and isinstance(pick.sensealg, sciad.BacksolveAdjoint)
 
 
@@ -258,12 +258,12 @@ def test_memory_budget_changes_the_answer_for_the_same_problem(lv):
 def test_heuristic_reads_sizes_of_pytrees_and_runs_on_tracers():
     u0 = {"x": np.zeros(3), "v": np.zeros(3)}
     p = (np.zeros((4, 5)), np.zeros(2), "static")
-    feat = sciad.auto.features(u0, p, np.linspace(0, 1, 7), solver=dfx.Tsit5(), rtol=1e-6, atol=1e-6)
+    feat = sciad._auto.features(u0, p, np.linspace(0, 1, 7), solver=dfx.Tsit5(), rtol=1e-6, atol=1e-6)
     assert (feat.states, feat.parameters, feat.save_points) == (6, 22, 7)
     assert feat.implicit_solver is False and feat.interpolation_bytes == 4096 * 8 * 6 * 8
 
     def pick(p, ts):
-        choice = sciad.auto.auto_sensealg(u0, p, ts, solver=dfx.Kvaerno5(), rtol=1e-6, atol=1e-6)
+        choice = sciad._auto.auto_sensealg(u0, p, ts, solver=dfx.Kvaerno5(), rtol=1e-6, atol=1e-6)
         assert isinstance(choice.sensealg, sciad.InterpolatingAdjoint)  # decided while tracing
         return p
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.problems.lotka_volterra import lotka_volterra_rhs as lotka_volterra
+from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
 from sciad.adjoints import (
     BacksolveAdjoint,

@@ -9,11 +9,11 @@ import pytest
 import scipy.linalg
 
 import sciad
-from sciad.problems.lotka_volterra import lotka_volterra_rhs as lotka_volterra
+from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
-import sciad.ad.errors
+import sciad.ad._errors
 from sciad.adjoints import DiscreteAdjoint, ForwardSensitivity, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
-from sciad.solve import SOLVERS
+from sciad._solve import SOLVERS
 from scenarios import SENSEALGS, slow_except
 
 MAX_STEPS_ERROR = "maximum number of solver steps was reached"
@@ -277,7 +277,7 @@ def test_bad_tolerances_and_max_steps():
 def test_missing_engine_package(monkeypatch, engine):
     cls = ad.BACKENDS[engine]
     real = importlib.util.find_spec
-    monkeypatch.setattr(sciad.ad.errors.importlib.util, "find_spec",
+    monkeypatch.setattr(sciad.ad._errors.importlib.util, "find_spec",
                         lambda name, *a: None if name == cls.package else real(name, *a))
     with pytest.raises(ad.MissingEngineError, match=rf"pip install 'sciad\[{cls.extra}\]'"):
         InterpolatingAdjoint(vjp=engine)
@@ -308,7 +308,7 @@ DESCRIBED = [InterpolatingAdjoint("jax-forward", checkpointing=True, interval_ma
 def test_solve_takes_every_string_describe_prints():
     """Every sensealg's `describe` string is that sensealg to `solve` (through the one resolver it uses)."""
     for sensealg in DESCRIBED:
-        assert sciad.adjoints.registry.resolve(sciad.adjoints.describe(sensealg)) == sensealg
+        assert sciad.adjoints._registry.resolve(sciad.adjoints.describe(sensealg)) == sensealg
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 
 import sciad
 from sciad.problems import brusselator_pde
-from sciad.sparsity import jacobian_pattern
+from sciad._sparsity import jacobian_pattern
 
 RNG = np.random.default_rng(0)
 
@@ -324,7 +324,7 @@ def test_data_movement_in_numpy_is_jaxs(k):
     clamped dynamic starts, a reshape with dimensions)."""
     from jax.extend import core as jex_core
 
-    from sciad.sparsity import _NUMPY_MOVES, _numpy_moved
+    from sciad._sparsity import _NUMPY_MOVES, _numpy_moved
 
     def equations(jaxpr):
         for eqn in jaxpr.eqns:

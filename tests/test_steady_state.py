@@ -16,7 +16,7 @@ import pytest
 from scenarios import central_differences, slow_except
 import sciad
 from sciad.ad import namespace
-from sciad.problems.gene_circuit import GeneCircuitRHS
+from sciad.problems._gene_circuit import GeneCircuitRHS
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 

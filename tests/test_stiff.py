@@ -21,7 +21,7 @@ import pytest
 
 import sciad
 import sciad.ad as ad
-from sciad.ad.linear import HigherOrderError
+from sciad.ad._linear import HigherOrderError
 from sciad.adjoints import BacksolveAdjoint, DiscreteAdjoint, ForwardSensitivity, InterpolatingAdjoint
 from sciad.problems import brusselator_pde, oregonator
 from scenarios import SENSEALGS, assert_agrees, central_differences, reference_for, slow_except
@@ -159,7 +159,7 @@ def test_host_engine_backsolve_with_an_implicit_solver_says_why_not():
 
 
 def test_selection_asks_the_solver_whether_it_is_implicit():
-    from sciad.select import features
+    from sciad._select import features
 
     assert features(RELAXATION, [1.0, 2.0], solver=dfx.KenCarp4()).implicit_solver is True
     assert features(RELAXATION, [1.0, 2.0], solver="tsit5").implicit_solver is False
@@ -169,7 +169,7 @@ def test_selection_asks_the_solver_whether_it_is_implicit():
 
 @pytest.mark.slow
 def test_autotune_marks_a_failing_candidate_and_goes_on(monkeypatch):
-    import sciad.select as select
+    import sciad._select as select
 
     monkeypatch.setattr(select, "candidates", lambda feat: [
         (BacksolveAdjoint(), "unstable backwards: raises"), (InterpolatingAdjoint(), "works")])

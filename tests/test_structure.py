@@ -74,7 +74,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_module_imports_one_that_imports_it_back():
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
-    assert graph["sciad.solve"], "the import walk found nothing: it is broken"
+    assert graph["sciad._solve"], "the import walk found nothing: it is broken"
     assert cycles(graph) == []
 
 
@@ -139,7 +139,7 @@ def test_private_uses_finds_private_imports_and_attributes(tmp_path):
 
 
 def test_bench_commands_name_the_extra_when_the_benchmark_product_is_missing(monkeypatch):
-    from sciad.cli import main
+    from sciad._cli import main
 
     monkeypatch.setitem(sys.modules, "sciad_bench.cli", None)  # as if it could not be imported
     with pytest.raises(SystemExit, match=r"pip install 'sciad\[bench\]'"):

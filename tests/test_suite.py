@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sciad.auto import THRESHOLDS, Features, Thresholds
+from sciad._auto import THRESHOLDS, Features, Thresholds
 from sciad.problems import lotka_volterra, oregonator
 
 pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sciad[bench]'")

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from sciad.timing import compare, relative_error
+from sciad._timing import compare, relative_error
 
 RIGHT = np.array([1.0, -2.0, 4.0])
 

@@ -14,15 +14,15 @@ structure them (`jax.jacobian`, `jax.hessian`):
     h = ad.differentiate_with(f, "torch")     # torch derivatives inside JAX code
 """
 
-from sciad.ad.autograd_backend import Autograd
-from sciad.ad.backend import AbstractBackend
-from sciad.ad.errors import MissingEngineError
-from sciad.ad.finite_differences import FiniteDifferences
-from sciad.ad.higher_order import HigherOrder
-from sciad.ad.interop import custom_linear_rules, differentiate_with
-from sciad.ad.jax_backends import Enzyme, JaxForward, JaxReverse, JaxTranspose
-from sciad.ad.namespace import namespace
-from sciad.ad.operators import (
+from sciad.ad._autograd_backend import Autograd
+from sciad.ad._backend import AbstractBackend
+from sciad.ad._errors import MissingEngineError
+from sciad.ad._finite_differences import FiniteDifferences
+from sciad.ad._higher_order import HigherOrder
+from sciad.ad._interop import custom_linear_rules, differentiate_with
+from sciad.ad._jax_backends import Enzyme, JaxForward, JaxReverse, JaxTranspose
+from sciad.ad._namespace import namespace
+from sciad.ad._operators import (
     LazyHessian,
     LazyJacobian,
     derivative,
@@ -45,5 +45,7 @@ from sciad.ad.operators import (
     value_gradient_and_hessian,
     vjp,
 )
-from sciad.ad.registry import BACKENDS, available, get
-from sciad.ad.torch_backend import Torch
+from sciad.ad._registry import BACKENDS, available, get
+from sciad.ad._torch_backend import Torch
+
+__all__ = ["AbstractBackend", "Autograd", "BACKENDS", "Enzyme", "FiniteDifferences", "HigherOrder", "JaxForward", "JaxReverse", "JaxTranspose", "LazyHessian", "LazyJacobian", "MissingEngineError", "Torch", "available", "custom_linear_rules", "derivative", "differentiate_with", "get", "gradient", "hessian", "hvp", "jacobian", "jvp", "lazy_hessian", "lazy_jacobian", "namespace", "prepare", "pullback", "pushforward", "value_and_derivative", "value_and_gradient", "value_and_hessian", "value_and_jacobian", "value_and_jvp", "value_and_vjp", "value_gradient_and_hessian", "vjp"]

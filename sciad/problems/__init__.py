@@ -10,14 +10,17 @@ loss of the saved states and the tolerances to solve at.
     g = jax.grad(bench.objective)(bench.problem.p)
 """
 
-from sciad.problems.benchmark import Benchmark
-from sciad.problems.brusselator import brusselator, brusselator_pde
-from sciad.problems.gene_circuit import gene_circuit
-from sciad.problems.hamiltonian import hamiltonian_node
-from sciad.problems.lotka_volterra import lotka_volterra
-from sciad.problems.oregonator import oregonator
-from sciad.problems.spiral import spiral_node
+from sciad.problems._benchmark import Benchmark
+from sciad.problems._brusselator import brusselator, brusselator_pde
+from sciad.problems._gene_circuit import GeneCircuitRHS, gene_circuit
+from sciad.problems._hamiltonian import hamiltonian_node
+from sciad.problems._lotka_volterra import lotka_volterra
+from sciad.problems._oregonator import oregonator
+from sciad.problems._spiral import spiral_data, spiral_node
 
 PROBLEMS = {"lotka-volterra": lotka_volterra, "spiral-node": spiral_node, "brusselator": brusselator,
             "brusselator-pde": brusselator_pde, "oregonator": oregonator, "hamiltonian-node": hamiltonian_node,
             "gene-circuit": gene_circuit}
+
+__all__ = ["PROBLEMS", "Benchmark", "GeneCircuitRHS", "brusselator", "brusselator_pde", "gene_circuit",
+           "hamiltonian_node", "lotka_volterra", "oregonator", "spiral_data", "spiral_node"]

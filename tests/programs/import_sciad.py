@@ -33,7 +33,7 @@ def main():
     before = state()
     import sciad  # noqa: F401
     import sciad.problems  # noqa: F401
-    import sciad.select  # noqa: F401
+    import sciad._select  # noqa: F401
     after = state()
     fresh = (logging.NOTSET, True, False, [], [])
     print(json.dumps({

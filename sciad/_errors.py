@@ -1,0 +1,174 @@
+"""Run-time checks inside compiled solves, raised as one `SolveError` naming the cause and the fix.
+
+`equinox.error_if` would do, but outside `equinox.filter_jit` it appends a
+paragraph asking for `filter_jit` and JAX logs the callback's traceback a
+second time; under a user's `jax.jit` the useful line drowned in them. Here JAX's
+log of a `SolveError` is filtered out, from the first check sciad builds on
+(not at import: importing sciad leaves logging as it was).
+"""
+
+import functools
+import logging
+import warnings
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sciad._equinox_internals import enumeration_messages, item_index, unvmap_any, unvmap_max
+from sciad._jax_internals import callback_logger
+
+
+class SolveError(RuntimeError):
+    """A check sciad makes while a (possibly compiled) solve runs: non-finite inputs, too many
+    steps, an unstable BacksolveAdjoint, an interval budget, no steady state.
+
+    Where sciad's own call runs eagerly (not inside a user's `jax.jit`) it is raised as itself
+    and `except sciad.SolveError` catches it: from `sciad.solve`, `sciad.steady_state` and
+    `Solution.interpolation`, and from the backward pass of an eager `jax.grad` / `jax.vjp`
+    (except the backward pass of a solve with callbacks, whose segments run in a compiled
+    `jax.lax.scan`). Inside a user's `jax.jit` (or a `jax.lax` loop) it is raised when the
+    compiled program runs, wrapped in JAX's runtime error (`jax.errors.JaxRuntimeError`) whose
+    last line is `SolveError: <the message>`: catch that, and `sciad.errors.summary(error)`
+    returns the line."""
+
+
+_MARKER = "SolveError: "  # how a SolveError's line starts in JAX's runtime error
+
+
+def summary(error: Exception) -> str:
+    """The line of `error` that says what went wrong: `SolveError: <message>` for a SolveError or a
+    JAX runtime error that wraps one, else the last line naming an error type, else the first line."""
+    message = str(error) if isinstance(error, SolveError) else carried(error)
+    if message is not None:
+        return f"SolveError: {message}"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line and not line.startswith("File")]
+    return (named[-1:] or lines[:1] or [type(error).__name__])[0]
+
+
+def carried(error: Exception) -> str | None:
+    """The message of the `SolveError` that a JAX runtime error carries (raised in a host callback
+    of a compiled program: JAX appends its traceback, the SolveError last), or None."""
+    lines = str(error).splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(_MARKER)]
+    return "\n".join(lines[starts[-1]:])[len(_MARKER):].strip() if starts else None
+
+
+def raising_solve_errors(fn):
+    """`fn`, made to raise the `SolveError`s met while it runs eagerly as themselves: a JAX runtime
+    error that carries one is raised again as `SolveError(message)` (JAX's wrapper and traceback
+    dropped), and `fn`'s concrete results (arrays that are not tracers) are waited for first, so an
+    error of a program still running asynchronously surfaces here, not at a later use of the result.
+    Where `fn` is traced (under a user's `jax.jit`) it changes nothing. sciad's public calls and
+    the eager execution of its custom rules (`sciad.ad._linear`) go through it."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            out = fn(*args, **kwargs)
+            jax.block_until_ready([x for x in jax.tree.leaves(out)
+                                   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)])
+        except jax.errors.JaxRuntimeError as e:
+            message = carried(e)
+            if message is None:
+                raise
+            raise SolveError(message) from None
+        return out
+
+    return call
+
+
+def error_if(x, pred, message: str):
+    """`x` (a PyTree of arrays), raising `SolveError(message)` when the program runs with `pred` true
+    (under `jax.vmap`: for any batch member). Transparent to differentiation; no host call unless
+    `pred` holds."""
+    return error_where(x, [pred], [message])
+
+
+def error_where(x, preds, messages):
+    """`x` (a PyTree of arrays), raising `SolveError(messages[i])` for the first `preds[i]` that holds
+    when the program runs (under `jax.vmap`: for some batch member), in one check."""
+    held = jnp.stack([jnp.any(pred) for pred in preds])
+    index = jnp.where(jnp.any(held), jnp.argmax(held) + 1, 0).astype(jnp.int32)
+    return _report(x, index, 0.0, tuple(messages), False)
+
+
+def check(x, pred, message: str):
+    """`x`, raising `ValueError(message)` now where `pred` is known (concrete values), else a
+    `SolveError` when the program runs with `pred` true (`error_if`)."""
+    if isinstance(pred, jax.core.Tracer):
+        return error_if(x, pred, message)
+    if np.any(pred):
+        raise ValueError(message)
+    return x
+
+
+def warn_if(x, pred, message: str, value):
+    """`x` (a PyTree of arrays), warning `message.format(value)` (a `RuntimeWarning`) when the
+    program runs with `pred` true; under `jax.vmap` once for the whole batch, with its largest
+    `value` (a scalar). Transparent to differentiation; no host call unless `pred` holds."""
+    return _report(x, jnp.any(pred).astype(jnp.int32), value, (message,), True)
+
+
+def batch_any(pred) -> jax.Array:
+    """Whether `pred` holds anywhere, over every member of a `jax.vmap` batch too: unbatched, so a
+    `lax.cond` on it stays a cond under vmap (one branch runs for the whole batch)."""
+    return unvmap_any(jnp.any(pred))
+
+
+def solver_failure(x, result: dfx.RESULTS, max_steps: int):
+    """`x`, raising a `SolveError` when the diffrax solve that gave `result` failed (e.g. ran out of steps)."""
+    messages = tuple(_failure(i, m, max_steps) for i, m in enumerate(enumeration_messages(dfx.RESULTS)[1:], 1))
+    return _report(x, item_index(result), 0.0, messages, False)
+
+
+def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
+    if index == item_index(dfx.RESULTS.max_steps_reached):
+        return (f"the maximum number of solver steps was reached: the ODE solve needed more than "
+                f"max_steps={max_steps} steps; pass a larger max_steps to sciad.solve (or looser rtol/atol; a "
+                "stiff problem needs an implicit solver, e.g. solver='kvaerno5')")
+    return f"the ODE solver failed: {diffrax_message}"
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _report(x, index, value, messages: tuple, warn: bool):
+    """`x`; `index` > 0 raises `messages[index - 1]` when the program runs, or with `warn`, warns it
+    formatted with `value`. A pure callback whose result feeds `x`: an unordered host call, so it
+    costs nothing when `index` is 0 (a debug callback would order every call of the program)."""
+
+    def report(index, value):
+        if index > 0:
+            message = messages[int(index) - 1]
+            if not warn:
+                raise SolveError(message)
+            warnings.warn(message.format(float(value)), RuntimeWarning, stacklevel=2)
+        return np.zeros((), np.int32)
+
+    index = unvmap_max(index)  # one check for a whole batch: the cond stays a cond under vmap
+    value = unvmap_max(jax.lax.stop_gradient(jnp.asarray(value, jnp.result_type(float))))
+    callback_logger.addFilter(_QUIET)  # with the first check, not at import (a logger keeps a filter once)
+
+    def check():
+        return jax.pure_callback(report, jax.ShapeDtypeStruct((), jnp.int32), index, value)
+
+    token = jax.lax.cond(index > 0, check, lambda: jnp.zeros((), jnp.int32))
+    return jax.tree.map(lambda leaf: leaf + token.astype(leaf.dtype) if jnp.issubdtype(leaf.dtype, jnp.inexact)
+                        else leaf, x)
+
+
+@_report.defjvp
+def _report_jvp(messages, warn, primals, tangents):
+    x, index, value = primals
+    return _report(x, index, value, messages, warn), tangents[0]
+
+
+class _QuietSolveErrors(logging.Filter):
+    """JAX logs an exception raised in a callback before re-raising it: not ours, which reach the user once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], SolveError))
+
+
+_QUIET = _QuietSolveErrors()

@@ -1,0 +1,189 @@
+"""`solve`: integrate an `ODEProblem` with diffrax, differentiably by a chosen sensealg."""
+
+import warnings
+from typing import Any
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sciad import _events as events
+from sciad.adjoints._base import Setup, is_implicit
+from sciad.adjoints._registry import resolve
+from sciad._dense import DenseOutput
+from sciad._errors import raising_solve_errors
+from sciad._problem import (ODEProblem, check_inputs, check_integrand, check_saveat, check_time_span,
+                           check_tolerances)
+from sciad._stiff import with_stage_jacobian
+from sciad._vector_field import VectorField
+
+SOLVERS = {
+    "tsit5": dfx.Tsit5,
+    "dopri5": dfx.Dopri5,
+    "dopri8": dfx.Dopri8,
+    "bosh3": dfx.Bosh3,
+    "kvaerno3": dfx.Kvaerno3,
+    "kvaerno5": dfx.Kvaerno5,
+}
+
+
+class Solution(eqx.Module):
+    """`ts` (T,); `us`: u0's structure with a leading time axis (T, ...), like diffrax's `ys`;
+    `integral`: ∫_{t0}^{t1} g(u, p, t) dt with the integrand's structure (None without one);
+    `stats` (integers) with `steps`, `accepted_steps`, `rejected_steps`, `function_evaluations`
+    of the forward solve; with `dense=True`, `interpolation(t)` evaluates u (u0's structure) at any t in tspan.
+    `t_final`: t1, or the time a stopping event ended the solve (save times after it are reported at
+    t_final, with the state there). With callbacks, `event_times`: one array (max_events,) per callback,
+    the times it fired in order, then inf; `event_counts` (callbacks,) how many times each fired."""
+
+    ts: jax.Array
+    us: Any
+    stats: dict[str, Any]
+    interpolation: Any = None
+    integral: Any = None
+    t_final: Any = None
+    event_times: tuple | None = None
+    event_counts: Any = None
+
+
+def get_solver(solver) -> dfx.AbstractSolver:
+    """A diffrax solver: `solver` itself, or a new one by its name in `SOLVERS`."""
+    if isinstance(solver, dfx.AbstractSolver):
+        return solver
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)} or pass a diffrax solver")
+    return SOLVERS[solver]()
+
+
+@raising_solve_errors
+def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="tsit5",
+          rtol=1e-6, atol=1e-6, sensealg="auto", max_steps=4096, dense=False, jacobian="auto", callbacks=(),
+          max_events=None, adjoint_rtol=None, adjoint_atol=None) -> Solution:
+    """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
+
+    Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
+    jax.vmap) with respect to `u0` and `p` passed here (PyTrees like the problem's), values f
+    closes over, the save times and the time span, by the rules of `sensealg` (default `"auto"`:
+    one picked from what is known at trace time, as `sciad.select_sensealg` reports it; or any of
+    `sciad.adjoints.SENSEALGS`, as an instance or its name). `tspan=(t0, t1)` overrides the
+    problem's (concrete or traced; t1 < t0 integrates backwards in time, save times then
+    decreasing; traced times keep the problem's direction). `integrand` g(u, p, t) (a scalar or a
+    PyTree of arrays) gives `Solution.integral` = ∫_{t0}^{t1} g dt, integrated with the solve under
+    its error control (q' = g rides along with u), differentiable by every sensealg (the
+    continuous adjoints add ∂g/∂u to λ's equation and ∂g/∂p to μ's). `solver` is a name in
+    `SOLVERS` or a diffrax solver; steps are adaptive (PID control at `rtol`, `atol`). A solve that
+    needs more than `max_steps` steps (default 4096, as diffrax) raises an error. The continuous
+    adjoints solve their linear adjoint systems for the cotangent divided by its largest entry and
+    scale back, so a gradient's accuracy does not depend on the loss's scale; they control that
+    normalised λ (and μ) at `adjoint_rtol`, `adjoint_atol` (default: `rtol`, `atol`). With
+    `dense=True`, `Solution.interpolation(t)` gives u at any t in tspan from the same solve, its
+    derivatives by the same sensealg (`sciad._dense.DenseOutput`). `jacobian` is how an implicit
+    solver's Newton steps solve with I − hγ ∂f/∂u, in the forward solve and in the adjoint solves:
+    "auto" (default: "sparse" for an implicit solver on hundreds of states or more whose ∂f/∂u is
+    sparse, else "dense"; `sciad._stiff.auto_jacobian`), "dense" (diffrax's dense Jacobian and LU),
+    "sparse" (the pattern detected from f's jaxpr, entries by coloured JVPs, SciPy's sparse LU once
+    per step), "matrix-free" (Newton–Krylov: GMRES on Jacobian-vector products), or a
+    `sciad.stiff.Sparse(...)` / `sciad.stiff.MatrixFree(...)`.
+
+    `callbacks`: `sciad.ContinuousCallback` and `sciad.PresetTimeCallback` events (doses, impacts,
+    resets, stopping conditions), in time order, several in one step in order, simultaneous ones in
+    the order given; the saved state at an event time is the state after it. Every sensealg
+    differentiates through them (event times that depend on u0 and p included: `sciad._events`).
+    `max_events` (static; default: the preset times, plus 16 with continuous callbacks) bounds the
+    events; more raise a `SolveError` saying so. Each segment between events is one solve of at most
+    `max_steps` steps.
+
+    Checked at the call, raising TypeError or ValueError that names the argument (and the PyTree
+    leaf) and the fix: `u0`, `p` like the problem's, with float leaves, finite where concrete
+    (`sciad._problem.check_inputs`); the tolerances and `max_steps`; `tspan` and `saveat` where
+    concrete; the integrand (by tracing it); the callbacks (their functions by tracing, concrete
+    preset times inside tspan); and `sensealg` (a class, one of diffrax's adjoints or a misspelt
+    name is refused naming what to pass). What can only be checked while the solve runs (traced
+    u0 or p with NaN or inf, named by leaf; traced times; more than `max_steps` steps; an unstable
+    BacksolveAdjoint; too many events) raises `sciad.SolveError`: as itself where this call runs
+    eagerly (also in the backward pass of an eager `jax.grad`), and inside JAX's runtime error,
+    as its last line, under a user's `jax.jit`.
+    """
+    if not isinstance(prob, ODEProblem):
+        raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
+    u0, p = check_inputs(prob, u0, p)
+    check_tolerances(rtol, atol, max_steps)
+    adjoint_rtol, adjoint_atol = (tol if tol is not None else default for tol, default in
+                                  ((adjoint_rtol, rtol), (adjoint_atol, atol)))
+    check_tolerances(adjoint_rtol, adjoint_atol, max_steps, prefix="adjoint_")
+    t0, t1, sign = check_time_span(tspan, prob.tspan)
+    solver, stages = with_stage_jacobian(get_solver(solver), jacobian, prob.f, u0, p, t0)
+    ts = check_saveat(saveat, t0, t1, sign)
+    entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
+    if callbacks and dense:
+        raise ValueError("dense=True with callbacks is not supported: the state jumps at events; save at the "
+                         "times you need (saveat)")
+    if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):  # from shapes and settings: under jit too
+        from sciad._auto import auto_sensealg
+
+        sensealg = auto_sensealg(u0, p, ts, solver=solver, rtol=rtol, atol=atol,
+                                 max_steps=int(max_steps), integral_entries=entries, jacobian=stages).sensealg
+    sensealg = resolve(sensealg)  # an instance, a name or a `sciad.adjoints.describe` string
+    advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(solver))
+    if advice:
+        warnings.warn(advice, UserWarning, stacklevel=2)
+    # Time runs forward inside: a backward problem in s = -t, u' = -f(u, p, -s), q' = -g(u, p, -s).
+    f, g = (prob.f, integrand) if sign > 0 else (_in_reverse(prob.f), integrand and _in_reverse(integrand))
+    field = VectorField.of(f, u0, p, sign * t0, host=any(not e.traced for e in sensealg.engines()), integrand=g)
+    dtype = field.dtype
+    s0, s1 = (sign * jnp.asarray(t, dtype) for t in (t0, t1))
+    saves = sign * jnp.asarray(ts, dtype)
+    if integrand is not None and not callbacks:  # q(t1) is saved last
+        saves = jnp.concatenate([saves, s1[None]])
+    setup = Setup(field, solver, s0, s1, saves, float(rtol), float(atol), int(max_steps), float(adjoint_rtol),
+                  float(adjoint_atol))
+    u0_flat = jnp.asarray(field.u.ravel(u0), dtype)  # traced leaves checked finite first (check_inputs)
+    p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
+    n, T = field.u.size, len(ts)
+    extras = {}
+    if callbacks:
+        plan = events.Plan.of(callbacks, field, u0, p, (t0, t1), sign, max_events)
+        us, q, stats, happened = events.solve(setup, sensealg, plan, u0_flat, p_flat)
+        extras = _event_record(plan, happened, sign)
+        t_final = extras["t_final"]
+        ts = sign * jnp.minimum(sign * jnp.asarray(ts, dtype), sign * t_final)
+    else:
+        ys, stats = sensealg.solve(setup, u0_flat, p_flat)
+        us, q = ys[:T, :n], ys[T, n:]
+        extras["t_final"] = jnp.asarray(t1, dtype)
+    integral = None if integrand is None else field.q.unravel(q)
+    evals = _evaluations_per_step(setup.solver)
+    steps = stats.astype(jnp.int32)
+    solution_stats = {
+        "steps": steps[0], "accepted_steps": steps[1], "rejected_steps": steps[2],
+        "function_evaluations": steps[0] * evals if evals else None,
+    }
+    interpolation = DenseOutput.of(setup, sensealg, u0_flat, p_flat, sign) if dense else None
+    return Solution(jnp.asarray(ts, dtype), jax.vmap(field.u.unravel)(us), solution_stats, interpolation, integral,
+                    **extras)
+
+
+def _event_record(plan: "events.Plan", happened: "events.Events", sign: int) -> dict:
+    """`Solution`'s t_final, event_times and event_counts from the segments' ends and owners, in user time."""
+    times = []
+    for i in range(plan.callbacks):
+        mine = happened.owners[: plan.max_events] == i
+        order = jnp.argsort(~mine, stable=True)  # its events first, in time order
+        times.append(jnp.where(mine[order], sign * happened.times[: plan.max_events][order], jnp.inf))
+    counts = jnp.stack([jnp.sum(happened.owners == i) for i in range(plan.callbacks)]).astype(jnp.int32)
+    return {"t_final": sign * happened.t_final, "event_times": tuple(times), "event_counts": counts}
+
+
+def _in_reverse(fn):
+    """fn(u, p, t) in s = -t: -fn(u, p, -s) (leafwise; any array type)."""
+    return lambda u, p, s: jax.tree.map(lambda x: -x, fn(u, p, -s))
+
+
+def _evaluations_per_step(solver) -> int | None:
+    """f evaluations per step of an explicit Runge–Kutta solver (FSAL-aware); None otherwise."""
+    tableau = getattr(solver, "tableau", None)
+    if tableau is None or is_implicit(solver):
+        return None
+    return tableau.num_stages - (1 if tableau.fsal else 0)

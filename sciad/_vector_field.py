@@ -1,0 +1,103 @@
+"""The user's f(u, p, t) on PyTrees as f(u, p, t) on flat vectors: the one wrapper of f inside sciad
+(with an integrand g(u, p, t), the two side by side: F = (f, g))."""
+
+import functools
+from typing import Any, Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from sciad.ad import namespace
+from sciad.ad._trees import check_host
+from sciad._pytrees import Layout
+
+
+def _traced_float(x) -> bool:
+    return isinstance(x, jax.core.Tracer) and eqx.is_inexact_array(x)
+
+
+class VectorField(eqx.Module):
+    """`field(u, p, t)`: f with u (n,) raveled from u0's structure and p (m,) from the parameters'
+    array leaves (the rest of p is static), all in `dtype`. The traced float values f closes over,
+    c (k,), are hoisted by closure conversion (so the sensealgs can differentiate them) and held
+    (`held`), or, `merged`, appended to the parameters: then p = [p; c] has m + k entries. `open()`
+    gives f as g(u, p, c, t), with c an argument: what an AD engine takes.
+
+    With an integrand g(u, p, t) (a PyTree of arrays, raveled as `q`, k values) the field is
+    F(u, p, t) = [f; g] (n + k,): the rate of the state y = (u, q), q the running integral ∫ g dt."""
+
+    fn: Callable
+    u: Layout
+    p: Layout
+    c: Layout
+    q: Layout | None
+    static_p: Any
+    held: jax.Array
+    dtype: Any = eqx.field(static=True)
+    merged: bool = eqx.field(static=True, default=False)
+
+    @classmethod
+    def of(cls, f: Callable, u0, p, t0, *, host: bool, integrand: Callable | None = None) -> "VectorField":
+        """The field of `f` (and `integrand`) at u0's and p's structures, holding the values they
+        close over. `host`: a host engine will run f on its own arrays (no hoisting possible; p must
+        be made of dicts, lists and tuples)."""
+        params, static_p = eqx.partition(p, eqx.is_array)
+        dtype = jnp.result_type(*jax.tree.leaves(u0), *jax.tree.leaves(params))
+        t = jnp.asarray(t0, dtype)
+        q = None
+        if integrand is not None:
+            q = Layout.of(eqx.filter_eval_shape(integrand, u0, p, t), dtype)
+            f = _side_by_side(f, integrand)
+        converted = eqx.filter_closure_convert(f, u0, p, t)
+        closure, rest = eqx.partition(converted, _traced_float)
+        if host:
+            _check_host(p, closure)
+        fn = f if host or not jax.tree.leaves(closure) else rest
+        c = Layout.of(closure, dtype, keep_dtypes=True)
+        return cls(fn, Layout.of(u0, dtype), Layout.of(params, dtype), c, q, static_p,
+                   jnp.asarray(c.ravel(closure), dtype), dtype)
+
+    @property
+    def integrand_size(self) -> int:
+        """k: the entries of the integrand (0 without one)."""
+        return 0 if self.q is None else self.q.size
+
+    def with_closure(self, c, merged: bool) -> "VectorField":
+        """This field holding the closure values `c` (k,), or with them appended to p (`merged`)."""
+        held = jnp.zeros((0,), c.dtype) if merged else c
+        return VectorField(self.fn, self.u, self.p, self.c, self.q, self.static_p, held, self.dtype, merged)
+
+    def __call__(self, u, p, t):
+        return self.open()(u, p, self.held, t)
+
+    def open(self) -> Callable:
+        """`g(u, p, c, t)`: f with the closure values as an argument (an engine sees no traced value
+        it closes over); merged, c is empty and p = [p; c]."""
+        return functools.partial(_evaluate, self.fn, self.u, self.p, self.c, self.q, self.static_p, self.dtype,
+                                 self.p.size if self.merged else None)
+
+
+def _side_by_side(f: Callable, g: Callable) -> Callable:
+    return lambda u, p, t: (f(u, p, t), g(u, p, t))
+
+
+def _evaluate(fn, u_layout, p_layout, c_layout, q_layout, static_p, dtype, m, u, p, c, t):
+    if m is not None:
+        p, c = p[:m], p[m:]
+    if c_layout.size:
+        fn = eqx.combine(c_layout.unravel(c), fn)
+        t = jnp.asarray(t, dtype)  # the closure-converted f takes t as it was traced
+    out = fn(u_layout.unravel(u), eqx.combine(p_layout.unravel(p), static_p), t)
+    if q_layout is None:
+        return u_layout.ravel(out)
+    du, dq = u_layout.ravel(out[0]), q_layout.ravel(out[1])
+    return namespace(du, dq).concat([du, dq])
+
+
+def _check_host(p, closure) -> None:
+    if jax.tree.leaves(closure):
+        raise ValueError("f closes over traced values (e.g. parameters being differentiated), which a host "
+                         "engine (torch, autograd, finite-differences) cannot see: pass them in p, or use a "
+                         "JAX engine (jax-reverse, jax-forward, jax-transpose)")
+    check_host(p, "p")

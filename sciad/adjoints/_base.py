@@ -1,0 +1,367 @@
+"""What every sensitivity algorithm shares: the solve setup, diffrax calls,
+the products of f from a chosen engine, and the custom rules that make a
+solve differentiable."""
+
+import abc
+import dataclasses
+import typing
+from typing import Callable
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optimistix as optx
+
+import sciad.ad as ad
+from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only
+from sciad._errors import solver_failure, warn_if
+
+
+class Setup(eqx.Module):
+    """Everything about a solve except u0 and p: `f(u, p, t)` on flat vectors u (n,), p (m,), and
+    with an integrand, F = [f; g] (n + k,): the state is then y = (u, q) (n + k,), q the running
+    integral ∫ g dt from q(t0) = 0. Time runs forward, t0 < t1 (a backward problem arrives with t
+    negated); `ts` (T,) the save times, increasing inside [t0, t1]. A PyTree: its traced parts
+    (t0, t1, the save times, values f closes over) are leaves, so a custom rule can take it as an
+    argument. `adjoint_rtol`, `adjoint_atol` (default: rtol, atol): the backward systems' tolerances,
+    on the adjoint state of a cotangent divided by its largest entry (`normalised`)."""
+
+    f: Callable
+    solver: dfx.AbstractSolver
+    t0: typing.Any
+    t1: typing.Any
+    ts: typing.Any
+    rtol: float = eqx.field(static=True)
+    atol: float = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+    adjoint_rtol: float | None = eqx.field(static=True, default=None)
+    adjoint_atol: float | None = eqx.field(static=True, default=None)
+
+    @property
+    def adjoint_tolerances(self) -> tuple[float, float]:
+        """(rtol, atol) of the backward systems."""
+        return (self.rtol if self.adjoint_rtol is None else self.adjoint_rtol,
+                self.atol if self.adjoint_atol is None else self.adjoint_atol)
+
+    @property
+    def implicit(self) -> bool:
+        """Whether the solver is implicit (then the adjoint systems are solved implicitly too)."""
+        return is_implicit(self.solver)
+
+    @property
+    def n(self) -> int:
+        """The states u (n,)."""
+        return self.f.u.size
+
+    def state(self, u0):
+        """y0 = (u0, q0 = 0) (n + k,): the state the solver integrates."""
+        k = self.f.integrand_size
+        return jnp.concatenate([u0, jnp.zeros((k,), u0.dtype)]) if k else u0
+
+    def rate(self, y, p, t):
+        """y' = F(u, p, t) (n + k,) at the state y (n + k,)."""
+        return self.f(y[: self.n] if self.f.integrand_size else y, p, t)
+
+    def bare(self) -> "Setup":
+        """This setup without its traced parts (f's closure values, save times, t0, t1): what a custom
+        rule holds fixed, the rest arriving as the rule's own inputs (`bound`)."""
+        return eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1), self, (None, None, None, None),
+                           is_leaf=lambda x: x is None)
+
+    def bound(self, c, ts, t0, t1, merged: bool = False) -> "Setup":
+        """This setup with f holding the closure values `c` (appended to p where `merged`), saving at
+        `ts`, from t0 to t1."""
+        return eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1), self, (self.f.with_closure(c, merged), ts, t0, t1),
+                           is_leaf=lambda x: x is None)
+
+    def term(self, vector_field: Callable | None = None):
+        """`vector_field(t, y, args)` (default: the state's rate) as the term the solver takes; IMEX
+        solvers (KenCarp) get it as their implicit part, with a zero explicit part."""
+        vector_field = vector_field or (lambda t, y, p: self.rate(y, p, t))
+        term = dfx.ODETerm(vector_field)
+        if typing.get_origin(self.solver.term_structure) is dfx.MultiTerm:
+            zero = dfx.ODETerm(lambda t, y, args: jax.tree.map(jnp.zeros_like, y))
+            return dfx.MultiTerm(zero, term)
+        return term
+
+    def breakpoints(self, extra=()) -> jax.Array:
+        """Sorted times t0, ts, `extra`, t1 (T + 2 + len(extra), repeats kept: zero-length intervals):
+        where the adjoint state jumps or restarts."""
+        ts = jnp.asarray(self.ts)
+        times = [jnp.full((1,), self.t0, ts.dtype), ts, jnp.asarray(extra, ts.dtype), jnp.full((1,), self.t1, ts.dtype)]
+        return jnp.sort(jnp.concatenate(times))
+
+    def saved(self, bps: jax.Array) -> jax.Array:
+        """Indices (T,) of the saveat times among the breakpoints `bps`."""
+        return jnp.searchsorted(bps, jnp.asarray(self.ts, bps.dtype))
+
+    def diffeqsolve(self, term, y0, args, t0, t1, *, ts=None, dense=False, steps=False,
+                    adjoint=None, max_steps=None, norm=None, dt0=None, throw=True):
+        """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards),
+        saving at `ts` and, with `steps` = k, after every k-th accepted step (True: every one).
+        `dt0` is the first step (None: diffrax selects it, at two extra f evaluations).
+        Solves inside the rules run in diffrax's `ForwardMode` (JAX never reverse-differentiates
+        them, and an outer `jax.jvp` can enter them: second derivatives)."""
+        controller = step_controller(self.solver, self.rtol, self.atol, norm)
+        saveat = dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
+        max_steps = max_steps or self.max_steps
+        sol = dfx.diffeqsolve(
+            term, self.solver, t0, t1, dt0, y0, args=args, saveat=saveat,
+            stepsize_controller=controller, max_steps=max_steps,
+            adjoint=adjoint or dfx.ForwardMode(), throw=False,
+        )
+        if not throw:
+            return sol
+        return eqx.tree_at(lambda s: s.ys, sol, solver_failure(sol.ys, sol.result, max_steps))
+
+    def forward(self, u0, p, *, ts=None, **options):
+        """The forward solve of y from (u0, 0) at t0 to t1, saving y (n + k,) at `ts` (default: the
+        saveat times); `options` as `diffeqsolve`'s."""
+        ts = self.ts if ts is None else ts
+        return self.diffeqsolve(self.term(), self.state(u0), p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
+                                **options)
+
+
+# Steps the storing sensealgs keep without recomputation: diffrax's default max_steps, and no more
+# than STORED_BYTES of them (at least MIN_STORED steps). Buffers are sized by it, not by a user's
+# max_steps (a safety cap: zeroing and walking a buffer of a million steps would cost more than the
+# solve) nor by the largest state (4,096 dense steps of 32,768 states would be 8.6 GB); a solve that
+# takes more steps is recomputed from checkpoints.
+STORED_STEPS = 4096
+STORED_BYTES = 2**30
+MIN_STORED = 64
+
+
+def stored_steps(max_steps: int, step_bytes: int = 0) -> int:
+    """The steps a storing sensealg keeps for a solve of at most `max_steps` steps of `step_bytes` each."""
+    return min(max_steps, STORED_STEPS, max(MIN_STORED, STORED_BYTES // max(step_bytes, 1)))
+
+
+def interpolation_step_bytes(solver, states: int, itemsize: int) -> int:
+    """Bytes of one step of a dense interpolation: stages + 1 vectors of `states` (7 stages if unknown)."""
+    return (getattr(getattr(solver, "tableau", None), "num_stages", 7) + 1) * states * itemsize
+
+
+def normalised(w) -> tuple:
+    """(s, w / s): a cotangent w divided by its largest |entry| s (1 where w is 0), s a constant (no
+    derivative: what is solved with w / s is linear in it). A linear adjoint system solved for w / s
+    and scaled back by s has its error controlled relative to its own size, whatever the loss's scale."""
+    size = jax.lax.stop_gradient(jnp.max(jnp.abs(w), initial=0.0))
+    scale = jnp.where((size > 0) & jnp.isfinite(size), size, jnp.ones_like(size))
+    return scale, w / scale
+
+
+def leading_seminorm(parts: int = 1) -> Callable:
+    """Error control on the first `parts` parts of a tuple state alone (a seminorm, Kidger et al. 2021):
+    y -> RMS norm of y[:parts]."""
+    return lambda y: optx.rms_norm(y[:parts])
+
+
+def step_controller(solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None) -> dfx.PIDController:
+    """Adaptive steps at rtol, atol: integral control, or for implicit solvers PI control
+    (pcoeff 0.4, icoeff 0.3, as diffrax suggests for stiff problems: Kvaerno5 rejects about
+    half its steps on the Oregonator under integral control, a fifth under PI)."""
+    gains = {"pcoeff": 0.4, "icoeff": 0.3} if is_implicit(solver) else {}
+    return dfx.PIDController(rtol=rtol, atol=atol, **gains, **({} if norm is None else {"norm": norm}))
+
+
+def is_implicit(solver: dfx.AbstractSolver) -> bool:
+    """Whether a diffrax solver is implicit (declares a root finder for its stages)."""
+    return isinstance(solver, dfx.AbstractImplicitSolver)
+
+
+def checked(setup: Setup, result, x):
+    """`x`, with a run-time error if the diffrax solve that gave `result` failed
+    (e.g. hit max_steps). The check on a solve's outputs is dropped when only
+    their derivatives are used (jax.jit removes it), so the rules that re-solve
+    internally attach it to what they return."""
+    return solver_failure(x, result, setup.max_steps)
+
+
+def stats_vector(sol: dfx.Solution, dtype) -> jax.Array:
+    """(steps, accepted, rejected) as a float vector (so it can ride along a differentiable output)."""
+    s = sol.stats
+    return jnp.stack([s["num_steps"], s["num_accepted_steps"], s["num_rejected_steps"]]).astype(dtype)
+
+
+class Products:
+    """f's derivative products from JAX code, computed by one `sciad.ad` backend:
+    `vjp(u, p, t, λ) -> (f, λᵀ∂f/∂u, λᵀ∂f/∂p)`, `jvp(u, p, t, du, dp) -> (f, ∂f/∂u du + ∂f/∂p dp)`.
+    JAX engines are traced in; torch, autograd and finite differences run
+    through `sciad.ad.differentiate_with` (a host callback per product).
+    `f` is a `VectorField`: its closure values enter the engine as a constant argument."""
+
+    def __init__(self, f, backend):
+        self.backend = ad.get(backend)
+        self.f = f.open()
+        self.g = ad.differentiate_with(self.f, self.backend)
+        self.c = f.held
+
+    def vjp(self, u, p, t, lam):
+        if self.backend.traced and self.backend.higher_order:
+            # Traced by JAX and differentiable again: the engine's own pullback, f evaluated once
+            # (through `g`'s rules the primal and the pullback would each evaluate it).
+            y, pb = self.backend.value_and_pullback(lambda u, p: self.f(u, p, self.c, t), (u, p))
+        else:
+            y, pb = jax.vjp(lambda u, p: self.g(u, p, self.c, t), u, p)
+        return (y, *pb(lam))
+
+    def jvp(self, u, p, t, du, dp):
+        return jax.jvp(lambda u, p: self.g(u, p, self.c, t), (u, p), (du, dp))
+
+
+class AbstractSensitivity(eqx.Module):
+    """How a solve is differentiated. Subclasses give the forward pass, the pullback and the
+    pushforward (`solver_pushforward`, forward-mode AD through the solver, where they have no
+    rule of their own)."""
+
+    stores_interpolation: eqx.AbstractVar[bool]  # the forward pass keeps a dense interpolation (memory ~ steps)
+
+    @abc.abstractmethod
+    def forward(self, setup: Setup, u0, p, active):
+        """-> (us (T, n), stats (3,), residuals for the rules). `active` = (u0 is
+        differentiated, p is differentiated), or None when nothing is."""
+
+    @abc.abstractmethod
+    def pullback(self, setup: Setup, residuals, w):
+        """w (T, n) cotangent of us -> (∂L/∂u0 (n,), ∂L/∂p (m,)); None where inactive."""
+
+    @abc.abstractmethod
+    def pushforward(self, setup: Setup, residuals, du0, dp):
+        """Tangent of us (T, n) in direction (du0 (n,), dp (m,)) (`solver_pushforward` where the
+        sensealg has no rule of its own)."""
+
+    def engines(self) -> tuple:
+        """The `sciad.ad` backends this sensealg runs f's products on: its fields that hold one."""
+        return tuple(x for x in (getattr(self, f.name) for f in dataclasses.fields(self))
+                     if isinstance(x, ad.AbstractBackend))
+
+    def slow_for(self, states: int, implicit: bool) -> str | None:
+        """Why this sensealg is known to be far off the fastest for `states` states and an implicit
+        (or explicit) solver, or None."""
+        return None
+
+    def solve(self, setup: Setup, u0, p):
+        """-> (ys (T, n + k), stats (3,)): the state y = (u, q) at the save times, differentiable by
+        this algorithm's rules in u0 (n,), p (m,), the values f closes over, c = setup.f.held (k,)
+        (held as constants, or appended to p where they are differentiated), and the times: the save
+        times setup.ts (T,) (∂y(tᵢ)/∂tᵢ = F(y(tᵢ))), t0 (∂y(tᵢ)/∂t0 = -Φ(tᵢ, t0) F(y0)) and t1 (the
+        save times do not move with it)."""
+        m = p.shape[0]
+        c, times = setup.f.held, (setup.ts, setup.t0, setup.t1)
+        # The rules see c and the times as their own inputs only, never the caller's (traced) values.
+        rules_setup = setup.bare()
+
+        def bind(c, times, merged: bool) -> Setup:
+            return rules_setup.bound(c, *times, merged)
+
+        def forward(u0, p, c, ts, t0, t1, active):
+            if active is None:
+                ys, stats, residuals = self.forward(bind(c, (ts, t0, t1), False), u0, p, None)
+                return (ys, stats), residuals
+            merged = active[2]
+            p_in = jnp.concatenate([p, c]) if merged else p
+            bound = bind(c, (ts, t0, t1), merged)
+            # t0's derivative is ∂L/∂u0's product with -F(y0): it needs ∂L/∂u0.
+            ys, stats, residuals = self.forward(bound, u0, p_in, (active[0] or active[4], active[1] or merged))
+            rates = _Rates(jax.vmap(lambda y, t: bound.rate(y, p_in, t))(ys, ts) if active[3] else None,
+                           bound.rate(bound.state(u0), p_in, t0) if active[4] else None)
+            size_u0 = jnp.max(jnp.abs(u0))
+            sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(ys)))]))
+            return forward_mode_only(((ys, stats), _Residuals(residuals, c, (ts, t0, t1), merged, p_in, sizes, rates)),
+                                     REVERSE_OVER_REVERSE)
+
+        def pushforward(res, vs):
+            du0, dp, dc, dts, dt0, _ = vs
+            n = du0.shape[0]
+            if res.rates.t0 is not None:
+                du0 = du0 - res.rates.t0[:n] * dt0
+            dys = self.pushforward(bind(res.c, res.times, res.merged), res.inner, du0,
+                                   jnp.concatenate([dp, dc]) if res.merged else dp)
+            if res.rates.t0 is not None:  # q(t0) = 0 moves with t0: every q(tᵢ) by -g(u0) dt0
+                dys = dys.at[:, n:].add(-res.rates.t0[n:] * dt0)
+            if res.rates.ts is not None:
+                dys = dys + res.rates.ts * dts[:, None]
+            return dys, jnp.zeros((3,), dys.dtype)
+
+        def pullback(res, w):
+            w = w[0]
+            n = u0.shape[0]
+            g_u0, g_p = warn_if_chaotic(setup.rtol, res, w,
+                                        *self.pullback(bind(res.c, res.times, res.merged), res.inner, w))
+            g_ts = None if res.rates.ts is None else jnp.sum(w * res.rates.ts, axis=1)
+            g_t0 = None if res.rates.t0 is None else _t0_cotangent(g_u0, w, res.rates.t0, n)
+            g_t1 = jnp.zeros_like(res.times[2])
+            if not res.merged:
+                return g_u0, g_p, None, g_ts, g_t0, g_t1
+            return g_u0, g_p[:m], g_p[m:], g_ts, g_t0, g_t1
+
+        return ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, *times)
+
+
+def _t0_cotangent(g_u0, w, rate0, n: int):
+    """∂L/∂t0 = -(∂L/∂u0 · f(u0) + w_Q · g(u0)), w_Q (k,) the integral's cotangents summed over the saves."""
+    return -(g_u0 @ rate0[:n] + jnp.sum(w[:, n:], axis=0) @ rate0[n:])
+
+
+class _Rates(eqx.Module):
+    """F = y' at the save times (T, n + k) and at t0 (n + k,), where their times are differentiated."""
+
+    ts: jax.Array | None
+    t0: jax.Array | None
+
+
+def solver_pushforward(setup: Setup, u0, p, du0, dp):
+    """Tangent of us (T, n) in direction (du0, dp) by forward-mode AD through the solver."""
+
+    def solve(u0, p):
+        sol = setup.forward(u0, p)
+        return sol.ys, sol.result
+
+    _, dus, result = jax.jvp(solve, (u0, p), (du0, dp), has_aux=True)
+    return checked(setup, result, dus)
+
+
+class _Residuals(eqx.Module):
+    """A sensealg's residuals with the closure `c`, the `times` (ts, t0, t1), whether c was appended
+    to p, the parameters the sensealg saw (`p_in`), the largest |u0| and |y| over u0 and the saved
+    states (`sizes`, (2,)) and the `rates` for the times' derivatives."""
+
+    inner: typing.Any
+    c: jax.Array
+    times: tuple
+    merged: bool = eqx.field(static=True)
+    p_in: jax.Array
+    sizes: jax.Array
+    rates: _Rates
+
+
+CHAOTIC = ("the gradient is {:.1e} times as sensitive as the solution itself (relative to their sizes; "
+           "more than 1/rtol): the solve is exponentially sensitive to u0 and p over this horizon (chaos, e.g. "
+           "Lorenz), and the solver's own error moves the loss as much as the gradient predicts, so its size and "
+           "sign depend on the tolerance. A gradient of a long-time average of a chaotic system is meaningless: "
+           "shorten the horizon (fit on windows, multiple shooting) or use a shadowing method (least-squares "
+           "shadowing; not yet in sciad)")
+
+
+def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
+    """(g_u0, g_p), warning when the relative gradient, (|∂L/∂u0| |u0| or |∂L/∂p ⊙ p|, largest
+    entries) over (Σ|∂L/∂u(tᵢ)|) |u| (largest entry), exceeds 1/rtol: a perturbation the size of the
+    solver's error then moves the loss as much as the solution's whole size would. A stable system
+    stays near 1 and an unstable linear one, whose solution grows with its sensitivity, too."""
+    size_u0, size_u = res.sizes
+    relative = [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0)] if g_p is not None else []
+    if g_u0 is not None:
+        relative.append(jnp.max(jnp.abs(g_u0), initial=0.0) * size_u0)
+    if not relative:
+        return g_u0, g_p
+    amplification = jax.lax.stop_gradient(
+        jnp.max(jnp.stack(relative)) / jnp.maximum(jnp.sum(jnp.abs(w)) * size_u, jnp.finfo(w.dtype).tiny))
+    return warn_if((g_u0, g_p), amplification * rtol > 1, CHAOTIC, amplification)
+
+
+def plain_forward(setup: Setup, u0, p):
+    """(ys, stats, no residuals) of an undifferentiated solve."""
+    sol = setup.forward(u0, p)
+    return sol.ys, stats_vector(sol, u0.dtype), None

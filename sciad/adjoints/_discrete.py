@@ -1,0 +1,227 @@
+"""Differentiating through the solver's steps: discretise-then-optimise."""
+
+import dataclasses
+from typing import Callable
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sciad.adjoints._base import (AbstractSensitivity, Setup, checked, plain_forward, solver_pushforward, stats_vector,
+                                 stored_steps)
+from sciad._errors import batch_any
+
+STORE_ALL_BYTES = 2**28  # every step's state kept below this (256 MiB), recursive checkpoints above
+STATE_COPIES = 3  # a checkpoint holds about three copies of the state (y, the FSAL stage, the step's start)
+def stored_steps_bytes(max_steps: int, states: int, itemsize: int) -> int:
+    """The bytes of the stored steps (`stored_steps(max_steps)`) of a state of `states` entries of `itemsize` bytes."""
+    return stored_steps(max_steps) * STATE_COPIES * states * itemsize
+
+
+def _solution(setup: Setup, adjoint=None, throw=True):
+    """(u0, p) -> (us, (us, stats, result)): a solve shaped for jax.vjp / jax.jacfwd with has_aux."""
+
+    def solve(u0, p):
+        sol = setup.forward(u0, p, adjoint=adjoint, throw=throw)
+        return sol.ys, (sol.ys, stats_vector(sol, u0.dtype), sol.result)
+
+    return solve
+
+
+class DiscreteAdjoint(AbstractSensitivity):
+    """Reverse-mode AD through the solver's steps with diffrax's
+    `RecursiveCheckpointAdjoint`: the exact gradient of the discrete solution.
+    The baseline every other sensealg is checked against. The forward pass
+    records the reverse pass's residuals (no re-solve).
+
+    `stored_steps=None` stores every step (no recomputation) for solves of up
+    to `STORED_STEPS` steps whose states fit in `STORE_ALL_BYTES`; a solve
+    that takes more steps than that (a `max_steps` raised above it) is run
+    again with diffrax's recursive checkpoints (O(√max_steps) states, the
+    steps recomputed), so the cost follows the steps taken, not `max_steps`.
+    Past the memory, recursive checkpoints from the start. An int sets the
+    number of steps stored (diffrax's `checkpoints`; memory ≈ stored_steps ×
+    the solver's state).
+
+    Differentiated again (Hessians, forward-over-reverse), the reverse pass
+    is replayed through diffrax's `DirectAdjoint`, which forward mode can
+    enter: the same discrete derivative, at more memory."""
+
+    stores_interpolation = False
+
+    stored_steps: int | None = None
+
+    def __post_init__(self):
+        if self.stored_steps is not None and not (isinstance(self.stored_steps, int) and self.stored_steps > 0):
+            raise ValueError(f"DiscreteAdjoint(stored_steps=...) must be a positive int or None, got "
+                             f"{self.stored_steps!r}")
+
+    def checkpoint_count(self, setup: Setup, u0) -> int | None:
+        """Checkpoints for diffrax (None: its recursive default)."""
+        if self.stored_steps is not None:
+            return self.stored_steps
+        stored = stored_steps_bytes(setup.max_steps, u0.size, u0.dtype.itemsize)
+        return stored_steps(setup.max_steps) if stored <= STORE_ALL_BYTES else None
+
+    def forward(self, setup: Setup, u0, p, active):
+        if active is None:
+            return plain_forward(setup, u0, p)
+        count = self.checkpoint_count(setup, u0)
+        capped = self.stored_steps is None and count is not None and count < setup.max_steps
+        us, stats, result, pb = _recorded(setup, count, capped)(u0, p)
+        return checked(setup, result, us), stats, Tape(u0, p, pb, result)
+
+    def pushforward(self, setup: Setup, tape: "Tape", du0, dp):
+        return solver_pushforward(setup, tape.u0, tape.p, du0, dp)
+
+    def pullback(self, setup: Setup, tape: "Tape", w):
+        return checked(setup, tape.result, _replayed(setup)(tape.u0, tape.p, tape.pullback, w))
+
+
+class Tape(eqx.Module):
+    """DiscreteAdjoint's residuals: u0 (n,), p (m,), the pullback of the recorded solve through the
+    solver's steps, and the solve's diffrax result."""
+
+    u0: jax.Array
+    p: jax.Array
+    pullback: Callable
+    result: dfx.RESULTS
+
+
+def _zero_tangents(tree):
+    """Zero tangents for a PyTree of arrays (float0 for integer leaves)."""
+    return jax.tree.map(lambda x: jnp.zeros_like(x) if jnp.issubdtype(x.dtype, jnp.inexact)
+                        else np.zeros(x.shape, jax.dtypes.float0), tree)
+
+
+def _recorded(setup: Setup, checkpoints: int | None, capped: bool):
+    """(u0, p) -> (us, stats, result, pb): the forward solve with `checkpoints` checkpoints and the
+    pullback `pb` they make. `capped`: the solve is tried in at most `checkpoints` steps, all stored,
+    and where it needs more (any member of a vmap batch), run again with recursive checkpoints.
+    Forward mode sees the solution's tangent (through the solver's steps) and no tangent for `pb`,
+    which `_replayed` recomputes instead of reading."""
+    arrays, rest = eqx.partition(setup, eqx.is_array)  # traced parts enter the rule as arguments
+    structure = []  # pb's PyTree structure: the rule returns its leaves (each trace builds a new structure)
+
+    def recording(setup, u0, p, checkpoints, throw=True):
+        _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints), throw),
+                                             u0, p, has_aux=True)
+        return pb, us, stats, result
+
+    def stored_or_recursive(setup, u0, p):
+        stored, us, stats, result = recording(dataclasses.replace(setup, max_steps=checkpoints), u0, p,
+                                              checkpoints, throw=False)
+        again = []  # the recomputing pullback's structure (the cond returns its leaves)
+
+        def recursive():
+            pb, *out = recording(setup, u0, p, None)
+            leaves, treedef = jax.tree.flatten(pb)
+            again[:] = [treedef]
+            return leaves, *out
+
+        shape = jax.eval_shape(recursive)[0]
+        overflow = batch_any(result == dfx.RESULTS.max_steps_reached)
+        zeros = lambda: ([jnp.zeros(x.shape, x.dtype) for x in shape], us, stats, result)  # noqa: E731
+        leaves, us, stats, result = jax.lax.cond(overflow, recursive, zeros)
+        return _Either(stored, jax.tree.unflatten(again[0], leaves), overflow), us, stats, result
+
+    @jax.custom_jvp
+    def record(u0, p, arrays):
+        setup = eqx.combine(arrays, rest)
+        if capped:
+            pb, us, stats, result = stored_or_recursive(setup, u0, p)
+        else:
+            pb, us, stats, result = recording(setup, u0, p, checkpoints)
+        leaves, treedef = jax.tree.flatten(pb)
+        structure[:] = [treedef]
+        return us, stats, result, leaves
+
+    @record.defjvp
+    def record_jvp(primals, tangents):
+        out = record(*primals)
+        # the setup's traced parts (times) move the solution too: second derivatives in time
+        _, dus = jax.jvp(lambda u0, p, arrays: eqx.combine(arrays, rest).forward(u0, p).ys, primals, tangents)
+        return out, (dus, *_zero_tangents(out[1:]))
+
+    def recorded(u0, p):
+        us, stats, result, leaves = record(u0, p, arrays)
+        return us, stats, result, jax.tree.unflatten(structure[0], leaves)
+
+    return recorded
+
+
+class _Either(eqx.Module):
+    """The pullback of the stored solve, or where it ran out of steps (`again`), the recomputing one's."""
+
+    stored: Callable
+    again: Callable
+    again_used: jax.Array
+
+    def __call__(self, w):
+        return jax.lax.cond(self.again_used, self.again, self.stored, w)
+
+
+def _replayed(setup: Setup):
+    """(u0, p, pb, w) -> pb(w) = wᵀ ∂us/∂(u0, p); its derivative in (u0, p, w) is forward mode
+    through the reverse pass of a `DirectAdjoint` solve (recursive checkpoints admit no jvp)."""
+    arrays, rest = eqx.partition(setup, eqx.is_array)
+
+    @jax.custom_jvp
+    def replay(u0, p, pb, w, arrays):
+        return pb(w)
+
+    @replay.defjvp
+    def replay_jvp(primals, tangents):
+        u0, p, pb, w, arrays = primals
+        du0, dp, _, dw, d_arrays = tangents
+
+        def pullback(u0, p, w, arrays):  # arrays: the setup's traced parts (times), which move it too
+            setup = eqx.combine(arrays, rest)
+            return jax.vjp(lambda u0, p: setup.forward(u0, p, adjoint=dfx.DirectAdjoint()).ys, u0, p)[1](w)
+
+        _, tangent = jax.jvp(pullback, (u0, p, w, arrays), (du0, dp, dw, d_arrays))
+        return pb(w), tangent
+
+    return lambda u0, p, pb, w: replay(u0, p, pb, w, arrays)
+
+
+class ForwardDiffSensitivity(AbstractSensitivity):
+    """Forward-mode AD through the solver (diffrax `ForwardMode`), dual numbers
+    carried through every step, as SciMLSensitivity's ForwardDiffSensitivity.
+    The forward pass carries one tangent per differentiated input (n for u0,
+    m for p) and keeps the Jacobian d us / d(u0, p); jvps and gradients are
+    then products with it. Best when n + m is small."""
+
+    stores_interpolation = False
+
+    def forward(self, setup: Setup, u0, p, active):
+        if active is None:
+            return plain_forward(setup, u0, p)
+        argnums = tuple(i for i, on in enumerate(active) if on)
+        if not argnums:  # only the times are differentiated: their derivatives need no Jacobian
+            ys, stats, _ = plain_forward(setup, u0, p)
+            return ys, stats, Jacobians(None, None, ys.shape)
+        jacs, (us, stats, result) = jax.jacfwd(
+            _solution(setup), argnums=argnums, has_aux=True)(u0, p)
+        full = [None, None]
+        for i, jac in zip(argnums, jacs):
+            full[i] = checked(setup, result, jac)
+        return us, stats, Jacobians(*full, us.shape)
+
+    def pullback(self, setup: Setup, jacs: "Jacobians", w):
+        return tuple(None if jac is None else jnp.tensordot(w, jac, axes=2) for jac in (jacs.u0, jacs.p))
+
+    def pushforward(self, setup: Setup, jacs: "Jacobians", du0, dp):
+        return sum((jnp.tensordot(jac, v, axes=1) for jac, v in zip((jacs.u0, jacs.p), (du0, dp)) if jac is not None),
+                   start=jnp.zeros(jacs.shape, du0.dtype))
+
+
+class Jacobians(eqx.Module):
+    """ForwardDiffSensitivity's residuals: ∂y(tᵢ)/∂u0 (T, n + k, n) and ∂y(tᵢ)/∂p (T, n + k, m) (None where
+    not differentiated), and the `shape` (T, n + k) of the saves."""
+
+    u0: jax.Array | None
+    p: jax.Array | None
+    shape: tuple = eqx.field(static=True)
