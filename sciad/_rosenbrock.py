@@ -7,7 +7,7 @@ II, §IV.7 and, for M, §VI.4), stage i solves
 
     (M/(hγ) − J) u_i = f(t0 + c_i h, y0 + Σ_j a_ij u_j) + M Σ_j (C_ij/h) u_j + h d_i ∂f/∂t,
 
-and y1 = y0 + Σ_j m_j u_j. M may be singular: rows of zeros mark algebraic equations (index-1
+and y1 = y0 + Σ_j m_j u_j (a step solves these multiplied by h). M may be singular: rows of zeros mark algebraic equations (index-1
 semi-explicit DAEs), and the stiffly accurate Rodas methods keep their order on them. y0 must be
 consistent (the algebraic equations hold at t0).
 
@@ -106,7 +106,7 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
         g0, g_t = jax.jvp(lambda t: increment(t, flat), (jnp.asarray(t0, dt.dtype),), (jnp.ones((), dt.dtype),))
         g_t = dt.astype(dtype) * g_t  # h² ∂f/∂t
         mass, times_mass = self._mass(n, dtype)
-        W = mass / coef(tab.gamma) - self.jacobian(lambda y: increment(t0, y), flat)
+        W = mass / coef(tab.gamma) - self.jacobian(lambda y: increment(t0, y), flat)  # h (M/(hγ) − J)
         # diffrax steps the finished members of a vmapped solve with t0 = t1 and discards the result:
         # there every right-hand side is 0 and W = M/γ is singular for a DAE; I gives the same u = 0.
         W = lx.MatrixLinearOperator(jnp.where(dt == 0, jnp.eye(n, dtype=dtype), W))
@@ -118,7 +118,7 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
 
         u = jnp.zeros((tab.num_stages, n), dtype).at[0].set(solve(g0 + coef(tab.d[0]) * g_t))
 
-        def stage(u, i):  # (h M/(hγ) − h J) u_i = h f(Y_i) + M Σ_j C_ij u_j + h² d_i ∂f/∂t
+        def stage(u, i):  # (M/γ − h J) u_i = h f(t_i, Y_i) + M Σ_j C_ij u_j + h² d_i ∂f/∂t
             y_i = flat + coef(tab.a)[i] @ u
             rhs = increment(t0 + jnp.asarray(tab.c, dt.dtype)[i] * dt, y_i)
             rhs = rhs + times_mass(coef(tab.C)[i] @ u) + coef(tab.d)[i] * g_t
