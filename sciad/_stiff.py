@@ -24,12 +24,10 @@ of Jᵀ, detected from that system's own jaxpr).
 jacobian=...)` applies it ("auto", the default: `Sparse` for an implicit solver on
 `SPARSE_STATES` states or more whose f has a sparse Jacobian).
 
-Measured by `sciad bench large-stiff` (paper §14, `paper/tables/large-stiff.md`): on the 2-D
-Brusselator the sparse Newton's forward solve is within 2× SciPy's sparse BDF from 512 to 32,768
-states and its gradient (GaussAdjoint) 52.7× faster than diffrax's ForwardMode at 1,152 states.
-Matrix-free is 6.1× slower than the sparse LU at 1,152 states: without a preconditioner GMRES does
-not keep up with the diffusion's stiffness (h γ |λ_max| in the thousands), and at 64×64 no solve
-ends within 15 minutes.
+How they compare with each other, with diffrax's dense chord method and with SciPy's sparse BDF, by
+size: `sciad bench large-stiff` (paper §14, paper/tables/large-stiff.md). Without a preconditioner
+GMRES does not keep up with a diffusion's stiffness (h γ |λ_max| in the thousands): matrix-free
+suits mild stiffness, the sparse LU the rest.
 """
 
 import abc

@@ -22,8 +22,8 @@ class ForwardSensitivity(AbstractSensitivity):
 
     `seminorm=True` leaves S out of the error control: the steps are the
     forward solve's, and S is the discrete derivative of the solution (equal
-    to `DiscreteAdjoint`'s gradient to rounding with an explicit solver);
-    0.81× the time on Lotka–Volterra, 0.83–0.98× on the Brusselator, 0.22× on the Oregonator.
+    to `DiscreteAdjoint`'s gradient to rounding with an explicit solver), and faster
+    (paper/tables/scaling.md, suite.md).
     """
 
     stores_interpolation = False
@@ -38,7 +38,7 @@ class ForwardSensitivity(AbstractSensitivity):
     def slow_for(self, states: int, implicit: bool) -> str | None:
         if implicit and states >= SLOW_IMPLICIT_STATES:
             return (f"ForwardSensitivity with an implicit solver on {states} states: the sensitivity equations "
-                    "join every Newton solve (81× diffrax's best adjoint on a 100-state stiff PDE); "
+                    "join every Newton solve (many times slower than an adjoint: paper/tables/suite.md); "
                     "sensealg='auto' picks a faster one")
         return None
 
