@@ -1,10 +1,21 @@
 """Run-time checks inside compiled solves, raised as one `SolveError` naming the cause and the fix.
 
-`equinox.error_if` would do, but outside `equinox.filter_jit` it appends a
-paragraph asking for `filter_jit` and JAX logs the callback's traceback a
-second time; under a user's `jax.jit` the useful line drowned in them. Here JAX's
-log of a `SolveError` is filtered out, from the first check sciad builds on
-(not at import: importing sciad leaves logging as it was).
+Every check is equinox's `branched_error_if`: a `lax.cond` that makes no host call unless the check
+fires, transparent to differentiation, one check for a whole `jax.vmap` batch, resolved at trace
+time where the predicate is known, and `EQX_ON_ERROR` honoured (`nan`: NaN in place of the checked
+values; `breakpoint`: the message printed and a debugger opened; `off`: no check).
+
+equinox raises its run-time error as `f"{msg}\\n\\n\\n<a paragraph asking for equinox.filter_jit>"`
+(equinox/_errors.py, `_error`), so under a user's `jax.jit` that paragraph was the last line. Each
+message here is a `_Raising` string, whose formatting raises the `SolveError` itself: the host call
+ends with it, and JAX's runtime error ends with `SolveError: <message>` under `jax.jit` and
+`equinox.filter_jit` alike (tests/test_private_surfaces.py pins that equinox formats it).
+
+JAX logs an exception raised in a host callback before re-raising it; a SolveError is kept out of
+that log (equinox.filter_jit does the same for its own), from the first check sciad builds (not at
+import: importing sciad leaves logging as it was).
+
+`warn_if` is a warning, not an error (equinox has none): a debug callback in a `lax.cond`.
 """
 
 import functools
@@ -12,6 +23,7 @@ import logging
 import warnings
 
 import diffrax as dfx
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +34,8 @@ from sciad._jax_internals import callback_logger
 
 class SolveError(RuntimeError):
     """A check sciad makes while a (possibly compiled) solve runs: non-finite inputs, too many
-    steps, an unstable BacksolveAdjoint, an interval budget, no steady state.
+    steps, an unstable BacksolveAdjoint, an interval budget, no steady state, an engine's derivative
+    that is wrong (enzyme's NaN).
 
     Where sciad's own call runs eagerly (not inside a user's `jax.jit`) it is raised as itself
     and `except sciad.SolveError` catches it: from `sciad.solve`, `sciad.steady_state` and
@@ -82,8 +95,7 @@ def raising_solve_errors(fn):
 
 def error_if(x, pred, message: str):
     """`x` (a PyTree of arrays), raising `SolveError(message)` when the program runs with `pred` true
-    (under `jax.vmap`: for any batch member). Transparent to differentiation; no host call unless
-    `pred` holds."""
+    (under `jax.vmap`: for any batch member)."""
     return error_where(x, [pred], [message])
 
 
@@ -91,8 +103,7 @@ def error_where(x, preds, messages):
     """`x` (a PyTree of arrays), raising `SolveError(messages[i])` for the first `preds[i]` that holds
     when the program runs (under `jax.vmap`: for some batch member), in one check."""
     held = jnp.stack([jnp.any(pred) for pred in preds])
-    index = jnp.where(jnp.any(held), jnp.argmax(held) + 1, 0).astype(jnp.int32)
-    return _report(x, index, 0.0, tuple(messages), False)
+    return _checked(x, jnp.any(held), jnp.argmax(held), messages)
 
 
 def check(x, pred, message: str):
@@ -109,7 +120,7 @@ def warn_if(x, pred, message: str, value):
     """`x` (a PyTree of arrays), warning `message.format(value)` (a `RuntimeWarning`) when the
     program runs with `pred` true; under `jax.vmap` once for the whole batch, with its largest
     `value` (a scalar). Transparent to differentiation; no host call unless `pred` holds."""
-    return _report(x, jnp.any(pred).astype(jnp.int32), value, (message,), True)
+    return _warn(x, jnp.any(pred), value, message)
 
 
 def batch_any(pred) -> jax.Array:
@@ -119,9 +130,10 @@ def batch_any(pred) -> jax.Array:
 
 
 def solver_failure(x, result: dfx.RESULTS, max_steps: int):
-    """`x`, raising a `SolveError` when the diffrax solve that gave `result` failed (e.g. ran out of steps)."""
-    messages = tuple(_failure(i, m, max_steps) for i, m in enumerate(enumeration_messages(dfx.RESULTS)[1:], 1))
-    return _report(x, item_index(result), 0.0, messages, False)
+    """`x`, raising a `SolveError` when the diffrax solve that gave `result` failed (e.g. ran out of
+    steps), with diffrax's message for `result` (sciad's own for max_steps)."""
+    messages = tuple(_failure(i, m, max_steps) for i, m in enumerate(enumeration_messages(dfx.RESULTS)))
+    return _checked(x, result != dfx.RESULTS.successful, item_index(result), messages)
 
 
 def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
@@ -132,36 +144,42 @@ def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
     return f"the ODE solver failed: {diffrax_message}"
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
-def _report(x, index, value, messages: tuple, warn: bool):
-    """`x`; `index` > 0 raises `messages[index - 1]` when the program runs, or with `warn`, warns it
-    formatted with `value`. A pure callback whose result feeds `x`: an unordered host call, so it
-    costs nothing when `index` is 0 (a debug callback would order every call of the program)."""
+def _checked(x, pred, index, messages):
+    """`x`, raising `SolveError(messages[index])` when the program runs with `pred` true: equinox's
+    check, with messages that raise the SolveError themselves (this module's docstring)."""
+    callback_logger.addFilter(_QUIET)  # with the first check, not at import (a logger keeps a filter once)
+    return eqx.branched_error_if(x, pred, index, tuple(_Raising(message) for message in messages))
 
-    def report(index, value):
-        if index > 0:
-            message = messages[int(index) - 1]
-            if not warn:
-                raise SolveError(message)
-            warnings.warn(message.format(float(value)), RuntimeWarning, stacklevel=2)
+
+class _Raising(str):
+    """A message that raises `SolveError(message)` when formatted: equinox formats the message of a
+    check that fires into its own run-time error (`f"{msg}..."`), which then ends with the SolveError."""
+
+    def __format__(self, spec: str) -> str:
+        raise SolveError(str(self))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _warn(x, pred, value, message: str):
+    """`x`; warns `message.format(value)` when the program runs with `pred` true. A pure callback
+    whose result feeds `x`: an unordered host call in a `lax.cond` (a debug callback would be an effect,
+    which the rules' jaxprs and custom derivatives refuse)."""
+
+    def warn(value):
+        warnings.warn(message.format(float(value)), RuntimeWarning, stacklevel=2)
         return np.zeros((), np.int32)
 
-    index = unvmap_max(index)  # one check for a whole batch: the cond stays a cond under vmap
     value = unvmap_max(jax.lax.stop_gradient(jnp.asarray(value, jnp.result_type(float))))
-    callback_logger.addFilter(_QUIET)  # with the first check, not at import (a logger keeps a filter once)
-
-    def check():
-        return jax.pure_callback(report, jax.ShapeDtypeStruct((), jnp.int32), index, value)
-
-    token = jax.lax.cond(index > 0, check, lambda: jnp.zeros((), jnp.int32))
+    token = jax.lax.cond(unvmap_any(pred), lambda: jax.pure_callback(warn, jax.ShapeDtypeStruct((), jnp.int32), value),
+                         lambda: jnp.zeros((), jnp.int32))  # one check for a whole batch: the cond stays a cond
     return jax.tree.map(lambda leaf: leaf + token.astype(leaf.dtype) if jnp.issubdtype(leaf.dtype, jnp.inexact)
                         else leaf, x)
 
 
-@_report.defjvp
-def _report_jvp(messages, warn, primals, tangents):
-    x, index, value = primals
-    return _report(x, index, value, messages, warn), tangents[0]
+@_warn.defjvp
+def _warn_jvp(message, primals, tangents):
+    x, pred, value = primals
+    return _warn(x, pred, value, message), tangents[0]
 
 
 class _QuietSolveErrors(logging.Filter):

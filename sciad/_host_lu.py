@@ -28,10 +28,11 @@ import concurrent.futures
 import threading
 import weakref
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sciad._jax_internals import batching, callback_op_sharding, core, emit_python_callback, mlir
+from sciad._jax_internals import batching, callback_op_sharding, core, mlir
 
 _SUPERLU = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sciad-superlu")  # started on use
 
@@ -208,7 +209,7 @@ lu_solve_p = core.Primitive("sciad_host_lu_solve")
 
 @lu_solve_p.def_abstract_eval
 def _abstract(values, b, *, lu):
-    return core.ShapedArray(b.shape, b.dtype)
+    return jax.core.ShapedArray(b.shape, b.dtype)
 
 
 @lu_solve_p.def_impl
@@ -221,7 +222,7 @@ def _lowering(ctx, values, b, *, lu):
         return (lu(np.asarray(values), np.asarray(b)),)
 
     sharding = callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
-    result, _, _ = emit_python_callback(ctx, host, None, [values, b], ctx.avals_in, ctx.avals_out,
+    result, _, _ = mlir.emit_python_callback(ctx, host, None, [values, b], ctx.avals_in, ctx.avals_out,
                                         has_side_effect=False, returns_token=False, sharding=sharding)
     return result
 

@@ -8,6 +8,10 @@ naming what to pass; integrands and vector fields that cannot be traced name the
 diffrax's argument order); preset event times outside tspan are refused.
 """
 
+import os
+import subprocess
+import sys
+
 import diffrax as dfx
 import jax
 import jax.numpy as jnp
@@ -71,6 +75,40 @@ def test_under_jit_the_solve_error_is_the_last_line_of_jaxs_error():
     assert last.startswith("SolveError: the maximum number of solver steps was reached")
     assert sciad.errors.summary(info.value) == last
     assert sciad.errors.summary(sciad.SolveError("message")) == "SolveError: message"
+
+
+def test_eqx_on_error_is_honoured():
+    """The checks are equinox's: EQX_ON_ERROR=nan gives NaN in place of a failed solve's values."""
+    script = ("import jax, numpy as np, sciad\n"
+              "prob = sciad.ODEProblem(lambda u, p, t: -p * u, np.ones(2), (0.0, 1.0), np.ones(2))\n"
+              "print(np.isnan(jax.jit(lambda p: sciad.solve(prob, p=p, max_steps=2).us)(prob.p)).all())\n")
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "EQX_ON_ERROR": "nan"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip().splitlines()[-1:] == ["True"], done.stderr
+
+
+def callback_sites(fn, *args) -> int:
+    """How many host callbacks the jaxpr of `fn(*args)` holds, nested jaxprs included."""
+    def count(jaxpr):
+        n = 0
+        for eqn in jaxpr.eqns:
+            n += "callback" in eqn.primitive.name
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else (param,):
+                    inner = sub if hasattr(sub, "eqns") else getattr(sub, "jaxpr", None)
+                    n += count(inner) if hasattr(inner, "eqns") else 0
+        return n
+
+    return count(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+@pytest.mark.parametrize("sensealg", ["auto", "InterpolatingAdjoint", "GaussAdjoint"])
+def test_a_gradient_holds_few_host_callbacks(sensealg):
+    """One jax.grad of Lotka-Volterra's loss: sciad's checks on p, the forward and the backward solve and
+    the chaos warning, diffrax's two on saveat (equinox's check holds two callbacks, its TPU fallback the
+    second). None runs unless a check fires."""
+    lv = sciad.problems.lotka_volterra()
+    assert callback_sites(jax.grad(lambda p: lv.objective(p, sensealg)), lv.inputs) <= 11
 
 
 # --- 2. NaN and inf in u0 and p are named, by leaf, before anything else fails -------------------------

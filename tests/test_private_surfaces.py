@@ -106,8 +106,36 @@ def test_equinox_unvmap_reduces_over_a_vmap_batch_too():
         np.testing.assert_array_equal(jax.vmap(_equinox_internals.unvmap_max)(x), 3.0)
 
 
+def test_equinox_formats_a_firing_checks_message_into_its_run_time_error():
+    """sciad.errors' messages raise the SolveError when equinox formats them: JAX's error ends with it."""
+    with pinned(_equinox_internals):
+        checked = jax.jit(lambda x: sciad._errors.error_if(x, x > 0, "the message"))
+        with pytest.raises(jax.errors.JaxRuntimeError) as info:
+            jax.block_until_ready(checked(jnp.ones(())))
+        assert str(info.value).strip().splitlines()[-1] == "SolveError: the message"
+
+
+def test_equinox_nondifferentiable_backward_lets_tangents_through_and_refuses_cotangents():
+    with pinned(_equinox_internals):
+        mark = lambda x: _equinox_internals.nondifferentiable_backward(jnp.sin(x), msg="the reason")
+        assert jax.jvp(mark, (0.0,), (2.0,)) == (0.0, 2.0)
+        with pytest.raises(RuntimeError, match="^the reason"):
+            jax.grad(mark)(0.0)
+
+
+def test_jax_convert_constvars_jaxpr_makes_closed_over_values_arguments():
+    with pinned(_jax_internals):
+        c = jnp.arange(2.0)
+        jaxpr = _jax_internals.pe.trace_to_jaxpr_dynamic(_jax_internals.lu.wrap_init(
+            lambda x: [x * c], debug_info=_jax_internals.debug_info("test", lambda x: x, (1.0,), {})),
+            [jax.core.ShapedArray((2,), c.dtype)])[0]
+        converted = _jax_internals.convert_constvars_jaxpr(jaxpr)
+        assert len(converted.invars) == 2 and not converted.constvars
+        np.testing.assert_array_equal(jax.core.eval_jaxpr(converted, [], c, jnp.ones(2)), [c])
+
+
 def test_every_jax_internal_sciad_names_exists():
-    """sciad uses the jax._src modules `_jax_internals` hands out by their attributes
+    """sciad uses the modules `_jax_internals` hands out by their attributes
     (`core.Primitive`, ...): each attribute named anywhere in sciad is there."""
     missing = []
     for path in pathlib.Path(sciad.__file__).parent.rglob("*.py"):

@@ -3,10 +3,10 @@
 import dataclasses
 from typing import Callable
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from sciad._errors import error_if
 from sciad.ad._backend import AbstractBackend
 
 
@@ -141,10 +141,10 @@ ENZYME_REFUSES = {
 
 
 def _finite(cotangents, given):
-    """`cotangents`, raising at run time where they are not finite but f's value and the cotangent
-    pulled back (`given`) are."""
+    """`cotangents`, raising a `SolveError` when the program runs where they are not finite but f's
+    value and the cotangent pulled back (`given`) are."""
     finite = lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
-    return eqx.error_if(cotangents, finite(given) & ~finite(cotangents),
+    return error_if(cotangents, finite(given) & ~finite(cotangents),
                         "the 'enzyme' engine's derivative is NaN or infinite where f and the cotangent are finite: "
                         "enzyme-ad 0.0.16 differentiates a product of neighbouring elements of one array "
                         "(u[0] * u[1]) as the product over each element, NaN where one is 0; use another engine "

@@ -31,9 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# A new primitive needs JAX's internals (jax._src), kept with the JAX versions they were
+# A new primitive needs JAX's internals, kept with the JAX versions they were
 # tested on in sciad/_jax_internals.py, which says why.
-from sciad._jax_internals import Zero, batching, core, debug_info, jax_ad, lu, mlir, pe
+from sciad._jax_internals import batching, convert_constvars_jaxpr, core, debug_info, jax_ad, lu, mlir, pe
+from sciad._equinox_internals import nondifferentiable_backward
 from sciad._errors import raising_solve_errors
 
 linear_map_p = core.Primitive("sciad_linear_map")
@@ -73,7 +74,7 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, out=Non
         callee, consts = _trace(flat_fun, [*res_flat, *lin_flat])
         callee = _Callee(callee)
     else:
-        avals = [core.ShapedArray(np.shape(x), x.dtype) for x in jax.tree.leaves(out)]
+        avals = [jax.core.ShapedArray(np.shape(x), x.dtype) for x in jax.tree.leaves(out)]
         callee, consts = _Callee(None, lambda: _trace_closed(flat_fun, [*res_flat, *lin_flat], avals), avals), []
 
     def flat_transpose(*args):
@@ -97,25 +98,9 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, out=Non
 
 def forward_mode_only(tree, reason: str):
     """`tree` unchanged; its tangents flow forward, but pulling a cotangent back through them
-    (reverse mode over code whose derivatives only forward mode can enter) raises `reason`."""
-    leaves, treedef = jax.tree.flatten(tree)
-    inexact = [i for i, x in enumerate(leaves) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-
-    def refuse(_, cotangent):
-        raise HigherOrderError(reason)
-
-    @jax.custom_jvp
-    def mark(xs):
-        return xs
-
-    @mark.defjvp
-    def mark_jvp(primals, tangents):
-        return primals[0], linear_map(lambda _, v: v, refuse, (), tangents[0])
-
-    marked = mark([leaves[i] for i in inexact])
-    for i, x in zip(inexact, marked):
-        leaves[i] = x
-    return jax.tree.unflatten(treedef, leaves)
+    (reverse mode over code whose derivatives only forward mode can enter) raises `reason`
+    (equinox's `nondifferentiable_backward`, a RuntimeError)."""
+    return nondifferentiable_backward(tree, msg=reason)
 
 
 class _Callee:
@@ -147,10 +132,10 @@ class _Callee:
 
 def _trace_closed(flat_fun: Callable, args, out_avals) -> core.ClosedJaxpr:
     """`flat_fun` as a closed jaxpr holding its constants, checked against the `out_avals` declared."""
-    avals = [core.typeof(a) if not isinstance(a, core.AbstractValue) else a for a in args]
+    avals = [jax.typeof(a) if not isinstance(a, jax.core.AbstractValue) else a for a in args]
     wrapped = lu.wrap_init(flat_fun, debug_info=debug_info("sciad linear_map", flat_fun, avals, {}))
     jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, avals)
-    traced = [c for c in consts if isinstance(c, core.Tracer)]
+    traced = [c for c in consts if isinstance(c, jax.core.Tracer)]
     if traced:
         raise TypeError("linear_map(out=...): fun closes over a traced value; pass it in `residuals`")
     closed = core.ClosedJaxpr(jaxpr, consts)
@@ -163,14 +148,14 @@ def _trace_closed(flat_fun: Callable, args, out_avals) -> core.ClosedJaxpr:
 
 def _trace(flat_fun: Callable, args) -> tuple[core.ClosedJaxpr, list]:
     """`flat_fun` as a closed jaxpr taking (closed-over values, *args), and those values."""
-    avals = [core.typeof(a) if not isinstance(a, core.AbstractValue) else a for a in args]
+    avals = [jax.typeof(a) if not isinstance(a, jax.core.AbstractValue) else a for a in args]
     wrapped = lu.wrap_init(flat_fun, debug_info=debug_info("sciad linear_map", flat_fun, avals, {}))
     jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, avals)
-    return pe.close_jaxpr(pe.convert_constvars_jaxpr(jaxpr)), consts
+    return core.ClosedJaxpr(convert_constvars_jaxpr(jaxpr), []), consts
 
 
 def _run(jaxpr: "core.ClosedJaxpr | _Callee", *args):
-    return core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
+    return jax.core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
 
 
 @raising_solve_errors  # run eagerly (an eager jax.grad's backward pass): sciad's checks raise a SolveError
@@ -183,7 +168,7 @@ def _abstract_eval(*args, callee, **_):
 
 
 def _is_zero(t) -> bool:
-    return type(t) is Zero or getattr(t, "dtype", None) == jax.dtypes.float0
+    return type(t) is jax_ad.Zero or getattr(t, "dtype", None) == jax.dtypes.float0
 
 
 def _jvp(primals, tangents, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable):
@@ -195,7 +180,7 @@ def _jvp(primals, tangents, *, callee, transpose_thunk, num_consts, num_res, vma
     out = linear_map_p.bind(*primals, **params)
     terms = []
     if not all(_is_zero(t) for t in dlin):
-        dlin = [jax_ad.instantiate_zeros(t) if type(t) is Zero else t for t in dlin]
+        dlin = [jax_ad.instantiate_zeros(t) if type(t) is jax_ad.Zero else t for t in dlin]
         terms.append(linear_map_p.bind(*res, *dlin, **params))
     active = [i for i, t in enumerate(dres) if not _is_zero(t)]
     if active:
@@ -203,7 +188,7 @@ def _jvp(primals, tangents, *, callee, transpose_thunk, num_consts, num_res, vma
             raise HigherOrderError(nondifferentiable)
         terms.append(_residual_term(callee, res, lin, active, [dres[i] for i in active], vmappable))
     if not terms:
-        return out, [Zero(a.to_tangent_aval()) for a in callee.out_avals]
+        return out, [jax_ad.Zero(a.to_tangent_aval()) for a in callee.out_avals]
     return out, [sum(ts[1:], ts[0]) for ts in zip(*terms)]
 
 
@@ -240,7 +225,7 @@ def _transpose(cts, *args, callee, transpose_thunk, num_consts, num_res, vmappab
         raise HigherOrderError("linear_map: transposing with respect to a residual (a nonlinear input)")
     consts, user_res = res[:num_consts], res[num_consts:]
     t_jaxpr, t_consts = transpose_thunk()
-    cts = [jax_ad.instantiate_zeros(ct) if type(ct) is Zero else ct for ct in cts]
+    cts = [jax_ad.instantiate_zeros(ct) if type(ct) is jax_ad.Zero else ct for ct in cts]
     cts = [jnp.zeros(a.shape, a.dtype) if ct is None else ct for ct, a in zip(cts, callee.out_avals)]
     out = linear_map_p.bind(*t_consts, *user_res, *cts, callee=t_jaxpr if isinstance(t_jaxpr, _Callee) else _Callee(t_jaxpr),
                             transpose_thunk=lambda: (callee, list(consts)), num_consts=len(t_consts),
