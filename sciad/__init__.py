@@ -12,6 +12,7 @@ from sciad import ad, adjoints, errors, select, stiff, timing
 from sciad._ensemble import ensemble
 from sciad._events import ContinuousCallback, PresetTimeCallback
 from sciad._problem import ODEProblem
+from sciad._rosenbrock import Rodas4, Rodas5P
 from sciad._solve import SOLVERS, Solution, get_solver, solve
 from sciad._steady import SteadyState, steady_state
 from sciad.adjoints import (
@@ -32,9 +33,9 @@ from sciad import problems  # noqa: E402  (builds on solve)
 
 __all__ = ["SOLVERS", "AbstractSensitivity", "BacksolveAdjoint", "Choice", "ContinuousCallback", "DiscreteAdjoint",
            "ForwardDiffSensitivity", "ForwardSensitivity", "GaussAdjoint", "InterpolatingAdjoint", "ODEProblem",
-           "PresetTimeCallback", "QuadratureAdjoint", "Solution", "SolveError", "SteadyState", "SteadyStateAdjoint",
-           "ad", "adjoints", "ensemble", "errors", "get_solver", "problems", "select", "select_sensealg", "solve",
-           "sparsity", "steady_state", "step_controller", "stiff", "timing"]
+           "PresetTimeCallback", "QuadratureAdjoint", "Rodas4", "Rodas5P", "Solution", "SolveError", "SteadyState",
+           "SteadyStateAdjoint", "ad", "adjoints", "ensemble", "errors", "get_solver", "problems", "select",
+           "select_sensealg", "solve", "sparsity", "steady_state", "step_controller", "stiff", "timing"]
 
 
 def __getattr__(name: str):

@@ -1,4 +1,5 @@
-"""`ODEProblem`: u' = f(u, p, t), u(t0) = u0, on tspan = (t0, t1); the checks every call makes
+"""`ODEProblem`: M u' = f(u, p, t), u(t0) = u0, on tspan = (t0, t1) (M the identity unless a
+`mass_matrix` is given); the checks every call makes
 of a problem's parts at its boundary (`check_*`), each raising an error that names the argument
 (and the PyTree leaf) and the fix."""
 
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sciad._dae import MassMatrix
 from sciad._errors import error_if, error_where
 from sciad._pytrees import leaf_names
 
@@ -31,20 +33,31 @@ class ODEProblem(eqx.Module):
     t1 ≠ t0 (t1 < t0 integrates backwards in time: `check_tspan`); and f(u0, p, t0) returns u0's
     structure and shapes (`check_rhs`: by tracing f, without running it; a diffrax-ordered
     f(t, y, args) is named as such).
+
+    `mass_matrix` M (constant) makes it M u' = f(u, p, t) over the flattened state (n,) (u0's leaves
+    raveled in order, as `jax.flatten_util.ravel_pytree`): None (the identity), a vector (n,) (M's
+    diagonal), a matrix (n, n), or a SciPy sparse matrix (made dense: the DAE solvers factorise
+    densely). A singular M makes a differential-algebraic problem (index 1): a zero diagonal entry,
+    or a zero row, marks an algebraic equation, whose row of f is the residual that must vanish,
+    e.g. M = [1, 1, 0] with f's last entry y1 + y2 + y3 - 1. Checked here (shape against u0's size,
+    finite entries) and held as a `sciad._dae.MassMatrix` (`numpy.asarray(prob.mass_matrix)`);
+    `sciad.solve` then steps a DAE solver (Rodas5P by default) and initialises consistently.
     """
 
     f: Callable
     u0: Any
     tspan: tuple[float, float] = eqx.field(static=True)
     p: Any = None
+    mass_matrix: MassMatrix | None = eqx.field(static=True, default=None)
 
-    def __init__(self, f: Callable, u0, tspan, p=None):
+    def __init__(self, f: Callable, u0, tspan, p=None, *, mass_matrix=None):
         if not callable(f):
             raise TypeError(f"ODEProblem(f=...): f must be callable f(u, p, t), got {f!r}")
         self.f = f
         self.u0 = check_state("u0", u0)
         self.p = check_params("p", np.zeros((0,)) if p is None else p)
         self.tspan = check_tspan(tspan)
+        self.mass_matrix = MassMatrix.of(mass_matrix, sum(int(np.size(x)) for x in jax.tree.leaves(self.u0)))
         check_rhs(f, self.u0, self.p, self.tspan[0])
 
 

@@ -11,11 +11,14 @@ import numpy as np
 
 from sciad import _events as events
 from sciad.adjoints._base import Setup, is_implicit
-from sciad.adjoints._registry import resolve
+from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
+from sciad.adjoints._registry import describe, resolve
+from sciad._dae import check_initialization, dae_solver, default_solver, fixed_time, initialise
 from sciad._dense import DenseOutput
 from sciad._errors import raising_solve_errors
 from sciad._problem import (ODEProblem, check_inputs, check_integrand, check_saveat, check_time_span,
                            check_tolerances)
+from sciad._rosenbrock import Rodas4, Rodas5P
 from sciad._stiff import with_stage_jacobian
 from sciad._vector_field import VectorField
 
@@ -26,7 +29,12 @@ SOLVERS = {
     "bosh3": dfx.Bosh3,
     "kvaerno3": dfx.Kvaerno3,
     "kvaerno5": dfx.Kvaerno5,
+    "rodas5p": Rodas5P,
+    "rodas4": Rodas4,
 }
+# The sensealgs that differentiate a solve with a mass matrix (through the solver's steps); the
+# continuous adjoints and ForwardSensitivity need the adjoint / sensitivity DAE, not yet written.
+MASS_MATRIX_SENSEALGS = (ForwardDiffSensitivity, DiscreteAdjoint)
 
 
 class Solution(eqx.Module):
@@ -58,9 +66,9 @@ def get_solver(solver) -> dfx.AbstractSolver:
 
 
 @raising_solve_errors
-def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="tsit5",
+def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver=None,
           rtol=1e-6, atol=1e-6, sensealg="auto", max_steps=4096, dense=False, jacobian="auto", callbacks=(),
-          max_events=None, adjoint_rtol=None, adjoint_atol=None) -> Solution:
+          max_events=None, adjoint_rtol=None, adjoint_atol=None, initialization=None) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
@@ -73,7 +81,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     PyTree of arrays) gives `Solution.integral` = ∫_{t0}^{t1} g dt, integrated with the solve under
     its error control (q' = g rides along with u), differentiable by every sensealg (the
     continuous adjoints add ∂g/∂u to λ's equation and ∂g/∂p to μ's). `solver` is a name in
-    `SOLVERS` or a diffrax solver; steps are adaptive (PID control at `rtol`, `atol`). A solve that
+    `SOLVERS` or a diffrax solver (default: "tsit5", or "rodas5p" for a problem with a mass matrix);
+    steps are adaptive (PID control at `rtol`, `atol`). A solve that
     needs more than `max_steps` steps (default 4096, as diffrax) raises an error. The continuous
     adjoints solve their linear adjoint systems for the cotangent divided by its largest entry and
     scale back, so a gradient's accuracy does not depend on the loss's scale; they control that
@@ -86,6 +95,19 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     "sparse" (the pattern detected from f's jaxpr, entries by coloured JVPs, SciPy's sparse LU once
     per step), "matrix-free" (Newton–Krylov: GMRES on Jacobian-vector products), or a
     `sciad.stiff.Sparse(...)` / `sciad.stiff.MatrixFree(...)`.
+
+    A problem with a mass matrix M (`ODEProblem(..., mass_matrix=M)`; a singular M is an index-1
+    DAE) is solved by a solver that takes M: "rodas5p" (the default then) or "rodas4", or
+    `sciad.Rodas5P()` / `sciad.Rodas4()` (given without M, they take the problem's). Their
+    Jacobian is dense (`jacobian` "auto" or "dense"). `initialization` (default: "consistent"
+    where M is singular, else "none"): "consistent" solves u0's algebraic states from its
+    differential ones (Newton, differentiated by the implicit function theorem: d/du0 of the
+    differential part is right; `sciad._dae.initialise`), "check" raises a `SolveError` when u0's
+    algebraic states are further from consistency than atol + rtol |u|, "none" takes u0 as it is.
+    Its gradients come from `ForwardDiffSensitivity` or `DiscreteAdjoint` (through the solver's
+    steps; "auto" picks one of them), with respect to u0, p and the values f closes over; the
+    continuous adjoints and `ForwardSensitivity` (which need the adjoint or sensitivity DAE),
+    derivatives in the times, callbacks and `dense=True` are refused with a mass matrix for now.
 
     `callbacks`: `sciad.ContinuousCallback` and `sciad.PresetTimeCallback` events (doses, impacts,
     resets, stopping conditions), in time order, several in one step in order, simultaneous ones in
@@ -114,18 +136,33 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
                                   ((adjoint_rtol, rtol), (adjoint_atol, atol)))
     check_tolerances(adjoint_rtol, adjoint_atol, max_steps, prefix="adjoint_")
     t0, t1, sign = check_time_span(tspan, prob.tspan)
-    solver, stages = with_stage_jacobian(get_solver(solver), jacobian, prob.f, u0, p, t0)
-    ts = check_saveat(saveat, t0, t1, sign)
+    mass = prob.mass_matrix
+    initialization = check_initialization(initialization, mass)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
+    solver = dae_solver(get_solver(default_solver(mass) if solver is None else solver), mass, entries)
+    solver, stages = with_stage_jacobian(solver, jacobian, prob.f, u0, p, t0)
+    ts = check_saveat(saveat, t0, t1, sign)
     if callbacks and dense:
         raise ValueError("dense=True with callbacks is not supported: the state jumps at events; save at the "
                          "times you need (saveat)")
+    if mass is not None:
+        if callbacks or dense:
+            raise ValueError(f"{'callbacks' if callbacks else 'dense=True'} with a mass matrix is not supported yet "
+                             "(a DAE's algebraic states are re-initialised after an event's affect, and the dense "
+                             "output's time derivative is not f): solve between events, save at the times you need")
+        t0, t1, ts = (fixed_time(t) if isinstance(t, jax.core.Tracer) else t for t in (t0, t1, ts))
     if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):  # from shapes and settings: under jit too
         from sciad._auto import auto_sensealg
 
         sensealg = auto_sensealg(u0, p, ts, solver=solver, rtol=rtol, atol=atol,
-                                 max_steps=int(max_steps), integral_entries=entries, jacobian=stages).sensealg
+                                 max_steps=int(max_steps), integral_entries=entries, jacobian=stages,
+                                 mass_matrix=mass is not None).sensealg
     sensealg = resolve(sensealg)  # an instance, a name or a `sciad.adjoints.describe` string
+    if mass is not None and not isinstance(sensealg, MASS_MATRIX_SENSEALGS):
+        raise ValueError(f"sensealg={describe(sensealg)} cannot differentiate a solve with a mass matrix yet (it "
+                         "needs the adjoint or sensitivity DAE): pass sensealg=sciad.ForwardDiffSensitivity() (few "
+                         "parameters) or sciad.DiscreteAdjoint(), which differentiate through the solver's steps, or "
+                         "\"auto\", which picks one of them")
     advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(solver))
     if advice:
         warnings.warn(advice, UserWarning, stacklevel=2)
@@ -141,6 +178,7 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
                   float(adjoint_atol))
     u0_flat = jnp.asarray(field.u.ravel(u0), dtype)  # traced leaves checked finite first (check_inputs)
     p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
+    u0_flat = initialise(initialization, field, mass, u0_flat, p_flat, s0, float(rtol), float(atol))
     n, T = field.u.size, len(ts)
     extras = {}
     if callbacks:

@@ -43,6 +43,7 @@ import optimistix as optx
 
 from sciad._diffrax_internals import use_stepsize_tol
 from sciad._host_lu import HostLU, lu_solve
+from sciad._rosenbrock import AbstractRosenbrock
 
 
 class AbstractStageJacobian(eqx.Module):
@@ -229,6 +230,8 @@ def auto_jacobian(solver: dfx.AbstractSolver, f: Callable, u0, p, t0) -> tuple[s
     `SPARSE_DENSITY` of its entries structurally nonzero (`sciad.sparsity`), "dense" otherwise."""
     flat, unravel = jfu.ravel_pytree(u0)
     n = flat.size
+    if isinstance(solver, AbstractRosenbrock):
+        return "dense", f"{type(solver).__name__} is linearly implicit: one dense Jacobian and LU per step, no root finder"
     if not isinstance(solver, dfx.AbstractImplicitSolver):
         return "dense", "an explicit solver solves no linear systems"
     if n < SPARSE_STATES:
@@ -282,6 +285,10 @@ def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
     if not isinstance(jacobian, AbstractStageJacobian):
         raise TypeError(f"jacobian must be one of {['auto', *sorted(JACOBIANS)]}, a sciad.stiff.Sparse or a "
                         f"sciad.stiff.MatrixFree, got {type(jacobian).__name__}")
+    if isinstance(solver, AbstractRosenbrock):
+        raise ValueError(f"jacobian={jacobian!r}: {type(solver).__name__} (a Rosenbrock solver) has no root finder to "
+                         "give it; it forms a dense Jacobian and LU per step: pass jacobian='dense' (or 'auto'), or "
+                         "an implicit Runge–Kutta solver (solver='kvaerno5') for sparse or matrix-free stages")
     if not isinstance(solver, dfx.AbstractImplicitSolver):
         raise ValueError(f"jacobian={jacobian!r} needs an implicit solver (e.g. solver='kvaerno5'); "
                          f"{type(solver).__name__} is explicit and solves no linear systems")

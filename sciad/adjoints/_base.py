@@ -167,8 +167,11 @@ def step_controller(solver: dfx.AbstractSolver, rtol: float, atol: float, norm=N
 
 
 def is_implicit(solver: dfx.AbstractSolver) -> bool:
-    """Whether a diffrax solver is implicit (declares a root finder for its stages)."""
-    return isinstance(solver, dfx.AbstractImplicitSolver)
+    """Whether a diffrax solver is implicit: it declares a root finder for its stages, or it is a
+    (linearly implicit) Rosenbrock solver, which solves one linear system per stage."""
+    from sciad._rosenbrock import AbstractRosenbrock  # a leaf module (diffrax and lineax only)
+
+    return isinstance(solver, (dfx.AbstractImplicitSolver, AbstractRosenbrock))
 
 
 def checked(setup: Setup, result, x):

@@ -1,0 +1,277 @@
+"""Differential-algebraic problems M u' = f(u, p, t) with a constant mass matrix M (index 1): the
+matrix checked and held (`MassMatrix`), the solver that takes it (`dae_solver`), and consistent
+initialisation (`initialise`, SciML's BrownFullBasicInit).
+
+With M singular, the equations M splits off are algebraic: where M is a diagonal, the rows whose
+entry is 0, and the states of the same indices; for a full M, an orthogonal split computed once on
+the host (M is constant) from its SVD M = U S Vᵀ: the equations U₀ᵀ f = 0 (U₀ spans the left null
+space, the rows of M u' that vanish) in the states V₀ᵀ u (V₀ spans the null space, the directions
+M does not see). Consistent initialisation keeps u0's differential part (V₁V₁ᵀ u0, the entries of
+nonzero diagonal) and solves the algebraic equations for the algebraic part by Newton
+(`optimistix.root_find`): its implicit rule differentiates the solution, not the iterations, so
+d/du0 of the differential part and d/dp are right (the implicit function theorem).
+"""
+
+import dataclasses
+import functools
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+
+from sciad._errors import SolveError, error_if
+from sciad._rosenbrock import AbstractRosenbrock, Rodas5P
+
+INITIALIZATIONS = ("consistent", "check", "none")
+DAE_SOLVERS = "solver='rodas5p' or 'rodas4' (sciad.Rodas5P(), sciad.Rodas4())"
+NEWTON_STEPS = 50  # consistent initialisation: Newton iterations before it is called a failure
+NEWTON_TIGHTER = 1e-3  # ... and its tolerances, the solve's rtol and atol times this
+
+
+class MassMatrix:
+    """A constant mass matrix over the flattened state (n,): `matrix`, float64 NumPy, its diagonal
+    (n,) or in full (n, n) (a full matrix that is diagonal is kept as its diagonal). Hashable and
+    compared by content (a static part of `ODEProblem`); `numpy.asarray(mass)` gives `matrix`."""
+
+    def __init__(self, matrix: np.ndarray):
+        self.matrix = matrix
+        self.matrix.flags.writeable = False
+        if matrix.ndim == 1:
+            self.rank = int(np.count_nonzero(matrix))
+        else:
+            s = np.linalg.svd(matrix, compute_uv=False)
+            self.rank = int(np.sum(s > s.max(initial=0.0) * matrix.shape[0] * np.finfo(float).eps))
+
+    @classmethod
+    def of(cls, M, n: int) -> "MassMatrix | None":
+        """`M` (None, a vector (n,), a matrix (n, n) or a SciPy sparse matrix) checked against a state
+        of `n` entries, else a TypeError or ValueError naming `mass_matrix` and the fix."""
+        if M is None:
+            return None
+        sparse = sys.modules.get("scipy.sparse")  # a SciPy sparse matrix exists only where SciPy is imported
+        if sparse is not None and sparse.issparse(M):
+            M = M.toarray()  # dense for now: the Rosenbrock solvers factorise M/(hγ) − J densely
+        if isinstance(M, jax.core.Tracer):
+            raise TypeError("mass_matrix must be constant (a NumPy or concrete JAX array), got a traced value: "
+                            "make the ODEProblem outside jax.jit / jax.grad, or close over M as a constant")
+        try:
+            M = np.asarray(M)
+        except Exception as e:
+            raise TypeError(f"mass_matrix must be an array (a vector (n,), a matrix (n, n)) or a SciPy sparse "
+                            f"matrix, got {type(M).__name__}") from e
+        if not (np.issubdtype(M.dtype, np.floating) or np.issubdtype(M.dtype, np.integer)
+                or M.dtype == np.bool_):
+            raise TypeError(f"mass_matrix has dtype {M.dtype}; pass real numbers")
+        if M.shape not in ((n,), (n, n)):
+            raise ValueError(f"mass_matrix has shape {M.shape} but the flattened u0 has {n} entries: give a vector "
+                             f"({n},) (M's diagonal; zeros mark algebraic equations) or a matrix ({n}, {n}) over "
+                             "the flattened state (jax.flatten_util.ravel_pytree's order)")
+        M = M.astype(np.float64)
+        if not np.all(np.isfinite(M)):
+            raise ValueError("mass_matrix contains non-finite values (NaN or inf): pass a finite matrix")
+        if M.ndim == 2 and not np.any(M - np.diag(np.diag(M))):
+            M = np.diag(M).copy()
+        return cls(M)
+
+    @property
+    def n(self) -> int:
+        return self.matrix.shape[0]
+
+    @property
+    def singular(self) -> bool:
+        """Whether M is singular: the problem is a DAE with `algebraic` algebraic equations."""
+        return self.rank < self.n
+
+    @property
+    def algebraic(self) -> int:
+        return self.n - self.rank
+
+    def extended(self, k: int) -> np.ndarray:
+        """M over the state (u, q) (n + k,) a solve with an integrand integrates: q' = g (identity)."""
+        if not k:
+            return self.matrix
+        if self.matrix.ndim == 1:
+            return np.concatenate([self.matrix, np.ones(k)])
+        out = np.eye(self.n + k)
+        out[: self.n, : self.n] = self.matrix
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        return self.matrix if dtype is None else self.matrix.astype(dtype)
+
+    def __eq__(self, other):
+        return isinstance(other, MassMatrix) and self.matrix.shape == other.matrix.shape and bool(
+            np.array_equal(self.matrix, other.matrix))
+
+    def __hash__(self):
+        return hash((self.matrix.shape, self.matrix.tobytes()))
+
+    def __repr__(self):
+        kind = "diagonal" if self.matrix.ndim == 1 else "matrix"
+        return f"MassMatrix({kind} of {self.n} states, {self.algebraic} algebraic)"
+
+
+def dae_solver(solver, mass: MassMatrix | None, integrand_size: int = 0):
+    """`solver` given the problem's mass matrix (extended over an integrand's entries): a Rosenbrock
+    solver without one takes it; a solver that cannot take one, or one holding another, is refused
+    with a ValueError naming the fix."""
+    if isinstance(solver, AbstractRosenbrock):
+        held = solver.mass_matrix
+        if mass is None:
+            if held is not None:
+                raise ValueError(f"solver={type(solver).__name__}(mass_matrix=...) but the problem has no mass matrix: "
+                                 "give it to the problem, sciad.ODEProblem(f, u0, tspan, p, mass_matrix=M), and "
+                                 f"pass {type(solver).__name__}() without one")
+            return solver
+        if held is not None and MassMatrix.of(np.asarray(held), mass.n) != mass:
+            raise ValueError(f"solver={type(solver).__name__}(mass_matrix=...) holds a mass matrix other than the "
+                             f"problem's: pass {type(solver).__name__}() and the problem's mass matrix is used")
+        matrix = jnp.asarray(mass.extended(integrand_size), jnp.result_type(float))
+        return eqx.tree_at(lambda s: s.mass_matrix, solver, matrix, is_leaf=lambda x: x is None)
+    if mass is None:
+        return solver
+    what = (f"a singular mass matrix (a DAE with {mass.algebraic} algebraic equation(s))" if mass.singular
+            else "a mass matrix")
+    raise ValueError(f"{what} needs a solver that takes one: {DAE_SOLVERS}; {type(solver).__name__} solves "
+                     "u' = f only")
+
+
+def default_solver(mass: MassMatrix | None):
+    """The solver `sciad.solve` uses when none is given: Rodas5P for a problem with a mass matrix."""
+    return "tsit5" if mass is None else Rodas5P()
+
+
+def check_initialization(initialization, mass: MassMatrix | None) -> str:
+    """`initialization` checked ("consistent", "check", "none"; None: "consistent" where M is singular)."""
+    if initialization is None:
+        return "consistent" if mass is not None and mass.singular else "none"
+    if not (isinstance(initialization, str) and initialization in INITIALIZATIONS):
+        raise ValueError(f"initialization must be one of {list(INITIALIZATIONS)}, got {initialization!r}")
+    return initialization
+
+
+@dataclasses.dataclass(frozen=True)
+class _Split:
+    """The algebraic equations and states of a singular M (NumPy, computed once on the host):
+    `index` (k,) where M is a diagonal, else orthonormal bases `equations` U₀ (n, k) and `states` V₀ (n, k)."""
+
+    index: np.ndarray | None
+    equations: np.ndarray | None
+    states: np.ndarray | None
+
+    @classmethod
+    def of(cls, mass: MassMatrix) -> "_Split":
+        if mass.matrix.ndim == 1:
+            return cls(np.flatnonzero(mass.matrix == 0), None, None)
+        U, _, Vt = np.linalg.svd(mass.matrix)
+        return cls(None, U[:, mass.rank:], Vt[mass.rank:].T)
+
+    def variables(self, u):
+        """The algebraic part of u (k,)."""
+        return u[self.index] if self.index is not None else jnp.asarray(self.states.T, u.dtype) @ u
+
+    def state(self, u0, z):
+        """u0 with its algebraic part replaced by z (k,)."""
+        if self.index is not None:
+            return u0.at[self.index].set(z)
+        V0 = jnp.asarray(self.states, u0.dtype)
+        return u0 + V0 @ (z - V0.T @ u0)
+
+    def residual(self, rate):
+        """The algebraic equations' values (k,) from f (n,)."""
+        return rate[self.index] if self.index is not None else jnp.asarray(self.equations.T, rate.dtype) @ rate
+
+
+def _concrete(tree):
+    """`tree` with its primal values where they are known now (eager `jax.grad`), else None (traced)."""
+    values = jax.lax.stop_gradient(tree)
+    return None if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(values)) else values
+
+
+def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float, atol: float):
+    """u0 (n,) for the solve of M u' = field(u, p, t) from t0: with `mode` "consistent" (M singular),
+    its algebraic part solved from its differential part (Newton, differentiated by the implicit
+    function theorem; a failure raises `SolveError`); with "check", u0 itself, or a `SolveError`
+    when its algebraic states are further from consistency than atol + rtol |u|; "none": u0."""
+    if mode == "none" or mass is None or not mass.singular:
+        return u0
+    split = _Split.of(mass)
+    rate, n = field.open(), field.u.size
+
+    def residual(z, args):
+        u0, p, c, t = args
+        return split.residual(rate(split.state(u0, z), p, c, t)[:n])
+
+    args = (u0, p, field.held, jnp.asarray(t0, u0.dtype))
+    z0 = split.variables(u0)
+    if mode == "check":
+        return _checked(residual, z0, args, u0, rtol, atol)
+    floor = 100 * float(jnp.finfo(u0.dtype).eps)  # a tolerance the dtype can meet
+    newton = optx.Newton(rtol=max(rtol * NEWTON_TIGHTER, floor), atol=atol * NEWTON_TIGHTER, cauchy_termination=False)
+    sol = optx.root_find(residual, newton, z0, args, max_steps=NEWTON_STEPS, throw=False)
+    failed = (sol.result != optx.RESULTS.successful) | ~jnp.all(jnp.isfinite(sol.value))
+    return split.state(u0, _refused(sol.value, failed, INIT_FAILED.format(k=z0.size, steps=NEWTON_STEPS)))
+
+
+def _refused(x, pred, message: str):
+    """`x`, or `SolveError(message)` where `pred` holds: now where `pred` is known, else when the
+    program runs (`error_if`)."""
+    known = _concrete(pred)
+    if known is None:
+        return error_if(x, pred, message)
+    if np.any(known):
+        raise SolveError(message)
+    return x
+
+
+INIT_FAILED = ("initialization='consistent': Newton's method did not solve the {k} algebraic equation(s) for the "
+               "algebraic states within {steps} iterations from u0 (diverged, or a singular ∂f/∂u on the algebraic "
+               "states: the DAE is not index 1 there): start u0's algebraic states closer to a solution, or "
+               "check the algebraic equations")
+INCONSISTENT = ("initialization='check': u0 is not consistent: its algebraic states are {distance} from solving the "
+                "{k} algebraic equation(s) (the Newton correction, against atol + rtol |u|){residual}: pass "
+                "initialization='consistent' (the default with a singular mass matrix) to solve them from the "
+                "differential states, or correct u0")
+
+
+def _checked(residual, z0, args, u0, rtol, atol):
+    """u0, or a `SolveError` (now where the values are known, else when the program runs) when the
+    Newton correction of the algebraic states at u0 exceeds atol + rtol |u| somewhere."""
+
+    def distance(z0, args):  # the largest correction over its tolerance, and the residual's largest entry
+        r = residual(z0, args)
+        step = jnp.linalg.solve(jax.jacfwd(residual)(z0, args), r)
+        return jnp.max(jnp.abs(step) / (atol + rtol * jnp.abs(z0)), initial=0.0), jnp.max(jnp.abs(r), initial=0.0)
+
+    known = _concrete((z0, args))
+    if known is not None:
+        ratio, size = (float(x) for x in distance(*known))
+        if not ratio <= 1:  # NaN too
+            raise SolveError(INCONSISTENT.format(distance=f"{ratio:.3g} tolerances", k=z0.size,
+                                                 residual=f"; the residual's largest entry is {size:.3e}"))
+        return u0
+    ratio, _ = jax.lax.stop_gradient(distance(z0, args))
+    return _refused(u0, ~(ratio <= 1), INCONSISTENT.format(distance="more than the tolerances", k=z0.size,
+                                                           residual=""))
+
+
+TIME_DERIVATIVE = ("derivatives in the times (t0, t1, saveat) of a solve with a mass matrix are not supported yet "
+                   "(the rules take y' = f, which does not hold for a DAE's algebraic states): differentiate with "
+                   "respect to u0 and p, or keep the times constant")
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def fixed_time(t, message: str = TIME_DERIVATIVE):
+    """`t`, refusing (a ValueError at trace time) to be differentiated: a nonzero tangent raises `message`."""
+    return t
+
+
+@functools.partial(fixed_time.defjvp, symbolic_zeros=True)
+def _fixed_time_jvp(message, primals, tangents):
+    (t,), (dt,) = primals, tangents
+    if not isinstance(dt, jax.custom_derivatives.SymbolicZero):
+        raise ValueError(message)
+    return t, jnp.zeros_like(t)

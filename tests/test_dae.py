@@ -1,0 +1,322 @@
+"""Mass-matrix problems M u' = f through `sciad.solve` (`sciad._dae`): Robertson as a DAE against its
+ODE form, a linear index-1 DAE with closed-form solution and gradients (ForwardDiffSensitivity and
+DiscreteAdjoint, in p and u0), consistent initialisation (diagonal and full singular M, gradients by
+the implicit function theorem), "check" and "none", the boundary's refusals, jit / vmap / float32,
+a PyTree state, a Hessian, and `"auto"`."""
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse
+from scipy.integrate import solve_ivp
+
+import sciad
+from sciad._auto import auto_sensealg
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+TOL = dict(rtol=1e-9, atol=1e-11)
+TS = np.array([0.0, 0.5, 1.0, 2.0])
+SENSEALGS = [sciad.ForwardDiffSensitivity(), sciad.DiscreteAdjoint()]
+
+
+# --- a linear index-1 DAE with a closed form -------------------------------------------------------
+# x' = -a x + z, 0 = z - b x: x(t) = x0 e^{(b - a) t}, z = b x (z0 is solved from x0).
+
+def linear(u, p, t):
+    a, b = p
+    return jnp.stack([-a * u[0] + u[1], u[1] - b * u[0]])
+
+
+P0 = np.array([2.0, 0.5])
+
+
+def exact(x0, p, ts=TS):
+    a, b = p
+    x = x0 * np.exp((b - a) * ts)
+    return np.stack([x, b * x], -1)
+
+
+def exact_gradients(x0, p, ts=TS):
+    """∂/∂(x0, a, b) of L = Σ_t (x + 2 z) = Σ_t (1 + 2b) x."""
+    a, b = p
+    x = x0 * np.exp((b - a) * ts)
+    return (np.sum((1 + 2 * b) * x / x0), np.sum(-(1 + 2 * b) * ts * x), np.sum(2 * x + (1 + 2 * b) * ts * x))
+
+
+def linear_loss(us):
+    return jnp.sum(us[:, 0] + 2 * us[:, 1])
+
+
+def linear_problem(**kw):
+    return sciad.ODEProblem(linear, np.array([1.5, 0.0]), (0.0, 2.0), P0, mass_matrix=np.array([1.0, 0.0]), **kw)
+
+
+def test_linear_dae_closed_form_from_an_inconsistent_u0():
+    """u0 = (1.5, 0): z0 is solved to b x0 = 0.75, the solution is the closed form."""
+    sol = sciad.solve(linear_problem(), saveat=TS, **TOL)
+    np.testing.assert_allclose(sol.us, exact(1.5, P0), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(sol.us[0], [1.5, 0.75], rtol=1e-12)
+
+
+@pytest.mark.parametrize("sensealg", SENSEALGS, ids=lambda s: type(s).__name__)
+def test_linear_dae_gradients_closed_form(sensealg):
+    """∂L/∂(u0, p) through consistent initialisation and the solver's steps: the differential part's
+    exact, the algebraic part's 0 (z0 is recomputed from x0)."""
+    prob = linear_problem()
+
+    def loss(u0, p):
+        return linear_loss(sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us)
+
+    g_u0, g_p = jax.grad(loss, argnums=(0, 1))(np.array([1.5, 0.3]), P0)
+    d_x0, d_a, d_b = exact_gradients(1.5, P0)
+    np.testing.assert_allclose(g_u0, [d_x0, 0.0], rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(g_p, [d_a, d_b], rtol=1e-7)
+
+
+def test_hessian_through_forward_diff():
+    """∂²/∂p² of Σ_t x(t) = Σ_t x0 e^{(b - a) t}: t² x times [[1, -1], [-1, 1]]."""
+    prob = linear_problem()
+
+    def loss(p):
+        return jnp.sum(sciad.solve(prob, p=p, saveat=TS, sensealg=sciad.ForwardDiffSensitivity(), **TOL).us[:, 0])
+
+    x = 1.5 * np.exp((P0[1] - P0[0]) * TS)
+    second = np.sum(TS**2 * x)
+    np.testing.assert_allclose(jax.hessian(loss)(P0), second * np.array([[1.0, -1.0], [-1.0, 1.0]]), rtol=1e-6)
+
+
+# --- a full singular M: the orthogonal split ----------------------------------------------------------
+
+R = np.array([[1.0, 0.4], [-0.3, 1.2]])  # u = R w, w = (x, z) the linear DAE's states
+R_INV = np.linalg.inv(R)
+
+
+def rotated(u, p, t):
+    """The linear DAE in u = R w, each equation mixed by Q: (Q diag(1, 0) R⁻¹) u' = Q f(R⁻¹ u)."""
+    return jnp.asarray(Q) @ linear(jnp.asarray(R_INV) @ u, p, t)
+
+
+Q = np.array([[1.0, 2.0], [0.5, 1.5]])
+M_FULL = Q @ np.diag([1.0, 0.0]) @ R_INV
+
+
+@pytest.mark.parametrize("sensealg", SENSEALGS, ids=lambda s: type(s).__name__)
+def test_full_mass_matrix_consistent_initialisation(sensealg):
+    """Neither the algebraic equation nor the algebraic state is a coordinate: the split keeps u0's
+    part in M's row space (x0 = (R⁻¹ u0)_1), solves the rest, and ∂L/∂u0 = ∂L/∂x0 (R⁻¹)_1."""
+    prob = sciad.ODEProblem(rotated, np.array([1.0, 1.0]), (0.0, 2.0), P0, mass_matrix=M_FULL)
+    u0 = np.array([0.7, -0.2])
+    x0 = (R_INV @ u0)[0]
+    sol = sciad.solve(prob, u0=u0, saveat=TS, **TOL)
+    np.testing.assert_allclose(sol.us, exact(x0, P0) @ R.T, rtol=1e-7, atol=1e-9)
+
+    def loss(u0, p):
+        us = sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us
+        return linear_loss(us @ jnp.asarray(R_INV).T)
+
+    g_u0, g_p = jax.grad(loss, argnums=(0, 1))(u0, P0)
+    d_x0, d_a, d_b = exact_gradients(x0, P0)
+    np.testing.assert_allclose(g_u0, d_x0 * R_INV[0], rtol=1e-7)
+    np.testing.assert_allclose(g_p, [d_a, d_b], rtol=1e-7)
+
+
+# --- Robertson: the DAE against its ODE form ------------------------------------------------------
+
+def robertson(u, p, t):
+    k1, k2, k3 = p
+    return jnp.stack([-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k3 * u[1] * u[2] - k2 * u[1] ** 2, k2 * u[1] ** 2])
+
+
+def robertson_dae(u, p, t):
+    return robertson(u, p, t).at[2].set(u[0] + u[1] + u[2] - 1)
+
+
+ROBERTSON_P = np.array([0.04, 3e7, 1e4])
+ROBERTSON_TS = np.array([1e-2, 1.0, 10.0, 100.0, 1e3])
+
+
+def test_robertson_dae_against_the_ode_form():
+    """Against SciPy's Radau on the ODE at 1e-10 (relative 1e-5 at every save), from an inconsistent
+    u0 (y3 = 0.5 is reset to 0 by the conservation law)."""
+    ref = solve_ivp(lambda t, y: np.asarray(robertson(y, ROBERTSON_P, t)), (0.0, 1e3), [1.0, 0.0, 0.0],
+                    method="Radau", rtol=1e-10, atol=1e-12, t_eval=ROBERTSON_TS).y.T
+    prob = sciad.ODEProblem(robertson_dae, np.array([1.0, 0.0, 0.5]), (0.0, 1e3), ROBERTSON_P,
+                            mass_matrix=np.array([1.0, 1.0, 0.0]))
+    sol = sciad.solve(prob, saveat=ROBERTSON_TS, rtol=1e-8, atol=1e-10, max_steps=10_000)
+    np.testing.assert_allclose(sol.us, ref, rtol=1e-5, atol=1e-12)
+
+
+def test_robertson_gradient_against_the_ode_form():
+    """∂ y2(t) / ∂ log k over three rates (DiscreteAdjoint through Rodas5P on the DAE) against the ODE
+    form through Kvaerno5 at tight tolerances."""
+    def loss(prob, solver):
+        def value(log_k):
+            us = sciad.solve(prob, p=jnp.exp(log_k), saveat=ROBERTSON_TS[:4], solver=solver, rtol=1e-9, atol=1e-12,
+                             max_steps=20_000, sensealg=sciad.DiscreteAdjoint()).us
+            return jnp.sum(us[:, 1] * 1e4)
+
+        return value
+
+    dae = sciad.ODEProblem(robertson_dae, np.array([1.0, 0.0, 0.0]), (0.0, 100.0), ROBERTSON_P,
+                           mass_matrix=np.array([1.0, 1.0, 0.0]))
+    ode = sciad.ODEProblem(robertson, np.array([1.0, 0.0, 0.0]), (0.0, 100.0), ROBERTSON_P)
+    log_k = np.log(ROBERTSON_P)
+    g_dae = jax.grad(loss(dae, None))(log_k)
+    g_ode = jax.grad(loss(ode, "kvaerno5"))(log_k)
+    np.testing.assert_allclose(g_dae, g_ode, rtol=1e-5)
+
+
+# --- initialisation options ---------------------------------------------------------------------------
+
+def test_check_refuses_an_inconsistent_u0_and_passes_a_consistent_one():
+    prob = linear_problem()
+    with pytest.raises(sciad.SolveError, match=r"initialization='check'.*residual's largest entry is 7\.500e-01"):
+        sciad.solve(prob, initialization="check")
+    sol = sciad.solve(prob, u0=np.array([1.5, 0.75]), initialization="check", saveat=TS, **TOL)
+    np.testing.assert_allclose(sol.us, exact(1.5, P0), rtol=1e-7, atol=1e-9)
+    jitted = jax.jit(lambda u0: sciad.solve(prob, u0=u0, initialization="check").us)
+    with pytest.raises(Exception) as raised:
+        jitted(np.array([1.5, 0.0])).block_until_ready()
+    assert "initialization='check'" in sciad.errors.summary(raised.value)
+
+
+def test_none_leaves_u0():
+    sol = sciad.solve(linear_problem(), initialization="none", saveat=TS, **TOL)
+    np.testing.assert_array_equal(sol.us[0], [1.5, 0.0])
+
+
+def test_consistent_initialisation_failure_is_a_solve_error():
+    """0 = z² + 1 has no real root: Newton does not converge."""
+    prob = sciad.ODEProblem(lambda u, p, t: jnp.stack([-u[0], u[1] ** 2 + 1]), np.array([1.0, 0.5]), (0.0, 1.0),
+                            mass_matrix=np.array([1.0, 0.0]))
+    with pytest.raises(sciad.SolveError, match="initialization='consistent': Newton"):
+        sciad.solve(prob)
+
+
+# --- the boundary -----------------------------------------------------------------------------------
+
+def test_mass_matrix_checked_at_the_problem():
+    u0 = np.array([1.5, 0.0])
+    make = lambda M: sciad.ODEProblem(linear, u0, (0.0, 1.0), P0, mass_matrix=M)  # noqa: E731
+    with pytest.raises(ValueError, match=r"mass_matrix has shape \(3,\) but the flattened u0 has 2 entries"):
+        make(np.ones(3))
+    with pytest.raises(ValueError, match=r"mass_matrix has shape \(2, 3\)"):
+        make(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="mass_matrix contains non-finite"):
+        make(np.array([1.0, np.nan]))
+    with pytest.raises(TypeError, match="mass_matrix must be constant"):
+        jax.jit(lambda M: make(M).u0)(np.ones(2))
+    sparse = make(scipy.sparse.diags([1.0, 0.0]).tocsr())  # SciPy sparse: made dense (here: its diagonal)
+    assert sparse.mass_matrix == make(np.array([1.0, 0.0])).mass_matrix
+    np.testing.assert_array_equal(np.asarray(make(np.array([[1.0, 0.0], [0.0, 0.0]])).mass_matrix), [1.0, 0.0])
+    assert make(None).mass_matrix is None and make(np.eye(2)).mass_matrix.singular is False
+
+
+def test_solve_refuses_what_a_mass_matrix_cannot_take_yet():
+    prob = linear_problem()
+    with pytest.raises(ValueError, match=r"singular mass matrix \(a DAE with 1 algebraic equation\(s\)\) needs a "
+                                         r"solver that takes one: solver='rodas5p' or 'rodas4'"):
+        sciad.solve(prob, solver="kvaerno5")
+    with pytest.raises(ValueError, match="holds a mass matrix other than the problem's"):
+        sciad.solve(prob, solver=sciad.Rodas5P(mass_matrix=np.array([1.0, 1.0])))
+    with pytest.raises(ValueError, match="the problem has no mass matrix"):
+        sciad.solve(sciad.ODEProblem(linear, np.ones(2), (0.0, 1.0), P0), solver=sciad.Rodas4(mass_matrix=np.ones(2)))
+    for sensealg in (sciad.InterpolatingAdjoint(), sciad.GaussAdjoint(), sciad.BacksolveAdjoint(),
+                     sciad.QuadratureAdjoint(), sciad.ForwardSensitivity()):
+        with pytest.raises(ValueError, match="cannot differentiate a solve with a mass matrix yet.*ForwardDiff"):
+            sciad.solve(prob, sensealg=sensealg)
+    with pytest.raises(ValueError, match="initialization must be one of"):
+        sciad.solve(prob, initialization="brown")
+    with pytest.raises(ValueError, match="Rosenbrock solver\\) has no root finder"):
+        sciad.solve(prob, jacobian="sparse")
+    with pytest.raises(ValueError, match="callbacks with a mass matrix"):
+        sciad.solve(prob, callbacks=[sciad.PresetTimeCallback([0.5], lambda u, p, t: u)])
+    with pytest.raises(ValueError, match="dense=True with a mass matrix"):
+        sciad.solve(prob, dense=True)
+    with pytest.raises(ValueError, match="derivatives in the times"):
+        jax.grad(lambda t1: sciad.solve(prob, tspan=(0.0, t1)).us.sum())(1.0)
+
+
+def test_solvers_by_name_and_given_without_mass_matrix():
+    prob = linear_problem()
+    for solver in ("rodas4", sciad.Rodas4(), sciad.Rodas5P(mass_matrix=np.array([1.0, 0.0]))):
+        sol = sciad.solve(prob, solver=solver, saveat=TS, **TOL)
+        np.testing.assert_allclose(sol.us, exact(1.5, P0), rtol=1e-6, atol=1e-9)
+    assert isinstance(sciad.get_solver("rodas5p"), sciad.Rodas5P) and "rodas4" in sciad.SOLVERS
+
+
+# --- composition ------------------------------------------------------------------------------------
+
+def test_jit_and_vmap_over_parameters():
+    prob = linear_problem()
+
+    def loss(p):
+        return linear_loss(sciad.solve(prob, p=p, saveat=TS, sensealg=sciad.DiscreteAdjoint(), **TOL).us)
+
+    ps = np.array([[2.0, 0.5], [1.0, 0.2], [3.0, 1.0]])
+    values, grads = jax.jit(jax.vmap(jax.value_and_grad(loss)))(ps)
+    for p, value, grad in zip(ps, values, grads):
+        np.testing.assert_allclose(value, linear_loss(exact(1.5, p)), rtol=1e-7)
+        np.testing.assert_allclose(grad, exact_gradients(1.5, p)[1:], rtol=1e-6)
+
+
+def test_float32():
+    prob = sciad.ODEProblem(linear, np.array([1.5, 0.0], np.float32), (0.0, 2.0), P0.astype(np.float32),
+                            mass_matrix=np.array([1.0, 0.0]))
+    sol = sciad.solve(prob, saveat=TS, rtol=1e-5, atol=1e-6)
+    assert sol.us.dtype == jnp.float32
+    np.testing.assert_allclose(sol.us, exact(1.5, P0), rtol=1e-4, atol=1e-5)
+    grad = jax.grad(lambda p: linear_loss(sciad.solve(prob, p=p, saveat=TS, rtol=1e-5, atol=1e-6).us))(
+        P0.astype(np.float32))
+    np.testing.assert_allclose(grad, exact_gradients(1.5, P0)[1:], rtol=1e-3)
+
+
+def test_pytree_state_with_a_diagonal_over_the_flattened_state():
+    """u0 = {"x": (2,), "z": ()}: raveled in key order x0, x1, z; z = x0 + x1 algebraically."""
+    def f(u, p, t):
+        return {"x": -p * u["x"], "z": u["z"] - u["x"].sum()}
+
+    prob = sciad.ODEProblem(f, {"x": np.array([1.0, 2.0]), "z": np.array(0.0)}, (0.0, 1.0), np.array(0.5),
+                            mass_matrix=np.array([1.0, 1.0, 0.0]))
+    sol = sciad.solve(prob, saveat=TS[:3], **TOL)
+    decay = np.exp(-0.5 * TS[:3])
+    np.testing.assert_allclose(sol.us["x"], np.outer(decay, [1.0, 2.0]), rtol=1e-7)
+    np.testing.assert_allclose(sol.us["z"], 3 * decay, rtol=1e-7)
+    grad = jax.grad(lambda u0: sciad.solve(prob, u0=u0, saveat=TS[:3], **TOL).us["z"].sum())(prob.u0)
+    np.testing.assert_allclose(grad["x"], [decay.sum()] * 2, rtol=1e-7)
+    assert grad["z"] == 0
+
+
+def test_integrand_rides_with_the_mass_matrix():
+    """∫ x dt = x0 (1 - e^{(b - a) T}) / (a - b): the integral's entry takes q' = g (M extended by 1)."""
+    sol = sciad.solve(linear_problem(), integrand=lambda u, p, t: u[0], **TOL)
+    a, b = P0
+    np.testing.assert_allclose(sol.integral, 1.5 * (1 - np.exp((b - a) * 2.0)) / (a - b), rtol=1e-7)
+
+
+def test_auto_picks_a_sensealg_that_serves_a_mass_matrix():
+    for m, expected in ((2, sciad.ForwardDiffSensitivity), (40, sciad.DiscreteAdjoint)):
+        choice = auto_sensealg(np.ones(3), np.ones(m), np.ones(4), solver=sciad.Rodas5P(), rtol=1e-6, atol=1e-6,
+                               mass_matrix=True)
+        assert isinstance(choice.sensealg, expected) and choice.heuristic_pick.rule == "mass-matrix"
+        assert "heuristic rule `mass-matrix`" in choice.report()
+
+
+def test_rosenbrock_solvers_count_as_implicit():
+    from sciad.adjoints._base import is_implicit, step_controller
+
+    assert is_implicit(sciad.Rodas5P()) and is_implicit(dfx.Kvaerno5()) and not is_implicit(dfx.Tsit5())
+    assert step_controller(sciad.Rodas4(), 1e-6, 1e-6).pcoeff == 0.4
+
+
+@pytest.mark.xfail(raises=AttributeError, strict=True,
+                   reason="sciad.adjoints._stepping.Stepper.of reads solver.root_finder where is_implicit holds: "
+                          "it should ask isinstance(solver, dfx.AbstractImplicitSolver) (Rosenbrock has none)")
+def test_rosenbrock_ode_with_a_continuous_adjoint():
+    prob = sciad.ODEProblem(linear, np.array([1.0, 0.3]), (0.0, 2.0), P0)
+    grads = [jax.grad(lambda p: sciad.solve(prob, p=p, solver="rodas5p", sensealg=s, **TOL).us.sum())(P0)
+             for s in (sciad.InterpolatingAdjoint(), sciad.DiscreteAdjoint())]
+    np.testing.assert_allclose(*grads, rtol=1e-6)
