@@ -61,7 +61,7 @@ class Probe:
 
     def __init__(self):
         self.drifts, self.old, self.steps = [], [], []
-        self.saved = continuous.warn_if, continuous.BacksolveAdjoint.drift, stepping.Stepper.step
+        self.saved = continuous.warn_if, continuous.Backsolved.drift, stepping.Stepper.step
         warn_if, drift, step = self.saved
 
         def record(values, x):
@@ -83,13 +83,13 @@ class Probe:
         self.patches = probed_warn_if, staticmethod(probed_drift), probed_step
 
     def __enter__(self):
-        continuous.warn_if, continuous.BacksolveAdjoint.drift, stepping.Stepper.step = self.patches
+        continuous.warn_if, continuous.Backsolved.drift, stepping.Stepper.step = self.patches
         return self
 
     def __exit__(self, *exc):
         warn_if, drift, step = self.saved
         continuous.warn_if, stepping.Stepper.step = warn_if, step
-        continuous.BacksolveAdjoint.drift = staticmethod(drift)
+        continuous.Backsolved.drift = staticmethod(drift)
 
 
 def measure(case) -> dict:

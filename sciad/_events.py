@@ -207,7 +207,7 @@ class Events(eqx.Module):
 
 
 def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
-    """-> (us (T, n) at setup.ts, integral (k,), stats (3,), `Events`): the solve of `setup` from u0 (n,)
+    """-> (us (T, n) at setup.ts, integral (k,), stats (3,) int32, `Events`): the solve of `setup` from u0 (n,)
     with p (m,) through the events of `plan`, differentiable by `sensealg` in u0, p, f's closure values,
     the times and the values the callbacks close over. A save time after a stopping event holds the
     state there; one at an event time holds the state after it."""
@@ -250,7 +250,7 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
         return carry, (tau, owner)
 
     init = (u0, setup.t0, jnp.asarray(False), start, jnp.zeros((ts.shape[0], n), u0.dtype),
-            jnp.zeros(ts.shape, bool), jnp.zeros((k,), u0.dtype), jnp.zeros((3,), u0.dtype), jnp.asarray(0, jnp.int32))
+            jnp.zeros(ts.shape, bool), jnp.zeros((k,), u0.dtype), jnp.zeros((3,), jnp.int32), jnp.asarray(0, jnp.int32))
     carry, (times, owners) = jax.lax.scan(segment, init, None, length=plan.max_events + 1)
     _, t_final, _, _, us, _, integral, stats, count = carry
     us = error_if(us, count > plan.max_events,

@@ -182,18 +182,24 @@ def checked(setup: Setup, result, x):
     return solver_failure(x, result, setup.max_steps)
 
 
-def stats_vector(sol: dfx.Solution, dtype) -> jax.Array:
-    """(steps, accepted, rejected) as a float vector (so it can ride along a differentiable output)."""
+def stats_vector(sol: dfx.Solution) -> jax.Array:
+    """(steps, accepted, rejected) (3,) int32."""
     s = sol.stats
-    return jnp.stack([s["num_steps"], s["num_accepted_steps"], s["num_rejected_steps"]]).astype(dtype)
+    return jnp.stack([s["num_steps"], s["num_accepted_steps"], s["num_rejected_steps"]]).astype(jnp.int32)
 
 
-class Products:
+class Products(eqx.Module):
     """f's derivative products from JAX code, computed by one `sciad.ad` backend:
     `vjp(u, p, t, λ) -> (f, λᵀ∂f/∂u, λᵀ∂f/∂p)`, `jvp(u, p, t, du, dp) -> (f, ∂f/∂u du + ∂f/∂p dp)`.
     JAX engines are traced in; torch, autograd and finite differences run
     through `sciad.ad.differentiate_with` (a host callback per product).
-    `f` is a `VectorField`: its closure values enter the engine as a constant argument."""
+    Built from a `VectorField` f: `f` is then f(u, p, c, t) (`open()`), `g` the same through the
+    engine's rules, and `c` f's closure values, which enter the engine as a constant argument."""
+
+    backend: ad.AbstractBackend
+    f: Callable
+    g: Callable
+    c: jax.Array
 
     def __init__(self, f, backend):
         self.backend = ad.get(backend)
@@ -214,6 +220,13 @@ class Products:
         return jax.jvp(lambda u, p: self.g(u, p, self.c, t), (u, p), (du, dp))
 
 
+class Active(eqx.Module):
+    """Which inputs of a sensealg's forward pass are differentiated: u0 and p."""
+
+    u0: bool = eqx.field(static=True)
+    p: bool = eqx.field(static=True)
+
+
 class AbstractSensitivity(eqx.Module):
     """How a solve is differentiated. Subclasses give the forward pass, the pullback and the
     pushforward (`solver_pushforward`, forward-mode AD through the solver, where they have no
@@ -223,8 +236,8 @@ class AbstractSensitivity(eqx.Module):
 
     @abc.abstractmethod
     def forward(self, setup: Setup, u0, p, active):
-        """-> (us (T, n), stats (3,), residuals for the rules). `active` = (u0 is
-        differentiated, p is differentiated), or None when nothing is."""
+        """-> (us (T, n), stats (3,) int32, residuals for the rules). `active`: which of u0 and p
+        are differentiated (`Active`), or None when nothing is."""
 
     @abc.abstractmethod
     def pullback(self, setup: Setup, residuals, w):
@@ -246,7 +259,7 @@ class AbstractSensitivity(eqx.Module):
         return None
 
     def solve(self, setup: Setup, u0, p):
-        """-> (ys (T, n + k), stats (3,)): the state y = (u, q) at the save times, differentiable by
+        """-> (ys (T, n + k), stats (3,) int32): the state y = (u, q) at the save times, differentiable by
         this algorithm's rules in u0 (n,), p (m,), the values f closes over, c = setup.f.held (k,)
         (held as constants, or appended to p where they are differentiated), and the times: the save
         times setup.ts (T,) (∂y(tᵢ)/∂tᵢ = F(y(tᵢ))), t0 (∂y(tᵢ)/∂t0 = -Φ(tᵢ, t0) F(y0)) and t1 (the
@@ -259,17 +272,20 @@ class AbstractSensitivity(eqx.Module):
         def bind(c, times, merged: bool) -> Setup:
             return rules_setup.bound(c, *times, merged)
 
+        # The rules' outputs are all differentiable (one linear map gives their tangents): the stats
+        # cross them as floats (exact up to 2^24 steps in float32) and leave as int32.
         def forward(u0, p, c, ts, t0, t1, active):
             if active is None:
                 ys, stats, residuals = self.forward(bind(c, (ts, t0, t1), False), u0, p, None)
-                return (ys, stats), residuals
-            merged = active[2]
+                return (ys, stats.astype(ys.dtype)), residuals
+            d_u0, d_p, merged, d_ts, d_t0, _ = active  # one flag per input of the rules
             p_in = jnp.concatenate([p, c]) if merged else p
             bound = bind(c, (ts, t0, t1), merged)
             # t0's derivative is ∂L/∂u0's product with -F(y0): it needs ∂L/∂u0.
-            ys, stats, residuals = self.forward(bound, u0, p_in, (active[0] or active[4], active[1] or merged))
-            rates = _Rates(jax.vmap(lambda y, t: bound.rate(y, p_in, t))(ys, ts) if active[3] else None,
-                           bound.rate(bound.state(u0), p_in, t0) if active[4] else None)
+            ys, stats, residuals = self.forward(bound, u0, p_in, Active(d_u0 or d_t0, d_p or merged))
+            stats = stats.astype(ys.dtype)
+            rates = _Rates(jax.vmap(lambda y, t: bound.rate(y, p_in, t))(ys, ts) if d_ts else None,
+                           bound.rate(bound.state(u0), p_in, t0) if d_t0 else None)
             size_u0 = jnp.max(jnp.abs(u0))
             sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(ys)))]))
             return forward_mode_only(((ys, stats), _Residuals(residuals, c, (ts, t0, t1), merged, p_in, sizes, rates)),
@@ -300,7 +316,8 @@ class AbstractSensitivity(eqx.Module):
                 return g_u0, g_p, None, g_ts, g_t0, g_t1
             return g_u0, g_p[:m], g_p[m:], g_ts, g_t0, g_t1
 
-        return ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, *times)
+        ys, stats = ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, *times)
+        return ys, stats.astype(jnp.int32)
 
 
 def _t0_cotangent(g_u0, w, rate0, n: int):
@@ -367,4 +384,4 @@ def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
 def plain_forward(setup: Setup, u0, p):
     """(ys, stats, no residuals) of an undifferentiated solve."""
     sol = setup.forward(u0, p)
-    return sol.ys, stats_vector(sol, u0.dtype), None
+    return sol.ys, stats_vector(sol), None

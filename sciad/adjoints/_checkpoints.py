@@ -19,10 +19,10 @@ def forward(setup: Setup, u0, p, every: int):
     """The forward solve from t0 to t1 with a checkpoint after every `every` accepted steps.
 
     Returns (t (B,): the breakpoints t0, the save times, the checkpoints and t1, sorted;
-    u_at (B, n + k): the state y there; stats (3,)). B = T + 2 + max_steps // every: unused
+    u_at (B, n + k): the state y there; stats (3,) int32). B = T + 2 + max_steps // every: unused
     checkpoints sit at t1 with y(t1) (zero-length intervals). Raises, as any solve, where it fails."""
     sol = setup.forward(u0, p, ts=setup.breakpoints(), steps=every)
     unused = jnp.isinf(sol.ts)  # diffrax's fill, after the last save
     u1 = sol.ys[jnp.sum(~unused) - 1]
     t = jnp.where(unused, jnp.asarray(setup.t1, sol.ts.dtype), sol.ts)
-    return t, jnp.where(unused[:, None], u1, sol.ys), stats_vector(sol, u0.dtype)
+    return t, jnp.where(unused[:, None], u1, sol.ys), stats_vector(sol)

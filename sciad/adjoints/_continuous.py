@@ -5,7 +5,12 @@ at every saveat time t_k. A loss of an integral Q = ∫ g(u, p, t) dt adds its
 cotangent w_Q: λ' = -(∂f/∂u)ᵀ λ - (∂g/∂u)ᵀ w_Q and μ' = -(∂f/∂p)ᵀ λ - (∂g/∂p)ᵀ w_Q,
 with no state of its own (w_Q is constant between breakpoints). The backward
 pass runs interval by interval between breakpoints (t0, the saveat times, the
-checkpoints, t1); the methods differ in where u(t) comes from on the way back.
+checkpoints, t1).
+
+Every continuous adjoint is one `ContinuousAdjoint` of two pieces: where u(t) comes from on the
+way back (an `AbstractSource`: `Stored` interpolation, `Checkpointed` re-solves, or `Backsolved`
+with the adjoint) and what is integrated backwards (an `AbstractBackward`: `LambdaMu`, λ and μ, or
+`LambdaGauss`, λ with ∂L/∂p by Gauss quadrature). The sensealgs are its constructors.
 """
 
 import abc
@@ -16,6 +21,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 
 import sciad.ad as ad
 from sciad.adjoints._base import (
@@ -24,7 +30,6 @@ from sciad.adjoints._base import (
     Setup,
     checked,
     interpolation_step_bytes,
-    leading_seminorm,
     normalised,
     plain_forward,
     solver_pushforward,
@@ -39,9 +44,9 @@ from sciad._errors import batch_any, check, error_if, warn_if
 class Recorded(eqx.Module):
     """What a continuous adjoint's forward pass keeps for the backward sweep: u0 (n,), p (m,), the
     breakpoints t (B,) (t0, the save times, checkpoints, t1; unused checkpoints sit at t1), the
-    state y = (u, q) there (B, n + k), the stored interpolation of y (None where u is re-solved or backsolved), the forward solve's
-    accepted steps, and `again`: whether it ran out of stored steps (None where it cannot, and then
-    `resolved` says whether every interval is re-solved)."""
+    state y = (u, q) there (B, n + k), the stored interpolation of y (None where u is re-solved or
+    backsolved), the forward solve's accepted steps (int32), and `again`: whether a stored solve ran
+    out of stored steps (None where it cannot)."""
 
     u0: jax.Array
     p: jax.Array
@@ -50,57 +55,24 @@ class Recorded(eqx.Module):
     interpolation: object
     steps: jax.Array
     again: jax.Array | None
-    resolved: bool = eqx.field(static=True, default=False)  # u re-solved on every interval (without `again`)
 
 
 class Interval(eqx.Module):
-    """What a backward system reads on one interval between breakpoints: p (m,), `u_of` with
-    `u_of.evaluate(t)` giving the forward state y(t) (n + k,) (None where u is part of the system's
+    """What the backward system reads on one interval between breakpoints: p (m,), `u_of` with
+    `u_of.evaluate(t)` giving the forward state y(t) (n + k,) (None where u is part of the march's
     state), and `w_q` (k,), the integral's cotangent (Σ ∂L/∂q at the breakpoints after the interval)."""
 
     p: jax.Array
     u_of: object
     w_q: jax.Array
 
-    def u(self, t, n: int):
-        """u(t) (n,) from the stored forward state."""
-        return self.u_of.evaluate(t)[:n]
-
-
-class BackwardSystem(eqx.Module):
-    """An adjoint system stepped backwards from t1: its state y, right-hand side and error norm, and
-    the places where losses and events enter it (λ's equation `adjoint_rhs`, λ's jump `adjoint_jump`,
-    what is integrated besides y, `integrand`). `args`: the `Interval` being crossed."""
-
-    prods: eqx.AbstractVar[Products]
-    norm: eqx.AbstractVar[Callable | None]
-
-    @abc.abstractmethod
-    def start(self, u1, lam1, p):
-        """y at t1 from u(t1), λ(t1) and p."""
-
-    @abc.abstractmethod
-    def rhs(self, t, y, args: Interval):
-        """dy/dt."""
-
-    @abc.abstractmethod
-    def jump(self, y, w, u):
-        """y after the jump at a breakpoint (w: ∂L/∂u there, u: the stored u(t))."""
-
-    @abc.abstractmethod
-    def gradients(self, y, quadrature):
-        """(∂L/∂u0, ∂L/∂p) from y and the quadrature at t0."""
-
-    @abc.abstractmethod
-    def integrand(self, setup: Setup, args: Interval):
-        """(initial quadrature, what each accepted step adds to it) on an interval, or (None, None)."""
-
 
 def adjoint_rhs(prods: Products, u, p, t, lam, w_q):
-    """(λ', μ') = (-(∂f/∂u)ᵀλ - (∂g/∂u)ᵀw_Q, -(∂f/∂p)ᵀλ - (∂g/∂p)ᵀw_Q) at u(t): the adjoint equations,
-    for every continuous adjoint (w_Q (k,): the integral's cotangent, k = 0 without an integrand)."""
-    _, vu, vp = prods.vjp(u, p, t, _with_integral(lam, w_q))
-    return -vu, -vp
+    """(F, λ', μ') = (F(u, p, t), -(∂f/∂u)ᵀλ - (∂g/∂u)ᵀw_Q, -(∂f/∂p)ᵀλ - (∂g/∂p)ᵀw_Q) at u(t): the
+    adjoint equations, for every continuous adjoint (w_Q (k,): the integral's cotangent, k = 0
+    without an integrand), with F = [f; g] (n + k,) from the same product."""
+    rate, vu, vp = prods.vjp(u, p, t, _with_integral(lam, w_q))
+    return rate, -vu, -vp
 
 
 def _with_integral(lam, w_q):
@@ -113,178 +85,185 @@ def adjoint_jump(lam, w):
     return lam + w
 
 
-class _LambdaMu(BackwardSystem):
-    """y = (λ, μ), μ' = -(∂f/∂p)ᵀλ accumulating ∂L/∂p; `seminorm`: μ out of the error control."""
-
-    prods: Products
-    norm: Callable | None
-
-    def start(self, u1, lam1, p):
-        return lam1, jnp.zeros_like(p)
-
-    def rhs(self, t, y, args):
-        return adjoint_rhs(self.prods, args.u(t, y[0].shape[0]), args.p, t, y[0], args.w_q)
-
-    def jump(self, y, w, u):
-        return adjoint_jump(y[0], w), y[1]
-
-    def gradients(self, y, quadrature):
-        return y
-
-    def integrand(self, setup, args):
-        return None, None
+# --- what is integrated backwards ----------------------------------------------------------------
 
 
-class _LambdaGauss(BackwardSystem):
-    """y = λ alone; ∂L/∂p = ∫ λᵀ∂f/∂p dt by Gauss–Legendre quadrature on each accepted step (λ at the
-    nodes from the step's dense output)."""
+class AbstractBackward(eqx.Module):
+    """What a continuous adjoint integrates backwards from t1, given u(t): its adjoint state z, where
+    losses and events enter it (λ's equation `adjoint_rhs`, λ's jump `adjoint_jump`) and what is
+    integrated besides z along the steps (`quadrature`)."""
 
-    prods: Products
-    norm: None = None
+    @abc.abstractmethod
+    def start(self, lam, p):
+        """z at t1 from λ(t1) (n,) and p (m,)."""
 
-    def start(self, u1, lam1, p):
-        return lam1
+    @abc.abstractmethod
+    def rhs(self, prods: Products, t, z, u, p, w_q) -> tuple:
+        """(F(u, p, t) (n + k,), dz/dt) at u = u(t) (F: the same product's primal)."""
 
-    def rhs(self, t, lam, args):
-        return adjoint_rhs(self.prods, args.u(t, lam.shape[0]), args.p, t, lam, args.w_q)[0]
+    @abc.abstractmethod
+    def jump(self, z, w):
+        """z after a breakpoint where the loss has ∂L/∂u = w."""
 
-    def jump(self, lam, w, u):
+    @abc.abstractmethod
+    def error_control(self) -> Callable | None:
+        """z -> the parts of z the step-size control sees (a tuple), or None for all of z."""
+
+    @abc.abstractmethod
+    def quadrature(self, setup: Setup, prods: Products) -> tuple | None:
+        """None, or (q(t1) from p, `add(q, t_start, t_end, at, args) -> q`): what each accepted step
+        from t_start back to t_end adds to the quadrature, `at(t) -> (u(t), z(t))` inside the step."""
+
+    @abc.abstractmethod
+    def gradients(self, z, quadrature) -> tuple:
+        """(∂L/∂u0, ∂L/∂p) from z and the quadrature at t0."""
+
+
+class LambdaMu(AbstractBackward):
+    """z = (λ, μ), μ' = -(∂f/∂p)ᵀλ accumulating ∂L/∂p; `seminorm`: μ out of the error control
+    (Kidger et al. 2021)."""
+
+    seminorm: bool
+
+    def start(self, lam, p):
+        return lam, jnp.zeros_like(p)
+
+    def rhs(self, prods, t, z, u, p, w_q):
+        rate, vu, vp = adjoint_rhs(prods, u, p, t, z[0], w_q)
+        return rate, (vu, vp)
+
+    def jump(self, z, w):
+        return adjoint_jump(z[0], w), z[1]
+
+    def error_control(self):
+        return (lambda z: z[:1]) if self.seminorm else None
+
+    def quadrature(self, setup, prods):
+        return None
+
+    def gradients(self, z, quadrature):
+        return z
+
+
+class LambdaGauss(AbstractBackward):
+    """z = λ alone; ∂L/∂p = ∫ λᵀ∂f/∂p dt by Gauss–Legendre quadrature on each accepted step (λ at the
+    nodes from the step's dense output): μ is in neither the solver's stages nor its error control."""
+
+    def start(self, lam, p):
+        return lam
+
+    def rhs(self, prods, t, lam, u, p, w_q):
+        rate, vu, _ = adjoint_rhs(prods, u, p, t, lam, w_q)
+        return rate, vu
+
+    def jump(self, lam, w):
         return adjoint_jump(lam, w)
+
+    def error_control(self):
+        return None
+
+    def quadrature(self, setup, prods):
+        nodes, weights = np.polynomial.legendre.leggauss(_gauss_nodes(setup))
+
+        def add(mu, t_start, t_end, at, args):
+            ts = t_end + (t_start - t_end) * jnp.asarray((nodes + 1) / 2, mu.dtype)
+
+            def vp_at(t):
+                u, lam = at(t)
+                return -adjoint_rhs(prods, u, args.p, t, lam, args.w_q)[2]
+
+            vp = jax.vmap(vp_at)(ts)
+            return mu + (t_start - t_end) / 2 * jnp.tensordot(jnp.asarray(weights, mu.dtype), vp, axes=1)
+
+        return jnp.zeros_like, add
 
     def gradients(self, lam, mu):
         return lam, mu
 
-    def integrand(self, setup, args):
-        nodes, weights = np.polynomial.legendre.leggauss(_gauss_nodes(setup))
 
-        def integrate(mu, t_start, t_end, lam_of):
-            ts = t_end + (t_start - t_end) * jnp.asarray((nodes + 1) / 2, mu.dtype)
-            vp = jax.vmap(lambda t: -adjoint_rhs(self.prods, args.u(t, setup.n), args.p, t, lam_of.evaluate(t),
-                                                 args.w_q)[1])(ts)
-            return mu + (t_start - t_end) / 2 * jnp.tensordot(jnp.asarray(weights, mu.dtype), vp, axes=1)
-
-        return jnp.zeros_like(args.p), integrate
+def _gauss_nodes(setup: Setup) -> int:
+    """Gauss–Legendre nodes per step: k nodes integrate degree 2k - 1 exactly, k from the solver's order."""
+    order = setup.solver.order(setup.term()) or 4
+    return max(2, (order + 2) // 2)
 
 
-class _ULambdaMu(BackwardSystem):
-    """y = (u, λ, μ): u re-solved backwards with the adjoint (`args.u_of` is None); at a breakpoint u
-    is reset to the stored u(t); `seminorm`: μ out of the error control."""
-
-    prods: Products
-    norm: Callable | None
-
-    def start(self, u1, lam1, p):
-        return u1, lam1, jnp.zeros_like(p)
-
-    def rhs(self, t, y, args):
-        u, lam, _ = y
-        rate = self.prods.vjp(u, args.p, t, _with_integral(lam, args.w_q))[0]  # the same product as λ's
-        return rate[: u.shape[0]], *adjoint_rhs(self.prods, u, args.p, t, lam, args.w_q)
-
-    def jump(self, y, w, u):
-        _, lam, mu = y
-        return u, adjoint_jump(lam, w), mu
-
-    def gradients(self, y, quadrature):
-        return y[1:]
-
-    def integrand(self, setup, args):
-        return None, None
+# --- where u comes from --------------------------------------------------------------------------
 
 
-class _ContinuousAdjoint(AbstractSensitivity):
-    """The backward sweep shared by the continuous adjoints; `vjp` is the engine for the
-    vector-Jacobian products λᵀ∂f/∂u, λᵀ∂f/∂p.
+class AbstractSource(eqx.Module):
+    """Where the backward sweep gets u(t) from: what the forward pass keeps (`record`), how u sits
+    in the march's state y (`state`, `adjoint`, `u`, `norm`), how one interval is crossed (`cross`,
+    from `args_structure`, with what this source tracks over the sweep, from `initial_carry`) and
+    what the sweep's outcome means (`verdict`)."""
 
-    One `Marcher` runs the whole sweep: it steps the `system` to each breakpoint, where λ jumps
-    (and what is reset there is reset), and continues with the same solver state and step size.
-    A sensealg says what its backward system is (`system`) and where u comes from: what its
-    forward pass keeps (`record`), how one interval is crossed on the way back (`cross`, from
-    `args_structure`), and what the sweep's outcome means (`verdict`)."""
-
-    vjp: eqx.AbstractVar[ad.AbstractBackend]
-
-    @abc.abstractmethod
-    def system(self, setup: Setup, prods: Products) -> BackwardSystem:
-        """The backward system."""
+    stores_interpolation: eqx.AbstractClassVar[bool]  # the forward pass keeps a dense interpolation
 
     @abc.abstractmethod
     def record(self, setup: Setup, u0, p) -> tuple:
-        """(us (T, n), stats (3,), `Recorded`): the forward pass of a differentiated solve."""
+        """(us (T, n), stats (3,) int32, `Recorded`): the forward pass of a differentiated solve."""
 
     @abc.abstractmethod
-    def args_structure(self, setup: Setup, rec: Recorded, resolve: bool) -> Interval:
-        """The system's `args` on the last interval, or their structure (what the march starts from)."""
+    def crossing(self, rec: Recorded, sweep: Callable):
+        """`sweep(source)`, the backward sweep with `source` crossing the intervals: this one, or
+        where `rec` says it cannot serve, the source it falls back on."""
 
     @abc.abstractmethod
-    def cross(self, setup: Setup, marcher: Marcher, system: BackwardSystem, march, rec: Recorded, j, w_q, drift,
-              resolve: bool):
-        """(march at t[j], drift) from the march at t[j + 1] > t[j], with the integral's cotangent
-        `w_q` (k,) there; `drift` ≥ 0, the largest so far, measures how far a state re-solved
-        backwards ends from the stored u(t[j])."""
+    def state(self, u, z):
+        """The march's state y from u and the adjoint state z (and its rate from u' and z')."""
 
     @abc.abstractmethod
-    def verdict(self, setup: Setup, system: BackwardSystem, march, drift):
-        """(∂L/∂u0, ∂L/∂p) from the march at t0, checked: a failed backward solve raises (or what
-        the drift says)."""
+    def adjoint(self, y):
+        """The adjoint state z in the march's state y."""
 
-    def forward(self, setup: Setup, u0, p, active):
-        if active is None:
-            return plain_forward(setup, u0, p)
-        return self.record(setup, u0, p)
+    @abc.abstractmethod
+    def u(self, t, y, args: Interval, n: int):
+        """u(t) (n,) on the interval being crossed, the march at state y."""
 
-    def pullback(self, setup: Setup, rec: Recorded, w):
-        """The backward sweep of the cotangent w divided by its largest entry, scaled back: the adjoint
-        systems are linear in w, and their error control (relative to λ's own size) then does not
-        depend on the loss's scale. Where the forward pass ran out of stored steps (`rec.again`, for
-        any member of a vmap batch), the sweep that re-solves each interval."""
-        scale, w = normalised(w)
-        if rec.again is None:
-            cotangents = self._sweep(setup, rec, w, rec.resolved)
-        else:
-            cotangents = jax.lax.cond(batch_any(rec.again), lambda: self._sweep(setup, rec, w, True),
-                                      lambda: self._sweep(setup, rec, w, False))
-        return jax.tree.map(lambda g: g * scale, cotangents)
+    @abc.abstractmethod
+    def norm(self, parts: Callable | None) -> Callable | None:
+        """The step-size control's norm of y, seeing what `parts(z)` keeps of z (None: all of y)."""
 
-    def pushforward(self, setup: Setup, rec: Recorded, du0, dp):
-        return solver_pushforward(setup, rec.u0, rec.p, du0, dp)
+    @abc.abstractmethod
+    def args_structure(self, setup: Setup, rec: Recorded) -> Interval:
+        """The `Interval` of the last interval, or its structure (what the march starts from)."""
 
-    def _sweep(self, setup: Setup, rec: Recorded, w, resolve: bool):
-        """(∂L/∂u0, ∂L/∂p) from `rec`, with the stored interpolation (`resolve=False`) or the intervals
-        re-solved (`resolve=True`). Breakpoints after the first at t1 (unused checkpoints:
-        zero-length intervals) are not walked."""
-        n = rec.u0.shape[0]
-        jumps = jnp.zeros((len(rec.t), w.shape[1]), w.dtype).at[setup.saved(rec.t)].add(w)
-        w_q = jnp.cumsum(jumps[::-1, n:], axis=0)[::-1]  # the integral's cotangent after each breakpoint
-        t = rec.t.astype(rec.u0.dtype)
-        last = jnp.searchsorted(t, t[-1])
-        system = self.system(setup, Products(setup.f, self.vjp))
-        marcher = Marcher(setup, system.rhs, system.norm)
-        # The forward pass's mean step is the first one tried: no step-size search.
-        dt0 = (setup.t1 - setup.t0) / jnp.maximum(rec.steps, 1)
-        args = self.args_structure(setup, rec, resolve)
-        march = marcher.start(system.start(rec.u_at[last, :n], jumps[last, :n], rec.p), args, t[-1], dt0,
-                              system.integrand(setup, args)[0])
+    @abc.abstractmethod
+    def initial_carry(self, dtype):
+        """What this source tracks over the sweep, at t1."""
 
-        def interval(carry):
-            j, march, drift = carry
-            j = jnp.maximum(j, 0)  # under vmap, members done walk their first interval again, discarded
-            march, drift = self.cross(setup, marcher, system, march, rec, j, w_q[j + 1], drift, resolve)
-            return j - 1, march.jumped(system.jump(march.y, jumps[j, :n], rec.u_at[j, :n])), drift
+    @abc.abstractmethod
+    def cross(self, setup: Setup, advance: Callable, march, carry, rec: Recorded, j, w_q) -> tuple:
+        """(march at t[j], carry) from the march at t[j + 1] > t[j], with the integral's cotangent `w_q`
+        (k,) there; `advance(march, args, t_to, max_steps)` steps the march back to t_to."""
 
-        _, march, drift = jax.lax.while_loop(lambda carry: carry[0] >= 0, interval,
-                                             (last - 1, march, jnp.zeros((), w.dtype)))
-        return self.verdict(setup, system, march, drift)
+    @abc.abstractmethod
+    def verdict(self, setup: Setup, cotangents, march, carry):
+        """`cotangents` (∂L/∂u0, ∂L/∂p), checked against the march at t0 and the carry: a failed
+        backward solve raises."""
 
 
-def _no_integral(setup: Setup, rec: Recorded):
-    """A zero cotangent of the integral (k,)."""
-    return jnp.zeros((setup.f.integrand_size,), rec.u_at.dtype)
+class AbstractInterpolated(AbstractSource):
+    """u(t) from a dense interpolation of the forward solve (stored, or re-solved on each interval);
+    the march's state is the adjoint state alone."""
 
+    def state(self, u, z):
+        return z
 
-def _march_interval(setup: Setup, marcher: Marcher, system: BackwardSystem, march, args, t_to, max_steps):
-    """The march stepped back to t_to with `args`, accumulating the system's integrand."""
-    return marcher.advance(march, args, t_to, max_steps, system.integrand(setup, args)[1])
+    def adjoint(self, y):
+        return y
+
+    def u(self, t, y, args, n):
+        return args.u_of.evaluate(t)[:n]
+
+    def norm(self, parts):
+        return None if parts is None else lambda y: optx.rms_norm(parts(y))
+
+    def initial_carry(self, dtype):
+        return None
+
+    def verdict(self, setup, cotangents, march, carry):
+        # A failed backward solve (out of steps between two breakpoints, or the solver's own failure) raises.
+        return checked(setup, march.result, cotangents)
 
 
 class _Held(eqx.Module):
@@ -300,9 +279,128 @@ class _Held(eqx.Module):
 
 
 INTERVAL_STEPS = 128  # re-solved steps per interval with checkpoints by step count (one every 64)
+
+
+class Checkpointed(AbstractInterpolated):
+    """u kept at checkpoints and re-solved on each interval between them, with dense output, during
+    the backward sweep, in at most `interval_max_steps` steps. By default (`checkpoints=None`) the
+    forward solve keeps u after every `interval_max_steps // 2` accepted steps (default 128 // 2):
+    memory is max_steps / 64 states plus 128 dense steps, flat in the horizon. Given `checkpoints`
+    (times), u is kept there and at the saveat times, and `interval_max_steps` defaults to
+    4 × max_steps / intervals (at least 64, at most max_steps)."""
+
+    stores_interpolation = False
+    checkpointing = True
+    checkpoints: tuple | None
+    interval_max_steps: int | None
+
+    def steps_per_interval(self, setup: Setup) -> int:
+        """interval_max_steps, or by default `INTERVAL_STEPS` with checkpoints by step count, and
+        4 × max_steps / intervals (at least 64, at most max_steps) with checkpoint times given."""
+        if self.interval_max_steps is not None:
+            return self.interval_max_steps
+        if self.checkpoints is None:
+            return INTERVAL_STEPS
+        intervals = len(setup.breakpoints(_checkpoint_times(setup, self.checkpoints))) - 1
+        return int(min(setup.max_steps, max(64, 4 * setup.max_steps // intervals)))
+
+    def record(self, setup, u0, p):
+        if self.checkpoints is not None:
+            bps = setup.breakpoints(_checkpoint_times(setup, self.checkpoints))
+            return _record_at_breakpoints(setup, u0, p, bps, dense=False)
+        t, u_at, stats = checkpoints.forward(setup, u0, p, self.steps_per_interval(setup) // 2)
+        return u_at[setup.saved(t)], stats, Recorded(u0, p, t, u_at, None, stats[1], None)
+
+    def crossing(self, rec, sweep):
+        return sweep(self)
+
+    def args_structure(self, setup, rec):
+        t = rec.t.astype(rec.u0.dtype)
+        return eqx.filter_eval_shape(lambda: Interval(rec.p, _Held(
+            self._resolved(setup, rec.p, t[-1], t[-2], rec.u_at[-2], t[-1] - t[-2])[0], t[-2], t[-1]),
+            _no_integral(setup, rec)))
+
+    def cross(self, setup, advance, march, carry, rec, j, w_q):
+        t = rec.t.astype(rec.u0.dtype)
+        t_from, t_to = t[j + 1], t[j]
+
+        def resolve_and_march():
+            interpolation, ok = self._resolved(setup, rec.p, t_from, t_to, rec.u_at[j],
+                                               jnp.minimum(march.dt, t_from - t_to))
+            checked_march = error_if(
+                march, jnp.invert(ok), "a continuous adjoint's checkpointing: an interval between checkpoints "
+                f"needed more than interval_max_steps={self.steps_per_interval(setup)} steps; pass the sensealg a "
+                "larger interval_max_steps or more checkpoints")
+            args = Interval(rec.p, _Held(interpolation, t_to, t_from), w_q)
+            return advance(checked_march, args, t_to, setup.max_steps), carry
+
+        # Zero-length intervals (unused checkpoints, a save time at t0 or t1) are not re-solved.
+        return jax.lax.cond(t_from > t_to, resolve_and_march, lambda: (march, carry))
+
+    def _resolved(self, setup, p, t_from, t_to, u_start, dt0):
+        """(interpolation, ok): this interval re-solved forward from u_start with dense output."""
+        sol = setup.diffeqsolve(setup.term(), u_start, p, t_to, t_from, dense=True,
+                                max_steps=self.steps_per_interval(setup), dt0=dt0, throw=False)
+        return sol.interpolation, dfx.is_okay(sol.result)
+
+
+class Stored(AbstractInterpolated):
+    """u(t) from the stored dense interpolation of the whole forward solve, up to `STORED_STEPS`
+    steps and `STORED_BYTES` (memory grows with the steps taken); a solve that takes more (a
+    `max_steps` raised above it, a large state) is run again keeping checkpoints every
+    `fallback.interval_max_steps // 2` steps and crossed as `fallback` crosses it, so the cost
+    follows the steps taken, not `max_steps`."""
+
+    stores_interpolation = True
+    checkpointing = False
+    checkpoints = None
+    fallback: Checkpointed
+
+    @property
+    def interval_max_steps(self) -> int | None:
+        return self.fallback.interval_max_steps
+
+    def record(self, setup, u0, p):
+        stored = stored_steps(setup.max_steps, interpolation_step_bytes(
+            setup.solver, u0.size + setup.f.integrand_size, u0.dtype.itemsize))
+        if stored == setup.max_steps:
+            return _record_at_breakpoints(setup, u0, p, setup.breakpoints(), dense=True)
+        # Every step stored up to `stored`; past it, the solve again with checkpoints.
+        bps = setup.breakpoints()
+        sol = setup.forward(u0, p, ts=bps, dense=True, max_steps=stored, throw=False)
+        again = batch_any(sol.result == dfx.RESULTS.max_steps_reached)
+        every = self.fallback.steps_per_interval(setup) // 2
+        recheckpointed = lambda: checkpoints.forward(setup, u0, p, every)  # noqa: E731
+        size = jax.eval_shape(recheckpointed)[0].shape[0]
+
+        def kept():  # the breakpoints padded as unused checkpoints are: at t1, with u(t1)
+            pad = size - bps.shape[0]
+            return (jnp.concatenate([bps.astype(u0.dtype), jnp.full((pad,), setup.t1, u0.dtype)]),
+                    checked(setup, sol.result, jnp.concatenate([sol.ys, jnp.repeat(sol.ys[-1:], pad, 0)])),
+                    stats_vector(sol))
+
+        t, u_at, stats = jax.lax.cond(again, recheckpointed, kept)
+        return u_at[setup.saved(t)], stats, Recorded(u0, p, t, u_at, sol.interpolation, stats[1], again)
+
+    def crossing(self, rec, sweep):
+        # Where the forward pass ran out of stored steps (any member of a vmap batch), the re-solving sweep.
+        if rec.again is None:
+            return sweep(self)
+        return jax.lax.cond(batch_any(rec.again), lambda: sweep(self.fallback), lambda: sweep(self))
+
+    def args_structure(self, setup, rec):
+        t = rec.t.astype(rec.u0.dtype)
+        return Interval(rec.p, _Held(rec.interpolation, t[-2], t[-1]), _no_integral(setup, rec))
+
+    def cross(self, setup, advance, march, carry, rec, j, w_q):
+        t = rec.t.astype(rec.u0.dtype)
+        args = Interval(rec.p, _Held(rec.interpolation, t[j], t[j + 1]), w_q)
+        return advance(march, args, t[j], setup.max_steps), carry
+
+
 # BacksolveAdjoint's self-check, set on a calibration corpus (tests/backsolve_corpus.py) and tested on a
 # held-out one (tests/backsolve_heldout.py); experiments/backsolve_calibration.py prints the margins.
-# The drift allowed per forward step, in tolerances (`BacksolveAdjoint.drift`): right gradients reach
+# The drift allowed per forward step, in tolerances (`Backsolved.drift`): right gradients reach
 # 83 and wrong ones start at 1650 in the calibration corpus (held out: 108 and 3800); and the backward
 # steps per forward step (+ 8) after which an interval is refused (stiff backwards; right gradients
 # take at most 1.4 in both).
@@ -314,61 +412,43 @@ UNSTABLE = ("BacksolveAdjoint: the state re-solved backwards in time departs fro
             "InterpolatingAdjoint (checkpointing=True bounds its memory) or GaussAdjoint.")
 
 
-class BacksolveAdjoint(_ContinuousAdjoint):
-    """Continuous adjoint that re-solves u backwards with λ and μ (O(1) memory
-    per interval). At every saveat time u is reset to the stored forward value
-    (SciML's checkpointed backsolve). `seminorm=True` leaves μ out of the error
-    control (Kidger et al. 2021): the steps are set by (u, λ), 2n values, not 2n + m.
-
-    Wrong on problems that are unstable backwards in time (stiff or
-    dissipative ones), so it checks itself at no extra cost. The signal is
-    exponential departure: where u is reset, the u re-solved backwards ends
-    some drift from the stored forward value, measured in the tolerances the
-    forward solve holds at the interval's ends (`drift`): atol + rtol |u| at
-    its start, and at its end the same error relative to u (a problem whose u
-    decays below atol / rtol is held to what its forward solve achieves, not
-    refused). Two accurate solves differ by their global error, which
-    accumulates at most about one tolerance per step; an unstable backward
-    solve amplifies its errors exponentially (its gradient stays right a while
-    where they grow along directions the loss hardly sees, as a limit cycle's
-    radius). So the drift per forward step must stay within
-    `drift_tolerance` (default 300: right gradients of the calibration corpus
-    reach 83, wrong ones start at 1650; held out, 108 and 3800), and an
-    interval that takes more than `BACKWARD_STEPS` (4) backward steps per forward
-    step is refused as it goes (stiff backwards: the refusal costs a few forward
-    solves, not max_steps). Beyond either, or when the backward solve fails,
-    `on_instability="raise"` (default) raises an error recommending
-    InterpolatingAdjoint; `"warn"` warns and returns the gradient anyway."""
+class Backsolved(AbstractSource):
+    """u re-solved backwards with the adjoint state, y = (u, z), and reset to the stored forward
+    value at every breakpoint; checked by its drift (see `BacksolveAdjoint`), which it carries over
+    the sweep: the largest so far, in tolerances per forward step."""
 
     stores_interpolation = False
-    vjp: ad.AbstractBackend
     on_instability: str
     drift_tolerance: float
-    seminorm: bool
-
-    def __init__(self, vjp="jax-reverse", on_instability="raise", drift_tolerance=DRIFT_TOLERANCE, seminorm=False):
-        if on_instability not in ("raise", "warn"):
-            raise ValueError(f"BacksolveAdjoint(on_instability=...) must be 'raise' or 'warn', got {on_instability!r}")
-        if not drift_tolerance > 0:
-            raise ValueError(f"BacksolveAdjoint(drift_tolerance=...) must be positive, got {drift_tolerance!r}")
-        self.vjp = ad.get(vjp)
-        self.on_instability = on_instability
-        self.drift_tolerance = float(drift_tolerance)
-        self.seminorm = bool(seminorm)
-
-    def system(self, setup, prods):
-        return _ULambdaMu(prods, leading_seminorm(2) if self.seminorm else None)
 
     def record(self, setup, u0, p):
         return _record_at_breakpoints(setup, u0, p, setup.breakpoints(), dense=False)
 
-    def args_structure(self, setup, rec, resolve):
+    def crossing(self, rec, sweep):
+        return sweep(self)
+
+    def state(self, u, z):
+        return u, z
+
+    def adjoint(self, y):
+        return y[1]
+
+    def u(self, t, y, args, n):
+        return y[0]
+
+    def norm(self, parts):
+        return None if parts is None else lambda y: optx.rms_norm((y[0], *parts(y[1])))
+
+    def args_structure(self, setup, rec):
         return Interval(rec.p, None, _no_integral(setup, rec))
 
-    def cross(self, setup, marcher, system, march, rec, j, w_q, drift, resolve):
+    def initial_carry(self, dtype):
+        return jnp.zeros((), dtype)
+
+    def cross(self, setup, advance, march, drift, rec, j, w_q):
         def solve():
-            budget = jnp.minimum(BACKWARD_STEPS * (rec.steps + 8), setup.max_steps).astype(jnp.int32)
-            m = _march_interval(setup, marcher, system, march, Interval(rec.p, None, w_q), rec.t[j], budget)
+            budget = jnp.minimum(BACKWARD_STEPS * (rec.steps + 8), setup.max_steps)
+            m = advance(march, Interval(rec.p, None, w_q), rec.t[j], budget)
             d = self.drift(setup, m.y[0], rec.u_at[j, : setup.n], rec.u_at[j + 1, : setup.n], rec.steps)
             d = jnp.where(dfx.is_successful(m.result), d, jnp.inf)
             return m, jnp.maximum(drift, jax.lax.stop_gradient(d))
@@ -389,12 +469,11 @@ class BacksolveAdjoint(_ContinuousAdjoint):
         rms = lambda x: jnp.sqrt(jnp.mean(x**2))  # noqa: E731
         growth = rms(u_at) / jnp.maximum(rms(u_from), jnp.finfo(u_at.dtype).tiny)
         scale = jnp.maximum(atol + rtol * jnp.abs(u_at), growth * (atol + rtol * jnp.abs(u_from)))
-        return rms((u_back - u_at) / scale) / jnp.maximum(steps, 1)
+        return rms((u_back - u_at) / scale) / jnp.maximum(steps, 1).astype(u_at.dtype)
 
-    def verdict(self, setup, system, march, drift):
+    def verdict(self, setup, cotangents, march, drift):
         # A failed backward solve reports itself through the drift (inf).
         unstable = drift > self.drift_tolerance
-        cotangents = system.gradients(march.y, march.quadrature)
         if self.on_instability == "raise":
             return error_if(cotangents, unstable, UNSTABLE + " Or pass BacksolveAdjoint(on_instability='warn').")
         return warn_if(cotangents, unstable,
@@ -402,118 +481,9 @@ class BacksolveAdjoint(_ContinuousAdjoint):
                        drift)
 
 
-class _Interpolated(_ContinuousAdjoint):
-    """A continuous adjoint with u(t) from a dense interpolation of the forward solve.
-    `checkpointing=False` stores the interpolation of the whole forward solve, up to
-    `STORED_STEPS` steps and `STORED_BYTES` (memory grows with the steps taken); a solve that takes
-    more (a `max_steps` raised above it, a large state) is run again keeping checkpoints, as `checkpointing=True`, so the
-    cost follows the steps taken, not `max_steps`. `checkpointing=True` keeps only u at
-    checkpoints and re-solves each interval between them with dense output during the reverse
-    pass, in at most `interval_max_steps` steps. By default (`checkpoints=None`) the forward
-    solve keeps u after every `interval_max_steps // 2` accepted steps (default 128 // 2):
-    memory is max_steps / 64 states plus 128 dense steps, flat in the horizon. Given
-    `checkpoints` (times), u is kept there and at the saveat times, and `interval_max_steps`
-    defaults to 4 × max_steps / intervals (at least 64, at most max_steps)."""
-
-    vjp: ad.AbstractBackend
-    checkpointing: bool
-    checkpoints: tuple | None
-    interval_max_steps: int | None
-
-    def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None):
-        self.vjp = ad.get(vjp)
-        self.checkpointing, self.checkpoints, self.interval_max_steps = _checkpointing(
-            type(self).__name__, checkpointing, checkpoints, interval_max_steps)
-
-    @property
-    def stores_interpolation(self):
-        return not self.checkpointing
-
-    def record(self, setup, u0, p):
-        if self.checkpoints is not None:
-            bps = setup.breakpoints(_checkpoint_times(setup, self.checkpoints))
-            return _record_at_breakpoints(setup, u0, p, bps, dense=False, resolved=True)
-        every = self._steps_per_interval(setup) // 2
-        if self.checkpointing:
-            t, u_at, stats = checkpoints.forward(setup, u0, p, every)
-            return u_at[setup.saved(t)], stats, Recorded(u0, p, t, u_at, None, stats[1], None, resolved=True)
-        stored = stored_steps(setup.max_steps, interpolation_step_bytes(
-            setup.solver, u0.size + setup.f.integrand_size, u0.dtype.itemsize))
-        if stored == setup.max_steps:
-            return _record_at_breakpoints(setup, u0, p, setup.breakpoints(), dense=True)
-        # Every step stored up to `stored`; past it, the solve again with checkpoints every `every` steps.
-        bps = setup.breakpoints()
-        sol = setup.forward(u0, p, ts=bps, dense=True, max_steps=stored, throw=False)
-        again = batch_any(sol.result == dfx.RESULTS.max_steps_reached)
-        recheckpointed = lambda: checkpoints.forward(setup, u0, p, every)  # noqa: E731
-        size = jax.eval_shape(recheckpointed)[0].shape[0]
-
-        def kept():  # the breakpoints padded as unused checkpoints are: at t1, with u(t1)
-            pad = size - bps.shape[0]
-            return (jnp.concatenate([bps.astype(u0.dtype), jnp.full((pad,), setup.t1, u0.dtype)]),
-                    checked(setup, sol.result, jnp.concatenate([sol.ys, jnp.repeat(sol.ys[-1:], pad, 0)])),
-                    stats_vector(sol, u0.dtype))
-
-        t, u_at, stats = jax.lax.cond(again, recheckpointed, kept)
-        return u_at[setup.saved(t)], stats, Recorded(u0, p, t, u_at, sol.interpolation, stats[1], again)
-
-    def args_structure(self, setup, rec, resolve):
-        t = rec.t.astype(rec.u0.dtype)
-        w_q = _no_integral(setup, rec)
-        if resolve:  # the structure of a re-solved interval's args
-            return eqx.filter_eval_shape(lambda: Interval(rec.p, _Held(
-                self._resolved(setup, rec.p, t[-1], t[-2], rec.u_at[-2], t[-1] - t[-2])[0], t[-2], t[-1]), w_q))
-        return Interval(rec.p, _Held(rec.interpolation, t[-2], t[-1]), w_q)
-
-    def cross(self, setup, marcher, system, march, rec, j, w_q, drift, resolve):
-        t = rec.t.astype(rec.u0.dtype)
-        t_from, t_to = t[j + 1], t[j]
-        if not resolve:
-            args = Interval(rec.p, _Held(rec.interpolation, t_to, t_from), w_q)
-            return _march_interval(setup, marcher, system, march, args, t_to, setup.max_steps), drift
-
-        def resolve_and_march():
-            interpolation, ok = self._resolved(setup, rec.p, t_from, t_to, rec.u_at[j],
-                                               jnp.minimum(march.dt, t_from - t_to))
-            checked_march = error_if(
-                march, jnp.invert(ok), f"{type(self).__name__}(checkpointing=True): an interval between checkpoints "
-                f"needed more than interval_max_steps={self._steps_per_interval(setup)} steps; pass a larger "
-                "interval_max_steps or more checkpoints")
-            args = Interval(rec.p, _Held(interpolation, t_to, t_from), w_q)
-            return _march_interval(setup, marcher, system, checked_march, args, t_to, setup.max_steps), drift
-
-        # Zero-length intervals (unused checkpoints, a save time at t0 or t1) are not re-solved.
-        return jax.lax.cond(t_from > t_to, resolve_and_march, lambda: (march, drift))
-
-    def verdict(self, setup, system, march, drift):
-        # A failed backward solve (out of steps between two breakpoints, or the solver's own failure) raises.
-        return checked(setup, march.result, system.gradients(march.y, march.quadrature))
-
-    def _resolved(self, setup, p, t_from, t_to, u_start, dt0):
-        """(interpolation, ok): this interval re-solved forward from u_start with dense output."""
-        sol = setup.diffeqsolve(setup.term(), u_start, p, t_to, t_from, dense=True,
-                                max_steps=self._steps_per_interval(setup), dt0=dt0, throw=False)
-        return sol.interpolation, dfx.is_okay(sol.result)
-
-    def _steps_per_interval(self, setup: Setup) -> int:
-        """interval_max_steps, or by default `INTERVAL_STEPS` with checkpoints by step count, and
-        4 × max_steps / intervals (at least 64, at most max_steps) with checkpoint times given."""
-        if self.interval_max_steps is not None:
-            return self.interval_max_steps
-        if self.checkpoints is None:
-            return INTERVAL_STEPS
-        intervals = len(setup.breakpoints(_checkpoint_times(setup, self.checkpoints))) - 1
-        return int(min(setup.max_steps, max(64, 4 * setup.max_steps // intervals)))
-
-
-def _checkpointing(name: str, checkpointing, checkpoints, interval_max_steps) -> tuple:
-    """The checkpointing options of `name`, checked: (checkpointing, checkpoints, interval_max_steps)."""
-    if checkpoints is not None and not checkpointing:
-        raise ValueError(f"{name}(checkpoints=...) needs checkpointing=True")
-    if interval_max_steps is not None and not int(interval_max_steps) >= 2:
-        raise ValueError(f"{name}(interval_max_steps=...) must be at least 2, got {interval_max_steps!r}")
-    return (bool(checkpointing), None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints)),
-            None if interval_max_steps is None else int(interval_max_steps))
+def _no_integral(setup: Setup, rec: Recorded):
+    """A zero cotangent of the integral (k,)."""
+    return jnp.zeros((setup.f.integrand_size,), rec.u_at.dtype)
 
 
 def _checkpoint_times(setup: Setup, times: tuple) -> jax.Array:
@@ -521,28 +491,144 @@ def _checkpoint_times(setup: Setup, times: tuple) -> jax.Array:
     return check(c, jnp.any((c < setup.t0) | (c > setup.t1)), f"checkpoints must lie inside tspan, got {times}")
 
 
-def _record_at_breakpoints(setup: Setup, u0, p, bps, *, dense: bool, resolved: bool = False):
+def _record_at_breakpoints(setup: Setup, u0, p, bps, *, dense: bool):
     """The forward pass saving u at the breakpoints `bps` (with the dense interpolation if `dense`)."""
     sol = setup.forward(u0, p, ts=bps, dense=dense)
-    stats = stats_vector(sol, u0.dtype)
+    stats = stats_vector(sol)
     return (sol.ys[setup.saved(bps)], stats,
-            Recorded(u0, p, bps, sol.ys, sol.interpolation if dense else None, stats[1], None, resolved=resolved))
+            Recorded(u0, p, bps, sol.ys, sol.interpolation if dense else None, stats[1], None))
 
 
-class InterpolatingAdjoint(_Interpolated):
+# --- the sensealg --------------------------------------------------------------------------------
+
+
+class ContinuousAdjoint(AbstractSensitivity):
+    """A continuous adjoint: `backward` (what is integrated backwards) solved from t1 to t0 with u(t)
+    from `source` (where u comes from); `vjp` is the engine for the vector-Jacobian products
+    λᵀ∂f/∂u, λᵀ∂f/∂p. The sensealgs' options read the pieces.
+
+    One `Marcher` runs the whole sweep: it steps the march to each breakpoint, where λ jumps (and
+    where the source resets u, u is reset), and continues with the same solver state and step size."""
+
+    vjp: ad.AbstractBackend
+    source: AbstractSource
+    backward: AbstractBackward
+
+    @property
+    def stores_interpolation(self) -> bool:
+        return self.source.stores_interpolation
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.source.checkpointing
+
+    @property
+    def checkpoints(self) -> tuple | None:
+        return self.source.checkpoints
+
+    @property
+    def interval_max_steps(self) -> int | None:
+        return self.source.interval_max_steps
+
+    @property
+    def on_instability(self) -> str:
+        return self.source.on_instability
+
+    @property
+    def drift_tolerance(self) -> float:
+        return self.source.drift_tolerance
+
+    @property
+    def seminorm(self) -> bool:
+        return self.backward.seminorm
+
+    def forward(self, setup: Setup, u0, p, active):
+        if active is None:
+            return plain_forward(setup, u0, p)
+        return self.source.record(setup, u0, p)
+
+    def pullback(self, setup: Setup, rec: Recorded, w):
+        """The backward sweep of the cotangent w divided by its largest entry, scaled back: the adjoint
+        systems are linear in w, and their error control (relative to λ's own size) then does not
+        depend on the loss's scale."""
+        scale, w = normalised(w)
+        cotangents = self.source.crossing(rec, lambda source: self._sweep(setup, rec, w, source))
+        return jax.tree.map(lambda g: g * scale, cotangents)
+
+    def pushforward(self, setup: Setup, rec: Recorded, du0, dp):
+        return solver_pushforward(setup, rec.u0, rec.p, du0, dp)
+
+    def _sweep(self, setup: Setup, rec: Recorded, w, source: AbstractSource):
+        """(∂L/∂u0, ∂L/∂p) from `rec`, with u from `source`. Breakpoints after the first at t1 (unused
+        checkpoints: zero-length intervals) are not walked."""
+        n = rec.u0.shape[0]
+        jumps = jnp.zeros((len(rec.t), w.shape[1]), w.dtype).at[setup.saved(rec.t)].add(w)
+        w_q = jnp.cumsum(jumps[::-1, n:], axis=0)[::-1]  # the integral's cotangent after each breakpoint
+        t = rec.t.astype(rec.u0.dtype)
+        last = jnp.searchsorted(t, t[-1])
+        prods, backward = Products(setup.f, self.vjp), self.backward
+
+        def rhs(t, y, args):
+            rate, dz = backward.rhs(prods, t, source.adjoint(y), source.u(t, y, args, n), args.p, args.w_q)
+            return source.state(rate[:n], dz)
+
+        marcher = Marcher(setup, rhs, source.norm(backward.error_control()))
+        quadrature = backward.quadrature(setup, prods)
+
+        def advance(march, args, t_to, max_steps):
+            on_step = None
+            if quadrature is not None:
+                def on_step(q, t_start, t_end, y_of):
+                    at = lambda t: (source.u(t, y_of.evaluate(t), args, n), source.adjoint(y_of.evaluate(t)))  # noqa: E731
+                    return quadrature[1](q, t_start, t_end, at, args)
+            return marcher.advance(march, args, t_to, max_steps, on_step)
+
+        # The forward pass's mean step is the first one tried: no step-size search.
+        dt0 = (setup.t1 - setup.t0) / jnp.maximum(rec.steps, 1).astype(rec.u0.dtype)
+        y1 = source.state(rec.u_at[last, :n], backward.start(jumps[last, :n], rec.p))
+        march = marcher.start(y1, source.args_structure(setup, rec), t[-1], dt0,
+                              None if quadrature is None else quadrature[0](rec.p))
+
+        def interval(carry):
+            j, march, watched = carry
+            j = jnp.maximum(j, 0)  # under vmap, members done walk their first interval again, discarded
+            march, watched = source.cross(setup, advance, march, watched, rec, j, w_q[j + 1])
+            z = backward.jump(source.adjoint(march.y), jumps[j, :n])
+            return j - 1, march.jumped(source.state(rec.u_at[j, :n], z)), watched
+
+        _, march, watched = jax.lax.while_loop(lambda carry: carry[0] >= 0, interval,
+                                               (last - 1, march, source.initial_carry(w.dtype)))
+        return source.verdict(setup, backward.gradients(source.adjoint(march.y), march.quadrature), march, watched)
+
+
+def _interpolated(name: str, checkpointing, checkpoints, interval_max_steps) -> AbstractInterpolated:
+    """The source of `name`'s checkpointing options, checked: `Checkpointed`, or `Stored` falling back on it."""
+    if checkpoints is not None and not checkpointing:
+        raise ValueError(f"{name}(checkpoints=...) needs checkpointing=True")
+    if interval_max_steps is not None and not int(interval_max_steps) >= 2:
+        raise ValueError(f"{name}(interval_max_steps=...) must be at least 2, got {interval_max_steps!r}")
+    interval_max_steps = None if interval_max_steps is None else int(interval_max_steps)
+    if not checkpointing:
+        return Stored(Checkpointed(None, interval_max_steps))
+    return Checkpointed(None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints)),
+                        interval_max_steps)
+
+
+class InterpolatingAdjoint(ContinuousAdjoint):
     """Continuous adjoint solving (λ, μ) backwards with u(t) from a dense interpolation of the
     forward solve. `seminorm=True` leaves μ out of the error control (Kidger et al. 2021):
-    λ alone (n values) sets the steps. Checkpointing options: see `_Interpolated`."""
+    λ alone (n values) sets the steps.
 
-    seminorm: bool
+    `checkpointing=False` stores the interpolation of the whole forward solve (`Stored`: up to
+    `STORED_STEPS` steps and `STORED_BYTES`, then checkpoints); `checkpointing=True` keeps u at
+    `checkpoints` (times; default: every `interval_max_steps // 2` accepted steps) and re-solves
+    each interval between them during the reverse pass (`Checkpointed`)."""
 
     def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None,
                  seminorm=False):
-        super().__init__(vjp, checkpointing, checkpoints, interval_max_steps)
-        self.seminorm = bool(seminorm)
-
-    def system(self, setup, prods):
-        return _LambdaMu(prods, leading_seminorm() if self.seminorm else None)
+        self.vjp = ad.get(vjp)
+        self.source = _interpolated("InterpolatingAdjoint", checkpointing, checkpoints, interval_max_steps)
+        self.backward = LambdaMu(bool(seminorm))
 
 
 def QuadratureAdjoint(vjp="jax-reverse", checkpointing=False, checkpoints=None,
@@ -554,7 +640,7 @@ def QuadratureAdjoint(vjp="jax-reverse", checkpointing=False, checkpoints=None,
     return InterpolatingAdjoint(vjp, checkpointing, checkpoints, interval_max_steps, seminorm=True)
 
 
-class GaussAdjoint(_Interpolated):
+class GaussAdjoint(ContinuousAdjoint):
     """Continuous adjoint that solves λ alone backwards (n values; u(t) from the forward
     interpolation, with InterpolatingAdjoint's checkpointing options) and integrates
     ∂L/∂p = ∫ λᵀ ∂f/∂p dt by Gauss–Legendre quadrature on each accepted λ step, as
@@ -562,11 +648,43 @@ class GaussAdjoint(_Interpolated):
     control. Each step costs one more batched VJP at the quadrature nodes (λ there from the
     step's own dense output)."""
 
-    def system(self, setup, prods):
-        return _LambdaGauss(prods)
+    def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None):
+        self.vjp = ad.get(vjp)
+        self.source = _interpolated("GaussAdjoint", checkpointing, checkpoints, interval_max_steps)
+        self.backward = LambdaGauss()
 
 
-def _gauss_nodes(setup: Setup) -> int:
-    """Gauss–Legendre nodes per step: k nodes integrate degree 2k - 1 exactly, k from the solver's order."""
-    order = setup.solver.order(setup.term()) or 4
-    return max(2, (order + 2) // 2)
+class BacksolveAdjoint(ContinuousAdjoint):
+    """Continuous adjoint that re-solves u backwards with λ and μ (O(1) memory
+    per interval). At every saveat time u is reset to the stored forward value
+    (SciML's checkpointed backsolve). `seminorm=True` leaves μ out of the error
+    control (Kidger et al. 2021): the steps are set by (u, λ), 2n values, not 2n + m.
+
+    Wrong on problems that are unstable backwards in time (stiff or
+    dissipative ones), so it checks itself at no extra cost. The signal is
+    exponential departure: where u is reset, the u re-solved backwards ends
+    some drift from the stored forward value, measured in the tolerances the
+    forward solve holds at the interval's ends (`Backsolved.drift`): atol + rtol |u| at
+    its start, and at its end the same error relative to u (a problem whose u
+    decays below atol / rtol is held to what its forward solve achieves, not
+    refused). Two accurate solves differ by their global error, which
+    accumulates at most about one tolerance per step; an unstable backward
+    solve amplifies its errors exponentially (its gradient stays right a while
+    where they grow along directions the loss hardly sees, as a limit cycle's
+    radius). So the drift per forward step must stay within
+    `drift_tolerance` (default 300: right gradients of the calibration corpus
+    reach 83, wrong ones start at 1650; held out, 108 and 3800), and an
+    interval that takes more than `BACKWARD_STEPS` (4) backward steps per forward
+    step is refused as it goes (stiff backwards: the refusal costs a few forward
+    solves, not max_steps). Beyond either, or when the backward solve fails,
+    `on_instability="raise"` (default) raises an error recommending
+    InterpolatingAdjoint; `"warn"` warns and returns the gradient anyway."""
+
+    def __init__(self, vjp="jax-reverse", on_instability="raise", drift_tolerance=DRIFT_TOLERANCE, seminorm=False):
+        if on_instability not in ("raise", "warn"):
+            raise ValueError(f"BacksolveAdjoint(on_instability=...) must be 'raise' or 'warn', got {on_instability!r}")
+        if not drift_tolerance > 0:
+            raise ValueError(f"BacksolveAdjoint(drift_tolerance=...) must be positive, got {drift_tolerance!r}")
+        self.vjp = ad.get(vjp)
+        self.source = Backsolved(on_instability, float(drift_tolerance))
+        self.backward = LambdaMu(bool(seminorm))

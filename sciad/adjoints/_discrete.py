@@ -25,7 +25,7 @@ def _solution(setup: Setup, adjoint=None, throw=True):
 
     def solve(u0, p):
         sol = setup.forward(u0, p, adjoint=adjoint, throw=throw)
-        return sol.ys, (sol.ys, stats_vector(sol, u0.dtype), sol.result)
+        return sol.ys, (sol.ys, stats_vector(sol), sol.result)
 
     return solve
 
@@ -199,7 +199,7 @@ class ForwardDiffSensitivity(AbstractSensitivity):
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
-        argnums = tuple(i for i, on in enumerate(active) if on)
+        argnums = tuple(i for i, on in ((0, active.u0), (1, active.p)) if on)
         if not argnums:  # only the times are differentiated: their derivatives need no Jacobian
             ys, stats, _ = plain_forward(setup, u0, p)
             return ys, stats, Jacobians(None, None, ys.shape)

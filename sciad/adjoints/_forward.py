@@ -47,7 +47,7 @@ class ForwardSensitivity(AbstractSensitivity):
             return plain_forward(setup, u0, p)
         n, m = u0.shape[0], p.shape[0]
         y0 = setup.state(u0)
-        sizes = [k if on else 0 for k, on in zip((n, m), active)]
+        sizes = (n if active.u0 else 0, m if active.p else 0)
         # Column c starts at S(t0) = ∂y0/∂x_c and is driven by ∂F/∂p · ∂p/∂x_c.
         s0 = jnp.concatenate([jnp.eye(sizes[0], y0.shape[0], dtype=u0.dtype),
                               jnp.zeros((sizes[1], y0.shape[0]), u0.dtype)])
@@ -62,9 +62,9 @@ class ForwardSensitivity(AbstractSensitivity):
         sol = setup.diffeqsolve(setup.term(rhs), (y0, s0), p, setup.t0, setup.t1, ts=jnp.asarray(setup.ts, u0.dtype),
                                 norm=leading_seminorm() if self.seminorm else None)
         ys, sens = sol.ys  # sens: (T, columns, n + k)
-        blocks = Sensitivities(sens[:, : sizes[0]] if active[0] else None, sens[:, sizes[0]:] if active[1] else None,
+        blocks = Sensitivities(sens[:, : sizes[0]] if active.u0 else None, sens[:, sizes[0]:] if active.p else None,
                                ys.shape)
-        return ys, stats_vector(sol, u0.dtype), blocks
+        return ys, stats_vector(sol), blocks
 
     def pullback(self, setup: Setup, sens: "Sensitivities", w):
         return tuple(None if s is None else jnp.einsum("tn,tkn->k", w, s) for s in (sens.u0, sens.p))

@@ -102,8 +102,13 @@ def engine_option(sensealg: AbstractSensitivity | type[AbstractSensitivity] | st
     """The option holding the sensealg's engine ("vjp", "jvp"), or None when it takes none;
     `sensealg` is one, its class, or its name as `describe` writes it."""
     default = _class(parse(sensealg) if isinstance(sensealg, str) else sensealg)()
-    return next((f.name for f in dataclasses.fields(default) if isinstance(getattr(default, f.name), ad.AbstractBackend)),
+    return next((name for name in options(type(default)) if isinstance(getattr(default, name), ad.AbstractBackend)),
                 None)
+
+
+def options(cls: type[AbstractSensitivity]) -> list[str]:
+    """The options of a sensealg class: its constructor's parameters, each readable as an attribute."""
+    return list(inspect.signature(cls).parameters)
 
 
 def describe(sensealg: AbstractSensitivity, *, engine: bool = True) -> str:
@@ -112,12 +117,12 @@ def describe(sensealg: AbstractSensitivity, *, engine: bool = True) -> str:
     rebuilds the sensealg from it."""
     default = type(sensealg)()
     parts = []
-    for field in dataclasses.fields(sensealg):
-        value = getattr(sensealg, field.name)
+    for name in options(type(sensealg)):
+        value = getattr(sensealg, name)
         if isinstance(value, ad.AbstractBackend):
             parts += [_engine(value)] if engine else []
-        elif value != getattr(default, field.name):
-            parts.append(f"{field.name}={value!r}")
+        elif value != getattr(default, name):
+            parts.append(f"{name}={value!r}")
     return type(sensealg).__name__ + (f"({', '.join(parts)})" if parts else "")
 
 

@@ -76,7 +76,7 @@ class SteadyStateAdjoint(eqx.Module):
                 return find(base.with_closure(c, False), u0, p, linear), None
             # The primal through the rules themselves: an outer jvp (Hessians) gets u*'s tangent from them.
             u, stats = rules(u0, p, c)
-            merged = active[2]
+            _, _, merged = active  # one flag per input: u0, p, c
             p_in = jnp.concatenate([p, c]) if merged else p
             jac = None
             if linear == "dense":
