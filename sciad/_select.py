@@ -29,17 +29,25 @@ from sciad.adjoints import (
 )
 from sciad._auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
 from sciad._auto import features as trace_features
+from sciad._dae import dae_solver, default_solver
 from sciad._problem import ODEProblem, check_saveat
-from sciad._solve import get_solver, solve
+from sciad._solve import MASS_MATRIX_SENSEALGS, get_solver, solve
 from sciad._stiff import with_stage_jacobian
 from sciad._timing import compare, fastest
 
 
-def features(prob: ODEProblem, saveat, *, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
+def features(prob: ODEProblem, saveat, *, solver=None, rtol=1e-6, atol=1e-6, max_steps=4096,
              memory_budget=None) -> Features:
-    """`sciad._auto.features` of `prob` saved at `saveat` with `solver` (a name or a diffrax solver)."""
-    return trace_features(prob.u0, prob.p, check_saveat(saveat, *prob.tspan), solver=get_solver(solver),
-                          rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget)
+    """`sciad._auto.features` of `prob` saved at `saveat` with `solver` (a name or a diffrax solver;
+    None: `sciad.solve`'s default for `prob`)."""
+    return trace_features(prob.u0, prob.p, check_saveat(saveat, *prob.tspan), solver=_solver(prob, solver),
+                          rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
+                          mass_matrix=prob.mass_matrix is not None)
+
+
+def _solver(prob: ODEProblem, solver):
+    """The solver `sciad.solve` steps `prob` with for `solver` (None: its default), given the problem's mass matrix."""
+    return dae_solver(get_solver(default_solver(prob.mass_matrix) if solver is None else solver), prob.mass_matrix)
 
 
 def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
@@ -65,11 +73,13 @@ def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
     out = forward + adjoints if feat.parameters <= THRESHOLDS.forward_mode_parameters else adjoints + forward
     if feat.memory_budget is not None and feat.interpolation_bytes > feat.memory_budget:
         out = [(s, r) for s, r in out if not s.stores_interpolation]
+    if feat.mass_matrix:  # the sensealgs that serve one (sciad._solve.MASS_MATRIX_SENSEALGS)
+        out = [(s, r) for s, r in out if isinstance(s, MASS_MATRIX_SENSEALGS)]
     return out
 
 
 def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = None, autotune=False,
-                    memory_budget=None, budget=20.0, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
+                    memory_budget=None, budget=20.0, solver=None, rtol=1e-6, atol=1e-6, max_steps=4096,
                     jacobian="auto", cache_dir=None) -> Choice:
     """Choose a sensealg (with its engine) for gradients with respect to p (its
     floating-point array leaves: any PyTree, an equinox model) of `loss(us)`
@@ -101,9 +111,9 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
     ts = check_saveat(saveat, *prob.tspan)
-    stages = with_stage_jacobian(get_solver(solver), jacobian, prob.f, prob.u0, prob.p, prob.tspan[0])[1]
-    kw = dict(solver=get_solver(solver), rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
-              jacobian=stages)
+    stages = with_stage_jacobian(_solver(prob, solver), jacobian, prob.f, prob.u0, prob.p, prob.tspan[0])[1]
+    kw = dict(solver=_solver(prob, solver), rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
+              jacobian=stages, mass_matrix=prob.mass_matrix is not None)
     if not autotune:
         return auto_sensealg(prob.u0, prob.p, ts, **kw)
     if not budget > 0:
@@ -144,7 +154,8 @@ def _key(prob: ODEProblem, ts, loss, solver, kw, budget) -> str:
     parts = [_program(lambda u, p, t: prob.f(u, p, t), prob.u0, prob.p, prob.tspan[0]), _program(loss, us),
              [np.asarray(x).tobytes() for x in jax.tree.leaves(arrays)],
              [repr(x) for x in jax.tree.leaves(static) if not callable(x)], jax.tree.structure((prob.u0, prob.p)),
-             prob.tspan, str(solver), sorted((k, str(v)) for k, v in kw.items()), budget, jax.default_backend()]
+             prob.tspan, None if prob.mass_matrix is None else np.asarray(prob.mass_matrix).tobytes(),
+             str(solver), sorted((k, str(v)) for k, v in kw.items()), budget, jax.default_backend()]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
@@ -156,7 +167,7 @@ def _program(fn: Callable, *args) -> tuple:
 
 
 def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float | None = None,
-            deadline: float | None = None, solver="tsit5", rtol=1e-6, atol=1e-6, max_steps=4096,
+            deadline: float | None = None, solver=None, rtol=1e-6, atol=1e-6, max_steps=4096,
             max_rounds=50) -> list[dict]:
     """Time the gradient of `loss(us)` (a scalar) wrt p's floating-point array leaves for each
     `(sensealg, reason)`: one dict per candidate, in their order, `name` (`describe`), `reason` and

@@ -305,6 +305,16 @@ def test_auto_picks_a_sensealg_that_serves_a_mass_matrix():
         assert "heuristic rule `mass-matrix`" in choice.report()
 
 
+def test_select_sensealg_on_a_problem_with_a_mass_matrix():
+    """The heuristic without a solver named (Rodas5P), and autotuning's candidates: those that serve M."""
+    prob = linear_problem()
+    choice = sciad.select_sensealg(prob, saveat=TS)
+    assert isinstance(choice.sensealg, sciad.ForwardDiffSensitivity) and choice.features.mass_matrix
+    assert choice.features.implicit_solver and choice.heuristic_pick.rule == "mass-matrix"
+    names = {type(s).__name__ for s, _ in sciad.select.candidates(sciad.select.features(prob, TS))}
+    assert names == {"ForwardDiffSensitivity", "DiscreteAdjoint"}
+
+
 def test_rosenbrock_solvers_count_as_implicit():
     from sciad.adjoints._base import is_implicit, step_controller
 
