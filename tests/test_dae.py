@@ -61,6 +61,14 @@ def test_linear_dae_closed_form_from_an_inconsistent_u0():
     np.testing.assert_allclose(sol.us[0], [1.5, 0.75], rtol=1e-12)
 
 
+def test_backwards_in_time():
+    """From t = 2 back to 0 (an inconsistent z(2) solved first): x(t) = x(2) e^{(b - a)(t - 2)}."""
+    prob = sciad.ODEProblem(linear, np.array([1.5, 0.0]), (2.0, 0.0), P0, mass_matrix=np.array([1.0, 0.0]))
+    ts = TS[::-1]
+    sol = sciad.solve(prob, saveat=ts, **TOL)
+    np.testing.assert_allclose(sol.us, exact(1.5, P0, ts - 2.0), rtol=1e-7, atol=1e-9)
+
+
 @pytest.mark.parametrize("sensealg", SENSEALGS, ids=lambda s: type(s).__name__)
 def test_linear_dae_gradients_closed_form(sensealg):
     """∂L/∂(u0, p) through consistent initialisation and the solver's steps: the differential part's
