@@ -83,7 +83,7 @@ def raising_solve_errors(fn):
             out = fn(*args, **kwargs)
             jax.block_until_ready([x for x in jax.tree.leaves(out)
                                    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)])
-        except jax.errors.JaxRuntimeError as e:
+        except (jax.errors.JaxRuntimeError, ValueError) as e:  # JAX's dispatch of a jit raises the latter
             message = carried(e)
             if message is None:
                 raise

@@ -61,6 +61,13 @@ def test_solve_error_is_caught_in_an_eager_grads_backward_pass():
                                  .interpolation(2.0)))(STIFF_DECAY.p)
 
 
+def test_a_check_run_eagerly_is_caught_as_a_solve_error():
+    """Eagerly, equinox runs a check as its own jitted call, whose failure JAX raises as a ValueError."""
+    checked = sciad._errors.raising_solve_errors(lambda x: sciad._errors.error_if(x, x > 0, "the message"))
+    with pytest.raises(sciad.SolveError, match="^the message$"):
+        checked(jnp.ones(()))
+
+
 def test_steady_state_error_is_caught_eagerly():
     oscillator = sciad.ODEProblem(lambda u, p, t: jnp.stack([u[1], -u[0]]), np.ones(2), (0.0, 1.0))
     with pytest.raises(sciad.SolveError, match="^no steady state was found within max_steps=20 time steps"):
