@@ -59,7 +59,7 @@ class Recorded(eqx.Module):
 
 class Interval(eqx.Module):
     """What the backward system reads on one interval between breakpoints: p (m,), `u_of` with
-    `u_of.evaluate(t)` giving the forward state y(t) (n + k,) (None where u is part of the march's
+    `u_of.evaluate(t)` giving the forward solve's u(t) (n,) (None where u is part of the march's
     state), and `w_q` (k,), the integral's cotangent (Σ ∂L/∂q at the breakpoints after the interval)."""
 
     p: jax.Array
@@ -216,7 +216,7 @@ class AbstractSource(eqx.Module):
         """The adjoint state z in the march's state y."""
 
     @abc.abstractmethod
-    def u(self, t, y, args: Interval, n: int):
+    def u(self, t, y, args: Interval):
         """u(t) (n,) on the interval being crossed, the march at state y."""
 
     @abc.abstractmethod
@@ -252,8 +252,8 @@ class AbstractInterpolated(AbstractSource):
     def adjoint(self, y):
         return y
 
-    def u(self, t, y, args, n):
-        return args.u_of.evaluate(t)[:n]
+    def u(self, t, y, args):
+        return args.u_of.evaluate(t)
 
     def norm(self, parts):
         return None if parts is None else lambda y: optx.rms_norm(parts(y))
@@ -267,15 +267,16 @@ class AbstractInterpolated(AbstractSource):
 
 
 class _Held(eqx.Module):
-    """u(t) from an interpolation, held at the ends of [t_to, t_from] (implicit solvers evaluate
-    stages slightly past the interval, where an interpolation is undefined)."""
+    """u(t) (n,) from an interpolation of y = (u, q), held at the ends of [t_to, t_from] (implicit
+    solvers evaluate stages slightly past the interval, where an interpolation is undefined)."""
 
     interpolation: object
     t_to: jax.Array
     t_from: jax.Array
+    n: int = eqx.field(static=True)
 
     def evaluate(self, t):
-        return self.interpolation.evaluate(jnp.clip(t, self.t_to, self.t_from))
+        return self.interpolation.evaluate(jnp.clip(t, self.t_to, self.t_from))[: self.n]
 
 
 INTERVAL_STEPS = 128  # re-solved steps per interval with checkpoints by step count (one every 64)
@@ -317,7 +318,7 @@ class Checkpointed(AbstractInterpolated):
     def args_structure(self, setup, rec):
         t = rec.t.astype(rec.u0.dtype)
         return eqx.filter_eval_shape(lambda: Interval(rec.p, _Held(
-            self._resolved(setup, rec.p, t[-1], t[-2], rec.u_at[-2], t[-1] - t[-2])[0], t[-2], t[-1]),
+            self._resolved(setup, rec.p, t[-1], t[-2], rec.u_at[-2], t[-1] - t[-2])[0], t[-2], t[-1], setup.n),
             _no_integral(setup, rec)))
 
     def cross(self, setup, advance, march, carry, rec, j, w_q):
@@ -331,7 +332,7 @@ class Checkpointed(AbstractInterpolated):
                 march, jnp.invert(ok), "a continuous adjoint's checkpointing: an interval between checkpoints "
                 f"needed more than interval_max_steps={self.steps_per_interval(setup)} steps; pass the sensealg a "
                 "larger interval_max_steps or more checkpoints")
-            args = Interval(rec.p, _Held(interpolation, t_to, t_from), w_q)
+            args = Interval(rec.p, _Held(interpolation, t_to, t_from, setup.n), w_q)
             return advance(checked_march, args, t_to, setup.max_steps), carry
 
         # Zero-length intervals (unused checkpoints, a save time at t0 or t1) are not re-solved.
@@ -390,11 +391,11 @@ class Stored(AbstractInterpolated):
 
     def args_structure(self, setup, rec):
         t = rec.t.astype(rec.u0.dtype)
-        return Interval(rec.p, _Held(rec.interpolation, t[-2], t[-1]), _no_integral(setup, rec))
+        return Interval(rec.p, _Held(rec.interpolation, t[-2], t[-1], setup.n), _no_integral(setup, rec))
 
     def cross(self, setup, advance, march, carry, rec, j, w_q):
         t = rec.t.astype(rec.u0.dtype)
-        args = Interval(rec.p, _Held(rec.interpolation, t[j], t[j + 1]), w_q)
+        args = Interval(rec.p, _Held(rec.interpolation, t[j], t[j + 1], setup.n), w_q)
         return advance(march, args, t[j], setup.max_steps), carry
 
 
@@ -433,7 +434,7 @@ class Backsolved(AbstractSource):
     def adjoint(self, y):
         return y[1]
 
-    def u(self, t, y, args, n):
+    def u(self, t, y, args):
         return y[0]
 
     def norm(self, parts):
@@ -569,19 +570,21 @@ class ContinuousAdjoint(AbstractSensitivity):
         prods, backward = Products(setup.f, self.vjp), self.backward
 
         def rhs(t, y, args):
-            rate, dz = backward.rhs(prods, t, source.adjoint(y), source.u(t, y, args, n), args.p, args.w_q)
+            rate, dz = backward.rhs(prods, t, source.adjoint(y), source.u(t, y, args), args.p, args.w_q)
             return source.state(rate[:n], dz)
 
         marcher = Marcher(setup, rhs, source.norm(backward.error_control()))
         quadrature = backward.quadrature(setup, prods)
 
         def advance(march, args, t_to, max_steps):
-            on_step = None
-            if quadrature is not None:
-                def on_step(q, t_start, t_end, y_of):
-                    at = lambda t: (source.u(t, y_of.evaluate(t), args, n), source.adjoint(y_of.evaluate(t)))  # noqa: E731
-                    return quadrature[1](q, t_start, t_end, at, args)
-            return marcher.advance(march, args, t_to, max_steps, on_step)
+            def on_step(q, t_start, t_end, y_of):  # y_of: the march's state inside the step
+                def at(t):
+                    y = y_of.evaluate(t)
+                    return source.u(t, y, args), source.adjoint(y)
+
+                return quadrature[1](q, t_start, t_end, at, args)
+
+            return marcher.advance(march, args, t_to, max_steps, None if quadrature is None else on_step)
 
         # The forward pass's mean step is the first one tried: no step-size search.
         dt0 = (setup.t1 - setup.t0) / jnp.maximum(rec.steps, 1).astype(rec.u0.dtype)
