@@ -330,9 +330,6 @@ def test_rosenbrock_solvers_count_as_implicit():
     assert step_controller(sciad.Rodas4(), 1e-6, 1e-6).pcoeff == 0.4
 
 
-@pytest.mark.xfail(raises=AttributeError, strict=True,
-                   reason="sciad.adjoints._stepping.Stepper.of reads solver.root_finder where is_implicit holds: "
-                          "it should ask isinstance(solver, dfx.AbstractImplicitSolver) (Rosenbrock has none)")
 def test_rosenbrock_ode_with_a_continuous_adjoint():
     prob = sciad.ODEProblem(linear, np.array([1.0, 0.3]), (0.0, 2.0), P0)
     grads = [jax.grad(lambda p: sciad.solve(prob, p=p, solver="rodas5p", sensealg=s, **TOL).us.sum())(P0)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from sciad._diffrax_internals import use_stepsize_tol  # the marker: the controller's tolerances
-from sciad.adjoints._base import Setup, is_implicit, step_controller
+from sciad.adjoints._base import Setup, step_controller
 
 
 class March(eqx.Module):
@@ -63,7 +63,7 @@ class Stepper(eqx.Module):
         controller = step_controller(solver, rtol, atol, norm)
         if isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
             solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
-        if is_implicit(solver):
+        if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
             for name in ("rtol", "atol", "norm"):
                 if getattr(solver.root_finder, name, None) is use_stepsize_tol:
                     solver = eqx.tree_at(lambda s: getattr(s.root_finder, name), solver, getattr(controller, name))
