@@ -203,9 +203,9 @@ class AbstractSource(eqx.Module):
         """(us (T, n), stats (3,) int32, `Recorded`): the forward pass of a differentiated solve."""
 
     @abc.abstractmethod
-    def crossing(self, rec: Recorded, sweep: Callable):
-        """`sweep(source)`, the backward sweep with `source` crossing the intervals: this one, or
-        where `rec` says it cannot serve, the source it falls back on."""
+    def crossing(self, setup: Setup, rec: Recorded, sweep: Callable):
+        """`sweep(source, rec)`, the backward sweep with `source` crossing the intervals of `rec`: this
+        one, or where `rec` says it cannot serve, the source it falls back on with what that keeps."""
 
     @abc.abstractmethod
     def state(self, u, z):
@@ -279,16 +279,22 @@ class _Held(eqx.Module):
         return self.interpolation.evaluate(jnp.clip(t, self.t_to, self.t_from))[: self.n]
 
 
-INTERVAL_STEPS = 128  # re-solved steps per interval with checkpoints by step count (one every 64)
+INTERVAL_STEPS = 128  # re-solved steps per interval with checkpoints by step count (one every 64), at most
+CHECKPOINT_SLOTS = 64  # checkpoints per level of re-solves (checkpoints by step count)
 
 
 class Checkpointed(AbstractInterpolated):
     """u kept at checkpoints and re-solved on each interval between them, with dense output, during
     the backward sweep, in at most `interval_max_steps` steps. By default (`checkpoints=None`) the
-    forward solve keeps u after every `interval_max_steps // 2` accepted steps (default 128 // 2):
-    memory is max_steps / 64 states plus 128 dense steps, flat in the horizon. Given `checkpoints`
-    (times), u is kept there and at the saveat times, and `interval_max_steps` defaults to
-    4 × max_steps / intervals (at least 64, at most max_steps)."""
+    checkpoints go by step count, every `interval_max_steps // 2` accepted steps (default
+    `INTERVAL_STEPS` = 128, fewer where 128 dense steps exceed `STORED_BYTES`: `stored_steps`), in
+    levels of at most `CHECKPOINT_SLOTS` (64) each: the forward solve keeps u every
+    k·64^(L-1) steps, and on the way back each such interval is re-solved keeping u every
+    k·64^(L-2) steps, and so on down to the dense re-solves. L grows as log₆₄(max_steps / k) (1 up to
+    64k steps, 2 up to 4,096k): memory is L × 128 states plus one interval's dense steps, however large
+    `max_steps` is, and a solve of S steps re-solves about L × S steps. Given `checkpoints` (times), u
+    is kept there and at the saveat times, and `interval_max_steps` defaults to 4 × max_steps /
+    intervals (at least 64, at most max_steps)."""
 
     stores_interpolation = False
     checkpointing = True
@@ -296,24 +302,36 @@ class Checkpointed(AbstractInterpolated):
     interval_max_steps: int | None
 
     def steps_per_interval(self, setup: Setup) -> int:
-        """interval_max_steps, or by default `INTERVAL_STEPS` with checkpoints by step count, and
-        4 × max_steps / intervals (at least 64, at most max_steps) with checkpoint times given."""
+        """interval_max_steps, or by default `INTERVAL_STEPS` (at most `STORED_BYTES` of dense steps)
+        with checkpoints by step count, and 4 × max_steps / intervals (at least 64, at most max_steps)
+        with checkpoint times given."""
         if self.interval_max_steps is not None:
             return self.interval_max_steps
         if self.checkpoints is None:
-            return INTERVAL_STEPS
+            step_bytes = interpolation_step_bytes(setup.solver, setup.n + setup.f.integrand_size,
+                                                  jnp.dtype(setup.f.u.dtype).itemsize)
+            return min(INTERVAL_STEPS, stored_steps(setup.max_steps, step_bytes))
         intervals = len(setup.breakpoints(_checkpoint_times(setup, self.checkpoints))) - 1
         return int(min(setup.max_steps, max(64, 4 * setup.max_steps // intervals)))
+
+    def strides(self, setup: Setup) -> tuple[int, ...]:
+        """The accepted steps between checkpoints at each level, outermost (the forward solve's) first:
+        the innermost `steps_per_interval // 2`, each outer one `CHECKPOINT_SLOTS` times the next,
+        as many as cover `max_steps` (checkpoints by step count)."""
+        strides = [max(1, self.steps_per_interval(setup) // 2)]
+        while strides[0] * CHECKPOINT_SLOTS < setup.max_steps:
+            strides.insert(0, strides[0] * CHECKPOINT_SLOTS)
+        return tuple(strides)
 
     def record(self, setup, u0, p):
         if self.checkpoints is not None:
             bps = setup.breakpoints(_checkpoint_times(setup, self.checkpoints))
             return _record_at_breakpoints(setup, u0, p, bps, dense=False)
-        t, u_at, stats = checkpoints.forward(setup, u0, p, self.steps_per_interval(setup) // 2)
+        t, u_at, stats = checkpoints.forward(setup, u0, p, self.strides(setup)[0])
         return u_at[setup.saved(t)], stats, Recorded(u0, p, t, u_at, None, stats[1], None)
 
-    def crossing(self, rec, sweep):
-        return sweep(self)
+    def crossing(self, setup, rec, sweep):
+        return sweep(self, rec)
 
     def args_structure(self, setup, rec):
         t = rec.t.astype(rec.u0.dtype)
@@ -322,21 +340,44 @@ class Checkpointed(AbstractInterpolated):
             _no_integral(setup, rec)))
 
     def cross(self, setup, advance, march, carry, rec, j, w_q):
-        t = rec.t.astype(rec.u0.dtype)
+        strides = self.strides(setup) if self.checkpoints is None else (self.steps_per_interval(setup) // 2,)
+        return self._cross(setup, advance, march, carry, rec.p, rec.t.astype(rec.u0.dtype), rec.u_at, j, w_q, strides)
+
+    def _cross(self, setup, advance, march, carry, p, t, u_at, j, w_q, strides):
+        """The march across [t[j], t[j + 1]], an interval of at most `strides[0]` accepted steps (twice
+        that with the margin re-solves take) starting from u_at[j]: re-solved with dense output
+        (one stride left), or re-solved keeping checkpoints every `strides[1]` steps, whose intervals
+        are crossed in turn."""
         t_from, t_to = t[j + 1], t[j]
 
         def resolve_and_march():
-            interpolation, ok = self._resolved(setup, rec.p, t_from, t_to, rec.u_at[j],
-                                               jnp.minimum(march.dt, t_from - t_to))
+            interpolation, ok = self._resolved(setup, p, t_from, t_to, u_at[j], jnp.minimum(march.dt, t_from - t_to))
             checked_march = error_if(
                 march, jnp.invert(ok), "a continuous adjoint's checkpointing: an interval between checkpoints "
                 f"needed more than interval_max_steps={self.steps_per_interval(setup)} steps; pass the sensealg a "
                 "larger interval_max_steps or more checkpoints")
-            args = Interval(rec.p, _Held(interpolation, t_to, t_from, setup.n), w_q)
+            args = Interval(p, _Held(interpolation, t_to, t_from, setup.n), w_q)
             return advance(checked_march, args, t_to, setup.max_steps), carry
 
+        def recheckpoint_and_march():
+            sub_t, sub_u, ok = _checkpointed_interval(setup, p, t_to, t_from, u_at[j], strides[1], 2 * strides[0],
+                                                      jnp.minimum(march.dt, t_from - t_to))
+            checked_march = error_if(march, jnp.invert(ok), "a continuous adjoint's checkpointing: re-solving an "
+                                     "interval between checkpoints failed")
+
+            def interval(c):
+                i, m, watched = c
+                i = jnp.maximum(i, 0)  # under vmap, members done cross their first interval again, discarded
+                m, watched = self._cross(setup, advance, m, watched, p, sub_t, sub_u, i, w_q, strides[1:])
+                return i - 1, m, watched
+
+            last = jnp.searchsorted(sub_t, sub_t[-1])
+            _, m, watched = jax.lax.while_loop(lambda c: c[0] >= 0, interval, (last - 1, checked_march, carry))
+            return m, watched
+
         # Zero-length intervals (unused checkpoints, a save time at t0 or t1) are not re-solved.
-        return jax.lax.cond(t_from > t_to, resolve_and_march, lambda: (march, carry))
+        cross = resolve_and_march if len(strides) == 1 else recheckpoint_and_march
+        return jax.lax.cond(t_from > t_to, cross, lambda: (march, carry))
 
     def _resolved(self, setup, p, t_from, t_to, u_start, dt0):
         """(interpolation, ok): this interval re-solved forward from u_start with dense output."""
@@ -345,12 +386,26 @@ class Checkpointed(AbstractInterpolated):
         return sol.interpolation, dfx.is_okay(sol.result)
 
 
+def _checkpointed_interval(setup: Setup, p, t_to, t_from, y_start, every: int, max_steps: int, dt0):
+    """(t (B,), y (B, n + k), ok): [t_to, t_from] re-solved from y_start keeping y every `every` accepted
+    steps, in at most `max_steps` steps; unused checkpoints sit at t_from with y(t_from) (B = 2 +
+    max_steps // every)."""
+    sol = setup.diffeqsolve(setup.term(), y_start, p, t_to, t_from, ts=jnp.stack([t_to, t_from]), steps=every,
+                            max_steps=max_steps, dt0=dt0, throw=False)
+    unused = jnp.isinf(sol.ts)
+    y1 = sol.ys[jnp.sum(~unused) - 1]
+    t = jnp.where(unused, t_from, sol.ts)
+    return t, jnp.where(unused[:, None], y1, sol.ys), dfx.is_okay(sol.result)
+
+
 class Stored(AbstractInterpolated):
     """u(t) from the stored dense interpolation of the whole forward solve, up to `STORED_STEPS`
-    steps and `STORED_BYTES` (memory grows with the steps taken); a solve that takes more (a
-    `max_steps` raised above it, a large state) is run again keeping checkpoints every
-    `fallback.interval_max_steps // 2` steps and crossed as `fallback` crosses it, so the cost
-    follows the steps taken, not `max_steps`."""
+    steps and `STORED_BYTES` (2 MiB, at least `MIN_STORED` steps: the buffer is allocated and filled
+    at its full size on every call, so it is kept small; see `sciad.adjoints._base`). A solve that
+    takes more (a `max_steps` raised above it, a large state) finishes without dense output, and the
+    backward pass runs `fallback`'s forward pass (checkpoints in levels) and sweep instead, inside a
+    `lax.cond`: their buffers cost nothing where the stored steps serve, and the cost follows the
+    steps taken, not `max_steps`."""
 
     stores_interpolation = True
     checkpointing = False
@@ -364,30 +419,31 @@ class Stored(AbstractInterpolated):
     def record(self, setup, u0, p):
         stored = stored_steps(setup.max_steps, interpolation_step_bytes(
             setup.solver, u0.size + setup.f.integrand_size, u0.dtype.itemsize))
-        if stored == setup.max_steps:
-            return _record_at_breakpoints(setup, u0, p, setup.breakpoints(), dense=True)
-        # Every step stored up to `stored`; past it, the solve again with checkpoints.
         bps = setup.breakpoints()
+        if stored == setup.max_steps:
+            return _record_at_breakpoints(setup, u0, p, bps, dense=True)
+        # Every step stored up to `stored`; past it (any member of a vmap batch), the solve again
+        # without dense output, and the sweep re-solves from checkpoints (`crossing`).
         sol = setup.forward(u0, p, ts=bps, dense=True, max_steps=stored, throw=False)
         again = batch_any(sol.result == dfx.RESULTS.max_steps_reached)
-        every = self.fallback.steps_per_interval(setup) // 2
-        recheckpointed = lambda: checkpoints.forward(setup, u0, p, every)  # noqa: E731
-        size = jax.eval_shape(recheckpointed)[0].shape[0]
 
-        def kept():  # the breakpoints padded as unused checkpoints are: at t1, with u(t1)
-            pad = size - bps.shape[0]
-            return (jnp.concatenate([bps.astype(u0.dtype), jnp.full((pad,), setup.t1, u0.dtype)]),
-                    checked(setup, sol.result, jnp.concatenate([sol.ys, jnp.repeat(sol.ys[-1:], pad, 0)])),
-                    stats_vector(sol))
+        def plain():
+            whole = setup.forward(u0, p, ts=bps)
+            return whole.ys, stats_vector(whole)
 
-        t, u_at, stats = jax.lax.cond(again, recheckpointed, kept)
-        return u_at[setup.saved(t)], stats, Recorded(u0, p, t, u_at, sol.interpolation, stats[1], again)
+        ys, stats = jax.lax.cond(again, plain, lambda: (checked(setup, sol.result, sol.ys), stats_vector(sol)))
+        return ys[setup.saved(bps)], stats, Recorded(u0, p, bps, ys, sol.interpolation, stats[1], again)
 
-    def crossing(self, rec, sweep):
-        # Where the forward pass ran out of stored steps (any member of a vmap batch), the re-solving sweep.
+    def crossing(self, setup, rec, sweep):
+        # Where the forward pass ran out of stored steps (any member of a vmap batch), the fallback's
+        # forward pass (its checkpoints) and its re-solving sweep: their buffers exist only in this branch.
         if rec.again is None:
-            return sweep(self)
-        return jax.lax.cond(batch_any(rec.again), lambda: sweep(self.fallback), lambda: sweep(self))
+            return sweep(self, rec)
+
+        def again():
+            return sweep(self.fallback, self.fallback.record(setup, rec.u0, rec.p)[2])
+
+        return jax.lax.cond(batch_any(rec.again), again, lambda: sweep(self, rec))
 
     def args_structure(self, setup, rec):
         t = rec.t.astype(rec.u0.dtype)
@@ -425,8 +481,8 @@ class Backsolved(AbstractSource):
     def record(self, setup, u0, p):
         return _record_at_breakpoints(setup, u0, p, setup.breakpoints(), dense=False)
 
-    def crossing(self, rec, sweep):
-        return sweep(self)
+    def crossing(self, setup, rec, sweep):
+        return sweep(self, rec)
 
     def state(self, u, z):
         return u, z
@@ -553,7 +609,7 @@ class ContinuousAdjoint(AbstractSensitivity):
         systems are linear in w, and their error control (relative to λ's own size) then does not
         depend on the loss's scale."""
         scale, w = normalised(w)
-        cotangents = self.source.crossing(rec, lambda source: self._sweep(setup, rec, w, source))
+        cotangents = self.source.crossing(setup, rec, lambda source, rec: self._sweep(setup, rec, w, source))
         return jax.tree.map(lambda g: g * scale, cotangents)
 
     def pushforward(self, setup: Setup, rec: Recorded, du0, dp):

@@ -37,10 +37,12 @@ class DiscreteAdjoint(AbstractSensitivity):
     records the reverse pass's residuals (no re-solve).
 
     `stored_steps=None` stores every step (no recomputation) for solves of up
-    to `STORED_STEPS` steps whose states fit in `STORE_ALL_BYTES`; a solve
-    that takes more steps than that (a `max_steps` raised above it) is run
-    again with diffrax's recursive checkpoints (O(√max_steps) states, the
-    steps recomputed), so the cost follows the steps taken, not `max_steps`.
+    to `STORED_STEPS` steps whose states fit in `STORE_ALL_BYTES`, at most
+    `STORED_BYTES` of them (the buffer is allocated at its full size on every
+    call: 43 steps of 2,000 states); a solve that takes more steps than that
+    (a `max_steps` raised above it, a large state) is run again with diffrax's
+    recursive checkpoints (O(√max_steps) states, the steps recomputed), so the
+    cost follows the steps taken, not `max_steps`.
     Past the memory, recursive checkpoints from the start. An int sets the
     number of steps stored (diffrax's `checkpoints`; memory ≈ stored_steps ×
     the solver's state).
@@ -63,7 +65,10 @@ class DiscreteAdjoint(AbstractSensitivity):
         if self.stored_steps is not None:
             return self.stored_steps
         stored = stored_steps_bytes(setup.max_steps, u0.size, u0.dtype.itemsize)
-        return stored_steps(setup.max_steps) if stored <= STORE_ALL_BYTES else None
+        # The steps tried stored: at most `STORED_BYTES` of them (a buffer costs its size on every call).
+        if stored > STORE_ALL_BYTES:
+            return None
+        return stored_steps(setup.max_steps, STATE_COPIES * u0.size * u0.dtype.itemsize)
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
