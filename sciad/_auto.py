@@ -90,7 +90,8 @@ class Features:
     - implicit_solver: whether the solver is implicit;
     - save_points: the number of save times;
     - rtol, atol: the solver's tolerances;
-    - interpolation_bytes: bytes of the stored dense output (`STORED_STEPS` steps at most, stages + 1 n-vectors each);
+    - interpolation_bytes: bytes of the stored dense output (`STORED_STEPS` steps and `STORED_BYTES` at most,
+      stages + 1 n-vectors each; a solve of more steps re-solves from checkpoints);
     - stored_steps_bytes: bytes of the steps' states `DiscreteAdjoint` stores (`STORED_STEPS` at most);
     - memory_budget: bytes allowed the stored interpolation (None: no bound);
     - device: JAX's default backend, e.g. "cpu";
