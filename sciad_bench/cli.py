@@ -6,7 +6,7 @@ from sciad_bench.experiments import PLANS, ROUNDS
 from sciad_bench.harness import SLOW_CALL
 from sciad_bench.suite import ROUNDS as SUITE_ROUNDS
 
-BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses", "events", "large-stiff")
+BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses", "events", "large-stiff", "dae")
 
 
 def main(argv=None) -> None:
@@ -55,6 +55,10 @@ def main(argv=None) -> None:
         from sciad_bench.large_stiff import run_large_stiff
 
         run_large_stiff(quick=args.quick, repeats=args.repeats, out=args.out)
+    elif args.name == "dae":
+        from sciad_bench.dae import run_dae
+
+        run_dae(quick=args.quick, repeats=args.repeats, out=args.out)
     elif args.name == "selection":
         from sciad_bench.selection import run_selection
 

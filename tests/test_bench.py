@@ -193,7 +193,7 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     monkeypatch.setattr(reproduce, "run_experiment", lambda name, quick, repeats, out: touch(
         out, f"{name}.png", "table.md", "records.json", "claims.md"))
     monkeypatch.setattr(reproduce, "run_selection", lambda quick, out: touch(out, "table.md", "selection.json"))
-    for name in ("losses", "events", "large-stiff"):
+    for name in ("losses", "events", "large-stiff", "dae"):
         monkeypatch.setattr(reproduce, f"run_{name.replace('-', '_')}", lambda quick, repeats, out, name=name: touch(
             out, f"{name}.png", "table.md", "records.json"))
     records = [{"class": suite.PAPER}, {"class": suite.STIFF}]
@@ -206,10 +206,11 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     reproduce.reproduce(results=tmp_path / "results", paper=tmp_path / "paper", quick=True)
     figures = {p.name for p in (tmp_path / "paper" / "figures").iterdir()}
     assert figures == {f"{name}.png" for name in experiments.PLANS} | {
-        "suite-paper.png", "suite-stiff.png", "suite-memory.png", "losses.png", "events.png", "large-stiff.png"}
+        "suite-paper.png", "suite-stiff.png", "suite-memory.png", "losses.png", "events.png", "large-stiff.png",
+        "dae.png"}
     tables_written = {p.name for p in (tmp_path / "paper" / "tables").iterdir()}
     assert {"claims.md", "selection.md", "suite.md", "suite.json", "losses.md", "losses.json", "events.md",
-            "events.json", "large-stiff.md", "large-stiff.json"} <= tables_written
+            "events.json", "large-stiff.md", "large-stiff.json", "dae.md", "dae.json"} <= tables_written
 
 
 @pytest.mark.slow
@@ -253,6 +254,37 @@ def test_large_stiff_benchmark_checks_then_times(tmp_path):
     assert all(r["ok"] is True and r["median_s"] for r in records), [(r["name"], r.get("ok")) for r in records]
     assert {p.name for p in tmp_path.iterdir()} >= {"records.json", "large-stiff.png", "table.md"}
     assert "its median / sciad auto's" in (tmp_path / "table.md").read_text()
+
+
+def test_idas_gradients_of_robertson_agree_with_sciads():
+    """Robertson as a DAE: IDAS's gradient by forward sensitivities and by adjoint sensitivities (one integrator
+    per save interval) agree with sciad's ForwardDiffSensitivity and DiscreteAdjoint at 1e-5 (max norm)."""
+    pytest.importorskip("casadi")
+    from sciad_bench import dae
+
+    b = dae.robertson()
+    ours = {s: np.asarray(dae.sciad_gradient(b, s)()) for s in ("ForwardDiffSensitivity", "DiscreteAdjoint")}
+    np.testing.assert_allclose(ours["DiscreteAdjoint"], ours["ForwardDiffSensitivity"], rtol=1e-8)
+    for mode in ("forward", "adjoint per interval"):  # relative to the gradient's largest entry, as the benchmark
+        assert sciad.timing.relative_error(dae.idas_gradient(b, mode)(), ours["ForwardDiffSensitivity"]) < 1e-5, mode
+    np.testing.assert_allclose(dae.idas_forward(b)(), np.asarray(dae.sciad_forward(b)()), rtol=1e-5, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_dae_benchmark_checks_then_times(tmp_path):
+    """`sciad bench dae --quick`: Robertson and reaction–diffusion at 100 states; every sciad gradient and IDAS's
+    forward and adjoint (per interval) sensitivities agree with the tight reference and are timed (IDAS's adjoint
+    over the output grid is recorded, failing with CasADi 3.8.2); table, figure and records written."""
+    pytest.importorskip("casadi")
+    from sciad_bench.dae import IDAS, run_dae
+
+    records = run_dae(quick=True, repeats=1, out=tmp_path, verbose=False)
+    assert {(r["problem"], r["states"]) for r in records} == {("Robertson", 3), ("reaction-diffusion", 100)}
+    grid = f"{IDAS} adjoint (output grid)"
+    assert all(r["ok"] is True and r["median_s"] for r in records if r["name"] != grid), [
+        (r["problem"], r["name"], r.get("ok")) for r in records]
+    assert {p.name for p in tmp_path.iterdir()} >= {"records.json", "dae.png", "table.md"}
+    assert "/ IDAS" in (tmp_path / "table.md").read_text()
 
 
 class Terminal(io.StringIO):
