@@ -115,14 +115,6 @@ def test_equinox_formats_a_firing_checks_message_into_its_run_time_error():
         assert str(info.value).strip().splitlines()[-1] == "SolveError: the message"
 
 
-def test_equinox_nondifferentiable_backward_lets_tangents_through_and_refuses_cotangents():
-    with pinned(_equinox_internals):
-        mark = lambda x: _equinox_internals.nondifferentiable_backward(jnp.sin(x), msg="the reason")
-        assert jax.jvp(mark, (0.0,), (2.0,)) == (0.0, 2.0)
-        with pytest.raises(RuntimeError, match="^the reason"):
-            jax.grad(mark)(0.0)
-
-
 def test_jax_convert_constvars_jaxpr_makes_closed_over_values_arguments():
     with pinned(_jax_internals):
         c = jnp.arange(2.0)

@@ -34,7 +34,6 @@ import numpy as np
 # A new primitive needs JAX's internals, kept with the JAX versions they were
 # tested on in sciad/_jax_internals.py, which says why.
 from sciad._jax_internals import batching, convert_constvars_jaxpr, core, debug_info, jax_ad, lu, mlir, pe
-from sciad._equinox_internals import nondifferentiable_backward
 from sciad._errors import raising_solve_errors
 
 linear_map_p = core.Primitive("sciad_linear_map")
@@ -98,9 +97,28 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, out=Non
 
 def forward_mode_only(tree, reason: str):
     """`tree` unchanged; its tangents flow forward, but pulling a cotangent back through them
-    (reverse mode over code whose derivatives only forward mode can enter) raises `reason`
-    (equinox's `nondifferentiable_backward`, a RuntimeError)."""
-    return nondifferentiable_backward(tree, msg=reason)
+    (reverse mode over code whose derivatives only forward mode can enter) raises
+    `HigherOrderError(reason)`. Not equinox's `nondifferentiable_backward`: it raises a plain
+    RuntimeError, and callers catch `HigherOrderError` (sciad.ad's error for a derivative a rule
+    cannot provide)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    inexact = [i for i, x in enumerate(leaves) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+
+    def refuse(_, cotangent):
+        raise HigherOrderError(reason)
+
+    @jax.custom_jvp
+    def mark(xs):
+        return xs
+
+    @mark.defjvp
+    def mark_jvp(primals, tangents):
+        return primals[0], linear_map(lambda _, v: v, refuse, (), tangents[0])
+
+    marked = mark([leaves[i] for i in inexact])
+    for i, x in zip(inexact, marked):
+        leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
 
 
 class _Callee:
