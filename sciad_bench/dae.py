@@ -68,6 +68,7 @@ import scipy.sparse.linalg
 import sciad
 from sciad.timing import compare
 from sciad_bench import plots
+from sciad_bench.tables import seconds
 
 SIZES = {True: (50,), False: (50, 250, 500)}  # N: reaction–diffusion has 2N states
 AGREEMENT = {"forward": 1e-4, "gradient": 1e-4}  # rtol 1e-6 solves against one at 1e-10
@@ -364,7 +365,7 @@ def run_dae(*, quick: bool = False, repeats: int | None = None, out=None, verbos
             records += rows
             for r in rows:
                 log(f"  {r['problem']:18s} {r['states']:5d} states {what:8s} {r['name']:42s} "
-                    f"{_seconds(r.get('median_s'))} s (first {_seconds(r.get('compile_s'))}) ok={r.get('ok')}")
+                    f"{seconds(r.get('median_s'))} s (first {seconds(r.get('compile_s'))}) ok={r.get('ok')}")
     table = write(records, out, quick)
     log(table)
     log(f"dae: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
@@ -405,17 +406,13 @@ def markdown(records) -> str:
         base = min((r["median_s"] for r in idas), default=None)
         best = min((r["median_s"] for r in timed), default=None)
         for r in group:
-            median = _seconds(r.get("median_s"))
+            median = seconds(r.get("median_s"))
             if r.get("median_s") is not None and r["median_s"] == best:
                 median = f"**{median}**"
             ratio = "–" if base is None or not r.get("median_s") else f"{r['median_s'] / base:.2f}×"
             ok = r.get("ok")
             ok = ok if ok in (True, False) else str(ok).replace("|", "/")[:90]
-            rows.append(f"| {problem} | {states} | {what} | {r['name']} | {median} | {_seconds(r.get('compile_s'))} "
+            rows.append(f"| {problem} | {states} | {what} | {r['name']} | {median} | {seconds(r.get('compile_s'))} "
                         f"| {r.get('steps') or '–'} | "
                         f"{'–' if r.get('rel_error') is None else format(r['rel_error'], '.1e')} | {ok} | {ratio} |")
     return "\n".join(rows) + "\n"
-
-
-def _seconds(x) -> str:
-    return "–" if x is None else f"{x:.3g}"

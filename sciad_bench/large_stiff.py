@@ -29,6 +29,7 @@ from sciad.problems import brusselator_pde
 from sciad.sparsity import jacobian_pattern
 from sciad.timing import compare
 from sciad_bench import plots
+from sciad_bench.tables import seconds
 from sciad_bench.harness import peak_bytes
 
 TOL = 1e-6
@@ -160,7 +161,7 @@ def run_large_stiff(*, quick: bool = False, repeats: int | None = None, out=None
         records += _measure(b, n, "gradient", gradient_plan(n), "sciad InterpolatingAdjoint (sparse)", rounds, log)
         for r in records[-len(forward_plan(n)) - len(gradient_plan(n)):]:
             log(f"  {r['what']:8s} {r['states']:6d} states  {r['name']:38s} "
-                f"{_seconds(r.get('median_s'))} (first {_seconds(r.get('compile_s'))}) ok={r.get('ok')}")
+                f"{seconds(r.get('median_s'))} (first {seconds(r.get('compile_s'))}) ok={r.get('ok')}")
     table = write(records, out, quick)
     log(table)
     log(f"large-stiff: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
@@ -194,9 +195,9 @@ def markdown(records) -> str:
             "| rel. error | ok |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in records:
         megabytes = None if r.get("peak_bytes") is None else (r["peak_bytes"] + (r.get("factor_bytes") or 0)) / 1e6
-        rows.append(f"| {r['states']} | {r['what']} | {r['name']} | {_seconds(r.get('median_s'))} | "
-                    f"{_seconds(r.get('compile_s'))} | {r.get('steps') or '–'} | {r.get('factorisations') or '–'} | "
-                    f"{r.get('linear_solves') or '–'} | {_seconds(megabytes)} | "
+        rows.append(f"| {r['states']} | {r['what']} | {r['name']} | {seconds(r.get('median_s'))} | "
+                    f"{seconds(r.get('compile_s'))} | {r.get('steps') or '–'} | {r.get('factorisations') or '–'} | "
+                    f"{r.get('linear_solves') or '–'} | {seconds(megabytes)} | "
                     f"{'–' if r.get('rel_error') is None else format(r['rel_error'], '.1e')} | {r.get('ok')} |")
     ratios = ["", "| states | call | fastest other | its median / sciad auto's |", "|---:|---|---|---:|"]
     for (states, what) in sorted({(r["states"], r["what"]) for r in records}):
@@ -207,7 +208,3 @@ def markdown(records) -> str:
             best = min(others, key=lambda r: r["median_s"])
             ratios.append(f"| {states} | {what} | {best['name']} | {best['median_s'] / auto['median_s']:.2f}× |")
     return "\n".join(rows + ratios) + "\n"
-
-
-def _seconds(x) -> str:
-    return "–" if x is None else f"{x:.3g}"

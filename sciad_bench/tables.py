@@ -86,3 +86,8 @@ def markdown_table(records, skipped=()) -> str:
     if skipped:
         lines += ["", "Skipped: " + "; ".join(skipped) + "."]
     return "\n".join(lines) + "\n"
+
+
+def seconds(x) -> str:
+    """A time in seconds to three significant figures, "–" where there is none."""
+    return "–" if x is None else f"{x:.3g}"
