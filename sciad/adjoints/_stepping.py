@@ -49,7 +49,8 @@ class March(eqx.Module):
 class Stepper(eqx.Module):
     """A diffrax solver and its step-size controller for `terms`, prepared as `diffrax.diffeqsolve`
     prepares them (in `ForwardMode`): stages as a plain `lax.scan` where the solver has a choice (its
-    default scan is a custom_vjp, which forward mode cannot enter), and an implicit solver's root
+    default scan is a custom_vjp, which forward mode cannot enter; `forward_mode=False` keeps it, for
+    steps that reverse mode differentiates), and an implicit solver's root
     finder given the controller's rtol, atol and norm where it leaves them to the controller. Every
     loop sciad runs over a solver's steps itself (the backward sweep, event location) steps one."""
 
@@ -58,10 +59,11 @@ class Stepper(eqx.Module):
     controller: dfx.PIDController
 
     @classmethod
-    def of(cls, terms, solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None) -> "Stepper":
+    def of(cls, terms, solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None,
+           forward_mode: bool = True) -> "Stepper":
         """`solver` on `terms` with adaptive steps at rtol, atol (`step_controller`; `norm`: its norm)."""
         controller = step_controller(solver, rtol, atol, norm)
-        if isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
+        if forward_mode and isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
             solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
         if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
             for name in ("rtol", "atol", "norm"):
