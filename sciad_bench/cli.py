@@ -4,6 +4,7 @@ import argparse
 
 from sciad_bench.experiments import PLANS, ROUNDS
 from sciad_bench.harness import SLOW_CALL
+from sciad_bench.suite import FAMILIES
 from sciad_bench.suite import ROUNDS as SUITE_ROUNDS
 
 BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses", "events", "large-stiff", "dae")
@@ -21,6 +22,9 @@ def main(argv=None) -> None:
         f"{SUITE_ROUNDS[True][0]}, each within {SUITE_ROUNDS[True][1]:g} s; ensemble: rounds of all calls, 3 quick)"))
     bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")
     bench.add_argument("--out", default=None, help="output folder (default results/NAME)")
+    bench.add_argument("--family", action="append", choices=FAMILIES, default=None, help=(
+        "suite: run only this family of the suite (repeatable; default all: "
+        f"{', '.join(FAMILIES)})"))
     bench.add_argument("--devices", type=int, default=None,
                        help="ensemble: simulate N CPU devices (sets XLA_FLAGS before JAX starts its backend)")
     reproduce = commands.add_parser("reproduce", help="run every benchmark and regenerate paper/figures and paper/tables")
@@ -36,6 +40,8 @@ def main(argv=None) -> None:
         run_all(repeats=args.repeats, quick=args.quick)
     elif args.devices is not None and args.name != "ensemble":
         parser.error("--devices applies to sciad bench ensemble only")
+    elif args.family is not None and args.name != "suite":
+        parser.error("--family applies to sciad bench suite only")
     elif args.name == "ensemble":
         from sciad_bench.ensemble import run_ensemble
 
@@ -68,7 +74,7 @@ def main(argv=None) -> None:
 
         engines = None if args.engines is None else [e.strip() for e in args.engines.split(",") if e.strip()]
         try:
-            run_suite(quick=args.quick, repeats=args.repeats, engines=engines, out=args.out)
+            run_suite(quick=args.quick, repeats=args.repeats, engines=engines, out=args.out, families=args.family)
         except ValueError as e:
             parser.error(str(e))
     else:

@@ -135,6 +135,13 @@ def peak_bytes(fn: Callable) -> int | None:
                - stats.alias_size_in_bytes)
 
 
+def temp_bytes(fn: Callable) -> int | None:
+    """XLA's temporaries of a `compiled` function (what the program allocates beyond its arguments and
+    outputs); None where `peak_bytes` is None."""
+    stats = fn.memory_analysis() if hasattr(fn, "memory_analysis") else None
+    return None if stats is None else int(stats.temp_size_in_bytes)
+
+
 def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10, budget: float | None = None,
         devices=None, tolerance: float | None = None, progress: Progress | None = None) -> list[dict]:
     """Records for `combinations` (plus the forward-solve baseline) on each of `devices` (default: JAX's first).
@@ -191,4 +198,5 @@ def _record(combo: Combination, bench: Benchmark, device, row: dict, tolerance: 
             "label": combo.label, "kind": combo.kind, "is_peer": combo.kind == "peer",
             "device": device_name(device), "times": row["times_s"], "median_s": row.get("median_s"),
             "compile_time": row.get("compile_s"), "rel_error": row.get("rel_error"), "ok": row["ok"] is True,
-            "error": error, "peak_bytes": peak_bytes(fn) if row["ok"] is True else None}
+            "error": error, "peak_bytes": peak_bytes(fn) if row["ok"] is True else None,
+            "temp_bytes": temp_bytes(fn) if row["ok"] is True else None}

@@ -182,3 +182,39 @@ def panels_log_log(panels: dict, path, title: str | None, xlabel: str, ylabel: s
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def bar_panels(panels: dict, path, title: str, xlabels: dict, *, log: bool = False, reference: float | None = None):
+    """Side by side, one panel of horizontal bars per key of `panels` (its title): a bar per
+    (label, {segment: value}) row, from the top, its segments stacked in order, one colour per segment
+    name (a kind of `COLORS`, else the next of matplotlib's cycle), in a legend when there are several;
+    `xlabels[title]` under each panel; `log`: log x axes; `reference`: a dashed line at that x."""
+    rows = max(len(r) for r in panels.values())
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 1.5 + 0.28 * rows), squeeze=False,
+                             layout="constrained")
+    names = list(dict.fromkeys(name for r in panels.values() for _, segments in r for name in segments))
+    cycle = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    colors = {name: COLORS.get(name) or next(cycle) for name in names}
+    for ax, (panel, panel_rows) in zip(axes[0], panels.items()):
+        for i, (_, segments) in enumerate(panel_rows):
+            left = 0.0
+            for name, value in segments.items():
+                if value is not None:
+                    ax.barh(i, value, left=left or None, color=colors[name], alpha=0.75)
+                    left += value
+        ax.set_yticks(range(len(panel_rows)))
+        ax.set_yticklabels([label for label, _ in panel_rows], fontsize=7)
+        ax.set_ylim(len(panel_rows) - 0.5, -0.5)
+        if log:
+            ax.set_xscale("log")
+        if reference is not None:
+            ax.axvline(reference, color="0.3", linestyle="--", linewidth=1)
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel(xlabels[panel], fontsize=8)
+        ax.grid(axis="x", alpha=0.3, which="both")
+    if len(names) > 1:
+        fig.legend(handles=[Patch(color=colors[n], alpha=0.75, label=KINDS.get(n, n)) for n in names],
+                   loc="outside upper center", ncol=len(names), fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

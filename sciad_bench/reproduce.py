@@ -9,7 +9,7 @@ from sciad_bench.events import run_events
 from sciad_bench.large_stiff import run_large_stiff
 from sciad_bench.losses import run_losses
 from sciad_bench.selection import run_selection
-from sciad_bench.suite import MEMORY_FIGURE, class_figures, run_suite
+from sciad_bench.suite import FAMILIES, MEMORY_FIGURE, PROBLEMS, class_figures, family_outputs, run_suite
 
 
 def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool = False) -> None:
@@ -38,3 +38,9 @@ def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool
         shutil.copy(results / "suite" / figure, paper / "figures" / figure)
     shutil.copy(results / "suite" / "table.md", paper / "tables" / "suite.md")
     shutil.copy(results / "suite" / "suite.json", paper / "tables" / "suite.json")
+    for family in FAMILIES:
+        if family != PROBLEMS:
+            table, data, figure = family_outputs(family)
+            shutil.copy(results / "suite" / figure, paper / "figures" / figure)
+            for name in (table, data):
+                shutil.copy(results / "suite" / name, paper / "tables" / name)

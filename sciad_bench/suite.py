@@ -26,17 +26,24 @@ The gradients' relative tolerance is 100 × rtol, at least `GRADIENT_TOLERANCE`.
 import dataclasses
 import json
 import math
+import os
 import pathlib
+import subprocess
 import sys
+import tempfile
 import time
+from typing import Any, Callable
 
+import diffrax as dfx
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import sciad
 import sciad.ad as ad
-from sciad.adjoints import describe, engine_option, parse
+from sciad import get_solver
+from sciad.adjoints import describe, engine_option, parse, step_controller
 from sciad.select import heuristic
 from sciad.problems import (
     Benchmark,
@@ -45,11 +52,13 @@ from sciad.problems import (
     hamiltonian_node,
     lotka_volterra,
     oregonator,
+    spiral_data,
     spiral_node,
 )
-from sciad.timing import fastest
+from sciad.timing import fastest, relative_error
 
 from sciad_bench import claims, harness, plots, selection, tables
+from sciad_bench.events import G, _diffrax_segment, _falling_height
 from sciad_bench.experiments import _sensealg_matrix
 from sciad_bench.harness import Combination, sciad_combination
 from sciad_bench.peers import diffrax_peer
@@ -389,38 +398,519 @@ def write_outputs(result: dict, out: pathlib.Path) -> str:
     return md
 
 
-def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, out=None) -> dict:
-    """Run the suite (the `plan`: `problems`, each with its `combinations` and at `user_settings`; the
-    memory sweep), write `write_outputs` to `out` (default results/suite), print the tables and the
-    targets, and return what was written. `engines`: the JAX-traced `sciad.ad` engines (default: all
-    installed); `repeats`: timed rounds per problem and tier of calls (default and time limit: `ROUNDS`)."""
+def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, out=None, families=None) -> dict:
+    """Run the suite's `families` (default `FAMILIES`) into `out` (default results/suite), print their
+    tables and targets, and return what was written: "problems" (the `plan`: `problems`, each with its
+    `combinations` and at `user_settings`; the memory sweep; `write_outputs`), and "large-nonstiff" and
+    "first-gradient" (`run_large_nonstiff`, `run_first_gradient`; `write_family`), under their names.
+    `engines`: the JAX-traced `sciad.ad` engines (default: all installed); `repeats`: timed rounds per
+    problem and tier of calls (default and time limit: `ROUNDS`; first gradient: repeats per side)."""
     traced = [e for e in ad.available() if ad.BACKENDS[e].traced]
     engines = traced if engines is None else list(engines)
     wrong = [e for e in engines if e not in traced]
     if wrong:
         raise ValueError(f"engines {wrong} are not installed JAX-traced engines; choose from {', '.join(traced)}")
+    families = FAMILIES if families is None else tuple(families)
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"families {unknown} are not the suite's; choose from {', '.join(FAMILIES)}")
     if repeats is not None and repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     rounds, budget = ROUNDS[quick]
-    repeats = repeats or rounds
     out = pathlib.Path(out or "results/suite")
     start = time.perf_counter()
-    problems_plan = plan(engines, quick=quick)
-    horizons, sweep_combos = SWEEP_HORIZONS[quick], sweep_combinations(quick)
-    progress = harness.Progress(sum(len(c) + 1 for *_, c in problems_plan) + len(horizons) * len(sweep_combos))
-    records = []
-    for category, setting, bench, combos in problems_plan:
-        records += run_problem(bench, category, combos, repeats=repeats, budget=budget, progress=progress,
-                               setting=setting)
-    sweep = memory_sweep(horizons, sweep_combos, progress)
+    problems_plan = plan(engines, quick=quick) if PROBLEMS in families else []
+    horizons, sweep_combos = SWEEP_HORIZONS[quick], sweep_combinations(quick) if PROBLEMS in families else []
+    progress = harness.Progress(sum(len(c) + 1 for *_, c in problems_plan) + len(horizons) * len(sweep_combos)
+                                + (LARGE_NONSTIFF in families) * sum(len(large_nonstiff_combinations(b)) + 1
+                                                                     for b in large_nonstiff_plan(quick))
+                                + (FIRST_GRADIENT in families) * len(first_gradient_cases()))
+    result = {"suite": "sciad bench suite", "quick": quick, "families": list(families)}
+    if PROBLEMS in families:
+        records = []
+        for category, setting, bench, combos in problems_plan:
+            records += run_problem(bench, category, combos, repeats=repeats or rounds, budget=budget,
+                                   progress=progress, setting=setting)
+        sweep = memory_sweep(horizons, sweep_combos, progress)
+        own = [r for r in records if r["setting"] is None]
+        targets = speed_targets(own) + first_gradient_targets(own) + memory_targets(sweep)
+        held = None if quick else selection.out_of_sample(selection.cases_from_records(records, {
+            bench.name: selection.features(bench) for _, setting, bench, _ in problems_plan if setting is None}))
+        result.update(skipped=skipped_combinations(engines, quick=quick), records=records, memory=sweep,
+                      targets=targets, selection=held)
+    for family, run in ((LARGE_NONSTIFF, run_large_nonstiff), (FIRST_GRADIENT, run_first_gradient)):
+        if family in families:
+            result[family] = run(quick=quick, repeats=repeats, progress=progress)
     progress.close()
-    own = [r for r in records if r["setting"] is None]
-    targets = speed_targets(own) + first_gradient_targets(own) + memory_targets(sweep)
-    held = None if quick else selection.out_of_sample(selection.cases_from_records(records, {
-        bench.name: selection.features(bench) for _, setting, bench, _ in problems_plan if setting is None}))
-    result = {"suite": "sciad bench suite", "quick": quick, "skipped": skipped_combinations(engines, quick=quick),
-              "records": records, "memory": sweep, "targets": targets, "selection": held,
-              "seconds": time.perf_counter() - start}
-    print(write_outputs(result, out))
-    print(f"suite: {len(records)} records in {result['seconds']:.0f} s -> {out}/", file=sys.stderr)
+    result["seconds"] = time.perf_counter() - start
+    if PROBLEMS in families:
+        print(write_outputs(result, out))
+    for family in (LARGE_NONSTIFF, FIRST_GRADIENT):
+        if family in families:
+            print(write_family(result[family], out))
+    print(f"suite ({', '.join(families)}): {result['seconds']:.0f} s -> {out}/", file=sys.stderr)
     return result
+
+# The family "large non-stiff" (`run_large_nonstiff`): do the stored adjoints cost what the solve takes?
+
+LARGE_NONSTIFF, FIRST_GRADIENT = "large-nonstiff", "first-gradient"
+LARGE_STATES = {True: (2000,), False: (2000, 20_000)}  # by quick
+LARGE_MAX_STEPS = (4096, USER_MAX_STEPS)  # the default and a user's
+STORED = ("GaussAdjoint", "InterpolatingAdjoint")  # the stored continuous adjoints (jax-reverse)
+# Targets (issue 33): a stored adjoint ≤ 2× diffrax's fastest and ≤ 4× RCA's XLA temporaries; auto ≤ 1×.
+STORED_SPEED, STORED_MEMORY, LARGE_AUTO_SPEED = 2.0, 4.0, 1.0
+RCA = "diffrax RecursiveCheckpointAdjoint / jax"
+
+
+def large_rhs(u, p, t):
+    """u' = −p ⊙ u + 0.3 sin t (1 + u/(1 + u²)): n states, n parameters, a handful of Tsit5 steps on [0, 1]."""
+    xp = ad.namespace(u, p)
+    return -p * u + 0.3 * xp.sin(t) * (1 + u / (1 + u**2))
+
+
+def final_squares(us):
+    """Σ u(T)²: the squares of the last saved state."""
+    return ad.namespace(us).sum(us[-1] ** 2)
+
+
+def large_nonstiff(states: int, max_steps: int = 4096) -> Benchmark:
+    """`large_rhs` with `states` states (u0 ~ U(0.5, 1.5), p ~ U(0.5, 2), seed 0), float64, Tsit5 at
+    rtol = atol = 1e-6, saved at t = 0.5 and 1, loss `final_squares`; named "large-nonstiff-N", with
+    " (max_steps=M)" where max_steps is not the default."""
+    rng = np.random.default_rng(0)
+    prob = sciad.ODEProblem(large_rhs, rng.uniform(0.5, 1.5, states), (0.0, 1.0), rng.uniform(0.5, 2.0, states))
+    name = f"large-nonstiff-{states}" + ("" if max_steps == 4096 else f" (max_steps={max_steps})")
+    return Benchmark(name, prob, np.array([0.5, 1.0]), final_squares, max_steps=max_steps)
+
+
+def large_nonstiff_combinations(bench: Benchmark) -> list[Combination]:
+    """The stored GaussAdjoint and InterpolatingAdjoint, DiscreteAdjoint, "auto", diffrax's
+    RecursiveCheckpointAdjoint and BacksolveAdjoint."""
+    return [*(sciad_combination(s, "jax-reverse") for s in STORED), sciad_combination("DiscreteAdjoint"),
+            auto_combination(bench), diffrax_peer("RecursiveCheckpointAdjoint"), diffrax_peer("BacksolveAdjoint")]
+
+
+def large_nonstiff_plan(quick: bool) -> list[Benchmark]:
+    return [large_nonstiff(n, m) for m in LARGE_MAX_STEPS for n in LARGE_STATES[quick]]
+
+
+def with_large_ratios(records) -> list[dict]:
+    """Each record with `vs_fastest_diffrax` (median / the fastest correct diffrax adjoint's) and
+    `vs_rca_temp` (XLA temporaries / diffrax RecursiveCheckpointAdjoint's), per problem."""
+    rows = []
+    for group in _by_problem(records).values():
+        peer = fastest([r for r in group if r["is_peer"]])
+        rca = next((r for r in group if r["label"] == RCA and r["temp_bytes"]), None)
+        for r in group:
+            rows.append({**r, "vs_fastest_diffrax": r["median_s"] / peer["median_s"] if r["median_s"] and peer else None,
+                         "vs_rca_temp": r["temp_bytes"] / rca["temp_bytes"] if r["temp_bytes"] is not None and rca
+                         else None})
+    return rows
+
+
+def large_nonstiff_targets(records) -> list[dict]:
+    """Per problem: each `STORED` adjoint ≤ `STORED_SPEED`× diffrax's fastest and ≤ `STORED_MEMORY`× RCA's
+    temporaries; auto ≤ `LARGE_AUTO_SPEED`×."""
+    out = []
+    for r in with_large_ratios(records):
+        stored = r["sensealg"] in STORED
+        if stored or r["sensealg"].startswith(AUTO):
+            measured = (f"{1e3 * r['median_s']:.3g} ms, {r['temp_bytes'] / 2**20:.3g} MiB" if r["ok"]
+                        else tables.status(r))
+            name = "stored " + r["sensealg"] if stored else "auto"
+            out.append(_target(f"{name} ≤ {STORED_SPEED if stored else LARGE_AUTO_SPEED:g}× diffrax's fastest",
+                               r["problem"], STORED_SPEED if stored else LARGE_AUTO_SPEED, r["vs_fastest_diffrax"],
+                               measured, "issue 33, item 1"))
+            if stored:
+                out.append(_target(f"stored {r['sensealg']} ≤ {STORED_MEMORY:g}× RCA's temporaries", r["problem"],
+                                   STORED_MEMORY, r["vs_rca_temp"], measured, "issue 33, item 1"))
+    return out
+
+
+def large_nonstiff_table(records) -> str:
+    lines = ["| problem | combination | median (ms) | / diffrax's fastest | XLA temporaries (MiB) | / RCA's | "
+             "first gradient (s) | rel. error | status |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in with_large_ratios(records):
+        if r["kind"] == "baseline":
+            continue
+        temp = None if r["temp_bytes"] is None else r["temp_bytes"] / 2**20
+        lines.append(f"| {r['problem']} | {r['label']}{' (peer)' if r['is_peer'] else ''} | "
+                     f"{tables.seconds(r['median_s'] and 1e3 * r['median_s'])} | "
+                     f"{_ratio(r['vs_fastest_diffrax'])} | {tables.seconds(temp)} | {_ratio(r['vs_rca_temp'])} | "
+                     f"{tables.seconds(r['compile_time'])} | "
+                     f"{'–' if r['rel_error'] is None else format(r['rel_error'], '.1e')} | {tables.status(r)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(x) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def run_large_nonstiff(*, quick: bool, repeats: int | None = None, progress=None) -> dict:
+    """The family's records (`run_problem` on each of `large_nonstiff_plan`: gradients checked against
+    a float64 DiscreteAdjoint at rtol = 1e-10, then timed in interleaved rounds, with XLA's
+    `temp_bytes`), its targets and the machine's load before and after."""
+    benches = large_nonstiff_plan(quick)
+    rounds, budget = ROUNDS[quick]
+    load = [_load()]
+    records = []
+    for bench in benches:
+        records += run_problem(bench, LARGE_NONSTIFF, large_nonstiff_combinations(bench), repeats=repeats or rounds,
+                               budget=budget, progress=progress)
+    load.append(_load())
+    return {"family": LARGE_NONSTIFF, "quick": quick, "records": records, "targets": large_nonstiff_targets(records),
+            "load": load}
+
+
+def _load() -> list[float]:
+    """The machine's 1-, 5- and 15-minute load averages (`uptime`)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# The family "first gradient" (`run_first_gradient`): how long a user waits after each edit.
+
+STAGES = ("trace", "lower", "compile", "run")
+SIDES = ('"auto"', "diffrax RecursiveCheckpointAdjoint")  # each case's gradient by sciad and by its peer
+FIRST_GRADIENT_REPEATS = 3
+FIRST_GRADIENT_TARGET = 0.7  # issue 33: "auto" / diffrax RCA (aim 0.5)
+EVENT_TARGET = 2.0  # issue 33: an event solve's first gradient / the same solve's without events
+CACHE_EXAMPLE = "lotka-volterra"  # the case `persistent_cache_example` runs in fresh processes
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstGradientCase:
+    """A gradient to wait for: `gradient(side)` (a `SIDES` entry) returns a fresh `jax.jit(jax.grad(loss))`
+    of `inputs` (a PyTree), nothing shared with an earlier call (a new f, as after a user's edit);
+    the two sides' gradients agree within `tolerance`. `without`: for an event solve, the name of
+    the same solve's case without its events."""
+
+    name: str
+    inputs: Any
+    gradient: Callable[[str], Callable]
+    tolerance: float
+    pick: Callable[[], str | None]
+    without: str | None = None
+
+
+def _fresh(bench: Benchmark) -> Benchmark:
+    """`bench` with its problem made again around a new function calling its f."""
+    f, prob = bench.problem.f, bench.problem
+    return dataclasses.replace(bench, problem=sciad.ODEProblem(lambda u, p, t: f(u, p, t), prob.u0, prob.tspan,
+                                                               prob.p))
+
+
+def benchmark_case(bench: Benchmark) -> FirstGradientCase:
+    """A `Benchmark`'s objective by "auto" and by `diffrax_peer`'s RecursiveCheckpointAdjoint."""
+    def gradient(side):
+        fresh = _fresh(bench)
+        if side == SIDES[0]:
+            return jax.jit(jax.grad(lambda p: fresh.objective(p, "auto")))
+        return diffrax_peer("RecursiveCheckpointAdjoint").build(fresh)
+
+    return FirstGradientCase(bench.name, jnp.asarray(bench.inputs), gradient,
+                             max(100 * bench.rtol, GRADIENT_TOLERANCE), lambda: harness.auto_pick(bench))
+
+
+def mlp_node_case() -> FirstGradientCase:
+    """A neural ODE u' = MLP(u) in float32 with an equinox MLP as p (2 → 48 tanh → 2, no final bias:
+    240 parameters), u0 = (2, 0), t ≤ 1.5, 10 save points, squared error to the true spiral."""
+    mlp = eqx.nn.MLP(2, 2, 48, 1, activation=jnp.tanh, use_final_bias=False, key=jax.random.key(0),
+                     dtype=jnp.float32)
+    params, static = eqx.partition(mlp, eqx.is_array)
+    u0, ts, tol = np.array([2.0, 0.0], np.float32), np.linspace(0.0, 1.5, 10), 1e-5
+    data = jnp.asarray(spiral_data(u0, ts))
+
+    def problem():
+        return sciad.ODEProblem(lambda u, p, t: eqx.combine(p, static)(u), u0, (0.0, 1.5), params)
+
+    def gradient(side):
+        if side == SIDES[0]:
+            prob = problem()
+
+            def loss(p):
+                return jnp.sum((sciad.solve(prob, p=p, saveat=ts, rtol=tol, atol=tol).us - data) ** 2)
+        else:
+            solver, term = get_solver("tsit5"), dfx.ODETerm(lambda t, u, p: eqx.combine(p, static)(u))
+
+            def loss(p):
+                sol = dfx.diffeqsolve(term, solver, 0.0, 1.5, None, jnp.asarray(u0), args=p,
+                                      saveat=dfx.SaveAt(ts=jnp.asarray(ts, jnp.float32)),
+                                      stepsize_controller=step_controller(solver, tol, tol), max_steps=4096,
+                                      adjoint=dfx.RecursiveCheckpointAdjoint())
+                return jnp.sum((sol.ys - data) ** 2)
+        return jax.jit(jax.grad(loss))
+
+    def pick():
+        alg = sciad.select_sensealg(problem(), saveat=ts, rtol=tol, atol=tol).sensealg
+        return describe(alg, engine=False)
+
+    return FirstGradientCase("mlp-node-240", params, gradient, 100 * tol, pick)
+
+
+def bouncing_ball_case(events: bool) -> FirstGradientCase:
+    """`sciad_bench.events`' bouncing ball, (h(2)² + v(2)²) in (h0, e): with its event (a
+    `ContinuousCallback` with a restitution affect, at most 4; diffrax: a loop of 4 solves, 3 stopped
+    by an `Event`, as `sciad bench events` writes it), or the same solve without it (one solve)."""
+    tol, saveat = 1e-6, np.array([2.0])
+
+    def gradient(side):
+        def fall(u, p, t):
+            return jnp.stack([u[1], -G + 0.0 * u[1]])
+
+        if side == SIDES[0]:
+            prob = sciad.ODEProblem(fall, np.array([1.0, 0.0]), (0.0, 2.0))
+
+            def loss(x):
+                bounce = sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: jnp.stack([u[0], -x[1] * u[1]]),
+                                                  "down")
+                kw = dict(callbacks=[bounce], max_events=4) if events else {}
+                sol = sciad.solve(prob, u0=jnp.stack([x[0], 0.0 * x[0]]), saveat=saveat, rtol=tol, atol=tol, **kw)
+                return jnp.sum(sol.us[-1] ** 2)
+        else:
+            adjoint = dfx.RecursiveCheckpointAdjoint()
+
+            def loss(x):
+                t, u = 0.0, jnp.stack([x[0], 0.0 * x[0]])
+                for _ in range(3 if events else 0):
+                    t, u = _diffrax_segment(lambda t, u, p: fall(u, p, t), u, None, t, 2.0, adjoint, tol, tol,
+                                            cond=_falling_height)
+                    u = jnp.stack([u[0], -x[1] * u[1]])
+                _, u = _diffrax_segment(lambda t, u, p: fall(u, p, t), u, None, t, 2.0, adjoint, tol, tol)
+                return jnp.sum(u**2)
+        return jax.jit(jax.grad(loss))
+
+    name = "bouncing-ball" + ("" if events else " (no events)")
+    return FirstGradientCase(name, jnp.array([1.0, 0.9]), gradient, 100 * tol, lambda: None,
+                             without="bouncing-ball (no events)" if events else None)
+
+
+def first_gradient_cases() -> list[FirstGradientCase]:
+    """Lotka–Volterra, the MLP neural ODE, the Oregonator (Kvaerno5), the suite's spiral and
+    long-horizon neural ODEs, the bouncing ball with and without its event."""
+    return [benchmark_case(lotka_volterra()), mlp_node_case(), benchmark_case(oregonator()),
+            benchmark_case(spiral_node()), benchmark_case(hamiltonian_node()), bouncing_ball_case(True),
+            bouncing_ball_case(False)]
+
+
+def stages(jitted, inputs) -> tuple[dict, Any, tuple]:
+    """Seconds in each of `STAGES` of `jitted`'s first gradient at `inputs` (`jax.stages`: trace, lower,
+    compile, the first call waited on), and `total`; its output; (its Traced, its Lowered)."""
+    times, start = {}, time.perf_counter()
+    traced = jitted.trace(inputs)
+    times["trace"], start = time.perf_counter() - start, time.perf_counter()
+    lowered = traced.lower()
+    times["lower"], start = time.perf_counter() - start, time.perf_counter()
+    compiled_fn = lowered.compile()
+    times["compile"], start = time.perf_counter() - start, time.perf_counter()
+    out = jax.block_until_ready(compiled_fn(inputs))
+    times["run"] = time.perf_counter() - start
+    times["total"] = sum(times[s] for s in STAGES)
+    return times, out, (traced, lowered)
+
+
+def _equations(jaxpr) -> int:
+    """Equations in a jaxpr, those of the jaxprs in its equations' parameters included."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+
+    def inner(value):
+        if hasattr(value, "eqns") or hasattr(getattr(value, "jaxpr", None), "eqns"):
+            return _equations(value)
+        if isinstance(value, (tuple, list)):
+            return sum(inner(v) for v in value)
+        return 0
+
+    return sum(1 + sum(inner(v) for v in eqn.params.values()) for eqn in jaxpr.eqns)
+
+
+def program_size(traced, lowered) -> dict:
+    """`equations`: of the traced jaxpr, nested ones included; `hlo_lines`: of the lowered StableHLO text."""
+    return {"equations": _equations(traced.jaxpr), "hlo_lines": len(lowered.as_text().splitlines())}
+
+
+def first_gradient(case: FirstGradientCase, repeats: int = FIRST_GRADIENT_REPEATS, progress=None) -> list[dict]:
+    """One record per side of `case`: each stage's median over `repeats` fresh first gradients (the
+    sides interleaved, their order alternating), `total_s` the median of the totals, every repeat's
+    times, the program's size and, from the first repeat, the gradients' `rel_error` (auto's against
+    the peer's; `ok` within the case's tolerance); auto's label names its pick where the case says."""
+    runs, outs, sizes = {s: [] for s in SIDES}, {}, {}
+    for i in range(repeats):
+        for side in SIDES if i % 2 == 0 else SIDES[::-1]:
+            if progress is not None:
+                progress.show(f"first gradient: {case.name}", f"{side}, repeat {i + 1}/{repeats}")
+            times, out, programs = stages(case.gradient(side), case.inputs)
+            runs[side].append(times)
+            if i == 0:
+                outs[side], sizes[side] = out, program_size(*programs)
+    error = relative_error(outs[SIDES[0]], outs[SIDES[1]])
+    pick = case.pick()
+    return [{"problem": case.name, "side": side, "label": (f"{AUTO} {pick}" if pick else "auto") if side == SIDES[0] else side,
+             "stages_s": {s: float(np.median([t[s] for t in runs[side]])) for s in STAGES},
+             "total_s": float(np.median([t["total"] for t in runs[side]])), "repeats": runs[side],
+             **sizes[side], "rel_error": error, "ok": bool(error <= case.tolerance), "without": case.without}
+            for side in SIDES]
+
+
+def first_gradient_family_targets(records) -> list[dict]:
+    """auto's first gradient / diffrax RCA's per case (≤ `FIRST_GRADIENT_TARGET`), and each event
+    solve's / the same solve's without events, per side (≤ `EVENT_TARGET`)."""
+    out, by = [], {(r["problem"], r["side"]): r for r in records}
+    for problem in dict.fromkeys(r["problem"] for r in records):
+        auto, peer = by[(problem, SIDES[0])], by[(problem, SIDES[1])]
+        ratio = auto["total_s"] / peer["total_s"] if auto["ok"] else None
+        why = _where(auto, peer) if auto["ok"] else f"gradients differ: relative error {auto['rel_error']:.1e}"
+        out.append(_target(f"first gradient ≤ {FIRST_GRADIENT_TARGET:g}× diffrax RCA's", problem,
+                           FIRST_GRADIENT_TARGET, ratio, f"{auto['total_s']:.2f} s vs {peer['total_s']:.2f} s", why))
+        if auto["without"]:
+            for side in SIDES:
+                with_, without = by[(problem, side)], by[(auto["without"], side)]
+                out.append(_target(f"{side}: events ≤ {EVENT_TARGET:g}× without", problem, EVENT_TARGET,
+                                   with_["total_s"] / without["total_s"],
+                                   f"{with_['total_s']:.2f} s vs {without['total_s']:.2f} s", _where(with_, without)))
+    return out
+
+
+def _where(slow: dict, fast: dict) -> str:
+    """Where `slow`'s first gradient spends more than `fast`'s, stage by stage."""
+    return "; ".join(f"{s} {slow['stages_s'][s]:.2f} vs {fast['stages_s'][s]:.2f} s" for s in STAGES
+                     if s != "run" or slow["stages_s"][s] > 0.05)
+
+
+def first_gradient_table(records) -> str:
+    lines = ["| problem | side | trace (s) | lower (s) | compile (s) | run (s) | total (s) | auto / RCA | "
+             "jaxpr equations | StableHLO lines | rel. error |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["problem"], r["side"]): r for r in records}
+    for r in records:
+        peer = by[(r["problem"], SIDES[1])]
+        ratio = f"**{r['total_s'] / peer['total_s']:.2f}**" if r["side"] == SIDES[0] else ""
+        lines.append(f"| {r['problem']} | {r['label']} | " + " | ".join(f"{r['stages_s'][s]:.3g}" for s in STAGES)
+                     + f" | {r['total_s']:.3g} | {ratio} | {r['equations']} | {r['hlo_lines']} | "
+                     f"{r['rel_error']:.1e}{'' if r['ok'] else ' WRONG'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cache_probe(name: str, side: str, cache_dir: str) -> dict:
+    """`stages` of case `name`'s first gradient by `side` in this process, with JAX's persistent
+    compilation cache at `cache_dir` (none if empty); run in a fresh process by `persistent_cache_example`."""
+    if cache_dir:
+        jax.config.update("jax_compilation_cache_dir", cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    case = next(c for c in first_gradient_cases() if c.name == name)
+    return stages(case.gradient(side), case.inputs)[0]
+
+
+def persistent_cache_example(name: str = CACHE_EXAMPLE, progress=None) -> list[dict]:
+    """Case `name`'s first gradient, each side, in fresh processes: without the persistent cache, with
+    it empty (cold, written) and with it filled by that run (warm); `stages` and the process's wall time."""
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        for side in SIDES:
+            for setting, folder in (("no cache", ""), ("cache cold", f"{cache}/{len(rows)}"),
+                                    ("cache warm", f"{cache}/{len(rows)}")):
+                if progress is not None:
+                    progress.show(f"persistent cache: {name}", f"{side}, {setting}")
+                start = time.perf_counter()
+                script = ("import json, sys, jax; jax.config.update('jax_enable_x64', True); "
+                          "from sciad_bench.suite import _cache_probe; print(json.dumps(_cache_probe(*sys.argv[1:])))")
+                done = subprocess.run([sys.executable, "-c", script, name, side, folder], capture_output=True,
+                                      text=True, check=True)
+                rows.append({"problem": name, "side": side, "setting": setting,
+                             "process_s": time.perf_counter() - start,
+                             "stages_s": json.loads(done.stdout.strip().splitlines()[-1])})
+    return rows
+
+
+def cache_table(rows) -> str:
+    lines = ["| side | setting | trace (s) | lower (s) | compile (s) | run (s) | first gradient (s) | process (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['side']} | {r['setting']} | " + " | ".join(f"{r['stages_s'][s]:.3g}" for s in STAGES)
+              + f" | {r['stages_s']['total']:.3g} | {r['process_s']:.3g} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def run_first_gradient(*, quick: bool, repeats: int | None = None, progress=None) -> dict:
+    """The family's records (`first_gradient` of each of `first_gradient_cases`; quick: 1 repeat), its
+    targets, the `persistent_cache_example` (full mode) and the machine's load before and after."""
+    load, records = [_load()], []
+    for case in first_gradient_cases():
+        records += first_gradient(case, repeats or (1 if quick else FIRST_GRADIENT_REPEATS), progress)
+        if progress is not None:
+            progress.step(f"first gradient: {case.name}")
+    cache = [] if quick else persistent_cache_example(progress=progress)
+    load.append(_load())
+    return {"family": FIRST_GRADIENT, "quick": quick, "records": records, "targets": first_gradient_family_targets(records),
+            "cache": cache, "load": load}
+
+
+# The families together: `run_suite(families=...)`, `sciad bench suite --family NAME`.
+
+PROBLEMS = "problems"
+FAMILIES = (PROBLEMS, LARGE_NONSTIFF, FIRST_GRADIENT)
+
+
+def family_outputs(family: str) -> tuple[str, ...]:
+    """The files `write_family` writes for `family` (copied to paper/tables and paper/figures)."""
+    return tuple(f"suite-{family}.{ext}" for ext in ("md", "json", "png"))
+
+
+def _machine(result) -> str:
+    before, after = result["load"]
+    return (f"{os.cpu_count()}-core {jax.devices()[0].platform.upper()}, load averages (1, 5, 15 min; `uptime`) "
+            f"{', '.join(map(str, before))} before and {', '.join(map(str, after))} after")
+
+
+def large_nonstiff_markdown(result) -> str:
+    return "\n".join([
+        f"# suite: large non-stiff{' (quick)' if result['quick'] else ''}\n",
+        f"u' = −p ⊙ u + 0.3 sin t (1 + u/(1 + u²)), n states and n parameters, float64, Tsit5 at rtol = atol = "
+        "1e-6, saved at t = 0.5 and 1 (a handful of steps), gradient of Σ u(1)² in p. Each gradient checked "
+        "against a float64 DiscreteAdjoint at rtol = 1e-10, then timed in interleaved rounds in one process "
+        "(medians); XLA's temporaries from `memory_analysis()` of the compiled gradient; first gradient: trace, "
+        f"compile and first call. Machine: {_machine(result)}.\n",
+        large_nonstiff_table(result["records"]), "## Targets (issue 33)\n", targets_table(result["targets"])])
+
+
+def first_gradient_markdown(result) -> str:
+    parts = [
+        f"# suite: first gradient{' (quick)' if result['quick'] else ''}\n",
+        "Time to the first gradient of `sensealg=\"auto\"` against diffrax's RecursiveCheckpointAdjoint with the "
+        "same loss, split by `jax.stages`: trace (`jax.jit(f).trace`), lower, compile, first call. Fresh "
+        f"functions each repeat (a new f, as after an edit), the two sides interleaved, medians of "
+        f"{max(len(r['repeats']) for r in result['records'])}; the gradients' relative error (auto's against "
+        "diffrax's) from the first repeat; program sizes: equations of the traced jaxpr (nested ones "
+        f"included) and lines of the lowered StableHLO. Machine: {_machine(result)}.\n",
+        first_gradient_table(result["records"]), "## Targets (issue 33)\n", targets_table(result["targets"])]
+    if result["cache"]:
+        parts += [f"## JAX's persistent compilation cache ({CACHE_EXAMPLE}, fresh processes)\n",
+                  "`jax_compilation_cache_dir` set, `jax_persistent_cache_min_compile_time_secs` 0; each row its "
+                  "own process (`process`: its wall time, imports included); warm: the cold row's cache.\n",
+                  cache_table(result["cache"])]
+    return "\n".join(parts)
+
+
+def family_figure(result, path) -> None:
+    """large non-stiff: time / diffrax's fastest and temporaries / RCA's per combination; first gradient:
+    each side's stages stacked, per case."""
+    mode = " (quick)" if result["quick"] else ""
+    if result["family"] == LARGE_NONSTIFF:
+        rows = [r for r in with_large_ratios(result["records"]) if r["kind"] != "baseline"]
+        time_panel, memory_panel = "time per gradient / diffrax's fastest", "XLA temporaries / diffrax RCA's"
+        plots.bar_panels({panel: [(f"{r['problem']}: {r['label']}", {r["kind"]: r[key]}) for r in rows]
+                          for panel, key in ((time_panel, "vs_fastest_diffrax"), (memory_panel, "vs_rca_temp"))},
+                         path, f"suite{mode}, large non-stiff (Tsit5, 2 save times)",
+                         {time_panel: "ratio (log scale)", memory_panel: "ratio (log scale)"}, log=True, reference=1.0)
+    else:
+        panel = "time to the first gradient"
+        plots.bar_panels({panel: [(f"{r['problem']}: {r['label']}", r["stages_s"]) for r in result["records"]]},
+                         path, f"suite{mode}, first gradient: where the time goes (median of "
+                         f"{max(len(r['repeats']) for r in result['records'])})", {panel: "seconds"})
+
+
+def write_family(result, out: pathlib.Path) -> str:
+    """`family_outputs` of a family's result under `out`; returns the Markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    table, data, figure = family_outputs(result["family"])
+    (out / data).write_text(json.dumps(result, indent=1, default=str))
+    md = (large_nonstiff_markdown if result["family"] == LARGE_NONSTIFF else first_gradient_markdown)(result)
+    (out / table).write_text(md)
+    family_figure(result, out / figure)
+    return md
