@@ -19,6 +19,7 @@ import sys
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg
 import numpy as np
 import optimistix as optx
 
@@ -98,6 +99,26 @@ class MassMatrix:
         out = np.eye(self.n + k)
         out[: self.n, : self.n] = self.matrix
         return out
+
+    @property
+    def transposed(self) -> np.ndarray:
+        """Mᵀ (a diagonal is its own)."""
+        return self.matrix if self.matrix.ndim == 1 else self.matrix.T
+
+    def times_transposed(self, v):
+        """Mᵀ v (n,)."""
+        M = jnp.asarray(self.matrix, v.dtype)
+        return M * v if M.ndim == 1 else M.T @ v
+
+    def solve_transposed(self, v):
+        """(Mᵀ)⁺ v (n,), M's pseudo-inverse: the x in Mᵀ's row space (M's column space) with Mᵀ x = v,
+        for v in Mᵀ's range."""
+        if self.matrix.ndim == 1:
+            nonzero = self.matrix != 0
+            return jnp.where(nonzero, v / jnp.asarray(np.where(nonzero, self.matrix, 1.0), v.dtype), 0)
+        U, s, Vt = np.linalg.svd(self.matrix)
+        r = self.rank
+        return jnp.asarray((U[:, :r] / s[:r]) @ Vt[:r], v.dtype) @ v
 
     def __array__(self, dtype=None, copy=None):
         return self.matrix if dtype is None else self.matrix.astype(dtype)
@@ -184,6 +205,10 @@ class _Split:
         """The algebraic equations' values (k,) from f (n,)."""
         return rate[self.index] if self.index is not None else jnp.asarray(self.equations.T, rate.dtype) @ rate
 
+    def transposed(self) -> "_Split":
+        """The split of Mᵀ: its algebraic equations are M's algebraic states and the reverse."""
+        return _Split(self.index, self.states, self.equations)
+
 
 def _concrete(tree):
     """`tree` with its primal values where they are known now (eager `jax.grad`), else None (traced)."""
@@ -212,7 +237,10 @@ def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float
     floor = 100 * float(jnp.finfo(u0.dtype).eps)  # a tolerance the dtype can meet
     newton = optx.Newton(rtol=max(rtol * NEWTON_TIGHTER, floor), atol=atol * NEWTON_TIGHTER, cauchy_termination=False)
     sol = optx.root_find(residual, newton, z0, args, max_steps=NEWTON_STEPS, throw=False)
-    failed = (sol.result != optx.RESULTS.successful) | ~jnp.all(jnp.isfinite(sol.value))
+    # optimistix calls iterations whose corrections stop shrinking at rounding level diverged (a u0
+    # consistent already, with a full M): the result stands where "check" would accept it.
+    ratio, _ = jax.lax.stop_gradient(_distance(residual, sol.value, args, rtol, atol))
+    failed = ((sol.result != optx.RESULTS.successful) & ~(ratio <= 1)) | ~jnp.all(jnp.isfinite(sol.value))
     return split.state(u0, _refused(sol.value, failed, INIT_FAILED.format(k=z0.size, steps=NEWTON_STEPS)))
 
 
@@ -237,15 +265,18 @@ INCONSISTENT = ("initialization='check': u0 is not consistent: its algebraic sta
                 "differential states, or correct u0")
 
 
+def _distance(residual, z, args, rtol, atol):
+    """(the largest Newton correction of the algebraic states z over atol + rtol |z|, the residual's
+    largest entry)."""
+    r = residual(z, args)
+    step = jnp.linalg.solve(jax.jacfwd(residual)(z, args), r)
+    return jnp.max(jnp.abs(step) / (atol + rtol * jnp.abs(z)), initial=0.0), jnp.max(jnp.abs(r), initial=0.0)
+
+
 def _checked(residual, z0, args, u0, rtol, atol):
     """u0, or a `SolveError` (now where the values are known, else when the program runs) when the
     Newton correction of the algebraic states at u0 exceeds atol + rtol |u| somewhere."""
-
-    def distance(z0, args):  # the largest correction over its tolerance, and the residual's largest entry
-        r = residual(z0, args)
-        step = jnp.linalg.solve(jax.jacfwd(residual)(z0, args), r)
-        return jnp.max(jnp.abs(step) / (atol + rtol * jnp.abs(z0)), initial=0.0), jnp.max(jnp.abs(r), initial=0.0)
-
+    distance = functools.partial(_distance, residual, rtol=rtol, atol=atol)
     known = _concrete((z0, args))
     if known is not None:
         ratio, size = (float(x) for x in distance(*known))
@@ -275,3 +306,84 @@ def _fixed_time_jvp(message, primals, tangents):
     if not isinstance(dt, jax.custom_derivatives.SymbolicZero):
         raise ValueError(message)
     return t, jnp.zeros_like(t)
+
+
+# --- sensitivities and adjoints ---------------------------------------------------------------------
+# M u' = f, index 1, J = ∂f/∂u. In M's split (`_Split`: M = U₁ΣV₁ᵀ, V₀ spanning its null space, U₀ its
+# left null space), the algebraic equations are U₀ᵀ f = 0 and A = U₀ᵀ J V₀ (k, k) is invertible.
+#
+# Tangents. S = ∂u/∂x (direction dp in p) solves the sensitivity DAE M S' = J S + ∂f/∂p dp, and a
+# consistent S solves its algebraic equations U₀ᵀ (J S + ∂f/∂p dp) = 0: S = V₁a + V₀b with
+# b = -A⁻¹ U₀ᵀ (J V₁ a + ∂f/∂p dp). The consistent initial tangents are the derivative of the
+# consistent initialisation (`initialise`: M's row-space part of u0 kept, the algebraic part solved),
+# by its implicit function theorem (`consistent_tangents`).
+#
+# Adjoints. λ solves the adjoint DAE Mᵀ λ' = -Jᵀ λ - (∂g/∂u)ᵀ w_Q backwards (an integrand g with
+# cotangent w_Q), whose algebraic equations are V₀ᵀ (Jᵀ λ + (∂g/∂u)ᵀ w_Q) = 0 in λ's algebraic part U₀ᵀλ
+# (Mᵀ's null space is U₀: `_Split.transposed`). Along any consistent tangent,
+#     d/dt (λᵀ M S) = λᵀ ∂f/∂p dp - w_Qᵀ (∂g/∂u) S,
+# so λᵀ M S carries the loss back to t0, where ∂L/∂u0 = Mᵀ λ(t0) (`cotangent_u0`). A loss term wᵀ S(t_k)
+# at a save time enters as a jump of λ (`adjoint_jump`): with S = V₁a + V₀b as above,
+#     wᵀ S = w̃ᵀ V₁ a - νᵀ U₀ᵀ ∂f/∂p dp,   ν = A⁻ᵀ V₀ᵀ w,   w̃ = w - Jᵀ U₀ ν (V₀ᵀ w̃ = 0),
+# and λᵀ M S = (Mᵀλ)ᵀ V₁ a, so Mᵀλ jumps by w̃ (λ by (Mᵀ)⁺ w̃, in Mᵀ's row space), ∂L/∂p gains
+# -(∂f/∂p)ᵀ U₀ ν directly, and λ's algebraic part, which Mᵀ does not see, is solved from the adjoint's
+# algebraic equations (linear in it: one Newton step). For a semi-explicit DAE (M = diag(I, 0), states
+# (x, z), equations (f, h)) that is: ν = (∂h/∂z)⁻ᵀ w_z, λ_x += w_x - (∂h/∂x)ᵀ ν, ∂L/∂p -= (∂h/∂p)ᵀ ν, and
+# λ_z = -(∂h/∂z)⁻ᵀ ((∂f/∂z)ᵀ λ_x + (∂g/∂z)ᵀ w_Q). Mᵀλ(t0) lies in M's row space, which the consistent
+# initialisation keeps: its own derivative passes it on unchanged and adds nothing to ∂L/∂p, so the
+# gradient is the same whether or not u0 was initialised here.
+
+
+def solver_mass(solver, n: int) -> "MassMatrix | None":
+    """The mass matrix over u (n,) of the problem `solver` solves: the first n rows and columns of
+    a Rosenbrock solver's (`dae_solver` extends it over an integrand's entries), or None (u' = f)."""
+    held = solver.mass_matrix if isinstance(solver, AbstractRosenbrock) else None
+    if held is None:
+        return None
+    held = np.asarray(held)  # concrete: `dae_solver` made it from the problem's constant M
+    return MassMatrix.of(held[:n] if held.ndim == 1 else held[:n, :n], n)
+
+
+def with_mass(solver, blocks):
+    """`solver` (a Rosenbrock solver) for a state of several parts, flattened in order, each part's
+    mass matrix in `blocks`: an int s (the identity on s entries), a diagonal (s,) or a matrix (s, s).
+    A diagonal over the whole state where every part's is one, else the dense block diagonal."""
+    dtype = jnp.result_type(float)
+    dense = any(not isinstance(b, int) and np.ndim(b) == 2 for b in blocks)
+    parts = [jnp.ones((b,), dtype) if isinstance(b, int) else jnp.asarray(b, dtype) for b in blocks]
+    if dense:
+        matrix = jax.scipy.linalg.block_diag(*(jnp.diag(b) if b.ndim == 1 else b for b in parts))
+    else:
+        matrix = jnp.concatenate(parts)
+    return eqx.tree_at(lambda s: s.mass_matrix, solver, matrix, is_leaf=lambda x: x is None)
+
+
+def consistent_tangents(field, mass: MassMatrix, u0, p, t0, du0, dp, rtol: float, atol: float):
+    """Consistent tangents (c, n) of the initial state in the directions du0 (c, n), dp (c, m): the
+    derivative of `initialise`'s consistent u0 (the implicit function theorem at u0, consistent), so
+    u0's row-space part is kept and the algebraic part solves the linearised algebraic equations."""
+    _, tangent = jax.linearize(lambda u0, p: initialise("consistent", field, mass, u0, p, t0, rtol, atol), u0, p)
+    return jax.vmap(tangent)(du0, dp)
+
+
+def adjoint_jump(mass: MassMatrix, lam, w, pullback, rate):
+    """(λ⁺, ∂L/∂p's increment (m,) or None) at a save time where the loss has ∂L/∂u = w (n,), λ (n,)
+    arriving from later times: Mᵀλ jumps by w - Jᵀ U₀ ν, ∂L/∂p by -(∂f/∂p)ᵀ U₀ ν (ν = A⁻ᵀ V₀ᵀ w), and
+    λ's algebraic part solves the adjoint's algebraic equations (see above). `pullback(v)` gives
+    (Jᵀ v, (∂f/∂p)ᵀ v) at u(t_k); `rate(λ)`, Jᵀλ + (∂g/∂u)ᵀ w_Q with the integral's cotangent on the
+    interval before t_k (minus λ's rate in Mᵀ λ' = …)."""
+    if not mass.singular:
+        return lam + mass.solve_transposed(w), None
+    split = _Split.of(mass).transposed()  # λ's algebraic states U₀ᵀλ, its equations V₀ᵀ(·)
+    directions = jax.vmap(lambda e: split.state(jnp.zeros_like(lam), e))(jnp.eye(mass.algebraic, dtype=lam.dtype))
+    G, P = jax.vmap(pullback)(directions)  # rows Jᵀ U₀ e_i (k, n) and (∂f/∂p)ᵀ U₀ e_i (k, m)
+    factors = jax.scipy.linalg.lu_factor(jax.vmap(split.residual)(G).T)  # V₀ᵀ Jᵀ U₀ = Aᵀ (k, k)
+    nu = jax.scipy.linalg.lu_solve(factors, split.residual(w))
+    lam = lam + mass.solve_transposed(w - nu @ G)
+    algebraic = split.variables(lam) - jax.scipy.linalg.lu_solve(factors, split.residual(rate(lam)))
+    return split.state(lam, algebraic), -(nu @ P)
+
+
+def cotangent_u0(mass: MassMatrix, lam):
+    """∂L/∂u0 from λ(t0) (n,): Mᵀλ (see above)."""
+    return mass.times_transposed(lam)

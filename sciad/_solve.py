@@ -12,6 +12,7 @@ import numpy as np
 from sciad import _events as events
 from sciad.adjoints._base import Setup, is_implicit
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
+from sciad.adjoints._forward import ForwardSensitivity
 from sciad.adjoints._registry import describe, resolve
 from sciad._dae import check_initialization, dae_solver, default_solver, fixed_time, initialise
 from sciad._dense import DenseOutput
@@ -32,9 +33,9 @@ SOLVERS = {
     "rodas5p": Rodas5P,
     "rodas4": Rodas4,
 }
-# The sensealgs that differentiate a solve with a mass matrix (through the solver's steps); the
-# continuous adjoints and ForwardSensitivity need the adjoint / sensitivity DAE, not yet written.
-MASS_MATRIX_SENSEALGS = (ForwardDiffSensitivity, DiscreteAdjoint)
+# The sensealgs that differentiate a solve with a mass matrix: through the solver's steps, and by the
+# sensitivity DAE (sciad._dae).
+MASS_MATRIX_SENSEALGS = (ForwardDiffSensitivity, DiscreteAdjoint, ForwardSensitivity)
 
 
 class Solution(eqx.Module):

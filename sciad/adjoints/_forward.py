@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 import sciad.ad as ad
 from sciad.adjoints._base import AbstractSensitivity, Products, Setup, leading_seminorm, plain_forward, stats_vector
+from sciad._dae import consistent_tangents, solver_mass, with_mass
 
 
 SLOW_IMPLICIT_STATES = 16  # states from which ForwardSensitivity with an implicit solver gets a warning
@@ -24,6 +25,10 @@ class ForwardSensitivity(AbstractSensitivity):
     forward solve's, and S is the discrete derivative of the solution (equal
     to `DiscreteAdjoint`'s gradient to rounding with an explicit solver), and faster
     (paper/tables/scaling.md, suite.md).
+
+    With a mass matrix (M u' = f, a DAE where M is singular) S solves the sensitivity DAE
+    M S' = (∂f/∂u) S + ∂f/∂p with the same Rosenbrock solver (mass matrix M on each column), from
+    consistent tangents: the derivative of the consistent initialisation (`sciad._dae`).
     """
 
     stores_interpolation = False
@@ -53,6 +58,12 @@ class ForwardSensitivity(AbstractSensitivity):
                               jnp.zeros((sizes[1], y0.shape[0]), u0.dtype)])
         dps = jnp.concatenate([jnp.zeros((sizes[0], m), p.dtype), jnp.eye(sizes[1], m, dtype=p.dtype)])
         prods = Products(setup.f, self.jvp)
+        mass = solver_mass(setup.solver, n)
+        if mass is not None:  # the sensitivity DAE M S' = J S + ∂f/∂p dp, from consistent tangents
+            s0 = s0.at[:, :n].set(consistent_tangents(setup.f, mass, u0, p, setup.t0, s0[:, :n], dps, setup.rtol,
+                                                      setup.atol))
+            setup = eqx.tree_at(lambda s: s.solver, setup,
+                                with_mass(setup.solver, [setup.solver.mass_matrix] * (1 + s0.shape[0])))
 
         def rhs(t, y, p):
             y, s = y
