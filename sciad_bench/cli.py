@@ -7,7 +7,7 @@ from sciad_bench.harness import SLOW_CALL
 from sciad_bench.suite import FAMILIES
 from sciad_bench.suite import ROUNDS as SUITE_ROUNDS
 
-BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses", "events", "large-stiff", "dae")
+BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses", "events", "large-stiff", "dae", "sde")
 
 
 def main(argv=None) -> None:
@@ -65,6 +65,10 @@ def main(argv=None) -> None:
         from sciad_bench.dae import run_dae
 
         run_dae(quick=args.quick, repeats=args.repeats, out=args.out)
+    elif args.name == "sde":
+        from sciad_bench.sde import run_sde
+
+        run_sde(quick=args.quick, repeats=args.repeats, out=args.out)
     elif args.name == "selection":
         from sciad_bench.selection import run_selection
 
