@@ -96,15 +96,18 @@ class Setup(eqx.Module):
         """Indices (T,) of the saveat times among the breakpoints `bps`."""
         return jnp.searchsorted(bps, jnp.asarray(self.ts, bps.dtype))
 
-    def diffeqsolve(self, term, y0, args, t0, t1, *, ts=None, dense=False, steps=False,
+    def diffeqsolve(self, term, y0, args, t0, t1, *, ts=None, dense=False, steps=False, step_states=False,
                     adjoint=None, max_steps=None, norm=None, dt0=None, throw=True):
         """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards),
-        saving at `ts` and, with `steps` = k, after every k-th accepted step (True: every one).
+        saving at `ts` and, with `steps` = k, after every k-th accepted step (True: every one), in one
+        array. With `step_states`, the solution's `ts` and `ys` are pairs: at `ts`, and at t0 and
+        after every accepted step (max_steps + 1 entries, inf times after the last).
         `dt0` is the first step (None: diffrax selects it, at two extra f evaluations).
         Solves inside the rules run in diffrax's `ForwardMode` (JAX never reverse-differentiates
         them, and an outer `jax.jvp` can enter them: second derivatives)."""
         controller = step_controller(self.solver, self.rtol, self.atol, norm)
-        saveat = dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
+        saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t0=True, steps=True)]) if step_states
+                  else dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense))
         max_steps = max_steps or self.max_steps
         sol = dfx.diffeqsolve(
             term, self.solver, t0, t1, dt0, y0, args=args, saveat=saveat,

@@ -1,6 +1,6 @@
 """Differentiating through the solver's steps: discretise-then-optimise."""
 
-import dataclasses
+import functools
 from typing import Callable
 
 import diffrax as dfx
@@ -11,10 +11,13 @@ import numpy as np
 
 from sciad.adjoints._base import (AbstractSensitivity, Setup, checked, plain_forward, solver_pushforward, stats_vector,
                                  stored_steps)
+from sciad.adjoints._stepping import Stepper
 from sciad._errors import batch_any
 
 STORE_ALL_BYTES = 2**28  # every step's state kept below this (256 MiB), recursive checkpoints above
-STATE_COPIES = 3  # a checkpoint holds about three copies of the state (y, the FSAL stage, the step's start)
+STATE_COPIES = 1  # the stored reverse pass keeps each accepted step's state once (recomputing its stages)
+
+
 def stored_steps_bytes(max_steps: int, states: int, itemsize: int) -> int:
     """The bytes of the stored steps (`stored_steps(max_steps)`) of a state of `states` entries of `itemsize` bytes."""
     return stored_steps(max_steps) * STATE_COPIES * states * itemsize
@@ -31,21 +34,22 @@ def _solution(setup: Setup, adjoint=None, throw=True):
 
 
 class DiscreteAdjoint(AbstractSensitivity):
-    """Reverse-mode AD through the solver's steps with diffrax's
-    `RecursiveCheckpointAdjoint`: the exact gradient of the discrete solution.
+    """Reverse-mode AD through the solver's steps: the exact gradient of the
+    discrete solution, as diffrax's `RecursiveCheckpointAdjoint` gives it.
     The baseline every other sensealg is checked against. The forward pass
     records the reverse pass's residuals (no re-solve).
 
-    `stored_steps=None` stores every step (no recomputation) for solves of up
-    to `STORED_STEPS` steps whose states fit in `STORE_ALL_BYTES`, at most
-    `STORED_BYTES` of them (the buffer is allocated at its full size on every
-    call: 43 steps of 2,000 states); a solve that takes more steps than that
-    (a `max_steps` raised above it, a large state) is run again with diffrax's
-    recursive checkpoints (O(√max_steps) states, the steps recomputed), so the
-    cost follows the steps taken, not `max_steps`.
-    Past the memory, recursive checkpoints from the start. An int sets the
-    number of steps stored (diffrax's `checkpoints`; memory ≈ stored_steps ×
-    the solver's state).
+    `stored_steps=None` stores the state after every accepted step, once, for
+    solves of up to `STORED_STEPS` steps whose states fit in
+    `STORE_ALL_BYTES`, at most `STORED_BYTES` of them; the reverse pass then
+    runs back over them, each step's stages recomputed from its start and
+    transposed (one plain loop: no checkpointing machinery per step). A
+    solve that takes more steps than that (a `max_steps` raised above it, a
+    large state) is run again with diffrax's recursive checkpoints
+    (O(√max_steps) states, the steps recomputed), so the cost follows the
+    steps taken, not `max_steps`. Past the memory, recursive checkpoints from
+    the start. An int sets the number of steps stored (diffrax's
+    `checkpoints`; memory ≈ stored_steps × the solver's state).
 
     Differentiated again (Hessians, forward-over-reverse), the reverse pass
     is replayed through diffrax's `DirectAdjoint`, which forward mode can
@@ -60,22 +64,21 @@ class DiscreteAdjoint(AbstractSensitivity):
             raise ValueError(f"DiscreteAdjoint(stored_steps=...) must be a positive int or None, got "
                              f"{self.stored_steps!r}")
 
-    def checkpoint_count(self, setup: Setup, u0) -> int | None:
-        """Checkpoints for diffrax (None: its recursive default)."""
+    def recording(self, setup: Setup, u0) -> Callable:
+        """How the forward pass records its reverse pass (`_recorded`): the stored steps, falling back
+        to recursive checkpoints where the solve needs more; recursive checkpoints (a large state);
+        or the user's number of checkpoints."""
         if self.stored_steps is not None:
-            return self.stored_steps
-        stored = stored_steps_bytes(setup.max_steps, u0.size, u0.dtype.itemsize)
-        # The steps tried stored: at most `STORED_BYTES` of them (a buffer costs its size on every call).
-        if stored > STORE_ALL_BYTES:
-            return None
-        return stored_steps(setup.max_steps, STATE_COPIES * u0.size * u0.dtype.itemsize)
+            return _checkpointed(self.stored_steps)
+        if stored_steps_bytes(setup.max_steps, u0.size, u0.dtype.itemsize) > STORE_ALL_BYTES:
+            return _checkpointed(None)
+        count = stored_steps(setup.max_steps, STATE_COPIES * u0.size * u0.dtype.itemsize)
+        return _stored(count) if count >= setup.max_steps else _or_recomputed(_stored(count, throw=False))
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
-        count = self.checkpoint_count(setup, u0)
-        capped = self.stored_steps is None and count is not None and count < setup.max_steps
-        us, stats, result, pb = _recorded(setup, count, capped)(u0, p)
+        us, stats, result, pb = _recorded(setup, self.recording(setup, u0))(u0, p)
         return checked(setup, result, us), stats, Tape(u0, p, pb, result)
 
     def pushforward(self, setup: Setup, tape: "Tape", du0, dp):
@@ -101,27 +104,83 @@ def _zero_tangents(tree):
                         else np.zeros(x.shape, jax.dtypes.float0), tree)
 
 
-def _recorded(setup: Setup, checkpoints: int | None, capped: bool):
-    """(u0, p) -> (us, stats, result, pb): the forward solve with `checkpoints` checkpoints and the
-    pullback `pb` they make. `capped`: the solve is tried in at most `checkpoints` steps, all stored,
-    and where it needs more (any member of a vmap batch), run again with recursive checkpoints.
-    Forward mode sees the solution's tangent (through the solver's steps) and no tangent for `pb`,
-    which `_replayed` recomputes instead of reading."""
-    arrays, rest = eqx.partition(setup, eqx.is_array)  # traced parts enter the rule as arguments
-    structure = []  # pb's PyTree structure: the rule returns its leaves (each trace builds a new structure)
+def _checkpointed(checkpoints: int | None, throw: bool = True) -> Callable:
+    """(setup, u0, p) -> (pb, us, stats, result): the solve under `jax.vjp` with diffrax's
+    `RecursiveCheckpointAdjoint(checkpoints)` and the pullback `pb` it makes."""
 
-    def recording(setup, u0, p, checkpoints, throw=True):
+    def recording(setup: Setup, u0, p):
         _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints), throw),
                                              u0, p, has_aux=True)
         return pb, us, stats, result
 
-    def stored_or_recursive(setup, u0, p):
-        stored, us, stats, result = recording(dataclasses.replace(setup, max_steps=checkpoints), u0, p,
-                                              checkpoints, throw=False)
+    return recording
+
+
+def _stored(count: int, throw: bool = True) -> Callable:
+    """(setup, u0, p) -> (pb, us, stats, result): the solve in at most `count` steps, keeping the state
+    at t0 and after each accepted step, and the pullback `pb` (`_reverse_steps`) that runs back over them."""
+
+    def recording(setup: Setup, u0, p):
+        sol = setup.forward(u0, p, max_steps=count, step_states=True, throw=throw)
+        (us, _), (_, t_steps), (_, y_steps) = sol.ys, sol.ts, sol.ys
+        arrays, rest = eqx.partition(setup, eqx.is_array)
+        accepted = sol.stats["num_accepted_steps"]
+        pb = jax.tree_util.Partial(functools.partial(_reverse_steps, rest), arrays, t_steps, y_steps, accepted, p)
+        return pb, us, stats_vector(sol), sol.result
+
+    return recording
+
+
+def _reverse_steps(rest, arrays, t, y, accepted, p, w):
+    """wᵀ ∂ys/∂(u0, p) (n,), (m,) for the cotangent w (T, n + k) of the saves: back over the stored
+    accepted steps (t (S + 1,) and y (S + 1, n + k) from t0; the first `accepted` of them), each step
+    from its start recomputed under `jax.vjp` (diffrax's step, as the forward solve took it: its
+    first stage re-evaluated instead of carried) and given the cotangents of its end state and of
+    the saves its dense output gave."""
+    setup = eqx.combine(arrays, rest)
+    stepper = Stepper.of(setup.term(), setup.solver, setup.rtol, setup.atol, forward_mode=False)
+    saves = jnp.asarray(setup.ts, t.dtype)
+    first = jnp.searchsorted(saves, t, side="right").at[0].set(0)  # step i gave saves[first[i]:first[i + 1]]
+    state = jax.tree.map(jnp.zeros_like, eqx.filter_eval_shape(stepper.solver.init, stepper.terms, t[0], t[1],
+                                                                y[0], p))
+
+    def back(carry):
+        i, y_bar, p_bar = carry
+        i = jnp.maximum(i, 0)  # a finished member of a vmap batch runs on, its result discarded
+        t0, t1 = t[i], t[i + 1]
+
+        def step(y0, p):
+            y1, _, dense, _, _ = stepper.step(t0, t1, y0, p, state, True)
+            return y1, dense
+
+        (_, dense), pullback = jax.vjp(step, y[i], p)
+        zero = jax.tree.map(jnp.zeros_like, dense)
+
+        def save(k, dense_bar):
+            _, of_save = jax.vjp(lambda d: stepper.interpolation(t0, t1, d).evaluate(saves[k]), dense)
+            return jax.tree.map(jnp.add, dense_bar, of_save(w[k])[0])
+
+        lo, hi = first[i], first[i + 1]
+        dense_bar = jax.lax.cond(hi > lo, lambda: jax.lax.fori_loop(lo, hi, save, zero), lambda: zero)
+        y_bar, g = pullback((y_bar, dense_bar))
+        return i - 1, y_bar, p_bar + g
+
+    # A solve of no steps (t0 = t1) saved y0 at every save time.
+    y_bar = jnp.where(accepted == 0, jnp.sum(w, axis=0), jnp.zeros_like(y[0]))
+    _, y_bar, p_bar = jax.lax.while_loop(lambda carry: carry[0] >= 0, back, (accepted - 1, y_bar, jnp.zeros_like(p)))
+    return y_bar[: setup.n], p_bar
+
+
+def _or_recomputed(recording: Callable) -> Callable:
+    """`recording` (a solve in fewer steps than max_steps, not raising where it runs out), or where
+    it runs out of steps (any member of a vmap batch), the solve again with recursive checkpoints."""
+
+    def either(setup: Setup, u0, p):
+        stored, us, stats, result = recording(setup, u0, p)
         again = []  # the recomputing pullback's structure (the cond returns its leaves)
 
         def recursive():
-            pb, *out = recording(setup, u0, p, None)
+            pb, *out = _checkpointed(None)(setup, u0, p)
             leaves, treedef = jax.tree.flatten(pb)
             again[:] = [treedef]
             return leaves, *out
@@ -132,13 +191,20 @@ def _recorded(setup: Setup, checkpoints: int | None, capped: bool):
         leaves, us, stats, result = jax.lax.cond(overflow, recursive, zeros)
         return _Either(stored, jax.tree.unflatten(again[0], leaves), overflow), us, stats, result
 
+    return either
+
+
+def _recorded(setup: Setup, recording: Callable):
+    """(u0, p) -> (us, stats, result, pb): the forward solve and the pullback `pb` that `recording`
+    (setup, u0, p) -> (pb, us, stats, result) makes. Forward mode sees the solution's tangent
+    (through the solver's steps) and no tangent for `pb`, which `_replayed` recomputes instead of
+    reading."""
+    arrays, rest = eqx.partition(setup, eqx.is_array)  # traced parts enter the rule as arguments
+    structure = []  # pb's PyTree structure: the rule returns its leaves (each trace builds a new structure)
+
     @jax.custom_jvp
     def record(u0, p, arrays):
-        setup = eqx.combine(arrays, rest)
-        if capped:
-            pb, us, stats, result = stored_or_recursive(setup, u0, p)
-        else:
-            pb, us, stats, result = recording(setup, u0, p, checkpoints)
+        pb, us, stats, result = recording(eqx.combine(arrays, rest), u0, p)
         leaves, treedef = jax.tree.flatten(pb)
         structure[:] = [treedef]
         return us, stats, result, leaves
