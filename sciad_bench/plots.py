@@ -214,7 +214,7 @@ def bar_panels(panels: dict, path, title: str, xlabels: dict, *, log: bool = Fal
         ax.grid(axis="x", alpha=0.3, which="both")
     if len(names) > 1:
         fig.legend(handles=[Patch(color=colors[n], alpha=0.75, label=KINDS.get(n, n)) for n in names],
-                   loc="outside upper center", ncol=len(names), fontsize=8, frameon=False)
+                   loc="outside lower center", ncol=len(names), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)

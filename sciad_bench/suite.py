@@ -799,31 +799,40 @@ def _cache_probe(name: str, side: str, cache_dir: str) -> dict:
 
 
 def persistent_cache_example(name: str = CACHE_EXAMPLE, progress=None) -> list[dict]:
-    """Case `name`'s first gradient, each side, in fresh processes: without the persistent cache, with
-    it empty (cold, written) and with it filled by that run (warm); `stages` and the process's wall time."""
+    """Case `name`'s first gradient, each side, in fresh processes: without the persistent cache, then with
+    it empty (cold: written) and filled by that run (warm), with equinox's checks raising (`EQX_ON_ERROR`
+    unset: host callbacks, which JAX does not cache) and as NaN (`EQX_ON_ERROR=nan`); `stages`, the
+    process's wall time and the bytes the cache holds after it."""
     rows = []
+    script = ("import json, sys, jax; jax.config.update('jax_enable_x64', True); "
+              "from sciad_bench.suite import _cache_probe; print(json.dumps(_cache_probe(*sys.argv[1:])))")
     with tempfile.TemporaryDirectory() as cache:
         for side in SIDES:
-            for setting, folder in (("no cache", ""), ("cache cold", f"{cache}/{len(rows)}"),
-                                    ("cache warm", f"{cache}/{len(rows)}")):
+            runs = [("no cache", "", None)] + [(f"cache {state}{'' if on_error is None else ', EQX_ON_ERROR=nan'}",
+                                                f"{cache}/{SIDES.index(side)}-{on_error}", on_error)
+                                               for on_error in (None, "nan") for state in ("cold", "warm")]
+            for setting, folder, on_error in runs:
                 if progress is not None:
                     progress.show(f"persistent cache: {name}", f"{side}, {setting}")
+                env = {k: v for k, v in os.environ.items() if k != "EQX_ON_ERROR"}
+                env.update({} if on_error is None else {"EQX_ON_ERROR": on_error})
                 start = time.perf_counter()
-                script = ("import json, sys, jax; jax.config.update('jax_enable_x64', True); "
-                          "from sciad_bench.suite import _cache_probe; print(json.dumps(_cache_probe(*sys.argv[1:])))")
                 done = subprocess.run([sys.executable, "-c", script, name, side, folder], capture_output=True,
-                                      text=True, check=True)
+                                      text=True, check=True, env=env)
                 rows.append({"problem": name, "side": side, "setting": setting,
                              "process_s": time.perf_counter() - start,
-                             "stages_s": json.loads(done.stdout.strip().splitlines()[-1])})
+                             "stages_s": json.loads(done.stdout.strip().splitlines()[-1]),
+                             "cache_bytes": sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*")
+                                                if f.is_file()) if folder else None})
     return rows
 
 
 def cache_table(rows) -> str:
-    lines = ["| side | setting | trace (s) | lower (s) | compile (s) | run (s) | first gradient (s) | process (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| side | setting | trace (s) | lower (s) | compile (s) | run (s) | first gradient (s) | process (s) | "
+             "cache (KiB) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['side']} | {r['setting']} | " + " | ".join(f"{r['stages_s'][s]:.3g}" for s in STAGES)
-              + f" | {r['stages_s']['total']:.3g} | {r['process_s']:.3g} |" for r in rows]
+              + f" | {r['stages_s']['total']:.3g} | {r['process_s']:.3g} | "
+              f"{'–' if r['cache_bytes'] is None else format(r['cache_bytes'] / 1024, '.0f')} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -882,7 +891,10 @@ def first_gradient_markdown(result) -> str:
     if result["cache"]:
         parts += [f"## JAX's persistent compilation cache ({CACHE_EXAMPLE}, fresh processes)\n",
                   "`jax_compilation_cache_dir` set, `jax_persistent_cache_min_compile_time_secs` 0; each row its "
-                  "own process (`process`: its wall time, imports included); warm: the cold row's cache.\n",
+                  "own process (`process`: its wall time, imports included); warm: the cold row's cache; cache: "
+                  "what it holds after the run. JAX does not write a program with host callbacks to the cache: "
+                  "equinox's `error_if` raising (`EQX_ON_ERROR` unset) is one, and so is sciad's warning "
+                  "(`warn_if`, e.g. of a chaotic gradient) in every gradient program.\n",
                   cache_table(result["cache"])]
     return "\n".join(parts)
 

@@ -190,3 +190,62 @@ def test_cases_from_records_keep_correct_sciad_times_by_name():
                {"problem": "b", "name": "DiscreteAdjoint", "ok": True, "median_s": 5.0}]
     [case] = selection.cases_from_records(records, {"a": {"states": 2}})
     assert case == {"case": "a", "features": {"states": 2}, "times": {"DiscreteAdjoint": 2.0}}
+
+
+@pytest.mark.slow
+def test_families_large_nonstiff_and_first_gradient_write_tables_figures_and_targets(tmp_path, monkeypatch):
+    monkeypatch.setitem(suite.LARGE_STATES, True, (20,))
+    monkeypatch.setattr(suite, "LARGE_MAX_STEPS", (4096,))
+    monkeypatch.setattr(suite, "first_gradient_cases", lambda: [
+        suite.benchmark_case(lotka_volterra()), suite.bouncing_ball_case(True), suite.bouncing_ball_case(False)])
+    result = suite.run_suite(quick=True, repeats=1, out=tmp_path, families=[suite.LARGE_NONSTIFF, suite.FIRST_GRADIENT])
+    assert "records" not in result  # the problems family did not run
+    for family in (suite.LARGE_NONSTIFF, suite.FIRST_GRADIENT):
+        assert all((tmp_path / f).stat().st_size > 0 for f in suite.family_outputs(family))
+        assert len(result[family]["load"]) == 2
+    large = result[suite.LARGE_NONSTIFF]
+    assert {r["label"] for r in large["records"]} >= {
+        "GaussAdjoint / jax-reverse", "InterpolatingAdjoint / jax-reverse", "DiscreteAdjoint", suite.RCA,
+        "diffrax BacksolveAdjoint / jax"}
+    assert all(r["ok"] and r["temp_bytes"] is not None for r in large["records"])
+    assert [t["target"] for t in large["targets"]][:2] == ["stored GaussAdjoint ≤ 2× diffrax's fastest",
+                                                          "stored GaussAdjoint ≤ 4× RCA's temporaries"]
+    assert len(large["targets"]) == 5 and "| large-nonstiff-20 | auto → " in (
+        tmp_path / "suite-large-nonstiff.md").read_text()
+    first = result[suite.FIRST_GRADIENT]
+    assert [(r["problem"], r["side"]) for r in first["records"]] == [
+        (p, s) for p in ("lotka-volterra", "bouncing-ball", "bouncing-ball (no events)") for s in suite.SIDES]
+    assert all(r["ok"] and set(r["stages_s"]) == set(suite.STAGES) and r["equations"] > 0 and r["hlo_lines"] > 0
+               for r in first["records"])
+    assert first["records"][0]["label"] == "auto → ForwardDiffSensitivity" and first["cache"] == []
+    assert [t["target"][:15] for t in first["targets"]] == [
+        "first gradient ", "first gradient ", '"auto": events ', "diffrax Recursi", "first gradient "]
+    assert "| bouncing-ball | auto |" in (tmp_path / "suite-first-gradient.md").read_text()
+
+
+def test_first_gradient_targets_compare_auto_with_rca_and_events_with_none():
+    def rec(problem, side, total, without=None, ok=True):
+        stages = {"trace": total / 2, "lower": 0.0, "compile": total / 2, "run": 0.0}
+        return {"problem": problem, "side": side, "stages_s": stages, "total_s": total, "ok": ok, "rel_error": 0.0,
+                "without": without}
+
+    auto, rca = suite.SIDES
+    records = [rec("ball", auto, 3.0, "ball (none)"), rec("ball", rca, 6.0, "ball (none)"),
+               rec("ball (none)", auto, 1.0), rec("ball (none)", rca, 2.0), rec("lv", auto, 1.0, ok=False),
+               rec("lv", rca, 1.0)]
+    targets = suite.first_gradient_family_targets(records)
+    assert [(t["problem"], t["ratio"], t["met"]) for t in targets] == [
+        ("ball", 0.5, True), ("ball", 3.0, False), ("ball", 3.0, False), ("ball (none)", 0.5, True),
+        ("lv", None, False)]
+    assert targets[1]["note"] == "missed by 1.50×; trace 1.50 vs 0.50 s; lower 0.00 vs 0.00 s; compile 1.50 vs 0.50 s"
+
+
+def test_equations_count_nested_jaxprs_and_unknown_families_are_refused():
+    import jax
+    import jax.numpy as jnp
+
+    flat = suite._equations(jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(1.0))
+    nested = suite._equations(jax.make_jaxpr(lambda x: jax.lax.cond(x > 0, jnp.sin, jnp.cos, x))(1.0))
+    assert flat == 2 and nested >= 4  # gt, cond and one equation in each branch
+    with pytest.raises(ValueError, match="not the suite's"):
+        suite.run_suite(families=["large-stiff"])
