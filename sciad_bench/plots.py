@@ -190,11 +190,12 @@ def bar_panels(panels: dict, path, title: str, xlabels: dict, *, log: bool = Fal
     name (a kind of `COLORS`, else the next of matplotlib's cycle), in a legend when there are several;
     `xlabels[title]` under each panel; `log`: log x axes; `reference`: a dashed line at that x."""
     rows = max(len(r) for r in panels.values())
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 1.5 + 0.28 * rows), squeeze=False,
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 + 4 * len(panels), 1.5 + 0.28 * rows), squeeze=False,
                              layout="constrained")
     names = list(dict.fromkeys(name for r in panels.values() for _, segments in r for name in segments))
     cycle = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
     colors = {name: COLORS.get(name) or next(cycle) for name in names}
+    first = next(iter(panels.values()))  # a panel with its rows' labels: the next ones show them only if they differ
     for ax, (panel, panel_rows) in zip(axes[0], panels.items()):
         for i, (_, segments) in enumerate(panel_rows):
             left = 0.0
@@ -202,8 +203,9 @@ def bar_panels(panels: dict, path, title: str, xlabels: dict, *, log: bool = Fal
                 if value is not None:
                     ax.barh(i, value, left=left or None, color=colors[name], alpha=0.75)
                     left += value
+        labels = [label for label, _ in panel_rows]
         ax.set_yticks(range(len(panel_rows)))
-        ax.set_yticklabels([label for label, _ in panel_rows], fontsize=7)
+        ax.set_yticklabels(labels if ax is axes[0, 0] or labels != [lb for lb, _ in first] else [], fontsize=7)
         ax.set_ylim(len(panel_rows) - 0.5, -0.5)
         if log:
             ax.set_xscale("log")
