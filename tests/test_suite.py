@@ -22,7 +22,7 @@ def test_tiny_suite_writes_json_table_plot_and_prints_targets(tmp_path, monkeypa
     monkeypatch.setattr(suite, "sweep_combinations", lambda quick: [sciad_combination("ForwardDiffSensitivity")])
     monkeypatch.setattr(suite, "QUICK_SETTINGS_PROBLEMS", ())
     monkeypatch.setitem(suite.SWEEP_HORIZONS, True, (3.0, 30.0))
-    result = suite.run_suite(quick=True, repeats=1, out=tmp_path)
+    result = suite.run_suite(quick=True, repeats=1, out=tmp_path, families=[suite.PROBLEMS])
     printed = capsys.readouterr().out
     saved = json.loads((tmp_path / "suite.json").read_text())
     assert saved["quick"] and {r["label"] for r in saved["records"]} == {
