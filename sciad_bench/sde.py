@@ -10,8 +10,9 @@ Problems (diagonal noise, Itô, fixed steps on a uniform grid, `paths` paths und
 - **stochastic Lotka–Volterra** (a stochastic kinetics model, demographic noise in the diagonal approximation
   of the chemical Langevin equation, system size Ω = 100): prey x and predators y,
   dx = (αx − βxy) dt + sqrt((αx + βxy)/Ω) dW₁, dy = (δxy − γy) dt + sqrt((δxy + γy)/Ω) dW₂, θ = (α, β, δ, γ)
-  = (1.5, 1, 1, 3), u(0) = (3, 2) (near the equilibrium (3, 1.5)), 200 Euler steps on [0, 4] saved at t = 1, 2, 3, 4; loss: Σ_t of the
-  squared distance of the mean over paths from (3, 1.5) plus that of the variance from (0.5, 0.5).
+  = (1.5, 1, 1, 3), u(0) = (3, 2) (near the equilibrium (3, 1.5)), 256 Euler steps on [0, 4] (dt = 1/64:
+  binary-exact, so that torchsde's accumulated times land on the save times) saved at t = 1, 2, 3, 4; loss:
+  Σ_t of the squared distance of the mean over paths from (3, 1.5) plus that of the variance from (0.5, 0.5).
 
 Schemes: Itô Euler–Maruyama ("euler"), and on the Stratonovich form of the same SDE (drift − ½ g ∘ ∂g/∂u,
 diagonal noise; the correction written out per problem): Heun ("heun"), reversible Heun ("reversible_heun",
@@ -30,9 +31,12 @@ Rows (`plan`):
   RecursiveCheckpointAdjoint; Euler with BacksolveAdjoint (refused: Stratonovich only, recorded); Heun on the
   Stratonovich form with BacksolveAdjoint; ReversibleHeun with RecursiveCheckpointAdjoint; Euler on
   `UnsafeBrownianPath` (reverse mode refused; ForwardMode, `jax.jacfwd`);
-- **torchsde** (CPU torch, float64, its own `BrownianInterval`): `sdeint` (Euler, backpropagation through the
-  steps), `sdeint_adjoint` (Euler forward, its default Itô adjoint: Milstein backwards) and `sdeint_adjoint`
-  with `method="reversible_heun"`, `adjoint_method="adjoint_reversible_heun"` (the Stratonovich form).
+- **torchsde** (CPU torch, float64, its own `BrownianInterval`, one torch thread): `sdeint` (Euler,
+  backpropagation through the steps), `sdeint_adjoint` (Euler forward, its default Itô adjoint: Milstein
+  backwards) and `sdeint_adjoint` with `method="reversible_heun"`, `adjoint_method="adjoint_reversible_heun"`
+  (the Stratonovich form); in full runs of the neural SDE also `sdeint_adjoint` (Euler) with torch's default
+  threads (one per core). torch's threads spin-wait for work: on a loaded machine its default threads made
+  these calls 10-30× slower than one thread (0.4 s → 4.7-6 s for `sdeint_adjoint`, 4 states, 64 paths).
 
 Checks, before timing: each row's gradient on a Brownian path whose increments are known, against the
 scan of the same scheme on those increments (`reference`): diffrax's from its `VirtualBrownianTree` (or
@@ -230,7 +234,7 @@ def _lv_loss(us, xp=jnp):
     return ((mean - xp.asarray(LV_MEAN)) ** 2).sum() + ((var - xp.asarray(LV_VAR)) ** 2).sum()
 
 
-def lotka_volterra(paths: int = 128, steps: int = 200) -> SDEBench:
+def lotka_volterra(paths: int = 128, steps: int = 256) -> SDEBench:
     return SDEBench("stochastic Lotka–Volterra", 2, paths, steps, 4.0, (1.0, 2.0, 3.0, 4.0), np.array([3.0, 2.0]),
                     np.array([1.5, 1.0, 1.0, 3.0]), _lv_drift, _lv_diffusion, _lv_stratonovich_drift, _lv_loss,
                     lotka_volterra, {"paths": paths, "steps": steps})
@@ -238,9 +242,9 @@ def lotka_volterra(paths: int = 128, steps: int = 200) -> SDEBench:
 
 def problems(quick: bool):
     if quick:
-        return [functools.partial(neural_sde, 4, 16, 20), functools.partial(lotka_volterra, 16, 80)]
+        return [functools.partial(neural_sde, 4, 16, 20), functools.partial(lotka_volterra, 16, 256)]
     return [functools.partial(neural_sde, 4, 64, 100), functools.partial(neural_sde, 16, 256, 100),
-            functools.partial(lotka_volterra, 128, 200)]
+            functools.partial(lotka_volterra, 128, 256)]
 
 
 # --- the floor: the steps written by hand over given increments --------------------------------------------------
@@ -470,12 +474,15 @@ def _increments_brownian(dws, t0: float, dt: float):
     return Increments()
 
 
-TORCHSDE = {  # name: (scheme, adjoint, sdeint's keywords)
-    "torchsde sdeint (Euler, backpropagation)": ("euler", False, {"method": "euler"}),
-    "torchsde sdeint_adjoint (Euler; Milstein adjoint)": ("euler", True, {"method": "euler"}),
+TORCHSDE = {  # name: (scheme, adjoint, sdeint's keywords, torch threads: None for torch's default)
+    "torchsde sdeint (Euler, backpropagation)": ("euler", False, {"method": "euler"}, 1),
+    "torchsde sdeint_adjoint (Euler; Milstein adjoint)": ("euler", True, {"method": "euler"}, 1),
     "torchsde sdeint_adjoint (reversible Heun, Stratonovich form)": (
-        "reversible_heun", True, {"method": "reversible_heun", "adjoint_method": "adjoint_reversible_heun"}),
+        "reversible_heun", True, {"method": "reversible_heun", "adjoint_method": "adjoint_reversible_heun"}, 1),
+    "torchsde sdeint_adjoint (Euler; Milstein adjoint), torch's default threads": (
+        "euler", True, {"method": "euler"}, None),
 }
+DEFAULT_THREADS = "torchsde sdeint_adjoint (Euler; Milstein adjoint), torch's default threads"  # full, neural SDE
 
 
 def torchsde_gradient(b: SDEBench, name: str):
@@ -484,7 +491,7 @@ def torchsde_gradient(b: SDEBench, name: str):
     import torch
     import torchsde
 
-    scheme, adjoint, options = TORCHSDE[name]
+    scheme, adjoint, options, threads = TORCHSDE[name]
     stratonovich = scheme != "euler"
 
     class SDE(torch.nn.Module):
@@ -507,15 +514,20 @@ def torchsde_gradient(b: SDEBench, name: str):
     solve = torchsde.sdeint_adjoint if adjoint else torchsde.sdeint
 
     def gradient(bm=None):
-        sde.p.grad = None
-        ys = solve(sde, y0, ts, dt=b.dt, bm=bm, **options)
-        b.loss(ys[1:].transpose(0, 1), torch).backward()
-        return sde.p.grad.numpy().copy()
+        default = torch.get_num_threads()
+        torch.set_num_threads(threads or default)
+        try:
+            sde.p.grad = None
+            ys = solve(sde, y0, ts, dt=b.dt, bm=bm, **options)
+            b.loss(ys[1:].transpose(0, 1), torch).backward()
+            return sde.p.grad.numpy().copy()
+        finally:
+            torch.set_num_threads(default)
     return gradient
 
 
 def torchsde_row(name: str) -> Row:
-    scheme, adjoint, _ = TORCHSDE[name]
+    scheme, adjoint, _, _ = TORCHSDE[name]
 
     def build(b):
         import torch
@@ -529,8 +541,9 @@ def torchsde_row(name: str) -> Row:
                not adjoint or scheme == "reversible_heun", build)
 
 
-def plan(b: SDEBench) -> tuple[list[Row], list[Row]]:
-    """(the JAX rows, the torch rows) for `b`: forward-mode rows up to `FORWARD_MODE_UP_TO` parameters."""
+def plan(b: SDEBench, quick: bool = True) -> tuple[list[Row], list[Row]]:
+    """(the JAX rows, the torch rows) for `b`: forward-mode rows up to `FORWARD_MODE_UP_TO` parameters; torchsde with
+    torch's default threads in full runs of the neural SDE."""
     forward_ok = b.p.size <= FORWARD_MODE_UP_TO
     jax_rows = [floor_row()]
     jax_rows += [sciad_row(s) for s in SENSEALGS if forward_ok or s != "ForwardDiffSensitivity"]
@@ -539,7 +552,8 @@ def plan(b: SDEBench) -> tuple[list[Row], list[Row]]:
                  diffrax_row("heun", "BacksolveAdjoint"), diffrax_row("reversible_heun", "RecursiveCheckpointAdjoint")]
     if forward_ok:
         jax_rows.append(diffrax_row("euler", "ForwardMode", unsafe=True))
-    torch_rows = [torchsde_row(name) for name in TORCHSDE] if _has_torchsde() else []
+    torch_rows = [torchsde_row(name) for name in TORCHSDE if name != DEFAULT_THREADS or (
+        not quick and b.factory is neural_sde)] if _has_torchsde() else []
     return jax_rows, torch_rows
 
 
@@ -662,7 +676,7 @@ def run_sde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
     records = []
     for make in problems(quick):
         b = make()
-        jax_rows, torch_rows = plan(b)
+        jax_rows, torch_rows = plan(b, quick)
         rows = measure(b, jax_rows, jax_rounds, SLOW, log)
         if torch_rows:
             rows += measure(b, torch_rows, torch_rounds, None, log)

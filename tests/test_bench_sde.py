@@ -51,7 +51,7 @@ def test_torchsde_on_the_floors_increments_gives_the_floors_gradient():
     dws = sde.predrawn(b)
     bm = sde._increments_brownian(torch.as_tensor(np.asarray(dws).transpose(1, 0, 2).copy()), b.t0, b.dt)
     references = sde._References(b)
-    for name, (scheme, adjoint, _) in sde.TORCHSDE.items():
+    for name, (scheme, adjoint, _, _) in sde.TORCHSDE.items():
         gradient = sde.torchsde_gradient(b, name)(bm)
         reference = references(scheme, dws, b.grid)
         error = np.max(np.abs(gradient - reference)) / np.max(np.abs(reference))
