@@ -810,6 +810,15 @@ def _memory_table(sweep) -> list[str]:
     return lines + [""]
 
 
+def _error(r) -> str | None:
+    """What `plots` says of a row not timed: its check's error over the tolerance, or what it raised."""
+    if r["ok"] is True:
+        return None
+    if r["ok"] is False:
+        return f"gradient off: relative error {r['rel_error']:.1e} > {r['tolerance']:.0e}"
+    return str(r["ok"]).removeprefix("failed: ")
+
+
 def figure(result: dict, path) -> None:
     """One panel of violins per problem (time per gradient, log axis; the floor grey, sciad blue, peers orange,
     failed rows listed in red) and one of XLA's temporaries against the number of steps."""
@@ -821,9 +830,7 @@ def figure(result: dict, path) -> None:
                              squeeze=False, layout="constrained")
     for ax, ((problem, states, paths, steps), group) in zip(axes[:, 0], groups.items()):
         rows = [{"label": r["name"], "kind": "baseline" if r["kind"] == "floor" else r["kind"], "ok": r["ok"] is True,
-                 "times": r.get("times_s", []), "median_s": r.get("median_s"),
-                 "error": None if r["ok"] in (True, False) else str(r["ok"]).removeprefix("failed: ")}
-                for r in group]
+                 "times": r.get("times_s", []), "median_s": r.get("median_s"), "error": _error(r)} for r in group]
         rows = sorted(rows, key=lambda r: (r["median_s"] is None, r["median_s"] or 0.0))
         plots._violins(ax, rows)
         ax.set_title(f"{problem}: {states} states, {paths} paths, {steps} steps (time per gradient)", fontsize=9)
@@ -832,9 +839,10 @@ def figure(result: dict, path) -> None:
     for r in result["memory"]:
         if r.get("temp_bytes"):
             lines.setdefault(r["name"], []).append((r["steps"], r["temp_bytes"] / 2**20))
-    for name, points in lines.items():
+    for i, (name, points) in enumerate(lines.items()):  # lines that coincide stay visible: markers and dashes differ
         points = sorted(points)
-        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="os^vDx"[i % 6], linestyle=("-", "--", ":")[i % 3],
+                label=name)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("steps")
