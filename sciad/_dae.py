@@ -150,7 +150,9 @@ def dae_solver(solver, mass: MassMatrix | None, integrand_size: int = 0):
         if held is not None and MassMatrix.of(np.asarray(held), mass.n) != mass:
             raise ValueError(f"solver={type(solver).__name__}(mass_matrix=...) holds a mass matrix other than the "
                              f"problem's: pass {type(solver).__name__}() and the problem's mass matrix is used")
-        matrix = jnp.asarray(mass.extended(integrand_size), jnp.result_type(float))
+        # NumPy, not a JAX array: under jax.jit that would be traced, and the sensealgs read M at trace time
+        # (`solver_mass`); the solver's steps make it a JAX array.
+        matrix = np.asarray(mass.extended(integrand_size), jnp.result_type(float))
         return eqx.tree_at(lambda s: s.mass_matrix, solver, matrix, is_leaf=lambda x: x is None)
     if mass is None:
         return solver
@@ -339,22 +341,25 @@ def solver_mass(solver, n: int) -> "MassMatrix | None":
     a Rosenbrock solver's (`dae_solver` extends it over an integrand's entries), or None (u' = f)."""
     held = solver.mass_matrix if isinstance(solver, AbstractRosenbrock) else None
     if held is None:
-        return None
-    held = np.asarray(held)  # concrete: `dae_solver` made it from the problem's constant M
+        return None  # NumPy (`dae_solver`, `with_mass`): known at trace time
     return MassMatrix.of(held[:n] if held.ndim == 1 else held[:n, :n], n)
 
 
 def with_mass(solver, blocks):
     """`solver` (a Rosenbrock solver) for a state of several parts, flattened in order, each part's
-    mass matrix in `blocks`: an int s (the identity on s entries), a diagonal (s,) or a matrix (s, s).
-    A diagonal over the whole state where every part's is one, else the dense block diagonal."""
+    mass matrix in `blocks` (NumPy): an int s (the identity on s entries), a diagonal (s,) or a matrix
+    (s, s). A diagonal over the whole state where every part's is one, else the dense block diagonal."""
     dtype = jnp.result_type(float)
-    dense = any(not isinstance(b, int) and np.ndim(b) == 2 for b in blocks)
-    parts = [jnp.ones((b,), dtype) if isinstance(b, int) else jnp.asarray(b, dtype) for b in blocks]
-    if dense:
-        matrix = jax.scipy.linalg.block_diag(*(jnp.diag(b) if b.ndim == 1 else b for b in parts))
+    parts = [np.ones((b,), dtype) if isinstance(b, int) else np.asarray(b, dtype) for b in blocks]
+    if any(b.ndim == 2 for b in parts):
+        matrix = np.zeros((sum(b.shape[0] for b in parts),) * 2, dtype)
+        start = 0
+        for b in parts:
+            end = start + b.shape[0]
+            matrix[start:end, start:end] = b if b.ndim == 2 else np.diag(b)
+            start = end
     else:
-        matrix = jnp.concatenate(parts)
+        matrix = np.concatenate(parts)
     return eqx.tree_at(lambda s: s.mass_matrix, solver, matrix, is_leaf=lambda x: x is None)
 
 

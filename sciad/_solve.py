@@ -11,6 +11,7 @@ import numpy as np
 
 from sciad import _events as events
 from sciad.adjoints._base import Setup, is_implicit
+from sciad.adjoints._continuous import ContinuousAdjoint
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints._forward import ForwardSensitivity
 from sciad.adjoints._registry import describe, resolve
@@ -33,9 +34,9 @@ SOLVERS = {
     "rodas5p": Rodas5P,
     "rodas4": Rodas4,
 }
-# The sensealgs that differentiate a solve with a mass matrix: through the solver's steps, and by the
-# sensitivity DAE (sciad._dae).
-MASS_MATRIX_SENSEALGS = (ForwardDiffSensitivity, DiscreteAdjoint, ForwardSensitivity)
+# The sensealgs that differentiate a solve with a mass matrix: through the solver's steps, by the
+# sensitivity DAE and by the adjoint DAE (sciad._dae).
+MASS_MATRIX_SENSEALGS = (ForwardDiffSensitivity, DiscreteAdjoint, ForwardSensitivity, ContinuousAdjoint)
 
 
 class Solution(eqx.Module):
@@ -160,10 +161,10 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
                                  mass_matrix=mass is not None).sensealg
     sensealg = resolve(sensealg)  # an instance, a name or a `sciad.adjoints.describe` string
     if mass is not None and not isinstance(sensealg, MASS_MATRIX_SENSEALGS):
-        raise ValueError(f"sensealg={describe(sensealg)} cannot differentiate a solve with a mass matrix yet (it "
-                         "needs the adjoint or sensitivity DAE): pass sensealg=sciad.ForwardDiffSensitivity() (few "
-                         "parameters) or sciad.DiscreteAdjoint(), which differentiate through the solver's steps, or "
-                         "\"auto\", which picks one of them")
+        raise ValueError(f"sensealg={describe(sensealg)} cannot differentiate a solve with a mass matrix: pass "
+                         "sensealg=sciad.ForwardDiffSensitivity() or sciad.ForwardSensitivity() (few parameters), "
+                         "sciad.DiscreteAdjoint(), sciad.GaussAdjoint() or sciad.InterpolatingAdjoint() (the adjoint "
+                         "DAE), or \"auto\", which picks one of them")
     advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(solver))
     if advice:
         warnings.warn(advice, UserWarning, stacklevel=2)

@@ -224,7 +224,7 @@ def test_mass_matrix_checked_at_the_problem():
     assert make(None).mass_matrix is None and make(np.eye(2)).mass_matrix.singular is False
 
 
-def test_solve_refuses_what_a_mass_matrix_cannot_take_yet():
+def test_solve_refuses_what_a_mass_matrix_cannot_take():
     prob = linear_problem()
     with pytest.raises(ValueError, match=r"singular mass matrix \(a DAE with 1 algebraic equation\(s\)\) needs a "
                                          r"solver that takes one: solver='rodas5p' or 'rodas4'"):
@@ -233,10 +233,6 @@ def test_solve_refuses_what_a_mass_matrix_cannot_take_yet():
         sciad.solve(prob, solver=sciad.Rodas5P(mass_matrix=np.array([1.0, 1.0])))
     with pytest.raises(ValueError, match="the problem has no mass matrix"):
         sciad.solve(sciad.ODEProblem(linear, np.ones(2), (0.0, 1.0), P0), solver=sciad.Rodas4(mass_matrix=np.ones(2)))
-    for sensealg in (sciad.InterpolatingAdjoint(), sciad.GaussAdjoint(), sciad.BacksolveAdjoint(),
-                     sciad.QuadratureAdjoint()):
-        with pytest.raises(ValueError, match="cannot differentiate a solve with a mass matrix yet.*ForwardDiff"):
-            sciad.solve(prob, sensealg=sensealg)
     with pytest.raises(ValueError, match="initialization must be one of"):
         sciad.solve(prob, initialization="brown")
     with pytest.raises(ValueError, match="Rosenbrock solver\\) has no root finder"):
@@ -320,8 +316,9 @@ def test_select_sensealg_on_a_problem_with_a_mass_matrix():
     choice = sciad.select_sensealg(prob, saveat=TS)
     assert isinstance(choice.sensealg, sciad.ForwardDiffSensitivity) and choice.features.mass_matrix
     assert choice.features.implicit_solver and choice.heuristic_pick.rule == "mass-matrix"
-    names = {type(s).__name__ for s, _ in sciad.select.candidates(sciad.select.features(prob, TS))}
-    assert names == {cls.__name__ for cls in MASS_MATRIX_SENSEALGS}
+    candidates = [s for s, _ in sciad.select.candidates(sciad.select.features(prob, TS))]
+    assert all(isinstance(s, MASS_MATRIX_SENSEALGS) for s in candidates)
+    assert {"ForwardDiffSensitivity", "DiscreteAdjoint", "GaussAdjoint"} <= {type(s).__name__ for s in candidates}
 
 
 def test_rosenbrock_solvers_count_as_implicit():

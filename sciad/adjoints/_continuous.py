@@ -38,6 +38,8 @@ from sciad.adjoints._base import (
 )
 from sciad.adjoints import _checkpoints as checkpoints
 from sciad.adjoints._stepping import Marcher
+from sciad import _dae as dae
+from sciad._dae import MassMatrix
 from sciad._errors import batch_any, check, error_if, warn_if
 
 
@@ -85,25 +87,54 @@ def adjoint_jump(lam, w):
     return lam + w
 
 
+class Jumps(eqx.Module):
+    """λ after each breakpoint, and ∂L/∂u0 from λ(t0): for u' = f (`mass` None), λ + w and λ; for
+    M u' = f, the adjoint DAE's (`sciad._dae`, where the form is derived): Mᵀλ jumps, λ's algebraic
+    part solves the adjoint's algebraic equations, ∂L/∂p gains a direct increment, ∂L/∂u0 = Mᵀλ."""
+
+    mass: MassMatrix | None = eqx.field(static=True)
+
+    def after(self, prods: Products, u, p, t, lam, w, w_q) -> tuple:
+        """(λ after the breakpoint at t where the loss has ∂L/∂u = w, λ arriving from later times; the
+        increment of ∂L/∂p (m,), or None), u = u(t), w_Q the integral's cotangent before t."""
+        if self.mass is None:
+            return adjoint_jump(lam, w), None
+        zero = jnp.zeros_like(w_q)
+        return dae.adjoint_jump(self.mass, lam, w, lambda v: prods.vjp(u, p, t, _with_integral(v, zero))[1:],
+                                lambda lam: prods.vjp(u, p, t, _with_integral(lam, w_q))[1])
+
+    def cotangent_u0(self, lam):
+        """∂L/∂u0 from λ(t0)."""
+        return lam if self.mass is None else dae.cotangent_u0(self.mass, lam)
+
+
 # --- what is integrated backwards ----------------------------------------------------------------
 
 
 class AbstractBackward(eqx.Module):
-    """What a continuous adjoint integrates backwards from t1, given u(t): its adjoint state z, where
-    losses and events enter it (λ's equation `adjoint_rhs`, λ's jump `adjoint_jump`) and what is
-    integrated besides z along the steps (`quadrature`)."""
+    """What a continuous adjoint integrates backwards from t1, given u(t): its adjoint state z (λ
+    first), where losses and events enter it (λ's equation `adjoint_rhs`, λ itself at breakpoints:
+    `lam`, `with_lam`) and what is integrated besides z along the steps (`quadrature`)."""
 
     @abc.abstractmethod
     def start(self, lam, p):
         """z at t1 from λ(t1) (n,) and p (m,)."""
 
     @abc.abstractmethod
+    def mass(self, lam_mass, p) -> tuple:
+        """z's mass matrix in parts (`sciad._dae.with_mass`'s blocks) from λ's, `lam_mass` (Mᵀ)."""
+
+    @abc.abstractmethod
     def rhs(self, prods: Products, t, z, u, p, w_q) -> tuple:
         """(F(u, p, t) (n + k,), dz/dt) at u = u(t) (F: the same product's primal)."""
 
     @abc.abstractmethod
-    def jump(self, z, w):
-        """z after a breakpoint where the loss has ∂L/∂u = w."""
+    def lam(self, z):
+        """λ (n,) in z."""
+
+    @abc.abstractmethod
+    def with_lam(self, z, lam):
+        """z with λ replaced by `lam` (a jump at a breakpoint)."""
 
     @abc.abstractmethod
     def error_control(self) -> Callable | None:
@@ -128,12 +159,18 @@ class LambdaMu(AbstractBackward):
     def start(self, lam, p):
         return lam, jnp.zeros_like(p)
 
+    def mass(self, lam_mass, p):
+        return lam_mass, p.shape[0]
+
     def rhs(self, prods, t, z, u, p, w_q):
         rate, vu, vp = adjoint_rhs(prods, u, p, t, z[0], w_q)
         return rate, (vu, vp)
 
-    def jump(self, z, w):
-        return adjoint_jump(z[0], w), z[1]
+    def lam(self, z):
+        return z[0]
+
+    def with_lam(self, z, lam):
+        return lam, z[1]
 
     def error_control(self):
         return (lambda z: z[:1]) if self.seminorm else None
@@ -152,12 +189,18 @@ class LambdaGauss(AbstractBackward):
     def start(self, lam, p):
         return lam
 
+    def mass(self, lam_mass, p):
+        return lam_mass
+
     def rhs(self, prods, t, lam, u, p, w_q):
         rate, vu, _ = adjoint_rhs(prods, u, p, t, lam, w_q)
         return rate, vu
 
-    def jump(self, lam, w):
-        return adjoint_jump(lam, w)
+    def lam(self, lam):
+        return lam
+
+    def with_lam(self, lam, new):
+        return new
 
     def error_control(self):
         return None
@@ -624,12 +667,18 @@ class ContinuousAdjoint(AbstractSensitivity):
         t = rec.t.astype(rec.u0.dtype)
         last = jnp.searchsorted(t, t[-1])
         prods, backward = Products(setup.f, self.vjp), self.backward
+        mass = dae.solver_mass(setup.solver, n)
+        jumps_at = Jumps(mass)
 
         def rhs(t, y, args):
             rate, dz = backward.rhs(prods, t, source.adjoint(y), source.u(t, y, args), args.p, args.w_q)
             return source.state(rate[:n], dz)
 
-        marcher = Marcher(setup, rhs, source.norm(backward.error_control()))
+        march_setup = setup  # with a mass matrix M: u's M, λ's Mᵀ (the adjoint DAE), the rest's identity
+        if mass is not None:
+            blocks = jax.tree.leaves(source.state(mass.matrix, backward.mass(mass.transposed, rec.p)))
+            march_setup = eqx.tree_at(lambda s: s.solver, setup, dae.with_mass(setup.solver, blocks))
+        marcher = Marcher(march_setup, rhs, source.norm(backward.error_control()))
         quadrature = backward.quadrature(setup, prods)
 
         def advance(march, args, t_to, max_steps):
@@ -644,20 +693,31 @@ class ContinuousAdjoint(AbstractSensitivity):
 
         # The forward pass's mean step is the first one tried: no step-size search.
         dt0 = (setup.t1 - setup.t0) / jnp.maximum(rec.steps, 1).astype(rec.u0.dtype)
-        y1 = source.state(rec.u_at[last, :n], backward.start(jumps[last, :n], rec.p))
+        # `direct`: what the jumps add to ∂L/∂p themselves (None without a mass matrix).
+        lam1, direct = jumps_at.after(prods, rec.u_at[last, :n], rec.p, t[last], jnp.zeros((n,), w.dtype),
+                                      jumps[last, :n], w_q[last])
+        y1 = source.state(rec.u_at[last, :n], backward.start(lam1, rec.p))
         march = marcher.start(y1, source.args_structure(setup, rec), t[-1], dt0,
                               None if quadrature is None else quadrature[0](rec.p))
 
         def interval(carry):
-            j, march, watched = carry
+            j, march, watched, direct = carry
             j = jnp.maximum(j, 0)  # under vmap, members done walk their first interval again, discarded
             march, watched = source.cross(setup, advance, march, watched, rec, j, w_q[j + 1])
-            z = backward.jump(source.adjoint(march.y), jumps[j, :n])
-            return j - 1, march.jumped(source.state(rec.u_at[j, :n], z)), watched
+            z = source.adjoint(march.y)
+            lam, more = jumps_at.after(prods, rec.u_at[j, :n], rec.p, t[j], backward.lam(z), jumps[j, :n], w_q[j])
+            z = backward.with_lam(z, lam)
+            return j - 1, march.jumped(source.state(rec.u_at[j, :n], z)), watched, _added(direct, more)
 
-        _, march, watched = jax.lax.while_loop(lambda carry: carry[0] >= 0, interval,
-                                               (last - 1, march, source.initial_carry(w.dtype)))
-        return source.verdict(setup, backward.gradients(source.adjoint(march.y), march.quadrature), march, watched)
+        _, march, watched, direct = jax.lax.while_loop(lambda carry: carry[0] >= 0, interval,
+                                                       (last - 1, march, source.initial_carry(w.dtype), direct))
+        g_u0, g_p = backward.gradients(source.adjoint(march.y), march.quadrature)
+        return source.verdict(setup, (jumps_at.cotangent_u0(g_u0), _added(g_p, direct)), march, watched)
+
+
+def _added(x, y):
+    """x + y, or x where y is None."""
+    return x if y is None else x + y
 
 
 def _interpolated(name: str, checkpointing, checkpoints, interval_max_steps) -> AbstractInterpolated:
