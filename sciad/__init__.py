@@ -12,7 +12,10 @@ from sciad import ad, adjoints, errors, select, stiff, timing
 from sciad._ensemble import ensemble
 from sciad._events import ContinuousCallback, PresetTimeCallback
 from sciad._problem import ODEProblem
+from sciad._brownian import BrownianPath
 from sciad._rosenbrock import Rodas4, Rodas5P
+from sciad._sde import SDEProblem, SDESolution
+from sciad._sde_solvers import SDE_SOLVERS
 from sciad._solve import SOLVERS, Solution, get_solver, solve
 from sciad._steady import SteadyState, steady_state
 from sciad.adjoints import (
@@ -24,6 +27,7 @@ from sciad.adjoints import (
     GaussAdjoint,
     InterpolatingAdjoint,
     QuadratureAdjoint,
+    ReversibleAdjoint,
     SteadyStateAdjoint,
     step_controller,
 )
@@ -31,9 +35,11 @@ from sciad.errors import SolveError
 from sciad.select import Choice, select_sensealg
 from sciad import problems  # noqa: E402  (builds on solve)
 
-__all__ = ["SOLVERS", "AbstractSensitivity", "BacksolveAdjoint", "Choice", "ContinuousCallback", "DiscreteAdjoint",
+__all__ = ["SDE_SOLVERS", "SOLVERS", "AbstractSensitivity", "BacksolveAdjoint", "BrownianPath", "Choice",
+           "ContinuousCallback", "DiscreteAdjoint",
            "ForwardDiffSensitivity", "ForwardSensitivity", "GaussAdjoint", "InterpolatingAdjoint", "ODEProblem",
-           "PresetTimeCallback", "QuadratureAdjoint", "Rodas4", "Rodas5P", "Solution", "SolveError", "SteadyState",
+           "PresetTimeCallback", "QuadratureAdjoint", "ReversibleAdjoint", "Rodas4", "Rodas5P", "SDEProblem",
+           "SDESolution", "Solution", "SolveError", "SteadyState",
            "SteadyStateAdjoint", "ad", "adjoints", "ensemble", "errors", "get_solver", "problems", "select",
            "select_sensealg", "solve", "sparsity", "steady_state", "step_controller", "stiff", "timing"]
 

@@ -21,6 +21,7 @@ from sciad._errors import raising_solve_errors
 from sciad._problem import (ODEProblem, check_inputs, check_integrand, check_saveat, check_time_span,
                            check_tolerances)
 from sciad._rosenbrock import Rodas4, Rodas5P
+from sciad._sde import dispatching
 from sciad._stiff import with_stage_jacobian
 from sciad._vector_field import VectorField
 
@@ -67,6 +68,7 @@ def get_solver(solver) -> dfx.AbstractSolver:
     return SOLVERS[solver]()
 
 
+@dispatching  # an SDEProblem goes to sciad._sde.solve
 @raising_solve_errors
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver=None,
           rtol=1e-6, atol=1e-6, sensealg="auto", max_steps=4096, dense=False, jacobian="auto", callbacks=(),

@@ -21,13 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad
-from sciad.adjoints import SENSEALGS, describe, engine_option, parse
+from sciad.adjoints import ODE_SENSEALGS, describe, engine_option, parse
 from sciad.problems import Benchmark
 from sciad.timing import SLOW_CALL, compare
 
 REFERENCE_TOLERANCE = 1e-10
 # The sensealgs benchmarked, as `sciad.adjoints.describe` names them without their engine.
-VARIANTS = (*SENSEALGS, describe(sciad.InterpolatingAdjoint(checkpointing=True), engine=False))
+VARIANTS = (*ODE_SENSEALGS, describe(sciad.InterpolatingAdjoint(checkpointing=True), engine=False))
 FORWARD_SOLVE = "forward solve (no gradient)"
 
 

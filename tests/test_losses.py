@@ -14,14 +14,15 @@ import pytest
 
 import sciad
 from scenarios import assert_agrees, central_differences, slow_except, values_and_jacobian
-from sciad.adjoints import SENSEALGS, parse
+from sciad.adjoints import ODE_SENSEALGS, parse
 from sciad._solve import get_solver
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = 1e-10
 AGREEMENT = 1e-7
-NAMES = [*SENSEALGS, "InterpolatingAdjoint(checkpointing=True)", "ForwardSensitivity(seminorm=True)"]
+# ReversibleAdjoint differentiates SDE solves alone (tests/test_sde.py)
+NAMES = [*ODE_SENSEALGS, "InterpolatingAdjoint(checkpointing=True)", "ForwardSensitivity(seminorm=True)"]
 FAST = ["InterpolatingAdjoint", "DiscreteAdjoint"]
 SLOW_ENGINES = ("jax-reverse", "jax-forward", "jax-transpose", "enzyme", "autograd", "finite-differences")  # torch by default
 K, U0 = 0.5, np.array([1.0, 2.0])

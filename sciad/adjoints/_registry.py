@@ -22,13 +22,17 @@ from sciad.adjoints._base import AbstractSensitivity
 from sciad.adjoints._continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints._forward import ForwardSensitivity
+from sciad.adjoints._reversible import ReversibleAdjoint
 from sciad.adjoints._steady import SteadyStateAdjoint
 
 SENSEALGS: dict[str, type[AbstractSensitivity]] = {
     cls.__name__: cls
     for cls in (ForwardDiffSensitivity, ForwardSensitivity, BacksolveAdjoint,
-                InterpolatingAdjoint, GaussAdjoint, DiscreteAdjoint)
+                InterpolatingAdjoint, GaussAdjoint, DiscreteAdjoint, ReversibleAdjoint)
 }
+# The sensealgs that differentiate ODE solves: all but ReversibleAdjoint (the exact gradient of an
+# algebraically reversible SDE solver, refused for ODEs naming what serves them).
+ODE_SENSEALGS = {name: cls for name, cls in SENSEALGS.items() if cls is not ReversibleAdjoint}
 # Names that `parse` reads besides the classes': functions returning a configured sensealg.
 ALIASES = {"QuadratureAdjoint": QuadratureAdjoint}
 # diffrax's adjoints by class name, and what to pass to sciad instead.

@@ -1,0 +1,271 @@
+"""`SDEProblem` and its solve: du = a(u, p, t) dt + σ(u, p, t) dW on a fixed step grid, its Brownian
+path from a key, differentiable pathwise by every sensealg (`sciad.adjoints._pathwise`)."""
+
+import functools
+from typing import Any, Callable
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sciad._brownian import BrownianPath
+from sciad._errors import raising_solve_errors
+from sciad._problem import _traced, check_inputs, check_integrand, check_params, check_saveat, check_state, check_tspan
+from sciad._pytrees import Layout, leaf_names
+from sciad._sde_solvers import SDE_SOLVERS, AbstractSDESolver, Noise, SDESetup, System, default_sde_solver
+from sciad._vector_field import VectorField
+from sciad.adjoints import _pathwise as pathwise
+from sciad.adjoints._registry import resolve
+
+NOISES = ("diagonal", "scalar")  # or an int m: general noise of m Brownian motions
+CALCULI = ("ito", "stratonovich")
+ON_GRID = 1e-9  # a save time is on the grid within this fraction of a step
+
+
+class SDEProblem(eqx.Module):
+    """du = drift(u, p, t) dt + diffusion(u, p, t) dW on tspan = (t0, t1), u(t0) = u0.
+
+    `drift(u, p, t)` returns u's structure, as an ODE's f. `diffusion(u, p, t)` returns u's structure
+    for `noise="diagonal"` (each entry of u its own Brownian motion: σᵢ dWᵢ) and `noise="scalar"`
+    (one Brownian motion for all: σ dW), or, for `noise=m` (an int: general noise, m Brownian
+    motions), an (n, m) array over the flattened state (u0's leaves raveled in order). `calculus`:
+    "ito" (default) or "stratonovich". `u0` and `p` are PyTrees as for `ODEProblem` (p's non-array
+    leaves are static); drift and diffusion may close over values being differentiated.
+
+    Checked here, each error naming the argument and the fix: callables, u0's and p's leaves (float,
+    finite where concrete), tspan (finite, t1 > t0), noise and calculus, and the shapes drift and
+    diffusion return at (u0, p, t0) (traced by `jax.eval_shape`, not run)."""
+
+    drift: Callable
+    diffusion: Callable
+    u0: Any
+    tspan: tuple[float, float] = eqx.field(static=True)
+    p: Any = None
+    noise: str | int = eqx.field(static=True, default="diagonal")
+    calculus: str = eqx.field(static=True, default="ito")
+
+    def __init__(self, drift: Callable, diffusion: Callable, u0, tspan, p=None, noise="diagonal", calculus="ito"):
+        for name, fn in (("drift", drift), ("diffusion", diffusion)):
+            if not callable(fn):
+                raise TypeError(f"SDEProblem({name}=...): {name} must be callable {name}(u, p, t), got {fn!r}")
+        if not (noise in NOISES or (isinstance(noise, (int, np.integer)) and not isinstance(noise, bool)
+                                    and noise >= 1)):
+            raise ValueError(f"SDEProblem(noise=...) must be 'diagonal', 'scalar' or a positive int m (general "
+                             f"noise: diffusion returns an (n, m) matrix), got {noise!r}")
+        if calculus not in CALCULI:
+            raise ValueError(f"SDEProblem(calculus=...) must be 'ito' or 'stratonovich', got {calculus!r}")
+        self.drift, self.diffusion = drift, diffusion
+        self.u0 = check_state("u0", u0)
+        self.p = check_params("p", np.zeros((0,)) if p is None else p)
+        self.tspan = check_tspan(tspan)
+        if self.tspan[1] < self.tspan[0]:
+            raise ValueError(f"SDEProblem(tspan={tspan!r}): SDEs run forwards in time here: pass t1 > t0")
+        self.noise = noise if isinstance(noise, str) else int(noise)
+        self.calculus = calculus
+        check_sde_functions(self)
+
+
+def noise_of(prob: SDEProblem, n: int) -> Noise:
+    """The problem's `Noise` for a state of n entries."""
+    if isinstance(prob.noise, int):
+        return Noise("general", n, prob.noise)
+    return Noise(prob.noise, n, n if prob.noise == "diagonal" else 1)
+
+
+def check_sde_functions(prob: SDEProblem) -> None:
+    """drift returns u0's structure and shapes; diffusion u0's (diagonal, scalar noise) or (n, m)
+    (general noise), all float: checked by tracing them at (u0, p, t0); errors name the function."""
+    u0, p, t0 = prob.u0, prob.p, prob.tspan[0]
+    n = sum(int(np.size(x)) for x in jax.tree.leaves(u0))
+    for name, fn in (("drift", prob.drift), ("diffusion", prob.diffusion)):
+        call = f"{name}(u, p, t)"
+        out = _traced(call, fn, u0, p, t0)
+        if name == "diffusion" and isinstance(prob.noise, int):
+            leaves = jax.tree.leaves(out)
+            if len(leaves) != 1 or tuple(leaves[0].shape) != (n, prob.noise):
+                got = tuple(leaves[0].shape) if len(leaves) == 1 else jax.tree.structure(out)
+                raise ValueError(f"{call} must return one (n, m) = ({n}, {prob.noise}) array for noise={prob.noise} "
+                                 f"(general noise: column j multiplies dW_j), got {got}")
+            _check_float(call, leaves[0])
+            continue
+        if jax.tree.structure(out) != jax.tree.structure(u0):
+            kind = "" if name == "drift" else f" for noise={prob.noise!r} (for an (n, m) matrix pass noise=m)"
+            raise ValueError(f"{call} must return u0's structure {jax.tree.structure(u0)}{kind}, got "
+                             f"{jax.tree.structure(out)}")
+        for (label, y), (_, u) in zip(leaf_names(out, call), leaf_names(u0, "u0")):
+            _check_float(label, y)
+            if tuple(y.shape) != tuple(np.shape(u)):
+                raise ValueError(f"{label} returns shape {tuple(y.shape)} but u0{label[len(call):]} has shape "
+                                 f"{tuple(np.shape(u))}: they must match")
+
+
+def _check_float(label: str, y) -> None:
+    if not (hasattr(y, "dtype") and jnp.issubdtype(y.dtype, jnp.inexact)):
+        raise ValueError(f"{label} must return float arrays, got {getattr(y, 'dtype', type(y).__name__)}: "
+                         "return an expression in u, or x.astype(u.dtype)")
+
+
+class SDESolution(eqx.Module):
+    """An SDE solve: `ts` (T,), `us` (u0's structure with a leading time axis), `integral` (∫ g dt
+    with the integrand's structure, None without one), `stats` (`steps`: the grid's steps), and
+    `brownian`, the path it used (`.evaluate(t0, t1)`: the increment W(t1) - W(t0)); pass it back as
+    `brownian=` (or the same key) to solve on the same path."""
+
+    ts: jax.Array
+    us: Any
+    stats: dict[str, Any]
+    brownian: Any
+    integral: Any = None
+
+
+def get_sde_solver(solver, calculus: str, noise: Noise) -> AbstractSDESolver:
+    """The solver `solver` names (or is), or the default for the calculus and noise; a clear error for
+    a diffrax solver, an unknown name, or one that does not serve the noise."""
+    if solver is None:
+        return default_sde_solver(calculus, noise.kind)
+    if isinstance(solver, dfx.AbstractSolver):
+        raise ValueError(f"solver={type(solver).__name__}(): diffrax's solvers are not stepped by sciad's SDE solve "
+                         f"(fixed steps in one scan); pass one of {sorted(SDE_SOLVERS)}")
+    if isinstance(solver, AbstractSDESolver):
+        chosen = solver
+    elif solver in SDE_SOLVERS:
+        chosen = SDE_SOLVERS[solver]()
+    else:
+        raise ValueError(f"unknown SDE solver {solver!r}; choose one of {sorted(SDE_SOLVERS)}")
+    if noise.kind not in chosen.noises:
+        raise ValueError(f"solver {type(chosen).__name__} does not serve {noise.kind} noise (it needs the iterated "
+                         "integrals of general noise): pass solver='euler' (Itô) or 'heun' (Stratonovich)")
+    return chosen
+
+
+def grid(t0: float, t1: float, dt0) -> tuple[int, float]:
+    """(steps, dt): the fewest steps of at most `dt0` (an exact divisor where dt0 divides the span)."""
+    if dt0 is None:
+        raise ValueError("an SDE solve steps on a fixed grid: pass dt0=..., the step (e.g. (t1 - t0) / 100)")
+    if isinstance(dt0, jax.core.Tracer):
+        raise ValueError("dt0 must be a concrete number (it sets the grid's steps), not a traced value")
+    dt0 = float(dt0)
+    if not (np.isfinite(dt0) and dt0 > 0):
+        raise ValueError(f"dt0 must be a positive number, got {dt0}")
+    ratio = (t1 - t0) / dt0
+    steps = max(1, int(np.ceil(ratio - ON_GRID * max(1.0, ratio))))
+    return steps, (t1 - t0) / steps
+
+
+def save_steps(ts, t0: float, dt: float) -> tuple:
+    """The grid steps of the save times `ts`, each within `ON_GRID` steps of a grid point."""
+    position = (np.asarray(ts, float) - t0) / dt
+    steps = np.rint(position)
+    off = np.abs(position - steps) > ON_GRID * np.maximum(1.0, position)
+    if np.any(off):
+        raise ValueError(f"saveat time {float(np.asarray(ts)[np.argmax(off)])} is not on the step grid t0 + k dt "
+                         f"(dt = {dt:g}): pass save times on it, or a dt0 that divides them")
+    return tuple(int(s) for s in steps)
+
+
+def brownian_path(brownian, key, t0: float, dt: float, steps: int, shape: tuple, dtype):
+    """The Brownian path of a solve: `brownian` (a `BrownianPath` on this grid, or a diffrax Brownian
+    path covering tspan), else a new `BrownianPath` from `key`."""
+    if brownian is None:
+        if key is None:
+            raise ValueError("an SDE solve draws its Brownian path from a key: pass key=jax.random.key(0) (or "
+                             "brownian=sol.brownian to reuse a path)")
+        return BrownianPath(key, float(t0), float(dt), int(steps), shape, np.dtype(dtype))
+    if key is not None:
+        raise ValueError("pass key= or brownian=, not both (a path carries its own key)")
+    if isinstance(brownian, BrownianPath):
+        if (brownian.steps, brownian.shape) != (steps, shape) or not np.isclose(brownian.dt, dt) \
+                or not np.isclose(brownian.t0, t0):
+            raise ValueError(f"brownian= is a path on another grid or shape ({brownian.steps} steps of "
+                             f"{brownian.dt:g} from {brownian.t0:g}, shape {brownian.shape}); this solve needs "
+                             f"{steps} steps of {dt:g} from {t0:g}, shape {shape}: pass the same tspan and dt0")
+        return brownian
+    if isinstance(brownian, dfx.AbstractBrownianPath):
+        got = jax.tree.leaves(brownian.shape)
+        if len(got) != 1 or tuple(got[0].shape) != shape:
+            raise ValueError(f"brownian= has shape {brownian.shape}; this problem's noise needs one array of "
+                             f"shape {shape}")
+        return brownian
+    raise TypeError(f"brownian= must be a sciad BrownianPath (Solution.brownian) or a diffrax Brownian path, got "
+                    f"{type(brownian).__name__}")
+
+
+@raising_solve_errors
+def solve(prob: SDEProblem, *, key=None, dt0=None, saveat=None, solver=None, sensealg="auto", u0=None, p=None,
+          integrand=None, brownian=None, tspan=None, callbacks=()) -> SDESolution:
+    """Solve `prob` on the fixed grid t_k = t0 + k dt (dt = dt0, or the largest step below it that
+    divides tspan) along the Brownian path from `key` (`BrownianPath`: exact increments per step,
+    reconstructible, flat memory) or `brownian` (a path to reuse, or a `diffrax.VirtualBrownianTree`),
+    saving u at `saveat` (grid times; default t0 and t1). `solver`: a name in `SDE_SOLVERS` (default:
+    Milstein for Itô diagonal and scalar noise, Euler–Maruyama for Itô general noise, Heun for
+    Stratonovich); a solver of the other calculus solves the problem with the drift corrected.
+
+    Differentiable pathwise (the derivative of this path's solution) in `u0`, `p` and values the
+    functions close over, by `sensealg` (default "auto": `sciad._auto`'s SDE rule), under `jax.jit`,
+    `jax.vmap` (over keys: ensembles), `jax.grad`, `jax.jvp` and second derivatives. `integrand`
+    g(u, p, t) gives `SDESolution.integral` = ∫ g dt, stepped with u. Not yet: adaptive steps,
+    diffrax's SDE solvers, traced times, t1 < t0 and callbacks (each refused naming the fix)."""
+    if not isinstance(prob, SDEProblem):
+        raise TypeError(f"prob must be a sciad.SDEProblem, got {type(prob).__name__}")
+    if callbacks:
+        raise ValueError("callbacks with an SDE solve are not supported yet: split the solve at the event times "
+                         "(tspan=...) and apply the affect between solves, on one path (brownian=...)")
+    u0, p = check_inputs(prob, u0, p)
+    if tspan is not None and any(isinstance(t, jax.core.Tracer) for t in tspan):
+        raise ValueError("tspan of an SDE solve must be concrete (it sets the grid): traced times are not "
+                         "differentiated for SDEs yet")
+    t0, t1 = prob.tspan if tspan is None else check_tspan(tspan)
+    if t1 < t0:
+        raise ValueError(f"tspan=({t0}, {t1}): SDEs run forwards in time here: pass t1 > t0")
+    steps, dt = grid(t0, t1, dt0)
+    if isinstance(saveat, jax.core.Tracer):
+        raise ValueError("saveat of an SDE solve must be concrete grid times (traced times are not supported)")
+    ts = np.asarray(check_saveat(saveat, t0, t1, 1), float)
+    entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
+
+    def extra(u, p, t):
+        sigma = prob.diffusion(u, p, t)
+        return sigma if integrand is None else (sigma, integrand(u, p, t))
+
+    field = VectorField.of(prob.drift, u0, p, t0, host=False, integrand=extra)
+    n, dtype = field.u.size, field.dtype
+    noise = noise_of(prob, n)
+    solver = get_sde_solver(solver, prob.calculus, noise)
+    path = brownian_path(brownian, key, t0, dt, steps, (noise.m,), dtype)
+    theta = jnp.concatenate([jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype),
+                             jnp.asarray(field.held, dtype)])
+    merged = field.with_closure(field.held, merged=True)
+    system = System(merged, noise, entries, prob.calculus).in_calculus(solver.calculus)
+    saves = save_steps(ts, t0, dt) + ((steps,) if entries else ())
+    setup = SDESetup(system, solver, path, float(t0), float(dt), int(steps), saves)
+    if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):
+        from sciad._auto import auto_sde_sensealg
+
+        sensealg = auto_sde_sensealg(u0, p, ts, solver=solver, steps=steps, integral_entries=entries).sensealg
+    sensealg = resolve(sensealg)
+    why = pathwise.refusal(sensealg, setup)
+    if why:
+        raise ValueError(why)
+    u0_flat = jnp.asarray(field.u.ravel(u0), dtype)
+    y0 = jnp.concatenate([u0_flat, jnp.zeros((entries,), dtype)])
+    ys = pathwise.solve(sensealg, setup, merged, y0, theta)
+    T = len(ts)
+    integral = None
+    if integrand is not None:
+        integral = Layout.of(eqx.filter_eval_shape(integrand, u0, p, jnp.asarray(t0, dtype)), dtype).unravel(ys[T, n:])
+    us = jax.vmap(field.u.unravel)(ys[:T, :n])
+    return SDESolution(jnp.asarray(ts, dtype), us, {"steps": jnp.asarray(steps, jnp.int32)}, path, integral)
+
+
+def dispatching(ode_solve: Callable) -> Callable:
+    """`ode_solve`, taking an `SDEProblem` to `sciad._sde.solve` (the one entry point `sciad.solve`)."""
+
+    @functools.wraps(ode_solve)
+    def entry(prob, **options):
+        if isinstance(prob, SDEProblem):
+            return solve(prob, **options)
+        return ode_solve(prob, **options)
+
+    return entry

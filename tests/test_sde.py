@@ -1,0 +1,350 @@
+"""SDE solves (`sciad.SDEProblem`): pathwise solutions against closed forms given the Brownian path,
+every sensealg's pathwise gradient against the closed form's derivative and against finite differences
+on the same key, the Brownian path itself, composition (jit, vmap over keys, PyTrees, integrals,
+Hessians, float32) and the errors at the boundary."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad
+from sciad._sde_solvers import SDE_SOLVERS
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+MU, SIGMA, U0, T = 0.5, 0.3, 1.0, 1.0
+KEY = jax.random.key(0)
+DT = 2.0**-8
+P = np.array([MU, SIGMA])
+
+
+def drift(u, p, t):
+    return p[0] * u
+
+
+def diffusion(u, p, t):
+    return p[1] * u
+
+
+GBM = {calculus: sciad.SDEProblem(drift, diffusion, np.array([U0]), (0.0, T), P, calculus=calculus)
+       for calculus in ("ito", "stratonovich")}
+
+
+def gbm_exact(calculus, p, W):
+    """u(T) of geometric Brownian motion given W_T, and its derivative in (μ, σ)."""
+    mu, sigma = p
+    shift = -sigma**2 / 2 if calculus == "ito" else 0.0
+    u = U0 * np.exp((mu + shift) * T + sigma * W)
+    return u, np.array([u * T, u * ((-sigma * T if calculus == "ito" else 0.0) + W)])
+
+
+def brownian_at_T(key=KEY, dt=DT):
+    return float(sciad.solve(GBM["ito"], key=key, dt0=dt, solver="euler", sensealg="DiscreteAdjoint")
+                 .brownian.evaluate(0.0, T)[0])
+
+
+@pytest.mark.parametrize("calculus", ["ito", "stratonovich"])
+@pytest.mark.parametrize("solver", list(SDE_SOLVERS))
+def test_geometric_brownian_motion_matches_its_closed_form_on_the_path(calculus, solver):
+    """Every solver on either calculus (the other calculus by the drift correction), to its strong order."""
+    sol = sciad.solve(GBM[calculus], key=KEY, dt0=DT, solver=solver, sensealg="DiscreteAdjoint")
+    exact, _ = gbm_exact(calculus, P, float(sol.brownian.evaluate(0.0, T)[0]))
+    tolerance = 2e-2 if solver == "euler" else 2e-3  # strong order 1/2 against 1 at dt = 2^-8
+    assert abs(float(sol.us[-1, 0]) - exact) < tolerance * exact
+    assert sol.ts.tolist() == [0.0, T] and int(sol.stats["steps"]) == 256
+
+
+ALL = ["ForwardDiffSensitivity", "ForwardSensitivity", "DiscreteAdjoint", "BacksolveAdjoint", "InterpolatingAdjoint",
+       "GaussAdjoint", "ReversibleAdjoint"]
+EXACT = ["ForwardDiffSensitivity", "ForwardSensitivity", "DiscreteAdjoint", "ReversibleAdjoint"]  # the steps' derivative
+CASES = [(name, solver) for name in ALL for solver in (["reversible_heun"] if name == "ReversibleAdjoint"
+                                                        else ["milstein", "heun", "reversible_heun", "euler"])]
+
+
+def final(p, calculus, solver, sensealg, key=KEY, dt=DT):
+    return sciad.solve(GBM[calculus], p=p, key=key, dt0=dt, solver=solver, sensealg=sensealg).us[-1, 0]
+
+
+@pytest.mark.parametrize("name,solver", CASES)
+def test_pathwise_gradients_match_the_closed_form_and_the_steps(name, solver):
+    """Each sensealg's gradient of u(T) in (μ, σ) on one path: against the closed form's derivative
+    (to the solver's strong order) and, for those exact for the steps, against DiscreteAdjoint to
+    rounding; the continuous adjoints against it to their own discretisation error."""
+    calculus = "ito"
+    grad = jax.jit(jax.grad(final), static_argnums=(1, 2, 3))
+    g = np.asarray(grad(P, calculus, solver, name))
+    _, exact = gbm_exact(calculus, P, brownian_at_T())
+    tolerance = 3e-2 if solver == "euler" else 6e-3
+    np.testing.assert_allclose(g, exact, rtol=tolerance, atol=tolerance * abs(exact).max())
+    discrete = np.asarray(grad(P, calculus, solver, "DiscreteAdjoint"))
+    if name in EXACT:
+        np.testing.assert_allclose(g, discrete, rtol=1e-9, atol=1e-12)
+    else:
+        np.testing.assert_allclose(g, discrete, rtol=2 * tolerance)  # both within tolerance of the closed form
+
+
+def test_discrete_derivative_matches_finite_differences_on_the_same_key():
+    h = 1e-6
+    g = jax.grad(final)(P, "ito", "milstein", "DiscreteAdjoint")
+    fd = [(final(P + h * e, "ito", "milstein", "DiscreteAdjoint") - final(P - h * e, "ito", "milstein",
+                                                                          "DiscreteAdjoint")) / (2 * h)
+          for e in np.eye(2)]
+    np.testing.assert_allclose(g, fd, rtol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["InterpolatingAdjoint", "BacksolveAdjoint", "GaussAdjoint"])
+def test_continuous_adjoints_converge_to_the_pathwise_derivative(name):
+    """Halving dt (on the same Brownian motion: the finer path refines the coarser one in law, so
+    compare each against the closed form on its own path) shrinks the error."""
+    errors = []
+    for dt in (2.0**-5, 2.0**-9):
+        g = np.asarray(jax.grad(final)(P, "stratonovich", "heun", name, KEY, dt))
+        errors.append(np.max(np.abs(g - gbm_exact("stratonovich", P, brownian_at_T(KEY, dt))[1])))
+    assert errors[1] < errors[0] / 4, errors
+
+
+def ornstein_uhlenbeck(theta, sigma, increments, dt):
+    """u(T) of du = -θ u dt + σ dW, u0 = 1, given the increments (the stochastic integral ∫ e^{-θ(T-s)} dW by
+    the midpoint rule: the integrand is deterministic) and its derivatives in θ and σ."""
+    s = (np.arange(len(increments)) + 0.5) * dt
+    weights = np.exp(-theta * (T - s))
+    integral = weights @ increments
+    u = np.exp(-theta * T) + sigma * integral
+    d_theta = -T * np.exp(-theta * T) - sigma * ((T - s) * weights) @ increments
+    return u, np.array([d_theta, integral])
+
+
+@pytest.mark.parametrize("name,solver", [("DiscreteAdjoint", "euler"), ("ReversibleAdjoint", "reversible_heun"),
+                                         ("InterpolatingAdjoint", "milstein"), ("GaussAdjoint", "heun")])
+def test_ornstein_uhlenbeck_with_its_stochastic_integral(name, solver):
+    ou = sciad.SDEProblem(lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] + 0 * u, np.array([1.0]), (0.0, T),
+                          np.array([0.7, 0.4]))
+
+    def run(p):
+        sol = sciad.solve(ou, p=p, key=KEY, dt0=DT, solver=solver, sensealg=name)
+        return sol.us[-1, 0], sol.brownian
+
+    (u, path), g = jax.value_and_grad(run, has_aux=True)(ou.p)
+    exact, d_exact = ornstein_uhlenbeck(0.7, 0.4, np.asarray(path.increments())[:, 0], DT)
+    assert abs(float(u) - exact) < 2e-3
+    np.testing.assert_allclose(g, d_exact, rtol=5e-3, atol=1e-3)
+
+
+def test_brownian_path_is_exact_reusable_and_checkable():
+    sol = sciad.solve(GBM["ito"], key=KEY, dt0=0.1, saveat=[0.0, 0.5, 1.0], solver="euler")
+    path = sol.brownian
+    increments = np.asarray(path.increments())
+    assert increments.shape == (10, 1)
+    np.testing.assert_allclose(path.evaluate(0.0, 1.0), increments.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(path.evaluate(0.2, 0.5), increments[2:5].sum(0), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(path.increment(3), increments[3])
+    # the Euler steps by hand on the same increments
+    u = U0
+    for dW in increments[:, 0]:
+        u = u + MU * u * 0.1 + SIGMA * u * dW
+    np.testing.assert_allclose(sol.us[-1, 0], u, rtol=1e-12)
+    again = sciad.solve(GBM["ito"], brownian=path, dt0=0.1, saveat=[0.0, 0.5, 1.0], solver="euler")
+    np.testing.assert_array_equal(again.us, sol.us)
+    # off the grid: a bridge between the step's ends, deterministic in t
+    inside = path.evaluate(0.0, 0.25)
+    assert np.all(np.isfinite(inside)) and np.array_equal(inside, path.evaluate(0.0, 0.25))
+
+
+def test_brownian_bridge_has_brownian_moments():
+    def w_at(key):
+        return sciad.BrownianPath(key, 0.0, 0.5, 4, (1,), np.dtype("float64")).evaluate(0.8)[0]
+
+    w = np.asarray(jax.vmap(w_at)(jax.random.split(KEY, 20000)))
+    assert abs(w.mean()) < 0.03 and abs(w.var() - 0.8) < 0.03
+
+
+def test_diffrax_virtual_brownian_tree_as_the_path():
+    import diffrax
+
+    tree = diffrax.VirtualBrownianTree(0.0, T, tol=1e-4, shape=(1,), key=jax.random.key(3))
+    sol = sciad.solve(GBM["stratonovich"], brownian=tree, dt0=2.0**-6, solver="heun")
+    exact, _ = gbm_exact("stratonovich", P, float(tree.evaluate(0.0, T)[0]))
+    assert abs(float(sol.us[-1, 0]) - exact) < 1e-3
+
+
+def test_ensembles_by_vmap_over_keys_under_jit():
+    keys = jax.random.split(KEY, 64)
+
+    @jax.jit
+    def mean_final(p):
+        return jnp.mean(jax.vmap(lambda k: final(p, "ito", "milstein", "DiscreteAdjoint", k, 2.0**-6))(keys))
+
+    g = jax.grad(mean_final)(P)
+    for name in ("ReversibleAdjoint", "InterpolatingAdjoint", "ForwardDiffSensitivity"):
+        solver = "reversible_heun" if name == "ReversibleAdjoint" else "milstein"
+        g2 = jax.jit(jax.grad(lambda p: jnp.mean(jax.vmap(lambda k: final(p, "ito", solver, name, k, 2.0**-6))(
+            keys))))(P)
+        np.testing.assert_allclose(g2, g, rtol=5e-2)
+    single = jax.vmap(lambda k: final(P, "ito", "milstein", "DiscreteAdjoint", k, 2.0**-6))(keys)
+    assert float(jnp.std(single)) > 0.1  # different paths
+    # E[u(T)] = u0 e^{μT}
+    assert abs(float(mean_final(P)) - np.exp(MU * T)) < 3 * float(jnp.std(single)) / 8
+
+
+def test_pytree_state_and_mlp_parameters():
+    mlp = eqx.nn.MLP(2, 2, 8, 1, activation=jnp.tanh, key=jax.random.key(1), dtype=jnp.float64)
+
+    def a(u, model, t):
+        out = model(jnp.stack([u["x"], u["v"]]))
+        return {"x": u["v"], "v": out[0] - u["x"]}
+
+    def b(u, model, t):
+        return {"x": 0.1 + 0 * u["x"], "v": 0.2 * jnp.tanh(u["v"])}
+
+    prob = sciad.SDEProblem(a, b, {"x": 1.0, "v": 0.0}, (0.0, 1.0), mlp)
+
+    @eqx.filter_jit
+    def loss(model, name, solver):
+        sol = sciad.solve(prob, p=model, key=KEY, dt0=0.05, saveat=np.linspace(0, 1, 5), solver=solver, sensealg=name)
+        return jnp.sum(sol.us["x"] ** 2)
+
+    reference = eqx.filter_grad(loss)(mlp, "DiscreteAdjoint", "reversible_heun")
+    g = eqx.filter_grad(loss)(mlp, "ReversibleAdjoint", "reversible_heun")
+    assert jax.tree.structure(g) == jax.tree.structure(reference)
+    for x, y in zip(jax.tree.leaves(g), jax.tree.leaves(reference)):
+        np.testing.assert_allclose(x, y, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,solver", [("ForwardDiffSensitivity", "euler"), ("BacksolveAdjoint", "heun"),
+                                         ("ReversibleAdjoint", "reversible_heun")])
+def test_general_noise(name, solver):
+    """Two states, three Brownian motions: diffusion an (n, m) = (2, 3) matrix."""
+    prob = sciad.SDEProblem(lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] * jnp.outer(jnp.tanh(u), jnp.ones(3)),
+                            np.array([1.0, 0.5]), (0.0, 1.0), P, noise=3)
+
+    @jax.jit
+    def loss(p):
+        return jnp.sum(sciad.solve(prob, p=p, key=KEY, dt0=DT, solver=solver, sensealg=name).us[-1] ** 2)
+
+    reference = jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, key=KEY, dt0=DT, solver=solver,
+                                                       sensealg="DiscreteAdjoint").us[-1] ** 2))(P)
+    np.testing.assert_allclose(jax.grad(loss)(P), reference, rtol=1e-9 if name != "BacksolveAdjoint" else 1e-2)
+
+
+@pytest.mark.parametrize("name,solver", [("DiscreteAdjoint", "milstein"), ("ReversibleAdjoint", "reversible_heun"),
+                                         ("GaussAdjoint", "heun")])
+def test_integral_losses(name, solver):
+    """∫ u dt of GBM (Stratonovich), against its Riemann sum on the path's grid and its derivatives."""
+
+    def loss(p):
+        sol = sciad.solve(GBM["stratonovich"], p=p, key=KEY, dt0=DT, solver=solver, sensealg=name,
+                          integrand=lambda u, p, t: u[0])
+        return sol.integral, sol.brownian
+
+    (q, path), g = jax.value_and_grad(loss, has_aux=True)(P)
+    W = np.concatenate([[0.0], np.cumsum(np.asarray(path.increments())[:, 0])])
+    t = np.arange(len(W)) * DT
+    u = U0 * np.exp(MU * t + SIGMA * W)
+    trapezoid = DT * (u.sum() - 0.5 * (u[0] + u[-1]))
+    du = np.stack([u * t, u * W])
+    d_trapezoid = DT * (du.sum(1) - 0.5 * (du[:, 0] + du[:, -1]))
+    assert abs(float(q) - trapezoid) < 2e-3 * trapezoid
+    np.testing.assert_allclose(g, d_trapezoid, rtol=1e-2)
+
+
+@pytest.mark.parametrize("name,solver", [("ForwardDiffSensitivity", "milstein"), ("DiscreteAdjoint", "heun"),
+                                         ("ReversibleAdjoint", "reversible_heun"),
+                                         ("InterpolatingAdjoint", "heun")])
+def test_hessians_forward_over_reverse(name, solver):
+    H = jax.jit(jax.hessian(final), static_argnums=(1, 2, 3))(P, "stratonovich", solver, name)
+    reference = jax.jit(jax.hessian(final), static_argnums=(1, 2, 3))(P, "stratonovich", solver, "DiscreteAdjoint")
+    if name == "InterpolatingAdjoint":  # forward over the adjoint SDE: to its discretisation error
+        np.testing.assert_allclose(H, reference, rtol=2e-2, atol=5e-3)
+    else:
+        np.testing.assert_allclose(H, reference, rtol=1e-6)
+    u, _ = gbm_exact("stratonovich", P, brownian_at_T())
+    W = brownian_at_T()
+    exact = u * np.array([[T * T, T * W], [W * T, W * W]])
+    np.testing.assert_allclose(H, exact, rtol=5e-2, atol=1e-2)  # the steps' Hessian, to their strong order
+
+
+def test_jvp_and_float32():
+    tangent = jax.jit(lambda p, v: jax.jvp(lambda p: final(p, "ito", "reversible_heun", "ReversibleAdjoint"), (p,),
+                                           (v,)))(P, np.array([1.0, 0.0]))
+    np.testing.assert_allclose(tangent[1], jax.grad(final)(P, "ito", "reversible_heun", "DiscreteAdjoint")[0],
+                               rtol=1e-9)
+    prob32 = sciad.SDEProblem(drift, diffusion, np.array([U0], np.float32), (0.0, T), P.astype(np.float32))
+
+    def final32(p, name):
+        sol = sciad.solve(prob32, p=p, key=KEY, dt0=DT, sensealg=name, solver="reversible_heun")
+        return sol.us[-1, 0], sol.brownian
+
+    g, path = jax.jit(jax.grad(final32, has_aux=True), static_argnums=1)(P.astype(np.float32), "ReversibleAdjoint")
+    assert g.dtype == np.float32 and path.dtype == np.float32  # float32 increments: another path than float64's
+    np.testing.assert_allclose(g, jax.grad(final32, has_aux=True)(P.astype(np.float32), "DiscreteAdjoint")[0],
+                               rtol=1e-4)
+    np.testing.assert_allclose(g, gbm_exact("ito", P, float(path.evaluate(0.0, T)[0]))[1], rtol=1e-2)
+
+
+def test_closures_over_differentiated_values():
+    def loss(s, name, solver):
+        prob = sciad.SDEProblem(drift, lambda u, p, t: s * u, np.array([U0]), (0.0, T), P)
+        return sciad.solve(prob, key=KEY, dt0=DT, solver=solver, sensealg=name).us[-1, 0]
+
+    reference = jax.grad(loss)(SIGMA, "DiscreteAdjoint", "milstein")
+    np.testing.assert_allclose(reference, gbm_exact("ito", P, brownian_at_T())[1][1], rtol=5e-3)
+    for name, solver in (("ReversibleAdjoint", "reversible_heun"), ("InterpolatingAdjoint", "milstein")):
+        np.testing.assert_allclose(jax.grad(loss)(SIGMA, name, solver), reference, rtol=5e-3)
+
+
+def test_auto_picks_and_reports_an_sde_rule():
+    from sciad._auto import auto_sde_sensealg
+    from sciad._sde_solvers import Euler, ReversibleHeun
+
+    few = auto_sde_sensealg(np.ones(1), P, np.array([0.0, 1.0]), solver=Euler(), steps=100)
+    assert isinstance(few.sensealg, sciad.ForwardDiffSensitivity) and "sde-few-parameters" in few.report()
+    many = auto_sde_sensealg(np.ones(4), np.ones(300), np.array([0.0, 1.0]), solver=Euler(), steps=100)
+    assert isinstance(many.sensealg, sciad.DiscreteAdjoint) and "sde-many-parameters" in many.report()
+    rev = auto_sde_sensealg(np.ones(4), np.ones(300), np.array([0.0, 1.0]), solver=ReversibleHeun(), steps=100)
+    assert isinstance(rev.sensealg, sciad.ReversibleAdjoint)
+    assert jax.grad(final)(P, "ito", "milstein", "auto").shape == (2,)
+
+
+def test_reversible_adjoint_registry_round_trip():
+    alg = sciad.ReversibleAdjoint(vjp="jax-forward")
+    assert sciad.adjoints.describe(alg) == "ReversibleAdjoint(jax-forward)"
+    assert sciad.adjoints.parse("ReversibleAdjoint(jax-forward)") == alg
+    assert sciad.adjoints.SENSEALGS["ReversibleAdjoint"] is sciad.ReversibleAdjoint
+
+
+def test_errors_name_the_argument_and_the_fix():
+    with pytest.raises(ValueError, match="noise"):
+        sciad.SDEProblem(drift, diffusion, np.array([1.0]), (0.0, 1.0), P, noise="full")
+    with pytest.raises(ValueError, match="calculus"):
+        sciad.SDEProblem(drift, diffusion, np.array([1.0]), (0.0, 1.0), P, calculus="ito-ish")
+    with pytest.raises(ValueError, match=r"diffusion\(u, p, t\) must return one \(n, m\) = \(1, 2\)"):
+        sciad.SDEProblem(drift, diffusion, np.array([1.0]), (0.0, 1.0), P, noise=2)
+    with pytest.raises(ValueError, match=r"diffusion\(u, p, t\) returns shape \(2,\)"):
+        sciad.SDEProblem(drift, lambda u, p, t: jnp.ones(2), np.array([1.0]), (0.0, 1.0), P)
+    with pytest.raises(TypeError, match="drift must be callable"):
+        sciad.SDEProblem(None, diffusion, np.array([1.0]), (0.0, 1.0), P)
+    prob = GBM["ito"]
+    with pytest.raises(ValueError, match="pass dt0"):
+        sciad.solve(prob, key=KEY)
+    with pytest.raises(ValueError, match="key=jax.random.key"):
+        sciad.solve(prob, dt0=0.1)
+    with pytest.raises(ValueError, match="not on the step grid"):
+        sciad.solve(prob, key=KEY, dt0=0.1, saveat=[0.0, 0.55])
+    with pytest.raises(ValueError, match="solver='reversible_heun'"):
+        sciad.solve(prob, key=KEY, dt0=0.1, solver="heun", sensealg="ReversibleAdjoint")
+    with pytest.raises(ValueError, match="unknown SDE solver"):
+        sciad.solve(prob, key=KEY, dt0=0.1, solver="tsit5")
+    general = sciad.SDEProblem(drift, lambda u, p, t: jnp.ones((1, 2)), np.array([1.0]), (0.0, 1.0), P, noise=2)
+    with pytest.raises(ValueError, match="solver='euler'"):
+        sciad.solve(general, key=KEY, dt0=0.1, solver="milstein")
+    with pytest.raises(ValueError, match="checkpointing"):
+        sciad.solve(prob, key=KEY, dt0=0.1, sensealg=sciad.InterpolatingAdjoint(checkpointing=True))
+    with pytest.raises(ValueError, match="JAX engines"):
+        sciad.solve(prob, key=KEY, dt0=0.1, sensealg=sciad.InterpolatingAdjoint(vjp="finite-differences"))
+    with pytest.raises(ValueError, match="callbacks"):
+        sciad.solve(prob, key=KEY, dt0=0.1, callbacks=[sciad.PresetTimeCallback([0.5], lambda u, p, t: u)])
+    ode = sciad.ODEProblem(drift, np.array([1.0]), (0.0, 1.0), P)
+    with pytest.raises(ValueError, match="ReversibleAdjoint differentiates an algebraically reversible SDE solver"):
+        jax.grad(lambda p: sciad.solve(ode, p=p, sensealg=sciad.ReversibleAdjoint()).us[-1, 0])(P)
