@@ -1,0 +1,136 @@
+"""DiscreteAdjoint's stored reverse pass (`sciad.adjoints._discrete._reverse_steps`) gives diffrax's
+RecursiveCheckpointAdjoint gradient, the discrete solution's own, wherever its bookkeeping could slip:
+several saves in one step, saves at t0 and t1, an integral, a batch whose members take different
+numbers of steps, backwards time, an implicit solver, a solve that outgrows the stored steps, and
+second derivatives."""
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad
+from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+U0 = np.array([1.0, 1.0])
+P0 = np.array([1.5, 1.0, 3.0, 1.0])
+TOL = {"rtol": 1e-7, "atol": 1e-7}
+
+
+def diffrax_saves(p, u0, ts, t0, t1, solver="tsit5", max_steps=4096):
+    """u at ts by diffrax's own solve with RecursiveCheckpointAdjoint (sciad's step controller)."""
+    solver = sciad.get_solver(solver)
+    term = dfx.ODETerm(lambda t, y, p: lotka_volterra(y, p, t))
+    sol = dfx.diffeqsolve(term, solver, t0, t1, None, u0, args=p, saveat=dfx.SaveAt(ts=ts),
+                          stepsize_controller=sciad.step_controller(solver, TOL["rtol"], TOL["atol"]),
+                          max_steps=max_steps, adjoint=dfx.RecursiveCheckpointAdjoint())
+    return sol.ys
+
+
+def sciad_saves(p, u0, ts, t0, t1, solver="tsit5", max_steps=4096, **options):
+    prob = sciad.ODEProblem(lotka_volterra, U0, (t0, t1), P0)
+    return sciad.solve(prob, u0=u0, p=p, saveat=ts, solver=solver, max_steps=max_steps,
+                       sensealg=sciad.DiscreteAdjoint(), **TOL, **options).us
+
+
+def weights(ts):
+    return jnp.arange(1.0, 2 * len(ts) + 1).reshape(len(ts), 2)
+
+
+def gradients(saves, ts, *args, **kwargs):
+    w = weights(ts)
+    return jax.jit(jax.grad(lambda p, u0: jnp.sum(w * saves(p, u0, ts, *args, **kwargs)), argnums=(0, 1)))(P0, U0)
+
+
+def diffrax_saves_backwards(p, u0, ts, t0, t1):
+    """The same by diffrax in s = -t (u' = -f): diffrax integrates backwards in time so too."""
+    solver = sciad.get_solver("tsit5")
+    term = dfx.ODETerm(lambda s, y, p: -lotka_volterra(y, p, -s))
+    sol = dfx.diffeqsolve(term, solver, -t0, -t1, None, u0, args=p, saveat=dfx.SaveAt(ts=-jnp.asarray(ts)),
+                          stepsize_controller=sciad.step_controller(solver, TOL["rtol"], TOL["atol"]),
+                          max_steps=4096, adjoint=dfx.RecursiveCheckpointAdjoint())
+    return sol.ys
+
+
+@pytest.mark.parametrize("ts, t0, t1, reference", [
+    (np.linspace(0.0, 5.0, 301), 0.0, 5.0, diffrax_saves),  # several saves per step, at t0 and at t1
+    (np.array([0.7, 0.7001, 3.1]), 0.0, 5.0, diffrax_saves),  # two saves in one step, none at the ends
+    (np.array([4.0, 2.5, 0.0]), 5.0, 0.0, diffrax_saves_backwards),  # backwards in time
+])
+def test_stored_reverse_pass_is_diffrax_recursive_checkpointing(ts, t0, t1, reference):
+    ours = gradients(sciad_saves, ts, t0, t1)
+    theirs = gradients(reference, ts, t0, t1)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_stored_reverse_pass_with_an_implicit_solver():
+    ts = np.linspace(0.0, 3.0, 7)
+    ours = gradients(sciad_saves, ts, 0.0, 3.0, solver="kvaerno5")
+    theirs = gradients(diffrax_saves, ts, 0.0, 3.0, solver="kvaerno5")
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-8)
+
+
+@pytest.mark.slow
+def test_a_solve_past_the_stored_steps_is_recomputed_from_checkpoints():
+    """More steps than `STORED_STEPS`: the stored solve runs out and the recursive one takes over."""
+    ts = np.array([150.0, 300.0])
+    steps = int(sciad.solve(sciad.ODEProblem(lotka_volterra, U0, (0.0, 300.0), P0), saveat=ts, max_steps=10**5,
+                            **TOL).stats["steps"])
+    assert steps > sciad.adjoints.STORED_STEPS
+    ours = gradients(sciad_saves, ts, 0.0, 300.0, max_steps=10**5)
+    theirs = gradients(diffrax_saves, ts, 0.0, 300.0, max_steps=10**5)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-8)
+
+
+def test_a_batch_whose_members_take_different_steps():
+    ts = np.linspace(0.0, 4.0, 9)
+    ps = jnp.stack([P0, P0 * jnp.array([2.0, 1.0, 0.5, 1.5])])
+
+    def loss(p, saves):
+        return jnp.sum(weights(ts) * saves(p, U0, ts, 0.0, 4.0))
+
+    ours = jax.jit(jax.vmap(jax.grad(lambda p: loss(p, sciad_saves))))(ps)
+    theirs = jax.jit(jax.vmap(jax.grad(lambda p: loss(p, diffrax_saves))))(ps)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-10)
+
+
+def test_an_integral_and_the_time_span():
+    """∫ u₁² dt and u(t1) in p, u0 and t1 (traced): against central differences of the same solve."""
+    prob = sciad.ODEProblem(lotka_volterra, U0, (0.0, 2.0), P0)
+
+    def loss(p, t1):
+        sol = sciad.solve(prob, p=p, tspan=(0.0, t1), saveat=jnp.stack([t1]), integrand=lambda u, p, t: u[0] ** 2,
+                          sensealg=sciad.DiscreteAdjoint(), rtol=1e-10, atol=1e-10)
+        return sol.integral + jnp.sum(sol.us[-1])
+
+    g_p, g_t1 = jax.jit(jax.grad(loss, argnums=(0, 1)))(P0, 2.0)
+    loss = jax.jit(loss)
+    h = 1e-6
+    fd_t1 = (loss(P0, 2.0 + h) - loss(P0, 2.0 - h)) / (2 * h)
+    fd_p = np.array([(loss(P0 + h * e, 2.0) - loss(P0 - h * e, 2.0)) / (2 * h) for e in np.eye(4)])
+    np.testing.assert_allclose(g_t1, fd_t1, rtol=1e-6)
+    np.testing.assert_allclose(g_p, fd_p, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_second_derivatives_replay_the_reverse_pass():
+    ts = np.linspace(0.0, 2.0, 5)
+    loss = lambda p, saves: jnp.sum(weights(ts) * saves(p, U0, ts, 0.0, 2.0))  # noqa: E731
+    ours = jax.hessian(lambda p: loss(p, sciad_saves))(P0)
+    theirs = jax.hessian(lambda p: loss(p, lambda *a: diffrax_saves_direct(*a)))(P0)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-8)
+
+
+def diffrax_saves_direct(p, u0, ts, t0, t1):
+    solver = sciad.get_solver("tsit5")
+    term = dfx.ODETerm(lambda t, y, p: lotka_volterra(y, p, t))
+    return dfx.diffeqsolve(term, solver, t0, t1, None, u0, args=p, saveat=dfx.SaveAt(ts=ts),
+                           stepsize_controller=sciad.step_controller(solver, TOL["rtol"], TOL["atol"]),
+                           max_steps=4096, adjoint=dfx.DirectAdjoint()).ys
