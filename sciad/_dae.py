@@ -237,10 +237,12 @@ def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float
     if mode == "check":
         return _checked(residual, z0, args, u0, rtol, atol)
     floor = 100 * float(jnp.finfo(u0.dtype).eps)  # a tolerance the dtype can meet
-    newton = optx.Newton(rtol=max(rtol * NEWTON_TIGHTER, floor), atol=atol * NEWTON_TIGHTER, cauchy_termination=False)
+    # Cauchy termination (small corrections and residual): without it optimistix calls an iteration
+    # that has not converged within two steps diverged, which a start far from the solution is.
+    newton = optx.Newton(rtol=max(rtol * NEWTON_TIGHTER, floor), atol=atol * NEWTON_TIGHTER)
     sol = optx.root_find(residual, newton, z0, args, max_steps=NEWTON_STEPS, throw=False)
-    # optimistix calls iterations whose corrections stop shrinking at rounding level diverged (a u0
-    # consistent already, with a full M): the result stands where "check" would accept it.
+    # A result short of the tightened tolerances (a residual whose rounding exceeds atol / 1000) stands
+    # where "check" would accept it.
     ratio, _ = jax.lax.stop_gradient(_distance(residual, sol.value, args, rtol, atol))
     failed = ((sol.result != optx.RESULTS.successful) & ~(ratio <= 1)) | ~jnp.all(jnp.isfinite(sol.value))
     return split.state(u0, _refused(sol.value, failed, INIT_FAILED.format(k=z0.size, steps=NEWTON_STEPS)))

@@ -1,0 +1,240 @@
+"""Every sensealg on a mass-matrix DAE: ForwardSensitivity (the sensitivity DAE from consistent
+tangents) and the continuous adjoints (the adjoint DAE Mᵀλ' = -Jᵀλ - (∂g/∂u)ᵀw_Q with consistent λ
+at every breakpoint and ∂L/∂u0 = Mᵀλ(t0), `sciad._dae`), in u0 and p, against closed forms, the
+through-the-steps sensealgs (DiscreteAdjoint, ForwardDiffSensitivity), Robertson's ODE form and
+finite differences: a linear index-1 DAE, a full singular M, losses on the algebraic state, an
+integrand, jit and vmap."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_dae import (M_FULL, P0, R_INV, ROBERTSON_P, ROBERTSON_TS, TOL, TS, exact, exact_gradients, linear_loss,
+                      linear_problem, robertson, robertson_dae, rotated)
+
+import sciad
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+slow = pytest.mark.slow
+ADJOINTS = [sciad.InterpolatingAdjoint(), sciad.GaussAdjoint(), sciad.QuadratureAdjoint(),
+            sciad.GaussAdjoint(checkpointing=True), sciad.BacksolveAdjoint(),
+            pytest.param(sciad.InterpolatingAdjoint(checkpointing=True), marks=slow)]
+SENSEALGS = [sciad.ForwardSensitivity(), *ADJOINTS]
+
+
+def name(sensealg):
+    return sciad.adjoints.describe(sensealg)
+
+
+def finite_differences(fn, x, step=1e-5):
+    """Central differences of a scalar fn at x (1-D), step relative to |x| (at least `step`)."""
+    x = np.asarray(x, float)
+    out = np.zeros_like(x)
+    for i in range(x.size):
+        h = step * max(1.0, abs(x[i]))
+        e = np.zeros_like(x)
+        e[i] = h
+        out[i] = (float(fn(x + e)) - float(fn(x - e))) / (2 * h)
+    return out
+
+
+# --- (a, d) the linear index-1 DAE: closed form, its loss on x and the algebraic z ---------------------
+
+@pytest.mark.parametrize("sensealg", SENSEALGS, ids=name)
+def test_linear_dae_closed_form(sensealg):
+    """x' = -a x + z, 0 = z - b x from an inconsistent u0; L = Σ_t x + 2z: ∂L/∂u0 = (∂L/∂x0, 0) (z0 is
+    solved from x0) and ∂L/∂(a, b) exact, b also through the algebraic equation (∂L/∂p's jump term)."""
+    prob = linear_problem()
+
+    def loss(u0, p):
+        return linear_loss(sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us)
+
+    g_u0, g_p = jax.grad(loss, argnums=(0, 1))(np.array([1.5, 0.3]), P0)
+    d_x0, d_a, d_b = exact_gradients(1.5, P0)
+    np.testing.assert_allclose(g_u0, [d_x0, 0.0], rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(g_p, [d_a, d_b], rtol=1e-7)
+
+
+@pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), sciad.InterpolatingAdjoint(), sciad.ForwardSensitivity()],
+                         ids=name)
+def test_jit_and_vmap(sensealg):
+    """jax.jit(jax.vmap(jax.grad)) over parameters and u0 together, against the closed form."""
+    prob = linear_problem()
+
+    def loss(u0, p):
+        return linear_loss(sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us)
+
+    ps = np.array([[2.0, 0.5], [1.0, 0.2], [3.0, 1.0]])
+    u0s = np.array([[1.5, 0.0], [0.5, 1.0], [2.0, -1.0]])
+    g_u0, g_p = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1))))(u0s, ps)
+    for x0, p, gu, gp in zip(u0s[:, 0], ps, g_u0, g_p):
+        d_x0, d_a, d_b = exact_gradients(x0, p)
+        np.testing.assert_allclose(gu, [d_x0, 0.0], rtol=1e-6, atol=1e-10)
+        np.testing.assert_allclose(gp, [d_a, d_b], rtol=1e-6)
+
+
+# --- (c) a full singular M ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sensealg", SENSEALGS, ids=name)
+def test_full_singular_mass_matrix(sensealg):
+    """The linear DAE in u = R w, its equations mixed by Q: M = Q diag(1, 0) R⁻¹ has neither its
+    algebraic equation nor its algebraic state on a coordinate. ∂L/∂u0 = ∂L/∂x0 (R⁻¹)₁ (Mᵀλ: the
+    row space M keeps), ∂L/∂p exact."""
+    prob = sciad.ODEProblem(rotated, np.array([1.0, 1.0]), (0.0, 2.0), P0, mass_matrix=M_FULL)
+    u0 = np.array([0.7, -0.2])
+    x0 = (R_INV @ u0)[0]
+
+    def loss(u0, p):
+        us = sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us
+        return linear_loss(us @ jnp.asarray(R_INV).T)
+
+    g_u0, g_p = jax.grad(loss, argnums=(0, 1))(u0, P0)
+    d_x0, d_a, d_b = exact_gradients(x0, P0)
+    np.testing.assert_allclose(g_u0, d_x0 * R_INV[0], rtol=1e-7)
+    np.testing.assert_allclose(g_p, [d_a, d_b], rtol=1e-7)
+
+
+# --- (d, e) a nonlinear DAE: a loss on the algebraic state at save times, an integrand ------------------
+# x' = -a x z, 0 = z³ + z - b x (∂/∂z = 3z² + 1 ≠ 0: index 1), the loss nonlinear in z.
+
+def cubic(u, p, t):
+    a, b = p
+    return jnp.stack([-a * u[0] * u[1], u[1] ** 3 + u[1] - b * u[0]])
+
+
+CUBIC_P = np.array([0.8, 1.3])
+CUBIC_U0 = np.array([1.2, 0.0])
+
+
+def cubic_problem():
+    return sciad.ODEProblem(cubic, CUBIC_U0, (0.0, 2.0), CUBIC_P, mass_matrix=np.array([1.0, 0.0]))
+
+
+def cubic_loss(sensealg, integrand=False):
+    """L(u0, p): Σ_t sin(z) + z² x at the save times, or ∫ z² + x z dt (`integrand`)."""
+    prob = cubic_problem()
+
+    def loss(u0, p):
+        if integrand:
+            sol = sciad.solve(prob, u0=u0, p=p, integrand=lambda u, p, t: u[1] ** 2 + u[0] * u[1],
+                              sensealg=sensealg, **TOL)
+            return sol.integral
+        us = sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us
+        return jnp.sum(jnp.sin(us[:, 1]) + us[:, 1] ** 2 * us[:, 0])
+
+    return loss
+
+
+@pytest.fixture(scope="module")
+def cubic_references():
+    """integrand -> (DiscreteAdjoint's ∂L/∂u0, ∂L/∂p; central differences of L in x0 and in p)."""
+    out = {}
+    for integrand in (False, True):
+        reference = jax.grad(cubic_loss(sciad.DiscreteAdjoint(), integrand), argnums=(0, 1))(CUBIC_U0, CUBIC_P)
+        plain = jax.jit(cubic_loss(sciad.DiscreteAdjoint(), integrand))
+        fd_p = finite_differences(lambda p: plain(CUBIC_U0, p), CUBIC_P)
+        fd_x0 = finite_differences(lambda x0: plain(jnp.array([x0[0], 0.0]), CUBIC_P), CUBIC_U0[:1])[0]
+        out[integrand] = (*reference, fd_x0, fd_p)
+    return out
+
+
+@pytest.mark.parametrize("integrand", [False, True], ids=["algebraic-saves", "integrand"])
+@pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), sciad.InterpolatingAdjoint(), sciad.ForwardSensitivity(),
+                                      pytest.param(sciad.QuadratureAdjoint(), marks=slow),
+                                      pytest.param(sciad.GaussAdjoint(checkpointing=True), marks=slow),
+                                      pytest.param(sciad.BacksolveAdjoint(), marks=slow)], ids=name)
+def test_nonlinear_loss_on_the_algebraic_state(sensealg, integrand, cubic_references):
+    """∂L/∂(u0, p) against DiscreteAdjoint (to 1e-6) and central differences of the loss (to 1e-5)."""
+    g_u0, g_p = jax.jit(jax.grad(cubic_loss(sensealg, integrand), argnums=(0, 1)))(CUBIC_U0, CUBIC_P)
+    r_u0, r_p, fd_x0, fd_p = cubic_references[integrand]
+    np.testing.assert_allclose(g_p, r_p, rtol=1e-6)
+    np.testing.assert_allclose(g_u0, r_u0, rtol=1e-6, atol=1e-9)
+    assert g_u0[1] == 0  # the algebraic state is solved from the differential one
+    np.testing.assert_allclose(g_p, fd_p, rtol=1e-5)
+    np.testing.assert_allclose(g_u0[0], fd_x0, rtol=1e-5)
+
+
+# --- (b) Robertson: the DAE against its ODE form ------------------------------------------------------
+
+def robertson_gradient(prob, solver, sensealg):
+    """∂/∂(u0, log k) of Σ_t 10⁴ y2 + y3 (y3 algebraic in the DAE) at three save times up to t = 100."""
+    def value(u0, log_k):
+        us = sciad.solve(prob, u0=u0, p=jnp.exp(log_k), saveat=ROBERTSON_TS[:4], solver=solver, rtol=1e-9,
+                         atol=1e-12, max_steps=20_000, sensealg=sensealg).us
+        return jnp.sum(us[:, 1] * 1e4 + us[:, 2])
+
+    return jax.jit(jax.grad(value, argnums=(0, 1)))(np.array([1.0, 0.0, 0.0]), np.log(ROBERTSON_P))
+
+
+ROBERTSON_DAE = dict(f=robertson_dae, u0=np.array([1.0, 0.0, 0.0]), tspan=(0.0, 100.0), p=ROBERTSON_P,
+                     mass_matrix=np.array([1.0, 1.0, 0.0]))
+
+
+@pytest.fixture(scope="module")
+def robertson_ode_gradient():
+    """The ODE form's gradient through Kvaerno5, in u0 projected on the DAE's (y3 = 1 - y1 - y2)."""
+    ode = sciad.ODEProblem(robertson, np.array([1.0, 0.0, 0.0]), (0.0, 100.0), ROBERTSON_P)
+    g_u0, g_p = robertson_gradient(ode, "kvaerno5", sciad.DiscreteAdjoint())
+    return np.array([g_u0[0] - g_u0[2], g_u0[1] - g_u0[2], 0.0]), g_p
+
+
+@pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), pytest.param(sciad.InterpolatingAdjoint(), marks=slow),
+                                      pytest.param(sciad.QuadratureAdjoint(), marks=slow),
+                                      pytest.param(sciad.GaussAdjoint(checkpointing=True), marks=slow),
+                                      pytest.param(sciad.ForwardSensitivity(), marks=slow)], ids=name)
+def test_robertson_against_the_ode_form(sensealg, robertson_ode_gradient):
+    """∂/∂log k to 1e-6 of the ODE form's, ∂/∂u0 to 1e-5 of its largest entry (its y2 entry is a
+    difference of two entries 3000 times larger)."""
+    g_u0, g_p = robertson_gradient(sciad.ODEProblem(**ROBERTSON_DAE), None, sensealg)
+    r_u0, r_p = robertson_ode_gradient
+    np.testing.assert_allclose(g_p, r_p, rtol=1e-6)
+    np.testing.assert_allclose(g_u0, r_u0, atol=1e-5 * np.max(np.abs(r_u0)))
+
+
+@slow
+def test_robertson_with_a_full_mass_matrix():
+    """Robertson in u = R w with its equations mixed by Q (a full singular M, nonlinear f): GaussAdjoint's
+    gradient in log k equals DiscreteAdjoint's on the diagonal form."""
+    R = np.array([[1.0, 0.2, 0.0], [0.0, 1.0, 0.3], [0.1, 0.0, 1.0]])
+    Q = np.array([[1.0, 0.5, 0.2], [0.0, 1.0, 0.4], [0.3, 0.0, 1.0]])
+    R_inv = np.linalg.inv(R)
+
+    def f(u, p, t):
+        return jnp.asarray(Q) @ robertson_dae(jnp.asarray(R_inv) @ u, p, t)
+
+    full = sciad.ODEProblem(f, R @ np.array([1.0, 0.0, 0.0]), (0.0, 100.0), ROBERTSON_P,
+                            mass_matrix=Q @ np.diag([1.0, 1.0, 0.0]) @ R_inv)
+
+    def gradient(prob, sensealg, rotate):
+        def value(log_k):
+            us = sciad.solve(prob, p=jnp.exp(log_k), saveat=ROBERTSON_TS[:4], rtol=1e-9, atol=1e-12,
+                             max_steps=20_000, sensealg=sensealg).us
+            w = us @ jnp.asarray(R_inv).T if rotate else us
+            return jnp.sum(w[:, 1] * 1e4 + w[:, 2])
+
+        return jax.jit(jax.grad(value))(np.log(ROBERTSON_P))
+
+    np.testing.assert_allclose(gradient(full, sciad.GaussAdjoint(), True),
+                               gradient(sciad.ODEProblem(**ROBERTSON_DAE), sciad.DiscreteAdjoint(), False), rtol=1e-6)
+
+
+@slow
+def test_backsolve_refuses_robertson():
+    """BacksolveAdjoint re-solves u backwards: stiff Robertson is unstable that way, and its own check
+    refuses it, naming the adjoints that serve."""
+    with pytest.raises(Exception, match="BacksolveAdjoint: the state re-solved backwards.*GaussAdjoint"):
+        robertson_gradient(sciad.ODEProblem(**ROBERTSON_DAE), None, sciad.BacksolveAdjoint())
+
+
+@slow
+def test_hessian_forward_over_reverse():
+    """jax.hessian (forward over GaussAdjoint's reverse) of Σ_t x = Σ_t x0 e^{(b - a) t}: t² x [[1, -1], [-1, 1]]."""
+    prob = linear_problem()
+
+    def loss(p):
+        return jnp.sum(sciad.solve(prob, p=p, saveat=TS, sensealg=sciad.GaussAdjoint(), **TOL).us[:, 0])
+
+    x = exact(1.5, P0)[:, 0]
+    np.testing.assert_allclose(jax.hessian(loss)(P0), np.sum(TS**2 * x) * np.array([[1.0, -1.0], [-1.0, 1.0]]),
+                               rtol=1e-6)
