@@ -893,7 +893,8 @@ def first_gradient_markdown(result) -> str:
         f"medians of {max(len(r['repeats']) for r in result['records'])}, after one unrecorded first gradient of "
         "each side in the process (a fresh process's first: the cache table's \"no cache\" row); the gradients' "
         "relative error (auto's against "
-        "diffrax's) from the first repeat; program sizes: equations of the traced jaxpr (nested ones "
+        "diffrax's) from the first repeat; each stage's median and the total's are taken apart (they need not add "
+        "up); program sizes: equations of the traced jaxpr (nested ones "
         f"included) and lines of the lowered StableHLO. Machine: {_machine(result)}.\n",
         first_gradient_table(result["records"]), "## Targets (issue 33)\n", targets_table(result["targets"])]
     if result["cache"]:
