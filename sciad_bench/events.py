@@ -8,6 +8,9 @@
   `Event` (Newton root find), the velocity flipped in between.
 - integrate-and-fire: V' = (I - V) / τ, V -> 0 at V = 1; L = Σ (spike time - target)² of the first
   four spikes, in (I, τ). sciad: a resetting `ContinuousCallback`; diffrax: one solve per spike.
+- spike times: an Izhikevich neuron (v' = 0.04 v² + 5 v + 140 - w + I, w' = a (b v - w); v -> c,
+  w -> w + d at v = 30), L = Σ (spike time - target)² of the first three spikes on [0, 100] ms, in
+  (a, b, c, d, I). sciad: a resetting `ContinuousCallback`; diffrax: one solve per spike.
 - landing: a projectile with drag stops where it lands; L = (x_land - 10)², in (drag, v, angle).
   sciad: a terminating `ContinuousCallback`; diffrax: its terminating `Event`.
 
@@ -123,6 +126,37 @@ def integrate_and_fire() -> LossCase:
     return LossCase("integrate-and-fire", np.array([1.5, 0.5]), 1, sciad_loss, diffrax_loss)
 
 
+def _izhikevich(u, p, t):
+    a, b, _, _, current = p
+    return jnp.stack([0.04 * u[0] ** 2 + 5.0 * u[0] + 140.0 - u[1] + current, a * (b * u[0] - u[1])])
+
+
+def _spike_reset(u, p, t):
+    return jnp.stack([p[2] + 0.0 * u[0], u[1] + p[3]])
+
+
+def spike_times() -> LossCase:
+    prob = sciad.ODEProblem(_izhikevich, np.array([-65.0, -13.0]), (0.0, 100.0),
+                            np.array([0.02, 0.2, -65.0, 8.0, 10.0]))
+    targets = np.array([3.0, 25.0, 70.0])
+
+    def sciad_loss(x, sensealg, rtol, atol):
+        spike = sciad.ContinuousCallback(lambda u, p, t: u[0] - 30.0, _spike_reset, "up")
+        sol = sciad.solve(prob, p=x, callbacks=[spike], rtol=rtol, atol=atol, sensealg=sensealg, max_events=4)
+        return jnp.sum((sol.event_times[0][:3] - targets) ** 2)
+
+    def diffrax_loss(x, adjoint, rtol, atol):
+        t, u, loss = 0.0, jnp.asarray(prob.u0, x.dtype), 0.0
+        for target in targets:
+            t, u = _diffrax_segment(lambda t, u, p: _izhikevich(u, p, t), u, x, t, 100.0, adjoint, rtol, atol,
+                                    cond=lambda u: u[0] - 30.0)
+            loss, u = loss + (t - target) ** 2, _spike_reset(u, x, t)
+        return loss
+
+    return LossCase("spike times", np.array([0.02, 0.2, -65.0, 8.0, 10.0]), 2, sciad_loss, diffrax_loss, rtol=1e-8,
+                    atol=1e-8)
+
+
 def _drag(u, p, t):
     speed = jnp.sqrt(u[2] ** 2 + u[3] ** 2)
     return jnp.stack([u[2], u[3], -p[0] * speed * u[2], -G - p[0] * speed * u[3]])
@@ -153,7 +187,7 @@ def plan(quick: bool) -> list:
     sensealgs = QUICK_SENSEALGS if quick else SENSEALGS
     combos = [auto_combination()] + [sciad_combination(s, ENGINES[engine_option(s)]) for s in sensealgs]
     peers = [diffrax_combination(a) for a in ("RecursiveCheckpointAdjoint", "ForwardMode")]
-    cases = [multi_dose(), bouncing_ball(), integrate_and_fire(), landing()]
+    cases = [multi_dose(), bouncing_ball(), integrate_and_fire(), spike_times(), landing()]
     return [(case, combos + peers) for case in cases]
 
 
