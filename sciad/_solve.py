@@ -108,10 +108,14 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     differential ones (Newton, differentiated by the implicit function theorem: d/du0 of the
     differential part is right; `sciad._dae.initialise`), "check" raises a `SolveError` when u0's
     algebraic states are further from consistency than atol + rtol |u|, "none" takes u0 as it is.
-    Its gradients come from `ForwardDiffSensitivity` or `DiscreteAdjoint` (through the solver's
-    steps; "auto" picks one of them), with respect to u0, p and the values f closes over; the
-    continuous adjoints and `ForwardSensitivity` (which need the adjoint or sensitivity DAE),
-    derivatives in the times, callbacks and `dense=True` are refused with a mass matrix for now.
+    Every sensealg differentiates it with respect to u0, p and the values f closes over:
+    `ForwardDiffSensitivity` and `DiscreteAdjoint` through the solver's steps ("auto" picks one of
+    them), `ForwardSensitivity` by the sensitivity DAE M S' = (∂f/∂u) S + ∂f/∂p from consistent
+    tangents, the continuous adjoints by the adjoint DAE Mᵀ λ' = −(∂f/∂u)ᵀ λ (− (∂g/∂u)ᵀ with an
+    integrand), solved backwards by the same solver, with consistent λ at every save time and
+    ∂L/∂u0 = Mᵀ λ(t0) (`sciad._dae`; `BacksolveAdjoint` refuses, by its own check, what it cannot
+    re-solve backwards: stiff problems such as Robertson). Derivatives in the times, callbacks and
+    `dense=True` are refused with a mass matrix.
 
     `callbacks`: `sciad.ContinuousCallback` and `sciad.PresetTimeCallback` events (doses, impacts,
     resets, stopping conditions), in time order, several in one step in order, simultaneous ones in
