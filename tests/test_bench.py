@@ -151,7 +151,7 @@ def test_failing_and_wrong_combinations_are_recorded_not_timed(monkeypatch):
     assert [r["ok"] for r in records] == [True, False, False, True] and good["rel_error"] == 0.0
     assert [len(r["times"]) for r in records] == [2, 0, 0, 2] and wrong["median_s"] is None is failed["median_s"]
     assert set(good) == {"problem", "size", "sensealg", "engine", "label", "kind", "is_peer", "device", "times",
-                         "median_s", "compile_time", "rel_error", "ok", "error", "peak_bytes"}
+                         "median_s", "compile_time", "rel_error", "ok", "error", "peak_bytes", "temp_bytes"}
 
 
 def test_cli_rejects_unknown_benchmark_and_engine(tmp_path, capsys):
@@ -199,7 +199,8 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     records = [{"class": suite.PAPER}, {"class": suite.STIFF}]
 
     def run_suite(quick, repeats, out):
-        touch(out, *suite.class_figures(records).values(), suite.MEMORY_FIGURE, "table.md", "suite.json")
+        touch(out, *suite.class_figures(records).values(), suite.MEMORY_FIGURE, "table.md", "suite.json",
+              *suite.family_outputs(suite.LARGE_NONSTIFF), *suite.family_outputs(suite.FIRST_GRADIENT))
         return {"records": records}
 
     monkeypatch.setattr(reproduce, "run_suite", run_suite)
@@ -207,10 +208,11 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     figures = {p.name for p in (tmp_path / "paper" / "figures").iterdir()}
     assert figures == {f"{name}.png" for name in experiments.PLANS} | {
         "suite-paper.png", "suite-stiff.png", "suite-memory.png", "losses.png", "events.png", "large-stiff.png",
-        "dae.png"}
+        "dae.png", "suite-large-nonstiff.png", "suite-first-gradient.png"}
     tables_written = {p.name for p in (tmp_path / "paper" / "tables").iterdir()}
     assert {"claims.md", "selection.md", "suite.md", "suite.json", "losses.md", "losses.json", "events.md",
-            "events.json", "large-stiff.md", "large-stiff.json", "dae.md", "dae.json"} <= tables_written
+            "events.json", "large-stiff.md", "large-stiff.json", "dae.md", "dae.json", "suite-large-nonstiff.md",
+            "suite-first-gradient.json"} <= tables_written
 
 
 @pytest.mark.slow
