@@ -28,6 +28,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -723,8 +724,13 @@ def _equations(jaxpr) -> int:
 
 
 def program_size(traced, lowered) -> dict:
-    """`equations`: of the traced jaxpr, nested ones included; `hlo_lines`: of the lowered StableHLO text."""
-    return {"equations": _equations(traced.jaxpr), "hlo_lines": len(lowered.as_text().splitlines())}
+    """`equations`: of the traced jaxpr, nested ones included; of the lowered StableHLO: `hlo_lines`, `loops`
+    (while), `conds` (case and if) and `callbacks` (custom calls to a host callback: equinox's checks,
+    sciad's warnings)."""
+    text = lowered.as_text()
+    return {"equations": _equations(traced.jaxpr), "hlo_lines": len(text.splitlines()),
+            "loops": text.count("stablehlo.while"), "conds": text.count("stablehlo.case") + text.count("stablehlo.if"),
+            "callbacks": len(re.findall(r"custom_call @\w*callback", text))}
 
 
 def first_gradient(case: FirstGradientCase, repeats: int = FIRST_GRADIENT_REPEATS, progress=None) -> list[dict]:
@@ -777,13 +783,15 @@ def _where(slow: dict, fast: dict) -> str:
 
 def first_gradient_table(records) -> str:
     lines = ["| problem | side | trace (s) | lower (s) | compile (s) | run (s) | total (s) | auto / RCA | "
-             "jaxpr equations | StableHLO lines | rel. error |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "jaxpr equations | StableHLO lines | loops / conds / callbacks | rel. error |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by = {(r["problem"], r["side"]): r for r in records}
     for r in records:
         peer = by[(r["problem"], SIDES[1])]
         ratio = f"**{r['total_s'] / peer['total_s']:.2f}**" if r["side"] == SIDES[0] else ""
         lines.append(f"| {r['problem']} | {r['label']} | " + " | ".join(f"{r['stages_s'][s]:.3g}" for s in STAGES)
                      + f" | {r['total_s']:.3g} | {ratio} | {r['equations']} | {r['hlo_lines']} | "
+                     f"{r.get('loops', '–')} / {r.get('conds', '–')} / {r.get('callbacks', '–')} | "
                      f"{r['rel_error']:.1e}{'' if r['ok'] else ' WRONG'} |")
     return "\n".join(lines) + "\n"
 
@@ -894,8 +902,8 @@ def first_gradient_markdown(result) -> str:
         "each side in the process (a fresh process's first: the cache table's \"no cache\" row); the gradients' "
         "relative error (auto's against "
         "diffrax's) from the first repeat; each stage's median and the total's are taken apart (they need not add "
-        "up); program sizes: equations of the traced jaxpr (nested ones "
-        f"included) and lines of the lowered StableHLO. Machine: {_machine(result)}.\n",
+        "up); program sizes: equations of the traced jaxpr (nested ones included), and of the lowered StableHLO "
+        "its lines, while loops, conds (case, if) and host callbacks (equinox's checks, sciad's warnings). Machine: {_machine(result)}.\n",
         first_gradient_table(result["records"]), "## Targets (issue 33)\n", targets_table(result["targets"])]
     if result["cache"]:
         parts += [f"## JAX's persistent compilation cache ({CACHE_EXAMPLE}, fresh processes)\n",
