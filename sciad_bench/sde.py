@@ -48,9 +48,9 @@ exact adjoint) agree to `EXACT` (float64); continuous adjoints (Backsolve, Inter
 adjoint SDE) are the exact gradient only as dt → 0: they are checked against the discrete gradient to
 `CONTINUOUS`, which bounds the discretisation error at these steps (the table gives each error).
 
-Timing: the JAX rows in interleaved rounds (calls of `SLOW`s or more in rounds of their own), then the torch
-rows in rounds of their own (a JAX call right after torch's is slowed while its threads spin); the ratios
-are to the floor's median in the same process. Memory: JAX rows, XLA's temporaries of the compiled gradient
+Timing: the JAX rows in interleaved rounds (calls of `SLOW`s or more in rounds of their own; each set's rounds
+stop past `BUDGET` seconds), then the torch rows in rounds of their own (a JAX call right after torch's is
+slowed while its threads spin); the ratios are to the floor's median in the same process. Memory: JAX rows, XLA's temporaries of the compiled gradient
 (`memory_analysis()`); torchsde rows, the growth of a fresh process' peak RSS over one gradient (full runs).
 A sweep compiles the neural SDE's gradients at 100, 1,000 and 10,000 steps: XLA's temporaries against the
 number of steps (ReversibleAdjoint's: flat).
@@ -88,6 +88,7 @@ SLOW = 1.0  # s: JAX calls at least this slow (forward mode over hundreds of par
 FORWARD_MODE_UP_TO = 1000  # parameters: forward-mode rows (one tangent each) beyond take tens of seconds
 MEMORY_STEPS = {True: (20, 200), False: (100, 1000, 10000)}
 ROUNDS = {True: (3, 1), False: (20, 3)}  # (JAX rounds, torch rounds)
+BUDGET = 240.0  # s: a tier's rounds stop after the round that ends past it (16 states: continuous adjoints take seconds)
 SENSEALGS = ("ForwardDiffSensitivity", "DiscreteAdjoint", "BacksolveAdjoint", "InterpolatingAdjoint",
              "GaussAdjoint", "auto")
 CONTINUOUS_SENSEALGS = ("BacksolveAdjoint", "InterpolatingAdjoint", "GaussAdjoint")
@@ -607,7 +608,7 @@ def measure(b: SDEBench, rows: list[Row], rounds: int, slow_call, log) -> list[d
     references, memory = _References(b), {}
     zeros = np.zeros(b.p.shape)
     results = compare([_checked(row, b, references, memory) for row in rows], lambda: lambda: zeros, tolerance=1.0,
-                      rounds=rounds, slow_call=slow_call,
+                      rounds=rounds, budget=BUDGET, slow_call=slow_call,
                       on_compile=lambda i: log(f"  {b.label}: compiling and checking {rows[i].name}"),
                       on_round=lambda tier, i: log(f"  {b.label}: timing ({tier} calls), round {i + 1}/{rounds}"))
     records = []
@@ -751,13 +752,14 @@ def markdown(result: dict) -> str:
     for (problem, states, paths, steps), group in _groups(records).items():
         floor = _floor(group)
         lines += [f"## {problem}: {states} states, {paths} paths, {steps} steps, {group[0]['params']} parameters", "",
-                  "| method | scheme | Brownian path | median (ms) | × scan | first call (s) | memory (MB) | rel. error "
-                  "| tolerance | status |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+                  "| method | scheme | Brownian path | median (ms) | rounds | × scan | first call (s) | memory (MB) "
+                  "| rel. error | tolerance | status |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in group:
             median = r.get("median_s")
             ratio = "–" if not (median and floor) else f"{median / floor['median_s']:.3g}×"
             lines.append(f"| {r['name']} | {SCHEMES[r['scheme']]} | {r['path']} | "
-                         f"{'–' if median is None else format(1e3 * median, '.3g')} | {ratio} | "
+                         f"{'–' if median is None else format(1e3 * median, '.3g')} | {len(r.get('times_s', []))} | "
+                         f"{ratio} | "
                          f"{seconds(r.get('compile_s'))} | {_megabytes(r)} | "
                          f"{'–' if r.get('rel_error') is None else format(r['rel_error'], '.1e')} | "
                          f"{r['tolerance']:.0e} | {_status(r)} |")
