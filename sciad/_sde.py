@@ -12,6 +12,7 @@ import numpy as np
 
 from sciad._brownian import BrownianPath
 from sciad._errors import raising_solve_errors
+from sciad._events import PresetTimeCallback, _check_affect
 from sciad._problem import _traced, check_inputs, check_integrand, check_params, check_saveat, check_state, check_tspan
 from sciad._pytrees import Layout, leaf_names
 from sciad._sde_solvers import SDE_SOLVERS, AbstractSDESolver, Noise, SDESetup, System, default_sde_solver
@@ -165,6 +166,36 @@ def save_steps(ts, t0: float, dt: float) -> tuple:
     return tuple(int(s) for s in steps)
 
 
+def event_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> list:
+    """(grid step, affect) of every preset event, in time order (simultaneous ones in the order given):
+    concrete times inside tspan and on the grid, affects returning u0's structure (checked by tracing)."""
+    events = []
+    for i, callback in enumerate(callbacks):
+        if any(isinstance(t, jax.core.Tracer) for t in jax.tree.leaves(callback.times)):
+            raise ValueError(f"callbacks[{i}]: the preset times of an SDE solve must be concrete grid times, "
+                             "Python or NumPy numbers (traced times are not differentiated for SDEs yet)")
+        times = np.atleast_1d(np.asarray(callback.times, float))
+        if np.any((times < t0) | (times > t1)):
+            raise ValueError(f"callbacks[{i}]: PresetTimeCallback times {times[(times < t0) | (times > t1)].tolist()} "
+                             f"lie outside tspan ({t0}, {t1}): drop them or widen tspan")
+        _check_affect(callback.affect, u0, p, jnp.asarray(t0), i)
+        events += [(k, callback.affect) for k in save_steps(times, t0, dt)]
+    return sorted(events, key=lambda e: e[0])
+
+
+def segments(steps: int, saves: tuple, events: list) -> list:
+    """(start, stop, local saves) of the grid's segments between event steps: each segment's saves are
+    its steps' from its start (the state after the event there) up to its end, exclusive, but for the
+    last segment, inclusive; an event at the last step adds a last segment of no steps after it."""
+    bounds = sorted({0, steps, *(k for k in events if 0 < k < steps)})
+    spans = list(zip(bounds[:-1], bounds[1:])) + ([(steps, steps)] if steps in events else [])
+    out = []
+    for i, (start, stop) in enumerate(spans):
+        last = i == len(spans) - 1
+        out.append((start, stop, tuple(s - start for s in saves if start <= s < stop or (last and s == stop))))
+    return out
+
+
 def brownian_path(brownian, key, t0: float, dt: float, steps: int, shape: tuple, dtype):
     """The Brownian path of a solve: `brownian` (a `BrownianPath` on this grid, or a diffrax Brownian
     path covering tspan), else a new `BrownianPath` from `key`."""
@@ -205,13 +236,17 @@ def solve(prob: SDEProblem, *, key=None, dt0=None, saveat=None, solver=None, sen
     Differentiable pathwise (the derivative of this path's solution) in `u0`, `p` and values the
     functions close over, by `sensealg` (default "auto": `sciad._auto`'s SDE rule), under `jax.jit`,
     `jax.vmap` (over keys: ensembles), `jax.grad`, `jax.jvp` and second derivatives. `integrand`
-    g(u, p, t) gives `SDESolution.integral` = ∫ g dt, stepped with u. Not yet: adaptive steps,
-    diffrax's SDE solvers, traced times, t1 < t0 and callbacks (each refused naming the fix)."""
+    g(u, p, t) gives `SDESolution.integral` = ∫ g dt, stepped with u. `callbacks`:
+    `sciad.PresetTimeCallback`s at grid times (doses): the grid is solved in segments between them,
+    the affects applied between segments (the state saved at an event time is the one after it), so
+    every sensealg differentiates through them, values the affects close over included. Not yet:
+    adaptive steps, diffrax's SDE solvers, state-dependent events, traced times and t1 < t0 (each
+    refused naming the fix)."""
     if not isinstance(prob, SDEProblem):
         raise TypeError(f"prob must be a sciad.SDEProblem, got {type(prob).__name__}")
-    if callbacks:
-        raise ValueError("callbacks with an SDE solve are not supported yet: split the solve at the event times "
-                         "(tspan=...) and apply the affect between solves, on one path (brownian=...)")
+    if not all(isinstance(c, PresetTimeCallback) for c in callbacks):
+        raise ValueError("callbacks of an SDE solve: sciad.PresetTimeCallback only (state-dependent events, "
+                         "ContinuousCallback, are not supported for SDEs yet)")
     u0, p = check_inputs(prob, u0, p)
     if tspan is not None and any(isinstance(t, jax.core.Tracer) for t in tspan):
         raise ValueError("tspan of an SDE solve must be concrete (it sets the grid): traced times are not "
@@ -249,8 +284,19 @@ def solve(prob: SDEProblem, *, key=None, dt0=None, saveat=None, solver=None, sen
     if why:
         raise ValueError(why)
     u0_flat = jnp.asarray(field.u.ravel(u0), dtype)
-    y0 = jnp.concatenate([u0_flat, jnp.zeros((entries,), dtype)])
-    ys = pathwise.solve(sensealg, setup, merged, y0, theta)
+    y = jnp.concatenate([u0_flat, jnp.zeros((entries,), dtype)])
+    events = event_steps(callbacks, u0, p, t0, t1, dt)
+    pieces = []
+    for start, stop, local in segments(steps, saves, [k for k, _ in events]):
+        for k, affect in events:  # the state saved at an event time is the state after it
+            if k == start:
+                new = field.u.ravel(affect(field.u.unravel(y[:n]), p, jnp.asarray(setup.time(k), dtype)))
+                y = y.at[:n].set(jnp.asarray(new, dtype))
+        segment = SDESetup(system, solver, path, float(t0), float(dt), stop - start, (*local, stop - start), start)
+        ys = pathwise.solve(sensealg, segment, merged, y, theta)  # the segment's saves, then its end
+        pieces.append(ys[:-1])
+        y = ys[-1]
+    ys = jnp.concatenate(pieces)
     T = len(ts)
     integral = None
     if integrand is not None:
@@ -268,4 +314,7 @@ def dispatching(ode_solve: Callable) -> Callable:
             return solve(prob, **options)
         return ode_solve(prob, **options)
 
+    entry.__doc__ = (f"{ode_solve.__doc__.rstrip()}\n\n    An `SDEProblem` is solved on a fixed grid along a "
+                     "Brownian path instead: `solve(sde, key=..., dt0=..., saveat=..., solver=..., sensealg=..., "
+                     "integrand=..., brownian=..., callbacks=...)` (`sciad._sde.solve`).\n")
     return entry

@@ -222,9 +222,10 @@ def default_sde_solver(calculus: str, noise: str) -> AbstractSDESolver:
 
 
 class SDESetup(eqx.Module):
-    """A fixed-step solve: the `system`, the `solver`, the Brownian `path`, the grid t_k = t0 + k dt
-    (k = 0 .. steps) and the save steps (T,) (indices into the grid, increasing; the integral's
-    solve saves the last step once more at the end)."""
+    """A fixed-step solve: the `system`, the `solver`, the Brownian `path`, `steps` steps of the grid
+    t_k = t0 + k dt from step `start` (a segment between events starts past 0), and the save steps
+    (T,) (indices into the segment's steps 0 .. steps, increasing; the integral's solve saves the
+    last step once more at the end)."""
 
     system: System
     solver: AbstractSDESolver
@@ -233,17 +234,15 @@ class SDESetup(eqx.Module):
     dt: float = eqx.field(static=True)
     steps: int = eqx.field(static=True)
     save_steps: tuple = eqx.field(static=True)
+    start: int = eqx.field(static=True, default=0)
 
     def time(self, k):
-        return self.t0 + k * self.dt
+        """t at the segment's step k."""
+        return self.t0 + (self.start + k) * self.dt
 
     def increment(self, k):
-        """Step k's Brownian increment (m,)."""
-        return jnp.asarray(grid_increment(self.path, self.t0, self.dt, k))
-
-    def saved_at(self, k):
-        """Which saves (T,) are at grid step k (bool)."""
-        return jnp.asarray(np.asarray(self.save_steps)) == k
+        """The segment's step k's Brownian increment (m,)."""
+        return jnp.asarray(grid_increment(self.path, self.t0, self.dt, self.start + k))
 
     def run(self, y0, theta, *, every_step: bool = False, final_state: bool = False):
         """The forward solve: ys (T, n + k) at the save steps; with `every_step` also every grid
@@ -264,7 +263,7 @@ class SDESetup(eqx.Module):
             buffer = jax.lax.dynamic_update_index_in_dim(buffer, y, slot, 0)
             return (state, buffer, j + hit.astype(j.dtype)), (y if every_step else None)
 
-        state0 = solver.init(system, y0, theta, jnp.asarray(self.t0, y0.dtype))
+        state0 = solver.init(system, y0, theta, jnp.asarray(self.time(0), y0.dtype))
         (state, buffer, _), path = jax.lax.scan(body, (state0, buffer, jnp.asarray(first, jnp.int32)),
                                                 jnp.arange(self.steps))
         final = solver.value(state)  # the saves at the last step (the integral's among them) hold it

@@ -85,6 +85,15 @@ def test_pathwise_gradients_match_the_closed_form_and_the_steps(name, solver):
         np.testing.assert_allclose(g, discrete, rtol=2 * tolerance)  # both within tolerance of the closed form
 
 
+@pytest.mark.parametrize("sensealg,solver", [(sciad.ReversibleAdjoint(vjp="jax-forward"), "reversible_heun"),
+                                             (sciad.InterpolatingAdjoint(vjp="jax-transpose"), "heun"),
+                                             (sciad.ForwardSensitivity(jvp="jax-reverse"), "milstein")])
+def test_engines_give_the_same_products(sensealg, solver):
+    default = sciad.adjoints.parse(type(sensealg).__name__)
+    g = jax.grad(final)(P, "stratonovich", solver, sensealg)
+    np.testing.assert_allclose(g, jax.grad(final)(P, "stratonovich", solver, default), rtol=1e-10)
+
+
 def test_discrete_derivative_matches_finite_differences_on_the_same_key():
     h = 1e-6
     g = jax.grad(final)(P, "ito", "milstein", "DiscreteAdjoint")
@@ -294,6 +303,33 @@ def test_closures_over_differentiated_values():
         np.testing.assert_allclose(jax.grad(loss)(SIGMA, name, solver), reference, rtol=5e-3)
 
 
+@pytest.mark.parametrize("name,solver", [("DiscreteAdjoint", "milstein"), ("ReversibleAdjoint", "reversible_heun"),
+                                         ("InterpolatingAdjoint", "heun"), ("ForwardDiffSensitivity", "euler")])
+def test_preset_time_events(name, solver):
+    """A dose u += d at t = 0.5 (and u *= 2 at t1) on GBM (Stratonovich): u(1) = 2 (u(½) + d) e^{μ/2 + σ (W_1 -
+    W_½)}, saved at 0.5 after the dose; gradients in (μ, σ) and d, which the affect closes over."""
+
+    @jax.jit
+    def run(p, d):
+        doses = [sciad.PresetTimeCallback([0.5], lambda u, p, t: u + d),
+                 sciad.PresetTimeCallback([T], lambda u, p, t: 2 * u)]
+        sol = sciad.solve(GBM["stratonovich"], p=p, key=KEY, dt0=DT, saveat=[0.0, 0.5, T], solver=solver,
+                          sensealg=name, callbacks=doses)
+        return sol.us[:, 0], (sol.brownian.evaluate(0.0, 0.5)[0], sol.brownian.evaluate(0.5, T)[0])
+
+    (us, (w1, w2)) = run(P, 0.3)
+    before = U0 * np.exp(MU * 0.5 + SIGMA * w1)
+    after = 2 * (before + 0.3) * np.exp(MU * 0.5 + SIGMA * w2)
+    tolerance = 3e-2 if solver == "euler" else 3e-3
+    np.testing.assert_allclose(us, [U0, before + 0.3, after], rtol=tolerance)
+    g = jax.grad(lambda p, d: run(p, d)[0][-1], argnums=(0, 1))(P, 0.3)
+    d_mu = 2 * (before * 0.5 * np.exp(MU * 0.5 + SIGMA * w2)) + after * 0.5
+    d_sigma = 2 * before * w1 * np.exp(MU * 0.5 + SIGMA * w2) + after * w2
+    d_dose = 2 * np.exp(MU * 0.5 + SIGMA * w2)
+    exact = np.array([d_mu, d_sigma, d_dose])
+    np.testing.assert_allclose(np.array([*g[0], g[1]]), exact, rtol=tolerance, atol=tolerance * np.abs(exact).max())
+
+
 def test_auto_picks_and_reports_an_sde_rule():
     from sciad._auto import auto_sde_sensealg
     from sciad._sde_solvers import Euler, ReversibleHeun
@@ -343,8 +379,10 @@ def test_errors_name_the_argument_and_the_fix():
         sciad.solve(prob, key=KEY, dt0=0.1, sensealg=sciad.InterpolatingAdjoint(checkpointing=True))
     with pytest.raises(ValueError, match="JAX engines"):
         sciad.solve(prob, key=KEY, dt0=0.1, sensealg=sciad.InterpolatingAdjoint(vjp="finite-differences"))
-    with pytest.raises(ValueError, match="callbacks"):
-        sciad.solve(prob, key=KEY, dt0=0.1, callbacks=[sciad.PresetTimeCallback([0.5], lambda u, p, t: u)])
+    with pytest.raises(ValueError, match="PresetTimeCallback only"):
+        sciad.solve(prob, key=KEY, dt0=0.1, callbacks=[sciad.ContinuousCallback(lambda u, p, t: u[0] - 2.0)])
+    with pytest.raises(ValueError, match="not on the step grid"):
+        sciad.solve(prob, key=KEY, dt0=0.1, callbacks=[sciad.PresetTimeCallback([0.55], lambda u, p, t: u)])
     ode = sciad.ODEProblem(drift, np.array([1.0]), (0.0, 1.0), P)
     with pytest.raises(ValueError, match="ReversibleAdjoint differentiates an algebraically reversible SDE solver"):
         jax.grad(lambda p: sciad.solve(ode, p=p, sensealg=sciad.ReversibleAdjoint()).us[-1, 0])(P)

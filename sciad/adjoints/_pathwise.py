@@ -8,7 +8,8 @@ path (the gradient of this path's solution), on the fixed grid of `sciad._sde_so
 - `DiscreteAdjoint`: reverse mode through the steps (JAX's tape of the scan: memory ~ steps).
 - `BacksolveAdjoint`: the backward Stratonovich adjoint SDE (Li et al. 2020) for (u, λ, μ) on the
   same path, by Heun backwards, u re-solved backwards and reset at every save time; an Itô problem
-  is adjointed in its Stratonovich form (the drift correction, and its derivatives).
+  is adjointed in its Stratonovich form (the drift correction, and its derivatives). Its drift check
+  (`on_instability`, `drift_tolerance`) is an ODE solve's: not made here.
 - `InterpolatingAdjoint`: the same adjoint SDE for (λ, μ) alone on the stored forward path (every
   grid step's y: memory ~ steps).
 - `GaussAdjoint`: λ alone by Heun on the stored path, ∂L/∂θ by the trapezoid rule on λ's steps (the
@@ -17,7 +18,10 @@ path (the gradient of this path's solution), on the fixed grid of `sciad._sde_so
 
 The continuous adjoints converge to the pathwise derivative as dt → 0 (their error is of the
 solver's strong order); ForwardDiffSensitivity, ForwardSensitivity, DiscreteAdjoint and
-ReversibleAdjoint give the discrete solution's exact derivative.
+ReversibleAdjoint give the discrete solution's exact derivative. Options of the ODE sensealgs that
+concern adaptive steps (`seminorm`, tolerances) change nothing on the fixed grid; `checkpointing=True`
+is refused. The products go through the sensealg's engine (`sciad.ad.differentiate_with`), JAX
+engines only (the drift correction and Milstein's term differentiate them again).
 """
 
 import equinox as eqx
