@@ -1,7 +1,6 @@
 """Mass-matrix problems M u' = f through `sciad.solve` (`sciad._dae`): Robertson as a DAE against its
-ODE form, a linear index-1 DAE with closed-form solution and gradients (ForwardDiffSensitivity and
-DiscreteAdjoint, in p and u0), consistent initialisation (diagonal and full singular M, gradients by
-the implicit function theorem), "check" and "none", the boundary's refusals, jit / vmap / float32,
+ODE form, a linear index-1 DAE with closed-form solution and gradients (every sensealg, in p and u0),
+consistent initialisation (diagonal and full singular M, gradients by the implicit function theorem), "check" and "none", the boundary's refusals, jit / vmap / float32,
 a PyTree state, a Hessian, and `"auto"`."""
 
 import diffrax as dfx
@@ -20,7 +19,11 @@ pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = dict(rtol=1e-9, atol=1e-11)
 TS = np.array([0.0, 0.5, 1.0, 2.0])
-SENSEALGS = [sciad.ForwardDiffSensitivity(), sciad.DiscreteAdjoint(), sciad.ForwardSensitivity()]
+# Every sensealg: through the solver's steps, the sensitivity DAE, the adjoint DAE (tests/test_dae_adjoints.py).
+SENSEALGS = [sciad.ForwardDiffSensitivity(), sciad.DiscreteAdjoint(), sciad.ForwardSensitivity(),
+             sciad.InterpolatingAdjoint(), sciad.GaussAdjoint(), sciad.QuadratureAdjoint(),
+             sciad.GaussAdjoint(checkpointing=True), sciad.BacksolveAdjoint(),
+             pytest.param(sciad.InterpolatingAdjoint(checkpointing=True), marks=pytest.mark.slow)]
 
 
 # --- a linear index-1 DAE with a closed form -------------------------------------------------------
@@ -70,7 +73,7 @@ def test_backwards_in_time():
     np.testing.assert_allclose(sol.us, exact(1.5, P0, ts - 2.0), rtol=1e-7, atol=1e-9)
 
 
-@pytest.mark.parametrize("sensealg", SENSEALGS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("sensealg", SENSEALGS, ids=sciad.adjoints.describe)
 def test_linear_dae_gradients_closed_form(sensealg):
     """∂L/∂(u0, p) through consistent initialisation and the solver's steps: the differential part's
     exact, the algebraic part's 0 (z0 is recomputed from x0)."""
@@ -112,7 +115,7 @@ Q = np.array([[1.0, 2.0], [0.5, 1.5]])
 M_FULL = Q @ np.diag([1.0, 0.0]) @ R_INV
 
 
-@pytest.mark.parametrize("sensealg", SENSEALGS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("sensealg", SENSEALGS, ids=sciad.adjoints.describe)
 def test_full_mass_matrix_consistent_initialisation(sensealg):
     """Neither the algebraic equation nor the algebraic state is a coordinate: the split keeps u0's
     part in M's row space (x0 = (R⁻¹ u0)_1), solves the rest, and ∂L/∂u0 = ∂L/∂x0 (R⁻¹)_1."""

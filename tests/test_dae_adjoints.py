@@ -2,25 +2,22 @@
 tangents) and the continuous adjoints (the adjoint DAE Mᵀλ' = -Jᵀλ - (∂g/∂u)ᵀw_Q with consistent λ
 at every breakpoint and ∂L/∂u0 = Mᵀλ(t0), `sciad._dae`), in u0 and p, against closed forms, the
 through-the-steps sensealgs (DiscreteAdjoint, ForwardDiffSensitivity), Robertson's ODE form and
-finite differences: a linear index-1 DAE, a full singular M, losses on the algebraic state, an
-integrand, jit and vmap."""
+finite differences: losses nonlinear in the algebraic state, an integrand, jit and vmap, Robertson
+(also with a full M), Backsolve's refusal, a Hessian. The linear DAE's closed form and the full
+singular M, for every sensealg: tests/test_dae.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_dae import (M_FULL, P0, R_INV, ROBERTSON_P, ROBERTSON_TS, TOL, TS, exact, exact_gradients, linear_loss,
-                      linear_problem, robertson, robertson_dae, rotated)
+from test_dae import (P0, ROBERTSON_P, ROBERTSON_TS, TOL, TS, exact, exact_gradients, linear_loss, linear_problem,
+                      robertson, robertson_dae)
 
 import sciad
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 slow = pytest.mark.slow
-ADJOINTS = [sciad.InterpolatingAdjoint(), sciad.GaussAdjoint(), sciad.QuadratureAdjoint(),
-            sciad.GaussAdjoint(checkpointing=True), sciad.BacksolveAdjoint(),
-            pytest.param(sciad.InterpolatingAdjoint(checkpointing=True), marks=slow)]
-SENSEALGS = [sciad.ForwardSensitivity(), *ADJOINTS]
 
 
 def name(sensealg):
@@ -39,22 +36,7 @@ def finite_differences(fn, x, step=1e-5):
     return out
 
 
-# --- (a, d) the linear index-1 DAE: closed form, its loss on x and the algebraic z ---------------------
-
-@pytest.mark.parametrize("sensealg", SENSEALGS, ids=name)
-def test_linear_dae_closed_form(sensealg):
-    """x' = -a x + z, 0 = z - b x from an inconsistent u0; L = Σ_t x + 2z: ∂L/∂u0 = (∂L/∂x0, 0) (z0 is
-    solved from x0) and ∂L/∂(a, b) exact, b also through the algebraic equation (∂L/∂p's jump term)."""
-    prob = linear_problem()
-
-    def loss(u0, p):
-        return linear_loss(sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us)
-
-    g_u0, g_p = jax.grad(loss, argnums=(0, 1))(np.array([1.5, 0.3]), P0)
-    d_x0, d_a, d_b = exact_gradients(1.5, P0)
-    np.testing.assert_allclose(g_u0, [d_x0, 0.0], rtol=1e-7, atol=1e-10)
-    np.testing.assert_allclose(g_p, [d_a, d_b], rtol=1e-7)
-
+# --- (a) the linear index-1 DAE (its closed form for every sensealg: tests/test_dae.py) --------------
 
 @pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), sciad.InterpolatingAdjoint(), sciad.ForwardSensitivity()],
                          ids=name)
@@ -72,27 +54,6 @@ def test_jit_and_vmap(sensealg):
         d_x0, d_a, d_b = exact_gradients(x0, p)
         np.testing.assert_allclose(gu, [d_x0, 0.0], rtol=1e-6, atol=1e-10)
         np.testing.assert_allclose(gp, [d_a, d_b], rtol=1e-6)
-
-
-# --- (c) a full singular M ----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("sensealg", SENSEALGS, ids=name)
-def test_full_singular_mass_matrix(sensealg):
-    """The linear DAE in u = R w, its equations mixed by Q: M = Q diag(1, 0) R⁻¹ has neither its
-    algebraic equation nor its algebraic state on a coordinate. ∂L/∂u0 = ∂L/∂x0 (R⁻¹)₁ (Mᵀλ: the
-    row space M keeps), ∂L/∂p exact."""
-    prob = sciad.ODEProblem(rotated, np.array([1.0, 1.0]), (0.0, 2.0), P0, mass_matrix=M_FULL)
-    u0 = np.array([0.7, -0.2])
-    x0 = (R_INV @ u0)[0]
-
-    def loss(u0, p):
-        us = sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us
-        return linear_loss(us @ jnp.asarray(R_INV).T)
-
-    g_u0, g_p = jax.grad(loss, argnums=(0, 1))(u0, P0)
-    d_x0, d_a, d_b = exact_gradients(x0, P0)
-    np.testing.assert_allclose(g_u0, d_x0 * R_INV[0], rtol=1e-7)
-    np.testing.assert_allclose(g_p, [d_a, d_b], rtol=1e-7)
 
 
 # --- (d, e) a nonlinear DAE: a loss on the algebraic state at save times, an integrand ------------------
