@@ -7,6 +7,10 @@ with no state of its own (w_Q is constant between breakpoints). The backward
 pass runs interval by interval between breakpoints (t0, the saveat times, the
 checkpoints, t1).
 
+With a mass matrix M (M u' = f, a DAE where M is singular), λ solves the adjoint DAE
+Mᵀλ' = -(∂f/∂u)ᵀλ - (∂g/∂u)ᵀw_Q by the forward solve's Rosenbrock solver, made consistent at every
+breakpoint, and ∂L/∂u0 = Mᵀλ(t0) (`Jumps`; the form is derived in `sciad._dae`).
+
 Every continuous adjoint is one `ContinuousAdjoint` of two pieces: where u(t) comes from on the
 way back (an `AbstractSource`: `Stored` interpolation, `Checkpointed` re-solves, or `Backsolved`
 with the adjoint) and what is integrated backwards (an `AbstractBackward`: `LambdaMu`, λ and μ, or
@@ -39,7 +43,6 @@ from sciad.adjoints._base import (
 from sciad.adjoints import _checkpoints as checkpoints
 from sciad.adjoints._stepping import Marcher
 from sciad import _dae as dae
-from sciad._dae import MassMatrix
 from sciad._errors import batch_any, check, error_if, warn_if
 
 
@@ -92,7 +95,7 @@ class Jumps(eqx.Module):
     M u' = f, the adjoint DAE's (`sciad._dae`, where the form is derived): Mᵀλ jumps, λ's algebraic
     part solves the adjoint's algebraic equations, ∂L/∂p gains a direct increment, ∂L/∂u0 = Mᵀλ."""
 
-    mass: MassMatrix | None = eqx.field(static=True)
+    mass: dae.MassMatrix | None = eqx.field(static=True)
 
     def after(self, prods: Products, u, p, t, lam, w, w_q) -> tuple:
         """(λ after the breakpoint at t where the loss has ∂L/∂u = w, λ arriving from later times; the
