@@ -14,7 +14,7 @@ from sciad.adjoints._base import (AbstractSensitivity, Setup, checked, plain_for
 from sciad.adjoints._stepping import Stepper
 from sciad._errors import batch_any
 
-STORE_ALL_BYTES = 2**28  # every step's state kept below this (256 MiB), recursive checkpoints above
+STORE_ALL_BYTES = 2**28  # auto's `stored-steps` rule: DiscreteAdjoint where max_steps states fit (256 MiB)
 STATE_COPIES = 1  # the stored reverse pass keeps each accepted step's state once (recomputing its stages)
 
 
@@ -39,16 +39,16 @@ class DiscreteAdjoint(AbstractSensitivity):
     The baseline every other sensealg is checked against. The forward pass
     records the reverse pass's residuals (no re-solve).
 
-    `stored_steps=None` stores the state after every accepted step, once, for
-    solves of up to `STORED_STEPS` steps whose states fit in
-    `STORE_ALL_BYTES`, at most `STORED_BYTES` of them; the reverse pass then
-    runs back over them, each step's stages recomputed from its start and
-    transposed (one plain loop: no checkpointing machinery per step). A
-    solve that takes more steps than that (a `max_steps` raised above it, a
-    large state) is run again with diffrax's recursive checkpoints
-    (O(√max_steps) states, the steps recomputed), so the cost follows the
-    steps taken, not `max_steps`. Past the memory, recursive checkpoints from
-    the start. An int sets the number of steps stored (diffrax's
+    `stored_steps=None` stores the state after every accepted step, once: up
+    to `STORED_STEPS` steps and at most `STORED_BYTES` of them (at least
+    `MIN_STORED` steps); the reverse pass then runs back over them, each
+    step's stages recomputed from its start and transposed (one plain loop:
+    no checkpointing machinery per step). A solve that takes more steps than
+    that (a `max_steps` raised above it, a large state) is solved again and,
+    in the reverse pass, differentiated with diffrax's recursive checkpoints
+    (O(√max_steps) states, the steps recomputed); nothing sized by
+    `max_steps` is built or filled unless it ran out, so the cost follows the
+    steps taken. An int sets the number of steps stored (diffrax's
     `checkpoints`; memory ≈ stored_steps × the solver's state).
 
     Differentiated again (Hessians, forward-over-reverse), the reverse pass
@@ -65,13 +65,10 @@ class DiscreteAdjoint(AbstractSensitivity):
                              f"{self.stored_steps!r}")
 
     def recording(self, setup: Setup, u0) -> Callable:
-        """How the forward pass records its reverse pass (`_recorded`): the stored steps, falling back
-        to recursive checkpoints where the solve needs more; recursive checkpoints (a large state);
-        or the user's number of checkpoints."""
+        """How the forward pass records its reverse pass (`_recorded`): the stored steps, recomputed
+        with recursive checkpoints where the solve needs more, or the user's number of checkpoints."""
         if self.stored_steps is not None:
             return _checkpointed(self.stored_steps)
-        if stored_steps_bytes(setup.max_steps, u0.size, u0.dtype.itemsize) > STORE_ALL_BYTES:
-            return _checkpointed(None)
         count = stored_steps(setup.max_steps, STATE_COPIES * u0.size * u0.dtype.itemsize)
         return _stored(count) if count >= setup.max_steps else _or_recomputed(_stored(count, throw=False))
 
@@ -172,26 +169,32 @@ def _reverse_steps(rest, arrays, t, y, accepted, p, w):
 
 
 def _or_recomputed(recording: Callable) -> Callable:
-    """`recording` (a solve in fewer steps than max_steps, not raising where it runs out), or where
-    it runs out of steps (any member of a vmap batch), the solve again with recursive checkpoints."""
+    """`recording` (a solve in fewer steps than max_steps, not raising where it runs out), or where it
+    runs out of steps (any member of a vmap batch), the solve again and, in the reverse pass, its
+    pullback with recursive checkpoints (`_recomputed`): their buffers, sized by max_steps, are built
+    only on that branch."""
 
     def either(setup: Setup, u0, p):
         stored, us, stats, result = recording(setup, u0, p)
-        again = []  # the recomputing pullback's structure (the cond returns its leaves)
-
-        def recursive():
-            pb, *out = _checkpointed(None)(setup, u0, p)
-            leaves, treedef = jax.tree.flatten(pb)
-            again[:] = [treedef]
-            return leaves, *out
-
-        shape = jax.eval_shape(recursive)[0]
         overflow = batch_any(result == dfx.RESULTS.max_steps_reached)
-        zeros = lambda: ([jnp.zeros(x.shape, x.dtype) for x in shape], us, stats, result)  # noqa: E731
-        leaves, us, stats, result = jax.lax.cond(overflow, recursive, zeros)
-        return _Either(stored, jax.tree.unflatten(again[0], leaves), overflow), us, stats, result
+
+        def again():
+            sol = setup.forward(u0, p, throw=False)
+            return sol.ys, stats_vector(sol), sol.result
+
+        us, stats, result = jax.lax.cond(overflow, again, lambda: (us, stats, result))
+        arrays, rest = eqx.partition(setup, eqx.is_array)
+        recomputed = jax.tree_util.Partial(functools.partial(_recomputed, rest), arrays, u0, p)
+        return _Either(stored, recomputed, overflow), us, stats, result
 
     return either
+
+
+def _recomputed(rest, arrays, u0, p, w):
+    """wᵀ ∂us/∂(u0, p) by the solve under `jax.vjp` with diffrax's recursive checkpoints."""
+    _, pullback, _ = jax.vjp(_solution(eqx.combine(arrays, rest), dfx.RecursiveCheckpointAdjoint(), throw=False),
+                             u0, p, has_aux=True)
+    return pullback(w)
 
 
 def _recorded(setup: Setup, recording: Callable):
@@ -224,7 +227,7 @@ def _recorded(setup: Setup, recording: Callable):
 
 
 class _Either(eqx.Module):
-    """The pullback of the stored solve, or where it ran out of steps (`again`), the recomputing one's."""
+    """The pullback of the stored solve, or where it ran out of steps (`again_used`), the recomputing one (`again`)."""
 
     stored: Callable
     again: Callable
