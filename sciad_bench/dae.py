@@ -50,10 +50,8 @@ against the reference (sciad's ForwardDiffSensitivity at rtol 1e-10), ok, steps 
 from its stats).
 """
 
-import contextlib
 import dataclasses
 import functools
-import io
 import json
 import pathlib
 import time
@@ -68,6 +66,7 @@ import scipy.sparse.linalg
 import sciad
 from sciad.timing import compare
 from sciad_bench import plots
+from sciad_bench.peers import casadi_call
 from sciad_bench.tables import seconds
 
 SIZES = {True: (50,), False: (50, 250, 500)}  # N: reaction–diffusion has 2N states
@@ -244,28 +243,11 @@ def reference(b: DAEBench, what: str):
                                                                                initialization="none")
 
 
-@contextlib.contextmanager
-def _quiet():
-    """CasADi prints a failing call's inputs and SUNDIALS' messages before it raises: kept off the progress lines."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        yield
-
-
 def _integrator(b: DAEBench, P, grid, t0=0.0):
     import casadi as ca
 
     return ca.integrator("F", "idas", b.casadi_dae(P), t0, [float(t) for t in grid],
                          {"abstol": b.atol, "reltol": b.rtol, "max_num_steps": 100_000})
-
-
-def _numeric(fn, p):
-    def call():
-        with _quiet():
-            try:
-                return fn(p)
-            except RuntimeError as e:  # CasADi's message ends with SUNDIALS' own (IDASolveB returned ...)
-                raise RuntimeError(str(e).strip().splitlines()[-1].split(": ", 1)[-1]) from None
-    return call
 
 
 def idas_forward(b: DAEBench, stats: dict | None = None):
@@ -276,7 +258,7 @@ def idas_forward(b: DAEBench, stats: dict | None = None):
     F = _integrator(b, P, b.saveat)
     p = np.asarray(b.problem.p)
 
-    solve = _numeric(lambda p: F(x0=b.x0, z0=b.z0, p=p), p)
+    solve = casadi_call(lambda p: F(x0=b.x0, z0=b.z0, p=p), p)
 
     def call():
         out = solve()
@@ -310,7 +292,7 @@ def idas_gradient(b: DAEBench, mode: str):
         grad = (ca.jtimes(loss, P, ca.DM.eye(k), False) if mode == "forward"
                 else ca.jtimes(loss, P, ca.DM.ones(1), True))
     fn = ca.Function("gradient", [P], [grad])
-    call = _numeric(fn, np.asarray(b.problem.p))
+    call = casadi_call(fn, np.asarray(b.problem.p))
     return lambda: np.asarray(call()).ravel()
 
 

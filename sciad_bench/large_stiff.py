@@ -1,8 +1,11 @@
 """`sciad bench large-stiff`: the 2-D Brusselator PDE on N × N grids (2N² states), Kvaerno5 at
 rtol = atol = 1e-6, t ≤ 1: forward solves and gradients of sciad (jacobian and sensealg "auto":
 the sparse Newton and GaussAdjoint; and each stage strategy where it finishes) against diffrax's
-default (a dense Newton) and SciPy's `solve_ivp(method="BDF", jac_sparsity=...)` (forward only),
-checked against each other, then timed in interleaved rounds in one process (`sciad.timing.compare`).
+default (a dense Newton), SciPy's `solve_ivp(method="BDF", jac_sparsity=...)` (forward only) and
+SUNDIALS' CVODES through CasADi (BDF, Newton on CasADi's symbolic sparse Jacobian with its default
+sparse QR, which measured 5-20× faster here than its "csparse" LU; forward, and the gradient by its
+adjoint sensitivities: `jtimes(L, p, 1, True)`, CVODES' backward problem from checkpoints), checked against each other, then timed in interleaved rounds in one
+process (`sciad.timing.compare`).
 
 Each record: grid, states, what (forward, gradient), name, compile_s (the first call, compilation
 included), median_s, times_s, rel_error against the reference (forward: SciPy's BDF, the
@@ -31,6 +34,7 @@ from sciad.timing import compare
 from sciad_bench import plots
 from sciad_bench.tables import seconds
 from sciad_bench.harness import peak_bytes
+from sciad_bench.peers import casadi_call
 
 TOL = 1e-6
 GRIDS = {True: (16, 32, 64), False: (16, 24, 32, 64, 128)}
@@ -80,6 +84,64 @@ def scipy_forward(b):
     return run, None
 
 
+CVODES = "CVODES (CasADi)"
+CVODES_OPTIONS = {"abstol": TOL, "reltol": TOL, "max_num_steps": 100_000}
+CVODES_UP_TO = 64  # N: forward (8,192 states: 10-30 s per call on 2 cores)
+CVODES_GRADIENT_UP_TO = 32  # N: its adjoint took 13 s at 2,048 states and grows faster than the forward
+
+
+def _casadi_brusselator(b):
+    """The Brusselator PDE (`BrusselatorRHS`) as a CasADi ODE in symbolic p (3,): {"x", "p", "ode"}."""
+    import casadi as ca
+
+    rhs = b.problem.f
+    n = rhs.n
+    x, p = ca.SX.sym("x", 2 * n * n), ca.SX.sym("p", 3)
+    flat = np.arange(n * n).reshape(n, n)
+    neighbours = [np.roll(flat, shift, axis=axis).ravel().tolist() for shift in (1, -1) for axis in (0, 1)]
+
+    def laplacian(w):
+        return sum(w[k] for k in neighbours) - 4 * w
+
+    u, v = x[: n * n], x[n * n:]
+    alpha = p[2] / rhs.dx**2
+    u2v = u * u * v
+    return {"x": x, "p": p, "ode": ca.vertcat(p[1] + u2v - (p[0] + 1) * u + alpha * laplacian(u),
+                                              p[0] * u - u2v + alpha * laplacian(v))}
+
+
+def _cvodes(b):
+    """CVODES over the save times after t0 (its outputs (2n², T - 1)), and the parameters' symbol."""
+    import casadi as ca
+
+    ode = _casadi_brusselator(b)
+    return ca.integrator("F", "cvodes", ode, 0.0, [float(t) for t in b.saveat[1:]], CVODES_OPTIONS), ode["p"]
+
+
+def cvodes_forward(b):
+    F, _ = _cvodes(b)
+    u0 = np.asarray(b.problem.u0)
+    solve = casadi_call(lambda p: F(x0=u0, p=p), np.asarray(b.problem.p))
+
+    def run():
+        out = solve()
+        return np.vstack([u0, np.asarray(out["xf"]).T]), F.stats().get("nsteps")
+    return run, None
+
+
+def cvodes_gradient(b):
+    """∂L/∂p by CVODES' adjoint sensitivities (the loss of the saves after t0: u0 does not depend on p)."""
+    import casadi as ca
+
+    F, _ = _cvodes(b)
+    p = ca.MX.sym("p", 3)
+    xf = F(x0=np.asarray(b.problem.u0), p=p)["xf"]
+    loss = ca.sumsqr(xf) / xf.shape[0]  # `mean_square`: Σ over saves of the mean square over the states
+    fn = ca.Function("gradient", [p], [ca.jtimes(loss, p, ca.DM.ones(1), True)])
+    call = casadi_call(fn, np.asarray(b.problem.p))
+    return (lambda: np.asarray(call()).ravel()), None
+
+
 def sciad_gradient(b, sensealg, jacobian="auto"):
     def loss(p):
         return b.loss(sciad.solve(b.problem, p=p, saveat=b.saveat, solver="kvaerno5", rtol=TOL, atol=TOL,
@@ -102,6 +164,8 @@ def diffrax_gradient(b):
 
 def forward_plan(n):
     plan = {"sciad auto (sparse)": lambda b: sciad_forward(b, "auto"), "SciPy BDF (sparse)": scipy_forward}
+    if n <= CVODES_UP_TO:
+        plan[CVODES] = cvodes_forward
     if n <= MATRIX_FREE_UP_TO:
         plan["sciad matrix-free"] = lambda b: sciad_forward(b, "matrix-free")
     if n <= DENSE_UP_TO:
@@ -113,6 +177,8 @@ def forward_plan(n):
 def gradient_plan(n):
     plan = {"sciad auto (GaussAdjoint, sparse)": lambda b: sciad_gradient(b, "auto"),
             "sciad InterpolatingAdjoint (sparse)": lambda b: sciad_gradient(b, "InterpolatingAdjoint")}
+    if n <= CVODES_GRADIENT_UP_TO:
+        plan[f"{CVODES} adjoint"] = cvodes_gradient
     if n <= DIFFRAX_GRADIENT_UP_TO:  # each stage strategy under one sensealg; diffrax's fastest adjoint
         plan["sciad GaussAdjoint (matrix-free)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "matrix-free")
         plan["sciad GaussAdjoint (dense)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "dense")

@@ -2,9 +2,13 @@
 
 Same problem, same right-hand side, same tolerances; diffrax with sciad's
 solver (Tsit5), the others with their Dormand–Prince 5(4) (`dopri5`).
+SUNDIALS (IDAS, CVODES) runs through CasADi: `casadi_call` wraps a CasADi
+function's call.
 """
 
+import contextlib
 import importlib.util
+import io
 
 import diffrax as dfx
 import jax
@@ -16,6 +20,24 @@ from sciad.problems import Benchmark
 from sciad import get_solver
 
 from sciad_bench.harness import Combination
+
+
+@contextlib.contextmanager
+def _quiet():
+    """CasADi prints a failing call's inputs and SUNDIALS' messages before it raises: kept off the progress lines."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+def casadi_call(fn, p):
+    """() -> fn(p), quiet, a failure raised as SUNDIALS' own last message (e.g. "IDASolveB returned ...")."""
+    def call():
+        with _quiet():
+            try:
+                return fn(p)
+            except RuntimeError as e:
+                raise RuntimeError(str(e).strip().splitlines()[-1].split(": ", 1)[-1]) from None
+    return call
 
 
 def _diffrax_objective(bench: Benchmark, adjoint):
