@@ -103,6 +103,13 @@ class System(eqx.Module):
             a = a.at[:n].add(self.shift * c)
         return a, sigma
 
+    def pulled(self, backend, y, theta, t):
+        """((a, σ) at y, pb): pb(ā, σ̄) = (ȳ (n + k,), θ̄ (m,)), the cotangents through the rates by
+        `backend`'s pullback (a `sciad.ad` backend: its own vector-Jacobian product)."""
+        size = y.shape[0]
+        rates, pb = backend.value_and_pullback(lambda y, th: jnp.concatenate(self.rates(y, th, t)), (y, theta))
+        return (rates[:size], rates[size:]), lambda a_bar, sigma_bar: tuple(pb(jnp.concatenate([a_bar, sigma_bar])))
+
     def increment(self, a, sigma, dt, dW):
         """a dt + σ dW (n + k,) (the integral q has no noise)."""
         du = self.noise.apply(sigma, dW)
@@ -253,19 +260,19 @@ class SDESetup(eqx.Module):
         first = int(np.sum(saves == 0))
         buffer = buffer.at[:first].set(y0)
 
-        def body(carry, k):
-            state, buffer, j = carry
+        def body(carry, _):  # the step index rides in the carry: no per-step input (memory flat in steps)
+            state, buffer, j, k = carry
             dW = self.increment(k).astype(y0.dtype)
             state = solver.step(system, state, theta, jnp.asarray(self.time(k), y0.dtype), self.dt, dW)
             y = solver.value(state)
             hit = jnp.asarray(saves)[jnp.minimum(j, len(saves) - 1)] == k + 1
             slot = jnp.where(hit, j, len(saves))
             buffer = jax.lax.dynamic_update_index_in_dim(buffer, y, slot, 0)
-            return (state, buffer, j + hit.astype(j.dtype)), (y if every_step else None)
+            return (state, buffer, j + hit.astype(j.dtype), k + 1), (y if every_step else None)
 
         state0 = solver.init(system, y0, theta, jnp.asarray(self.time(0), y0.dtype))
-        (state, buffer, _), path = jax.lax.scan(body, (state0, buffer, jnp.asarray(first, jnp.int32)),
-                                                jnp.arange(self.steps))
+        start = (state0, buffer, jnp.asarray(first, jnp.int32), jnp.asarray(0, jnp.int32))
+        (state, buffer, _, _), path = jax.lax.scan(body, start, None, length=self.steps)
         final = solver.value(state)  # the saves at the last step (the integral's among them) hold it
         out = [jnp.where(jnp.asarray(saves == self.steps)[:, None], final, buffer[:-1])]
         if every_step:

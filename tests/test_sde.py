@@ -141,6 +141,23 @@ def test_ornstein_uhlenbeck_with_its_stochastic_integral(name, solver):
     np.testing.assert_allclose(g, d_exact, rtol=5e-3, atol=1e-3)
 
 
+def test_reversible_and_backsolve_memory_is_flat_in_the_steps():
+    """The compiled gradient's temporaries: the same for 100 and 1000 steps (ReversibleAdjoint reconstructs,
+    BacksolveAdjoint re-solves), against DiscreteAdjoint's tape, which grows with them."""
+    prob = sciad.SDEProblem(drift, diffusion, np.ones(8), (0.0, 1.0), P)
+
+    def temporaries(name, solver, steps):
+        def loss(p):
+            return sciad.solve(prob, p=p, key=KEY, dt0=1 / steps, solver=solver, sensealg=name).us[-1].sum()
+
+        return jax.jit(jax.grad(loss)).lower(P).compile().memory_analysis().temp_size_in_bytes
+
+    for name, solver in (("ReversibleAdjoint", "reversible_heun"), ("BacksolveAdjoint", "heun")):
+        assert temporaries(name, solver, 1000) == temporaries(name, solver, 100), name
+    assert temporaries("DiscreteAdjoint", "reversible_heun", 1000) > 5 * temporaries("DiscreteAdjoint",
+                                                                                     "reversible_heun", 100)
+
+
 def test_brownian_path_is_exact_reusable_and_checkable():
     sol = sciad.solve(GBM["ito"], key=KEY, dt0=0.1, saveat=[0.0, 0.5, 1.0], solver="euler")
     path = sol.brownian

@@ -20,8 +20,10 @@ The continuous adjoints converge to the pathwise derivative as dt → 0 (their e
 solver's strong order); ForwardDiffSensitivity, ForwardSensitivity, DiscreteAdjoint and
 ReversibleAdjoint give the discrete solution's exact derivative. Options of the ODE sensealgs that
 concern adaptive steps (`seminorm`, tolerances) change nothing on the fixed grid; `checkpointing=True`
-is refused. The products go through the sensealg's engine (`sciad.ad.differentiate_with`), JAX
-engines only (the drift correction and Milstein's term differentiate them again).
+is refused. The products are the sensealg's engine's, JAX engines only (the drift correction and
+Milstein's term differentiate them again): the adjoints' vector-Jacobian products of drift and
+diffusion are the engine's own pullbacks (`System.pulled`), and ForwardSensitivity's steps run on F
+wrapped by `sciad.ad.differentiate_with`.
 """
 
 import equinox as eqx
@@ -78,9 +80,8 @@ def solve(sensealg, setup, field, y0, theta):
     """ys (T, n + k) of the SDE solve `setup` from y0 with parameters θ (m,) (the closure's values
     appended), differentiable in (y0, θ) by `sensealg`'s pathwise rules (checked by `refusal` first)."""
     rules = RULES[type(sensealg)]
-    engines = sensealg.engines()
-    if engines:
-        setup = with_engine(setup, field, engines[0])
+    if isinstance(sensealg, ForwardSensitivity):  # the solver's own steps take the engine's pushforwards
+        setup = with_engine(setup, field, sensealg.jvp)
     if rules is None:  # reverse mode through the steps: JAX's own rules of the scan
         return setup.run(y0, theta)
     forward, pushforward, pullback = rules(sensealg)
@@ -172,16 +173,17 @@ def _continuous(sensealg):
 
         def products(y, lam, t, dW):
             """(Δ = a dt + σ dW, λᵀ∂Δ/∂y, λᵀ∂Δ/∂θ) at y, in the Stratonovich form."""
-            rates, pb = jax.vjp(lambda x, th: adjoint.rates(x, th, t), y, theta)
-            ybar, tbar = pb((lam * dt, adjoint.noise_cotangent(lam[:n], dW)))
+            rates, pb = adjoint.pulled(sensealg.vjp, y, theta, t)
+            ybar, tbar = pb(lam * dt, adjoint.noise_cotangent(lam[:n], dW))
             return adjoint.increment(*rates, dt, dW), ybar, tbar
 
         def jump(k):
             return (saves == k).astype(w.dtype) @ w
 
-        def body(carry, xs):
-            k, y_k, y_k1 = xs
-            y1, lam1, mu1 = carry
+        def body(carry, xs):  # backwards: the step index rides in the carry
+            y1, lam1, mu1, k = carry
+            k = k - 1
+            y_k, y_k1 = (None, None) if backsolve else xs
             t1, t = (jnp.asarray(setup.time(j), w.dtype) for j in (k + 1, k))
             dW = setup.increment(k).astype(w.dtype)
             step1, g1, m1 = products(y1 if backsolve else y_k1, lam1, t1, dW)
@@ -195,17 +197,13 @@ def _continuous(sensealg):
             y = y1 - 0.5 * (step1 + step2) if backsolve else y_k
             if backsolve:  # reset to the saved state at a save time
                 y = _reset(y, saves == k, res.ys)
-            return (y, lam + jump(k), mu), None
+            return (y, lam + jump(k), mu, k), None
 
         N = setup.steps
         last = res.final if backsolve else res.path[N]
-        carry = (last, jump(N), jnp.zeros_like(theta))
-        ks = jnp.arange(N)
-        if backsolve:
-            stored = (ks, jnp.zeros((N, 0), w.dtype), jnp.zeros((N, 0), w.dtype))
-        else:
-            stored = (ks, res.path[:-1], res.path[1:])
-        (_, lam0, mu0), _ = jax.lax.scan(body, carry, stored, reverse=True)
+        carry = (last, jump(N), jnp.zeros_like(theta), jnp.asarray(N, jnp.int32))
+        stored = None if backsolve else (res.path[:-1], res.path[1:])
+        (_, lam0, mu0, _), _ = jax.lax.scan(body, carry, stored, length=N, reverse=True)
         return lam0, mu0
 
     return forward, through_steps, pullback

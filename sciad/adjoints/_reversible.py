@@ -90,8 +90,9 @@ def reversible_rules(sensealg):
         cot = later_use(ybar_N, N)
         _, (ghat_N, theta_bar) = pulled(yh_N, setup.time(N), *cot)
 
-        def body(carry, k):
-            (y1, yh1, a1, s1), ybar1, ghat1, theta_bar = carry
+        def body(carry, _):  # the step index rides in the carry (memory flat in the steps)
+            (y1, yh1, a1, s1), ybar1, ghat1, theta_bar, k = carry
+            k = k - 1
             t = jnp.asarray(setup.time(k), y1.dtype)
             dW = setup.increment(k).astype(y1.dtype)
             second = system.increment(a1, s1, dt, dW)
@@ -102,10 +103,10 @@ def reversible_rules(sensealg):
             (a, s), (xbar, tbar) = pulled(yh, t, c1 * dt + later_a,
                                           system.noise_cotangent(c1[:n], dW) + later_sigma)
             y = y1 - 0.5 * (system.increment(a, s, dt, dW) + second)
-            return ((y, yh, a, s), ybar, -ghat1 + xbar, theta_bar + tbar), None
+            return ((y, yh, a, s), ybar, -ghat1 + xbar, theta_bar + tbar, k), None
 
-        carry = ((y_N, yh_N, a_N, sigma_N), ybar_N, ghat_N, theta_bar)
-        (_, ybar0, ghat0, theta_bar), _ = jax.lax.scan(body, carry, jnp.arange(N), reverse=True)
+        carry = ((y_N, yh_N, a_N, sigma_N), ybar_N, ghat_N, theta_bar, jnp.asarray(N, jnp.int32))
+        (_, ybar0, ghat0, theta_bar, _), _ = jax.lax.scan(body, carry, None, length=N)
         return ybar0 + ghat0, theta_bar
 
     return forward, through_steps, pullback
