@@ -15,11 +15,14 @@ JAX logs an exception raised in a host callback before re-raising it; a SolveErr
 that log (equinox.filter_jit does the same for its own), from the first check sciad builds (not at
 import: importing sciad leaves logging as it was).
 
-`warn_if` is a warning, not an error (equinox has none): a debug callback in a `lax.cond`.
+`warn_if` is a warning, not an error (equinox has none): a host callback in a `lax.cond`. With
+`EQX_ON_ERROR` `nan` or `off` (the checks make no host call) the warnings are left out too, so a
+program then holds no host callback at all, which JAX's persistent compilation cache requires.
 """
 
 import functools
 import logging
+import os
 import warnings
 
 import diffrax as dfx
@@ -119,7 +122,10 @@ def check(x, pred, message: str):
 def warn_if(x, pred, message: str, value):
     """`x` (a PyTree of arrays), warning `message.format(value)` (a `RuntimeWarning`) when the
     program runs with `pred` true; under `jax.vmap` once for the whole batch, with its largest
-    `value` (a scalar). Transparent to differentiation; no host call unless `pred` holds."""
+    `value` (a scalar). Transparent to differentiation; no host call unless `pred` holds. Left out
+    (`x` itself) where `EQX_ON_ERROR` is `nan` or `off`, read when the program is traced."""
+    if os.environ.get("EQX_ON_ERROR", "raise") in ("nan", "off"):
+        return x
     return _warn(x, jnp.any(pred), value, message)
 
 
