@@ -309,7 +309,10 @@ def auto_sde_sensealg(u0, p, ts, *, solver, steps: int, integral_entries: int = 
     - `sde-reversible`: a reversible solver (reversible Heun) → `ReversibleAdjoint` (the exact
       gradient in memory flat in the steps);
     - `sde-many-parameters`: otherwise `DiscreteAdjoint` (reverse mode through the steps: one VJP per
-      drift and diffusion evaluation, the fastest on the neural SDE of tests/test_sde_select.py).
+      drift and diffusion evaluation). Measured on issue 35's neural SDE (4 states, MLPs of width 32,
+      Itô, 64 paths, 100 steps, float32, one process, best of 30), against a hand-written scan's
+      gradient: DiscreteAdjoint 1.5× with Euler, ReversibleAdjoint 31× (reversible Heun on an Itô
+      problem differentiates the drift correction), Interpolating/Backsolve/Gauss about 55×.
     """
     leaves = jax.tree.leaves(eqx.filter((u0, p), eqx.is_array))
     dtype = np.dtype(jnp.result_type(*leaves))
