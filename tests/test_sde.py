@@ -59,8 +59,13 @@ def test_geometric_brownian_motion_matches_its_closed_form_on_the_path(calculus,
 ALL = ["ForwardDiffSensitivity", "ForwardSensitivity", "DiscreteAdjoint", "BacksolveAdjoint", "InterpolatingAdjoint",
        "GaussAdjoint", "ReversibleAdjoint"]
 EXACT = ["ForwardDiffSensitivity", "ForwardSensitivity", "DiscreteAdjoint", "ReversibleAdjoint"]  # the steps' derivative
-CASES = [(name, solver) for name in ALL for solver in (["reversible_heun"] if name == "ReversibleAdjoint"
-                                                        else ["milstein", "heun", "reversible_heun", "euler"])]
+# every sensealg with every solver it serves; the default run takes one solver per sensealg, the slow run the rest
+FAST = {"ForwardDiffSensitivity": "milstein", "ForwardSensitivity": "heun", "DiscreteAdjoint": "euler",
+        "BacksolveAdjoint": "reversible_heun", "InterpolatingAdjoint": "milstein", "GaussAdjoint": "heun",
+        "ReversibleAdjoint": "reversible_heun"}
+CASES = [pytest.param(name, solver, marks=[] if FAST[name] == solver else [pytest.mark.slow])
+         for name in ALL for solver in (["reversible_heun"] if name == "ReversibleAdjoint"
+                                        else ["milstein", "heun", "reversible_heun", "euler"])]
 
 
 def final(p, calculus, solver, sensealg, key=KEY, dt=DT):
