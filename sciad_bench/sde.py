@@ -51,7 +51,7 @@ adjoint SDE) are the exact gradient only as dt → 0: they are checked against t
 Timing: the JAX rows in interleaved rounds (calls of `SLOW`s or more in rounds of their own; each set's rounds
 stop past `BUDGET` seconds), then the torch rows in rounds of their own (a JAX call right after torch's is
 slowed while its threads spin); the ratios are to the floor's median in the same process. Memory: JAX rows, XLA's temporaries of the compiled gradient
-(`memory_analysis()`); torchsde rows, the growth of a fresh process' peak RSS over one gradient (full runs).
+(`memory_analysis()`); torchsde rows, how far a fresh process' peak RSS rises over one gradient (full runs).
 A sweep compiles the neural SDE's gradients at 100, 1,000 and 10,000 steps: XLA's temporaries against the
 number of steps (ReversibleAdjoint's: flat).
 
@@ -66,7 +66,6 @@ import json
 import multiprocessing
 import os
 import pathlib
-import resource
 import time
 from typing import Callable
 
@@ -623,13 +622,22 @@ def measure(b: SDEBench, rows: list[Row], rounds: int, slow_call, log) -> list[d
     return records
 
 
+def _proc_status(field: str) -> int:
+    """A size from /proc/self/status (Linux), in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(f"{field}:"))
+
+
 def _torch_peak_rss(factory, options, name, queue):
-    """In a fresh process: the growth of the peak RSS over one torchsde gradient."""
-    b = factory(**options)
-    gradient = torchsde_gradient(b, name)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """In a fresh process: how far the peak RSS rises over one torchsde gradient above the RSS before it (torch's
+    one-time set-up done beforehand on a one-path problem; Linux's peak reset through /proc/self/clear_refs)."""
+    torchsde_gradient(factory(**{**options, "paths": 1, "steps": 4}), name)()
+    gradient = torchsde_gradient(factory(**options), name)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _proc_status("VmRSS")
     gradient()
-    queue.put(1024 * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before))
+    queue.put(_proc_status("VmHWM") - before)
 
 
 def torch_memory(b: SDEBench, name: str) -> int | None:
@@ -674,7 +682,7 @@ def run_sde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
     load = os.getloadavg()
     log(f"sde: load average {load[0]:.2f} on {os.cpu_count()} cores; sciad SDEs: "
         f"{'yes' if has_sdes() else 'pending (no sciad.SDEProblem)'}; torchsde: {'yes' if _has_torchsde() else 'no'}")
-    records = []
+    records, during = [], []
     for make in problems(quick):
         b = make()
         jax_rows, torch_rows = plan(b, quick)
@@ -690,8 +698,10 @@ def run_sde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
             log(f"  {b.label}: {r['name']:66s} {seconds(r.get('median_s'))} s (first {seconds(r.get('compile_s'))}) "
                 f"error {r['rel_error'] if r['rel_error'] is None else format(r['rel_error'], '.1e')} ok={r['ok']}")
         records += rows
+        during.append(os.getloadavg()[0])
     sweep = memory_sweep(quick, log)
-    result = {"experiment": "sde", "quick": quick, "load_average": {"start": load, "end": os.getloadavg()},
+    result = {"experiment": "sde", "quick": quick,
+              "load_average": {"start": load, "after each problem": during, "end": os.getloadavg()},
               "cores": os.cpu_count(), "sciad_sdes": has_sdes(), "records": records, "memory": sweep}
     table = write(result, out)
     log(table)
@@ -741,14 +751,16 @@ def _megabytes(r) -> str:
 
 def markdown(result: dict) -> str:
     records = result["records"]
-    start, end = result["load_average"]["start"][0], result["load_average"]["end"][0]
+    load = result["load_average"]
+    during = "".join(f", {x:.1f}" for x in load.get("after each problem", []))
     lines = [f"# SDEs: pathwise gradients, sciad against a hand-written scan, diffrax and torchsde"
              f"{' (quick)' if result['quick'] else ''}", "",
-             f"Measured on a shared {result['cores']}-core CPU (other sessions running: load average {start:.2f} at "
-             f"the start, {end:.2f} at the end); times are medians of interleaved rounds in one process, and the "
-             "ratios to the hand-written scan were measured side by side. float64 throughout."
+             f"Measured on a shared {result['cores']}-core CPU with other sessions running (1-minute load average "
+             f"{load['start'][0]:.1f} at the start{during and f', after each problem{during}'}, {load['end'][0]:.1f} at "
+             "the end); times are medians of interleaved rounds in one process, and the ratios to the hand-written "
+             "scan were measured side by side. float64 throughout."
              + ("" if result["sciad_sdes"] else " **sciad's rows are pending**: this sciad has no `sciad.SDEProblem` "
-                "yet (issue 35); they are wired to the API the issue spells."), ""]
+                "yet (issue 35); they are wired to the API the issue spells."), "", *(x for note in result.get("notes", []) for x in (note, ""))]
     for (problem, states, paths, steps), group in _groups(records).items():
         floor = _floor(group)
         lines += [f"## {problem}: {states} states, {paths} paths, {steps} steps, {group[0]['params']} parameters", "",
@@ -770,7 +782,7 @@ def markdown(result: dict) -> str:
               "so its check runs the same gradient on a Brownian motion returning the scan's increments). Discrete "
               f"gradients agree to {EXACT:.0e}; continuous adjoints (the exact gradient only as dt → 0) to "
               f"{CONTINUOUS:g} of the discrete one. Memory: XLA's temporaries of the compiled gradient (JAX rows); "
-              "torchsde: the growth of a fresh process' peak RSS over one gradient (RSS).", ""]
+              "torchsde: how far a fresh process' peak RSS rises over one gradient (RSS).", ""]
     lines += _memory_table(result["memory"])
     return "\n".join(lines) + "\n"
 
