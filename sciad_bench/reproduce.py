@@ -8,6 +8,7 @@ from sciad_bench.experiments import PLANS, run_experiment
 from sciad_bench.events import run_events
 from sciad_bench.large_stiff import run_large_stiff
 from sciad_bench.losses import run_losses
+from sciad_bench.sde import run_sde
 from sciad_bench.selection import run_selection
 from sciad_bench.suite import FAMILIES, MEMORY_FIGURE, PROBLEMS, class_figures, family_outputs, run_suite
 
@@ -28,7 +29,7 @@ def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool
     shutil.copy(results / "selection" / "table.md", paper / "tables" / "selection.md")
     shutil.copy(results / "selection" / "selection.json", paper / "tables" / "selection.json")
     for name, run in (("losses", run_losses), ("events", run_events), ("large-stiff", run_large_stiff),
-                      ("dae", run_dae)):
+                      ("dae", run_dae), ("sde", run_sde)):
         run(quick=quick, repeats=repeats, out=results / name)
         shutil.copy(results / name / f"{name}.png", paper / "figures" / f"{name}.png")
         shutil.copy(results / name / "table.md", paper / "tables" / f"{name}.md")

@@ -193,7 +193,7 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     monkeypatch.setattr(reproduce, "run_experiment", lambda name, quick, repeats, out: touch(
         out, f"{name}.png", "table.md", "records.json", "claims.md"))
     monkeypatch.setattr(reproduce, "run_selection", lambda quick, out: touch(out, "table.md", "selection.json"))
-    for name in ("losses", "events", "large-stiff", "dae"):
+    for name in ("losses", "events", "large-stiff", "dae", "sde"):
         monkeypatch.setattr(reproduce, f"run_{name.replace('-', '_')}", lambda quick, repeats, out, name=name: touch(
             out, f"{name}.png", "table.md", "records.json"))
     records = [{"class": suite.PAPER}, {"class": suite.STIFF}]
@@ -208,10 +208,11 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
     figures = {p.name for p in (tmp_path / "paper" / "figures").iterdir()}
     assert figures == {f"{name}.png" for name in experiments.PLANS} | {
         "suite-paper.png", "suite-stiff.png", "suite-memory.png", "losses.png", "events.png", "large-stiff.png",
-        "dae.png", "suite-large-nonstiff.png", "suite-first-gradient.png"}
+        "dae.png", "sde.png", "suite-large-nonstiff.png", "suite-first-gradient.png"}
     tables_written = {p.name for p in (tmp_path / "paper" / "tables").iterdir()}
     assert {"claims.md", "selection.md", "suite.md", "suite.json", "losses.md", "losses.json", "events.md",
-            "events.json", "large-stiff.md", "large-stiff.json", "dae.md", "dae.json", "suite-large-nonstiff.md",
+            "events.json", "large-stiff.md", "large-stiff.json", "dae.md", "dae.json", "sde.md", "sde.json",
+            "suite-large-nonstiff.md",
             "suite-first-gradient.json"} <= tables_written
 
 
