@@ -903,7 +903,8 @@ def first_gradient_markdown(result) -> str:
         "relative error (auto's against "
         "diffrax's) from the first repeat; each stage's median and the total's are taken apart (they need not add "
         "up); program sizes: equations of the traced jaxpr (nested ones included), and of the lowered StableHLO "
-        "its lines, while loops, conds (case, if) and host callbacks (equinox's checks, sciad's warnings). Machine: {_machine(result)}.\n",
+        "its lines, while loops, conds (case, if) and host callbacks (equinox's checks, sciad's warnings). "
+        f"Machine: {_machine(result)}.\n",
         first_gradient_table(result["records"]), "## Targets (issue 33)\n", targets_table(result["targets"])]
     if result["cache"]:
         parts += [f"## JAX's persistent compilation cache ({CACHE_EXAMPLE}, fresh processes)\n",
@@ -911,7 +912,8 @@ def first_gradient_markdown(result) -> str:
                   "own process (`process`: its wall time, imports included); warm: the cold row's cache; cache: "
                   "what it holds after the run. JAX does not write a program with host callbacks to the cache: "
                   "equinox's `error_if` raising (`EQX_ON_ERROR` unset) is one, and so is sciad's warning "
-                  "(`warn_if`, e.g. of a chaotic gradient) in every gradient program.\n",
+                  "(`warn_if`, e.g. of a chaotic gradient), which sciad leaves out with `EQX_ON_ERROR` nan or "
+                  "off, as equinox does its checks.\n",
                   cache_table(result["cache"])]
     return "\n".join(parts)
 
