@@ -1,7 +1,9 @@
-"""x = A⁻¹ b on the host by SciPy's SuperLU, for sparse matrices A of one pattern given by their
-entries: a JAX primitive, `lu_solve(lu, values, b)`, usable under `jit` and `vmap` (each member
-solved in turn on the host), not differentiable (the chord method's solves are not differentiated:
-the root finder's derivative is implicit).
+"""x = A⁻¹ b (or A⁻ᵀ b) on the host by SciPy's SuperLU, for sparse matrices A of one pattern given by
+their entries: a JAX primitive, `lu_solve(lu, values, b, transpose)`, usable under `jit` and `vmap`
+(each member solved in turn on the host), not differentiable itself (the chord method's solves are
+not differentiated: the root finder's derivative is implicit; a Rosenbrock step's solves go through
+`lineax.linear_solve`, whose rules solve again with the same factors, transposed for reverse mode:
+`sciad._stiff.HostSparseLU`).
 
 A primitive lowered to a host call rather than `jax.pure_callback`: pure_callback copies its
 arguments into jax.Arrays before the call, about 200 µs a call on CPU against 20 µs here, and a
@@ -91,14 +93,16 @@ class HostLU:
     def __repr__(self):
         return f"HostLU(n={self.shape[0]}, nnz={len(self.rows)}, kept={self.kept})"
 
-    def __call__(self, values: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """x (..., n) with A(values[i]) x[i] = b[i]: values (..., nnz), b (..., n), one batch shape."""
+    def __call__(self, values: np.ndarray, b: np.ndarray, transpose: bool = False) -> np.ndarray:
+        """x (..., n) with A(values[i]) x[i] = b[i] (Aᵀ with `transpose`): values (..., nnz), b (..., n),
+        one batch shape."""
         flat_values, flat_b = values.reshape(-1, values.shape[-1]), b.reshape(-1, b.shape[-1])
-        return np.stack([self.solve(v, r) for v, r in zip(flat_values, flat_b)]).reshape(b.shape)
+        return np.stack([self.solve(v, r, transpose) for v, r in zip(flat_values, flat_b)]).reshape(b.shape)
 
-    def solve(self, values: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """x (n,) with A(values) x = b: values (nnz,), b (n,); NaN where A is singular."""
-        return self._factorisations.solve(values, b)
+    def solve(self, values: np.ndarray, b: np.ndarray, transpose: bool = False) -> np.ndarray:
+        """x (n,) with A(values) x = b (Aᵀ x = b with `transpose`, by the same factors): values (nnz,),
+        b (n,); NaN where A is singular."""
+        return self._factorisations.solve(values, b, transpose)
 
 
 def _frozen(indices) -> np.ndarray:
@@ -130,17 +134,17 @@ class _Factorisations:
         self.order = None  # the fill-reducing ordering, from the first factorisation
         weakref.finalize(self, _release, self.factors)
 
-    def solve(self, values: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """x (n,) with A(values) x = b: values (nnz,), b (n,); NaN where A is singular."""
+    def solve(self, values: np.ndarray, b: np.ndarray, transpose: bool = False) -> np.ndarray:
+        """x (n,) with A(values) x = b (Aᵀ with `transpose`): values (nnz,), b (n,); NaN where A is singular."""
         COUNTS.add("solves")
         while True:  # once, unless another thread's factorisations push this one out first
             with self.lock:
-                x = self._solve_held(values, b)
+                x = self._solve_held(values, b, transpose)
             if x is not None:
                 return x
             _SUPERLU.submit(self.factorise, values).result()
 
-    def _solve_held(self, values, b):
+    def _solve_held(self, values, b, transpose=False):
         """x, or None where A(values) is not held; under the lock. No factor outlives this frame
         here: dropping the last reference to one off SuperLU's thread would leak it."""
         for held, lu in reversed(self.factors):
@@ -148,7 +152,8 @@ class _Factorisations:
                 if lu is None:
                     return np.full_like(b, np.nan)
                 x = np.empty_like(b)
-                x[self.order] = lu.solve(b[self.order])
+                # the factors are of P A Pᵀ (P: rows `order`), whose transpose is P Aᵀ Pᵀ
+                x[self.order] = lu.solve(b[self.order], trans="T" if transpose else "N")
                 return x
         return None
 
@@ -199,27 +204,28 @@ def _csc_structure(rows, cols, order, n):
     return entries, new_rows[entries].astype(np.int32), indptr.astype(np.int32)
 
 
-def lu_solve(lu: HostLU, values, b):
-    """x (..., n) with A x = b, A the matrix of `lu`'s pattern with entries `values` (..., nnz); b (..., n)."""
-    return lu_solve_p.bind(values, b, lu=lu)
+def lu_solve(lu: HostLU, values, b, transpose: bool = False):
+    """x (..., n) with A x = b (Aᵀ x = b with `transpose`), A the matrix of `lu`'s pattern with entries
+    `values` (..., nnz); b (..., n)."""
+    return lu_solve_p.bind(values, b, lu=lu, transpose=bool(transpose))
 
 
 lu_solve_p = core.Primitive("sciad_host_lu_solve")
 
 
 @lu_solve_p.def_abstract_eval
-def _abstract(values, b, *, lu):
+def _abstract(values, b, *, lu, transpose):
     return jax.core.ShapedArray(b.shape, b.dtype)
 
 
 @lu_solve_p.def_impl
-def _eager(values, b, *, lu):
-    return jnp.asarray(lu(np.asarray(values), np.asarray(b)))
+def _eager(values, b, *, lu, transpose):
+    return jnp.asarray(lu(np.asarray(values), np.asarray(b), transpose))
 
 
-def _lowering(ctx, values, b, *, lu):
+def _lowering(ctx, values, b, *, lu, transpose):
     def host(values, b):
-        return (lu(np.asarray(values), np.asarray(b)),)
+        return (lu(np.asarray(values), np.asarray(b), transpose),)
 
     sharding = callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
     result, _, _ = mlir.emit_python_callback(ctx, host, None, [values, b], ctx.avals_in, ctx.avals_out,
@@ -230,12 +236,12 @@ def _lowering(ctx, values, b, *, lu):
 mlir.register_lowering(lu_solve_p, _lowering, cacheable=False)
 
 
-def _batch(args, dims, *, lu):
+def _batch(args, dims, *, lu, transpose):
     """vmap: the batch axis first on both operands (broadcast where one is unbatched)."""
     size = next(arg.shape[dim] for arg, dim in zip(args, dims) if dim is not None)
     values, b = (jnp.broadcast_to(arg, (size, *arg.shape)) if dim is None else jnp.moveaxis(arg, dim, 0)
                  for arg, dim in zip(args, dims))
-    return lu_solve_p.bind(values, b, lu=lu), 0
+    return lu_solve_p.bind(values, b, lu=lu, transpose=transpose), 0
 
 
 batching.primitive_batchers[lu_solve_p] = _batch

@@ -18,6 +18,9 @@ consistent (the algebraic equations hold at t0).
 The state may be any PyTree; M acts on its flattened vector (`jax.flatten_util.ravel_pytree`).
 The linear solves go through `lineax.linear_solve` with the step's factorisation as its state, so
 derivatives of a step solve with the same LU factors and never differentiate the decomposition.
+`stage_jacobian`: None (a dense Jacobian and a dense LU) or a `sciad.stiff.Sparse` (W's pattern
+from f's jaxpr ∪ M's, its entries by coloured JVPs, SciPy's sparse LU on the host once per step:
+`Sparse.factorised`).
 """
 
 from typing import Any, ClassVar
@@ -28,6 +31,7 @@ import jax
 import jax.flatten_util as jfu
 import jax.numpy as jnp
 import lineax as lx
+import numpy as np
 
 from sciad._rosenbrock_tableaus import RODAS4, RODAS5P, RosenbrockTableau
 
@@ -65,11 +69,13 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
     """A stiffly accurate Rosenbrock method (`rosenbrock_tableau`) for M u' = f with a constant
     `mass_matrix` M: None (the identity), a vector (n,) (its diagonal) or a matrix (n, n), n the
     flattened state's size. Linearly implicit: one Jacobian and one LU factorisation per step,
-    no root finder. Any term whose `vf_prod` is linear in its control (`diffrax.ODETerm`, and the
-    direction-reversing wrapper diffrax puts around it for t1 < t0) steps with it."""
+    no root finder; dense, or sparse with `stage_jacobian` a `sciad.stiff.Sparse`. Any term whose
+    `vf_prod` is linear in its control (`diffrax.ODETerm`, and the direction-reversing wrapper
+    diffrax puts around it for t1 < t0) steps with it."""
 
     rosenbrock_tableau: eqx.AbstractClassVar[RosenbrockTableau]
     mass_matrix: eqx.AbstractVar[jax.Array | None]
+    stage_jacobian: eqx.AbstractVar[Any]
 
     term_structure: ClassVar = dfx.AbstractTerm
     interpolation_cls: ClassVar = RosenbrockInterpolation
@@ -106,12 +112,15 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
         g0, g_t = jax.jvp(lambda t: increment(t, flat), (jnp.asarray(t0, dt.dtype),), (jnp.ones((), dt.dtype),))
         g_t = dt.astype(dtype) * g_t  # h² ∂f/∂t
         mass, times_mass = self._mass(n, dtype)
-        W = mass / coef(tab.gamma) - self.jacobian(lambda y: increment(t0, y), flat)  # h (M/(hγ) − J)
         # diffrax steps the finished members of a vmapped solve with t0 = t1 and discards the result:
         # there every right-hand side is 0 and W = M/γ is singular for a DAE; I gives the same u = 0.
-        W = lx.MatrixLinearOperator(jnp.where(dt == 0, jnp.eye(n, dtype=dtype), W))
-        lu = lx.LU()
-        factors = lu.init(jax.lax.stop_gradient(W), {})  # the step's one factorisation
+        if self.stage_jacobian is None:
+            W = mass / coef(tab.gamma) - self.jacobian(lambda y: increment(t0, y), flat)  # h (M/(hγ) − J)
+            W = lx.MatrixLinearOperator(jnp.where(dt == 0, jnp.eye(n, dtype=dtype), W))
+            lu = lx.LU()
+            factors = lu.init(jax.lax.stop_gradient(W), {})  # the step's one factorisation
+        else:
+            W, lu, factors = self._sparse_factorised(terms, t0, control, args, flat, unravel, dt == 0)
 
         def solve(rhs):
             return lx.linear_solve(W, rhs, lu, state=factors, throw=False).value
@@ -131,6 +140,25 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
         y1, error = unravel(y1), unravel(error)
         dense_info = dict(y0=y0, y1=y1, k=jax.vmap(unravel)(k))
         return y1, error, dense_info, None, dfx.RESULTS.successful
+
+    def _sparse_factorised(self, terms, t0, control, args, flat, unravel, identity):
+        """(operator, solver, state) of W = M/γ − h J (the step's h (M/(hγ) − J)) by `stage_jacobian`
+        (`sciad.stiff.Sparse.factorised`): its arrays (terms, args, times, M) passed explicitly, so
+        that pattern detection reads the step's jaxpr rather than captured values."""
+        gamma = self.rosenbrock_tableau.gamma
+        dynamic, static = eqx.partition((terms, t0, control, args, self.mass_matrix), eqx.is_array)
+
+        def w(y, dynamic):  # y ↦ M y/γ − h f(t0, y)
+            terms, t0, control, args, M = eqx.combine(dynamic, static)
+            increment = jfu.ravel_pytree(terms.vf_prod(t0, unravel(y), args, control))[0]
+            My = y if M is None else (M.astype(y.dtype) * y if M.ndim == 1 else M.astype(y.dtype) @ y)
+            return My / jnp.asarray(gamma, y.dtype) - increment
+
+        M = self.mass_matrix
+        also = None
+        if M is not None and M.ndim == 2:  # a diagonal's pattern is in I already
+            also = np.ones(M.shape, bool) if isinstance(M, jax.core.Tracer) else np.asarray(M) != 0
+        return self.stage_jacobian.factorised(w, flat, dynamic, also=also, identity=identity)
 
     def _mass(self, n, dtype):
         """(M as a dense (n, n) matrix, v ↦ M v) in `dtype`."""
@@ -162,6 +190,7 @@ class Rodas5P(AbstractRosenbrock):
     ODEs and index-1 DAEs given by `mass_matrix` (None, a diagonal (n,) or a matrix (n, n))."""
 
     mass_matrix: jax.Array | None = eqx.field(default=None, converter=_mass_matrix)
+    stage_jacobian: Any = None
     rosenbrock_tableau: ClassVar[RosenbrockTableau] = RODAS5P
 
 
@@ -171,4 +200,5 @@ class Rodas4(AbstractRosenbrock):
     stiff ODEs and index-1 DAEs given by `mass_matrix` (None, a diagonal (n,) or a matrix (n, n))."""
 
     mass_matrix: jax.Array | None = eqx.field(default=None, converter=_mass_matrix)
+    stage_jacobian: Any = None
     rosenbrock_tableau: ClassVar[RosenbrockTableau] = RODAS4

@@ -94,17 +94,20 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     `dense=True`, `Solution.interpolation(t)` gives u at any t in tspan from the same solve, its
     derivatives by the same sensealg (`sciad._dense.DenseOutput`). `jacobian` is how an implicit
     solver's Newton steps solve with I − hγ ∂f/∂u, in the forward solve and in the adjoint solves:
-    "auto" (default: "sparse" for an implicit solver on hundreds of states or more whose ∂f/∂u is
-    sparse, else "dense"; `sciad._stiff.auto_jacobian`), "dense" (diffrax's dense Jacobian and LU),
+    "auto" (default: "sparse" for an implicit or Rosenbrock solver on hundreds of states or more whose
+    ∂f/∂u is sparse, else "dense"; `sciad._stiff.auto_jacobian`), "dense" (diffrax's dense Jacobian and LU),
     "sparse" (the pattern detected from f's jaxpr, entries by coloured JVPs, SciPy's sparse LU once
     per step), "matrix-free" (Newton–Krylov: GMRES on Jacobian-vector products), or a
     `sciad.stiff.Sparse(...)` / `sciad.stiff.MatrixFree(...)`.
 
     A problem with a mass matrix M (`ODEProblem(..., mass_matrix=M)`; a singular M is an index-1
     DAE) is solved by a solver that takes M: "rodas5p" (the default then) or "rodas4", or
-    `sciad.Rodas5P()` / `sciad.Rodas4()` (given without M, they take the problem's). Their
-    Jacobian is dense (`jacobian` "auto" or "dense"). `initialization` (default: "consistent"
-    where M is singular, else "none"): "consistent" solves u0's algebraic states from its
+    `sciad.Rodas5P()` / `sciad.Rodas4()` (given without M, they take the problem's). They
+    factorise W = M/(hγ) − ∂f/∂u once per step and solve every stage with it: densely
+    (`jacobian="dense"`), or with `jacobian="sparse"` (and "auto" where it picks it) by the sparse
+    path (∂f/∂u's pattern from f's jaxpr ∪ M's, coloured JVPs, SciPy's sparse LU on the host), the
+    derivatives' linear solves reusing the same factors; "matrix-free" is refused.
+    `initialization` (default: "consistent" where M is singular, else "none"): "consistent" solves u0's algebraic states from its
     differential ones (Newton, differentiated by the implicit function theorem: d/du0 of the
     differential part is right; `sciad._dae.initialise`), "check" raises a `SolveError` when u0's
     algebraic states are further from consistency than atol + rtol |u|, "none" takes u0 as it is.

@@ -18,6 +18,13 @@ Both serve any system the solver steps: the forward solve, forward-sensitivity s
 adjoint systems that `sciad.adjoints` step backwards with the same solver (λ' = −Jᵀλ: the pattern
 of Jᵀ, detected from that system's own jaxpr).
 
+The Rosenbrock solvers (`sciad._rosenbrock`: Rodas5P, Rodas4, with a mass matrix M) have no root
+finder: `Sparse` serves them as their `stage_jacobian` (`Sparse.factorised`): W = M/(hγ) − J once per
+step, its pattern J's (detected) ∪ M's ∪ I, its entries by coloured JVPs of u ↦ M u/(hγ) − J u,
+factorised on the host and reused for every stage; its solves go through `lineax.linear_solve`
+with `HostSparseLU`, so their derivatives (forward and reverse mode) solve with the same factors
+(transposed for reverse mode), never differentiating the LU.
+
     solver = diffrax.Kvaerno5(root_finder=sciad._stiff.StageNewton(sciad.stiff.Sparse()))
 
 `stiff_solver(solver, jacobian)` does that for a solver or its name; `sciad.solve(...,
@@ -142,6 +149,59 @@ class Sparse(AbstractStageJacobian):
         ok = jnp.all(jnp.isfinite(x))
         return unravel(jnp.where(ok, x, 0)), lx.RESULTS.where(ok, lx.RESULTS.successful, lx.RESULTS.singular)
 
+    def factorised(self, fn, y, args, also=None, identity=None):
+        """(operator, solver, state) for `lineax.linear_solve(operator, b, solver, state=state)`: solves
+        with A = ∂fn/∂y at (y, args) (fn(y, args) (n,), y flat (n,), args a PyTree of arrays; a
+        Rosenbrock step's y ↦ M y/γ − h f(y)), factorised once on the host and reused by every
+        solve and by their derivatives (`HostSparseLU`). A's pattern: `pattern` (given) or detected
+        from fn's jaxpr, ∪ `also` (a boolean (n, n), e.g. M's), ∪ I, symmetrised; its entries by
+        coloured JVPs of fn. Where `identity` (a boolean scalar) holds, A is taken as I (diffrax's
+        discarded zero-length steps of a vmapped solve's finished members, where W = M/γ may be singular)."""
+        from sciad import _sparsity as sparsity  # SciPy on first use
+        import scipy.sparse as sp
+
+        n = y.size
+        given = self.pattern is not None and self.pattern.matrix.shape[0] == n
+        found = self.pattern.matrix if given else sparsity.jacobian_pattern(fn, y, args).matrix
+        union = sp.csr_matrix(found, dtype=bool)
+        if also is not None:
+            union = union + sp.csr_matrix(also, dtype=bool)
+        pattern = sparsity.PATTERNS.given(sparsity.GivenPattern(union))  # ∪ Pᵀ ∪ I; colourings kept
+        colouring = pattern.colouring(self.dense_row)
+        values = colouring.jacobian_values(lambda x: fn(x, args), y)
+        rows, cols = colouring.rows_cols
+        if identity is not None:
+            values = jnp.where(identity, jnp.asarray(rows == cols, values.dtype), values)
+        lu = HostLU(rows, cols, colouring.matrix.shape, self.kept)
+        state = (jax.lax.stop_gradient(values), lu, False)
+        return lx.JacobianLinearOperator(fn, y, args), HostSparseLU(), state
+
+
+class HostSparseLU(lx.AbstractLinearSolver):
+    """A lineax solver over a sparse LU held on the host (`sciad._host_lu`): its state, (entries
+    (nnz,), `HostLU` pattern, transposed), comes from `Sparse.factorised` (it has no `init` of its
+    own). lineax's rules for `linear_solve` then solve the derivatives' systems with the same
+    factors, Aᵀ by SuperLU's transposed solve for reverse mode; the LU is never differentiated."""
+
+    def init(self, operator, options):
+        raise ValueError("HostSparseLU factorises no operator itself: pass state=Sparse.factorised(...)[2] to "
+                         "lineax.linear_solve")
+
+    def compute(self, state, vector, options):
+        values, lu, transpose = state
+        # as lineax's dense LU: a singular matrix gives non-finite values, which reject the step
+        return lu_solve(lu, values, vector, transpose), lx.RESULTS.successful, {}
+
+    def transpose(self, state, options):
+        values, lu, transpose = state
+        return (values, lu, not transpose), options
+
+    def conj(self, state, options):
+        return state, options  # real entries
+
+    def assume_full_rank(self):
+        return True
+
 
 def _given(pattern):
     from sciad import _sparsity as sparsity
@@ -226,13 +286,11 @@ SPARSE_DENSITY = 0.05  # ... with at most this share of its entries structurally
 
 def auto_jacobian(solver: dfx.AbstractSolver, f: Callable, u0, p, t0) -> tuple[str, str]:
     """(the jacobian "auto" picks, why) for `solver` on f(u, p, t) from u0 (PyTrees, traced or not):
-    "sparse" for an implicit solver on at least `SPARSE_STATES` states whose ∂f/∂u has at most
+    "sparse" for an implicit or Rosenbrock solver on at least `SPARSE_STATES` states whose ∂f/∂u has at most
     `SPARSE_DENSITY` of its entries structurally nonzero (`sciad.sparsity`), "dense" otherwise."""
     flat, unravel = jfu.ravel_pytree(u0)
     n = flat.size
-    if isinstance(solver, AbstractRosenbrock):
-        return "dense", f"{type(solver).__name__} is linearly implicit: one dense Jacobian and LU per step, no root finder"
-    if not isinstance(solver, dfx.AbstractImplicitSolver):
+    if not isinstance(solver, (dfx.AbstractImplicitSolver, AbstractRosenbrock)):
         return "dense", "an explicit solver solves no linear systems"
     if n < SPARSE_STATES:
         return "dense", f"{n} states: a dense LU is cheap below {SPARSE_STATES}"
@@ -273,8 +331,10 @@ def with_stage_jacobian(solver: dfx.AbstractSolver, jacobian, f: Callable, u0, p
 def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
     """`solver` with its implicit stages' linear solves by `jacobian`: "dense" (diffrax's own, the
     solver unchanged), "sparse" (`Sparse()`), "matrix-free" (`MatrixFree()`), or an
-    `AbstractStageJacobian` instance. Explicit solvers have no stages to solve: any `jacobian` but
-    "dense" is an error for them ("auto" is decided by `auto_jacobian` before this)."""
+    `AbstractStageJacobian` instance. A Rosenbrock solver takes "dense" or a `Sparse` (its
+    `stage_jacobian`: W = M/(hγ) − J factorised sparsely once per step). Explicit solvers have no
+    stages to solve: any `jacobian` but "dense" is an error for them ("auto" is decided by
+    `auto_jacobian` before this)."""
     if isinstance(jacobian, str):
         if jacobian not in JACOBIANS:
             raise ValueError(f"unknown jacobian {jacobian!r}; choose one of {['auto', *sorted(JACOBIANS)]} or pass "
@@ -286,9 +346,13 @@ def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
         raise TypeError(f"jacobian must be one of {['auto', *sorted(JACOBIANS)]}, a sciad.stiff.Sparse or a "
                         f"sciad.stiff.MatrixFree, got {type(jacobian).__name__}")
     if isinstance(solver, AbstractRosenbrock):
-        raise ValueError(f"jacobian={jacobian!r}: {type(solver).__name__} (a Rosenbrock solver) has no root finder to "
-                         "give it; it forms a dense Jacobian and LU per step: pass jacobian='dense' (or 'auto'), or "
-                         "an implicit Runge–Kutta solver (solver='kvaerno5') for sparse or matrix-free stages")
+        if not isinstance(jacobian, Sparse):
+            raise ValueError(f"jacobian={jacobian!r}: {type(solver).__name__} (a Rosenbrock solver) solves each stage "
+                             "with one factorisation of M/(hγ) − J per step, dense or sparse: pass "
+                             "jacobian='dense', "
+                             "'sparse' or 'auto', or an implicit Runge–Kutta solver (solver='kvaerno5') for "
+                             "matrix-free stages")
+        return eqx.tree_at(lambda s: s.stage_jacobian, solver, jacobian, is_leaf=lambda x: x is None)
     if not isinstance(solver, dfx.AbstractImplicitSolver):
         raise ValueError(f"jacobian={jacobian!r} needs an implicit solver (e.g. solver='kvaerno5'); "
                          f"{type(solver).__name__} is explicit and solves no linear systems")

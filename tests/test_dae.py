@@ -1,7 +1,8 @@
 """Mass-matrix problems M u' = f through `sciad.solve` (`sciad._dae`): Robertson as a DAE against its
 ODE form, a linear index-1 DAE with closed-form solution and gradients (every sensealg, in p and u0),
 consistent initialisation (diagonal and full singular M, gradients by the implicit function theorem), "check" and "none", the boundary's refusals, jit / vmap / float32,
-a PyTree state, a Hessian, and `"auto"`."""
+a PyTree state, a Hessian, `"auto"`, and Rodas's sparse stages (`jacobian="sparse"`) against its
+dense ones."""
 
 import diffrax as dfx
 import jax
@@ -238,8 +239,8 @@ def test_solve_refuses_what_a_mass_matrix_cannot_take():
         sciad.solve(sciad.ODEProblem(linear, np.ones(2), (0.0, 1.0), P0), solver=sciad.Rodas4(mass_matrix=np.ones(2)))
     with pytest.raises(ValueError, match="initialization must be one of"):
         sciad.solve(prob, initialization="brown")
-    with pytest.raises(ValueError, match="Rosenbrock solver\\) has no root finder"):
-        sciad.solve(prob, jacobian="sparse")
+    with pytest.raises(ValueError, match="Rosenbrock solver\\) solves each stage with one factorisation"):
+        sciad.solve(prob, jacobian="matrix-free")
     with pytest.raises(ValueError, match="callbacks with a mass matrix"):
         sciad.solve(prob, callbacks=[sciad.PresetTimeCallback([0.5], lambda u, p, t: u)])
     with pytest.raises(ValueError, match="dense=True with a mass matrix"):
@@ -336,3 +337,93 @@ def test_rosenbrock_ode_with_a_continuous_adjoint():
     grads = [jax.grad(lambda p: sciad.solve(prob, p=p, solver="rodas5p", sensealg=s, **TOL).us.sum())(P0)
              for s in (sciad.InterpolatingAdjoint(), sciad.DiscreteAdjoint())]
     np.testing.assert_allclose(*grads, rtol=1e-6)
+
+
+# --- sparse stages: W = M/(hγ) − J by the host's sparse LU ------------------------------------------
+# A 1-D reaction–diffusion with an algebraic screened-Poisson potential (sciad_bench.dae's, small):
+# u' = D Δu + a u (1 − u) − b u φ, 0 = Δφ − κ² φ + u, N cells, 2N states.
+
+RD_CELLS = 20
+RD_P = np.array([0.01, 1.0, 20.0])
+RD_TS = np.array([0.5, 1.0, 2.0])
+RD_TOL = dict(rtol=1e-8, atol=1e-10)
+
+
+def _laplacian(v, mirror):
+    h = 1.0 / v.shape[0]
+    padded = jnp.concatenate([(1.0 if mirror else -1.0) * v[:1], v, (1.0 if mirror else -1.0) * v[-1:]])
+    return (padded[2:] - 2 * v + padded[:-2]) / h**2
+
+
+def reaction_diffusion(y, p, t):
+    D, a, b = p
+    u, phi = jnp.split(y, 2)
+    return jnp.concatenate([D * _laplacian(u, True) + a * u * (1 - u) - b * u * phi,
+                            _laplacian(phi, False) - 25.0 * phi + u])
+
+
+def reaction_diffusion_problem(cells=RD_CELLS):
+    x = (np.arange(cells) + 0.5) / cells
+    u0 = np.concatenate([0.1 + 0.8 * np.exp(-(((x - 0.3) / 0.1) ** 2)), np.zeros(cells)])
+    return sciad.ODEProblem(reaction_diffusion, u0, (0.0, 2.0), RD_P,
+                            mass_matrix=np.concatenate([np.ones(cells), np.zeros(cells)]))
+
+
+def rd_loss(us):
+    u, phi = jnp.split(us, 2, axis=1)
+    return jnp.sum(jnp.mean(u**2, axis=1) + jnp.mean(phi, axis=1))
+
+
+def test_sparse_rodas_equals_dense_with_one_factorisation_per_step():
+    prob = reaction_diffusion_problem()
+    dense = sciad.solve(prob, saveat=RD_TS, jacobian="dense", **RD_TOL)
+    sciad.stiff.LU_COUNTS.clear()
+    sparse = sciad.solve(prob, saveat=RD_TS, jacobian="sparse", **RD_TOL)
+    counts = sciad.stiff.LU_COUNTS.snapshot()
+    np.testing.assert_allclose(sparse.us, dense.us, rtol=0, atol=1e-9)
+    assert int(sparse.stats["steps"]) == int(dense.stats["steps"]) == counts["factorisations"]
+    stages = sciad.Rodas5P.rosenbrock_tableau.num_stages
+    assert counts["solves"] == stages * counts["factorisations"]  # every stage solves with the step's factors
+
+
+def test_sparse_rodas_gradients_equal_dense_under_jit_and_vmap():
+    """DiscreteAdjoint under jit and vmap over p, ForwardDiffSensitivity eagerly (its tangents' solves
+    reuse each step's factors: one factorisation per step)."""
+    prob = reaction_diffusion_problem()
+
+    def loss(p, jacobian, sensealg):
+        return rd_loss(sciad.solve(prob, p=p, saveat=RD_TS, jacobian=jacobian, sensealg=sensealg, **RD_TOL).us)
+
+    ps = np.array([RD_P, [0.02, 1.0, 10.0]])
+    dense = jax.jit(jax.vmap(jax.grad(lambda p: loss(p, "dense", sciad.DiscreteAdjoint()))))(ps)
+    values, grads = jax.jit(jax.vmap(jax.value_and_grad(lambda p: loss(p, "sparse", sciad.DiscreteAdjoint()))))(ps)
+    np.testing.assert_allclose(grads, dense, rtol=1e-9)
+    np.testing.assert_allclose(values[0], rd_loss(sciad.solve(prob, saveat=RD_TS, jacobian="dense", **RD_TOL).us),
+                               rtol=1e-10)
+    sciad.stiff.LU_COUNTS.clear()
+    forward = jax.grad(loss)(RD_P, "sparse", sciad.ForwardDiffSensitivity())
+    factorisations = sciad.stiff.LU_COUNTS["factorisations"]
+    np.testing.assert_allclose(forward, dense[0], rtol=1e-9)
+    steps = int(sciad.solve(prob, saveat=RD_TS, jacobian="sparse", **RD_TOL).stats["steps"])
+    assert factorisations <= steps  # (fewer where a step's factors are still held from an earlier solve)
+
+
+def test_sparse_rodas_on_an_ode_and_with_a_full_mass_matrix():
+    """Without M (the identity: Rodas4 on the reaction part alone), and with a full singular M."""
+    prob = sciad.ODEProblem(lambda u, p, t: p[0] * _laplacian(u, True) + p[1] * u * (1 - u),
+                            reaction_diffusion_problem().u0[:RD_CELLS], (0.0, 2.0), RD_P[:2])
+    dense, sparse = (sciad.solve(prob, saveat=RD_TS, solver="rodas4", jacobian=j, **RD_TOL).us
+                     for j in ("dense", "sparse"))
+    np.testing.assert_allclose(sparse, dense, rtol=0, atol=1e-9)
+    full = sciad.ODEProblem(rotated, R @ np.array([1.5, 0.0]), (0.0, 2.0), P0, mass_matrix=M_FULL)
+    dense, sparse = (sciad.solve(full, saveat=TS, jacobian=j, **TOL).us for j in ("dense", "sparse"))
+    np.testing.assert_allclose(sparse, dense, rtol=0, atol=1e-10)
+
+
+def test_auto_takes_sparse_stages_for_a_large_sparse_dae():
+    from sciad._stiff import auto_jacobian
+
+    large = reaction_diffusion_problem(200)  # 400 states: f's Jacobian a banded sparse one
+    kind, why = auto_jacobian(sciad.Rodas5P(), large.f, large.u0, large.p, 0.0)
+    assert kind == "sparse" and "colours" in why
+    assert auto_jacobian(sciad.Rodas5P(), reaction_diffusion, reaction_diffusion_problem().u0, RD_P, 0.0)[0] == "dense"
