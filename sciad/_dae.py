@@ -9,7 +9,9 @@ space, the rows of M u' that vanish) in the states V₀ᵀ u (V₀ spans the nul
 M does not see). Consistent initialisation keeps u0's differential part (V₁V₁ᵀ u0, the entries of
 nonzero diagonal) and solves the algebraic equations for the algebraic part by Newton
 (`optimistix.root_find`): its implicit rule differentiates the solution, not the iterations, so
-d/du0 of the differential part and d/dp are right (the implicit function theorem).
+d/du0 of the differential part and d/dp are right (the implicit function theorem). A large sparse
+algebraic block (`_algebraic_solver`) is solved by the host's sparse LU (`sciad._stiff.HostSparseLU`),
+in Newton's steps and in the implicit rule.
 """
 
 import dataclasses
@@ -20,6 +22,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg
+import lineax as lx
 import numpy as np
 import optimistix as optx
 
@@ -234,16 +237,19 @@ def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float
 
     args = (u0, p, field.held, jnp.asarray(t0, u0.dtype))
     z0 = split.variables(u0)
+    solver = _algebraic_solver(residual, z0, args)
     if mode == "check":
-        return _checked(residual, z0, args, u0, rtol, atol)
+        return _checked(residual, z0, args, u0, rtol, atol, solver)
     floor = 100 * float(jnp.finfo(u0.dtype).eps)  # a tolerance the dtype can meet
     # Cauchy termination (small corrections and residual): without it optimistix calls an iteration
     # that has not converged within two steps diverged, which a start far from the solution is.
-    newton = optx.Newton(rtol=max(rtol * NEWTON_TIGHTER, floor), atol=atol * NEWTON_TIGHTER)
-    sol = optx.root_find(residual, newton, z0, args, max_steps=NEWTON_STEPS, throw=False)
+    linear = {} if solver is None else dict(linear_solver=solver)
+    newton = optx.Newton(rtol=max(rtol * NEWTON_TIGHTER, floor), atol=atol * NEWTON_TIGHTER, **linear)
+    sol = optx.root_find(residual, newton, z0, args, max_steps=NEWTON_STEPS, throw=False,
+                         adjoint=optx.ImplicitAdjoint(**linear))
     # A result short of the tightened tolerances (a residual whose rounding exceeds atol / 1000) stands
     # where "check" would accept it.
-    ratio, _ = jax.lax.stop_gradient(_distance(residual, sol.value, args, rtol, atol))
+    ratio, _ = jax.lax.stop_gradient(_distance(residual, sol.value, args, rtol, atol, solver))
     failed = ((sol.result != optx.RESULTS.successful) & ~(ratio <= 1)) | ~jnp.all(jnp.isfinite(sol.value))
     return split.state(u0, _refused(sol.value, failed, INIT_FAILED.format(k=z0.size, steps=NEWTON_STEPS)))
 
@@ -269,18 +275,34 @@ INCONSISTENT = ("initialization='check': u0 is not consistent: its algebraic sta
                 "differential states, or correct u0")
 
 
-def _distance(residual, z, args, rtol, atol):
+def _algebraic_solver(residual, z0, args):
+    """How Newton solves with the algebraic block ∂residual/∂z (k, k): None (dense) or, for at least
+    `sciad._stiff.SPARSE_STATES` equations whose block has at most `SPARSE_DENSITY` of its entries
+    structurally nonzero, the host's sparse LU (`sciad._stiff.HostSparseLU`, as the Rosenbrock
+    solvers' sparse stages: a dense Newton on 500 algebraic states cost more than the solve itself)."""
+    from sciad import _sparsity as sparsity
+    from sciad._stiff import SPARSE_DENSITY, SPARSE_STATES, HostSparseLU, Sparse
+
+    if z0.size < SPARSE_STATES or sparsity.jacobian_pattern(residual, z0, args).density > SPARSE_DENSITY:
+        return None
+    return HostSparseLU(Sparse())
+
+
+def _distance(residual, z, args, rtol, atol, solver=None):
     """(the largest Newton correction of the algebraic states z over atol + rtol |z|, the residual's
-    largest entry)."""
+    largest entry); the correction by `solver` (`_algebraic_solver`; None: dense)."""
     r = residual(z, args)
-    step = jnp.linalg.solve(jax.jacfwd(residual)(z, args), r)
+    if solver is None:
+        step = jnp.linalg.solve(jax.jacfwd(residual)(z, args), r)
+    else:
+        step = lx.linear_solve(lx.JacobianLinearOperator(residual, z, args), r, solver, throw=False).value
     return jnp.max(jnp.abs(step) / (atol + rtol * jnp.abs(z)), initial=0.0), jnp.max(jnp.abs(r), initial=0.0)
 
 
-def _checked(residual, z0, args, u0, rtol, atol):
+def _checked(residual, z0, args, u0, rtol, atol, solver=None):
     """u0, or a `SolveError` (now where the values are known, else when the program runs) when the
     Newton correction of the algebraic states at u0 exceeds atol + rtol |u| somewhere."""
-    distance = functools.partial(_distance, residual, rtol=rtol, atol=atol)
+    distance = functools.partial(_distance, residual, rtol=rtol, atol=atol, solver=solver)
     known = _concrete((z0, args))
     if known is not None:
         ratio, size = (float(x) for x in distance(*known))

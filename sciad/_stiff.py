@@ -179,13 +179,20 @@ class Sparse(AbstractStageJacobian):
 
 class HostSparseLU(lx.AbstractLinearSolver):
     """A lineax solver over a sparse LU held on the host (`sciad._host_lu`): its state, (entries
-    (nnz,), `HostLU` pattern, transposed), comes from `Sparse.factorised` (it has no `init` of its
-    own). lineax's rules for `linear_solve` then solve the derivatives' systems with the same
+    (nnz,), `HostLU` pattern, transposed), comes from `Sparse.factorised`, or from `init` by
+    `jacobian` (a `Sparse`) on any square operator over a flat array (an optimistix Newton's: the
+    pattern read off its matrix-vector product). lineax's rules for `linear_solve` then solve the derivatives' systems with the same
     factors, Aᵀ by SuperLU's transposed solve for reverse mode; the LU is never differentiated."""
 
+    jacobian: Any = None
+
     def init(self, operator, options):
-        raise ValueError("HostSparseLU factorises no operator itself: pass state=Sparse.factorised(...)[2] to "
-                         "lineax.linear_solve")
+        if self.jacobian is None:
+            raise ValueError("HostSparseLU(jacobian=None) factorises no operator itself: pass "
+                             "state=Sparse.factorised(...)[2] to lineax.linear_solve, or give it a Sparse")
+        x = jnp.zeros(operator.in_structure().shape, operator.in_structure().dtype)
+        dynamic, static = eqx.partition(operator, eqx.is_array)
+        return self.jacobian.factorised(lambda v, dynamic: eqx.combine(dynamic, static).mv(v), x, dynamic)[2]
 
     def compute(self, state, vector, options):
         values, lu, transpose = state

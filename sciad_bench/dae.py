@@ -28,9 +28,10 @@ step, reused by every stage and by the derivatives' solves; "auto" takes the spa
 states on (the pattern of J from f's jaxpr ∪ M's, its entries by coloured JVPs, SciPy's SuperLU on
 the host: `sciad.stiff.Sparse`), a dense Jacobian and LU below (Robertson, 100 states). Measured
 side by side at 1,000 states (N = 500, one process, a 2-core machine loaded by another process):
-forward 38-370 ms sparse (the spread: its ~300 host calls' latency under load) against 3.6-5.7 s
-dense and IDAS's 8-25 ms; DiscreteAdjoint's gradient 89-440 ms sparse, 7.3-10 s dense, IDAS's
-adjoint (per interval) 73-116 ms. Its gradients by ForwardDiffSensitivity, DiscreteAdjoint and
+forward 22 ms sparse (its consistent initialisation's Newton by the sparse LU too: with a dense
+one, 40-370 ms) against 3.6-5.7 s dense and IDAS's 8-16 ms; DiscreteAdjoint's gradient 66 ms
+sparse (89-440 ms with the dense initialisation), 7.3-10 s dense, IDAS's adjoint (per interval)
+77 ms. Its gradients by ForwardDiffSensitivity, DiscreteAdjoint and
 "auto" (which picks ForwardDiffSensitivity: 3 parameters), and ForwardDiffSensitivity from the
 consistent u0 with `initialization="none"` ("u0 consistent": the same gradient, since the algebraic states' initial
 values do not depend on p, without forward mode through the initialisation, see

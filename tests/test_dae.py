@@ -427,3 +427,23 @@ def test_auto_takes_sparse_stages_for_a_large_sparse_dae():
     kind, why = auto_jacobian(sciad.Rodas5P(), large.f, large.u0, large.p, 0.0)
     assert kind == "sparse" and "colours" in why
     assert auto_jacobian(sciad.Rodas5P(), reaction_diffusion, reaction_diffusion_problem().u0, RD_P, 0.0)[0] == "dense"
+
+
+def test_consistent_initialisation_of_a_large_sparse_algebraic_block():
+    """300 algebraic equations: Newton's linear solves (and the implicit rule's) by the host's sparse LU."""
+    cells = 300
+    prob = reaction_diffusion_problem(cells)
+    u = prob.u0[:cells]
+    laplacian = jax.jacfwd(lambda v: _laplacian(v, False))(jnp.zeros(cells))
+    phi = np.linalg.solve(25.0 * np.eye(cells) - np.asarray(laplacian), u)
+    ts = np.array([0.0, 0.01])
+
+    def loss(p, u0, initialization):
+        return rd_loss(sciad.solve(prob, u0=u0, p=p, saveat=ts, jacobian="sparse", initialization=initialization,
+                                   sensealg=sciad.DiscreteAdjoint(), **RD_TOL).us)
+
+    sol = sciad.solve(prob, saveat=ts, jacobian="sparse", **RD_TOL)
+    np.testing.assert_allclose(sol.us[0, cells:], phi, rtol=1e-10, atol=1e-13)
+    consistent = np.concatenate([u, phi])  # φ(0) does not depend on p: the same gradient
+    np.testing.assert_allclose(jax.grad(loss)(RD_P, prob.u0, "consistent"), jax.grad(loss)(RD_P, consistent, "none"),
+                               rtol=1e-9)
