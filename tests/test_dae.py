@@ -89,6 +89,7 @@ def test_linear_dae_gradients_closed_form(sensealg):
     np.testing.assert_allclose(g_p, [d_a, d_b], rtol=1e-7)
 
 
+@pytest.mark.slow
 def test_hessian_through_forward_diff():
     """∂²/∂p² of Σ_t x(t) = Σ_t x0 e^{(b - a) t}: t² x times [[1, -1], [-1, 1]]."""
     prob = linear_problem()
@@ -116,7 +117,12 @@ Q = np.array([[1.0, 2.0], [0.5, 1.5]])
 M_FULL = Q @ np.diag([1.0, 0.0]) @ R_INV
 
 
-@pytest.mark.parametrize("sensealg", SENSEALGS, ids=sciad.adjoints.describe)
+# The default run: ForwardDiffSensitivity and GaussAdjoint with a full M (the rest in the slow run, CI).
+FULL_M = [s if i in (0, 4) or not isinstance(s, sciad.AbstractSensitivity) else pytest.param(s, marks=pytest.mark.slow)
+          for i, s in enumerate(SENSEALGS)]
+
+
+@pytest.mark.parametrize("sensealg", FULL_M, ids=sciad.adjoints.describe)
 def test_full_mass_matrix_consistent_initialisation(sensealg):
     """Neither the algebraic equation nor the algebraic state is a coordinate: the split keeps u0's
     part in M's row space (x0 = (R⁻¹ u0)_1), solves the rest, and ∂L/∂u0 = ∂L/∂x0 (R⁻¹)_1."""
@@ -162,6 +168,7 @@ def test_robertson_dae_against_the_ode_form():
     np.testing.assert_allclose(sol.us, ref, rtol=1e-5, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_robertson_gradient_against_the_ode_form():
     """∂ y2(t) / ∂ log k over three rates (DiscreteAdjoint through Rodas5P on the DAE) against the ODE
     form through Kvaerno5 at tight tolerances."""
@@ -386,6 +393,7 @@ def test_sparse_rodas_equals_dense_with_one_factorisation_per_step():
     assert counts["solves"] == stages * counts["factorisations"]  # every stage solves with the step's factors
 
 
+@pytest.mark.slow
 def test_sparse_rodas_gradients_equal_dense_under_jit_and_vmap():
     """DiscreteAdjoint under jit and vmap over p, ForwardDiffSensitivity eagerly (its tangents' solves
     reuse each step's factors: one factorisation per step)."""
@@ -429,6 +437,7 @@ def test_auto_takes_sparse_stages_for_a_large_sparse_dae():
     assert auto_jacobian(sciad.Rodas5P(), reaction_diffusion, reaction_diffusion_problem().u0, RD_P, 0.0)[0] == "dense"
 
 
+@pytest.mark.slow
 def test_consistent_initialisation_of_a_large_sparse_algebraic_block():
     """300 algebraic equations: Newton's linear solves (and the implicit rule's) by the host's sparse LU."""
     cells = 300

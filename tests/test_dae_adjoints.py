@@ -140,7 +140,8 @@ def robertson_ode_gradient():
     return np.array([g_u0[0] - g_u0[2], g_u0[1] - g_u0[2], 0.0]), g_p
 
 
-@pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), pytest.param(sciad.InterpolatingAdjoint(), marks=slow),
+@pytest.mark.parametrize("sensealg", [pytest.param(sciad.GaussAdjoint(), marks=slow),
+                                      pytest.param(sciad.InterpolatingAdjoint(), marks=slow),
                                       pytest.param(sciad.QuadratureAdjoint(), marks=slow),
                                       pytest.param(sciad.GaussAdjoint(checkpointing=True), marks=slow),
                                       pytest.param(sciad.ForwardSensitivity(), marks=slow)], ids=name)

@@ -238,6 +238,7 @@ def test_gradient_matches_finite_differences():
     np.testing.assert_allclose(grad, central, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_jit_and_vmap_over_parameters():
     ps = jnp.array([0.5, 0.7, 1.1])
     batched = jax.jit(jax.vmap(_dae_loss))(ps)
