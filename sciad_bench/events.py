@@ -74,33 +74,34 @@ def multi_dose() -> LossCase:
     return LossCase("multi-dose", np.array([0.2, 8.0]), 1, sciad_loss, diffrax_loss)
 
 
-def _fall(u, p, t):
-    return jnp.stack([u[1], -G + 0.0 * u[1]])
-
-
 def _falling_height(u):
     """The height while falling, positive while rising: a flight that starts on the floor (h a rounding error
     below zero, v > 0) is not stopped at once, as it is with h alone under some of XLA's optimisations."""
     return jnp.where(u[1] < 0, u[0], jnp.abs(u[0]) + 1.0)
 
 
-def bouncing_ball() -> LossCase:
-    prob = sciad.ODEProblem(_fall, np.array([1.0, 0.0]), (0.0, 2.0))
+def bouncing_ball(bounces: int = 3) -> LossCase:
+    """(h(2)² + v(2)²) in (h0, e) after `bounces` bounces (0: the same solve without its event). Each
+    call makes its own vector field, as after an edit (the first-gradient suite times fresh functions)."""
+    def fall(u, p, t):
+        return jnp.stack([u[1], -G + 0.0 * u[1]])
+
+    prob = sciad.ODEProblem(fall, np.array([1.0, 0.0]), (0.0, 2.0))
 
     def sciad_loss(x, sensealg, rtol, atol):
         bounce = sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: jnp.stack([u[0], -x[1] * u[1]]),
                                           "down")
-        sol = sciad.solve(prob, u0=jnp.stack([x[0], 0.0 * x[0]]), callbacks=[bounce], rtol=rtol, atol=atol,
-                          sensealg=sensealg, max_events=4)
+        events = dict(callbacks=[bounce], max_events=bounces + 1) if bounces else {}
+        sol = sciad.solve(prob, u0=jnp.stack([x[0], 0.0 * x[0]]), rtol=rtol, atol=atol, sensealg=sensealg, **events)
         return jnp.sum(sol.us[-1] ** 2)
 
     def diffrax_loss(x, adjoint, rtol, atol):
         t, u = 0.0, jnp.stack([x[0], 0.0 * x[0]])
-        for _ in range(3):
-            t, u = _diffrax_segment(lambda t, u, p: _fall(u, p, t), u, None, t, 2.0, adjoint, rtol, atol,
+        for _ in range(bounces):
+            t, u = _diffrax_segment(lambda t, u, p: fall(u, p, t), u, None, t, 2.0, adjoint, rtol, atol,
                                     cond=_falling_height)
             u = jnp.stack([u[0], -x[1] * u[1]])
-        _, u = _diffrax_segment(lambda t, u, p: _fall(u, p, t), u, None, t, 2.0, adjoint, rtol, atol)
+        _, u = _diffrax_segment(lambda t, u, p: fall(u, p, t), u, None, t, 2.0, adjoint, rtol, atol)
         return jnp.sum(u**2)
 
     return LossCase("bouncing ball", np.array([1.0, 0.9]), 2, sciad_loss, diffrax_loss)

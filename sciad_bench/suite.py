@@ -59,7 +59,7 @@ from sciad.problems import (
 from sciad.timing import fastest, relative_error
 
 from sciad_bench import claims, harness, plots, selection, tables
-from sciad_bench.events import G, _diffrax_segment, _falling_height
+from sciad_bench.events import bouncing_ball
 from sciad_bench.experiments import _sensealg_matrix
 from sciad_bench.harness import Combination, sciad_combination
 from sciad_bench.peers import diffrax_peer
@@ -652,36 +652,15 @@ def bouncing_ball_case(events: bool) -> FirstGradientCase:
     """`sciad_bench.events`' bouncing ball, (h(2)² + v(2)²) in (h0, e): with its event (a
     `ContinuousCallback` with a restitution affect, at most 4; diffrax: a loop of 4 solves, 3 stopped
     by an `Event`, as `sciad bench events` writes it), or the same solve without it (one solve)."""
-    tol, saveat = 1e-6, np.array([2.0])
-
     def gradient(side):
-        def fall(u, p, t):
-            return jnp.stack([u[1], -G + 0.0 * u[1]])
-
+        case = bouncing_ball(3 if events else 0)  # its own functions, each repeat
         if side == SIDES[0]:
-            prob = sciad.ODEProblem(fall, np.array([1.0, 0.0]), (0.0, 2.0))
-
-            def loss(x):
-                bounce = sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: jnp.stack([u[0], -x[1] * u[1]]),
-                                                  "down")
-                kw = dict(callbacks=[bounce], max_events=4) if events else {}
-                sol = sciad.solve(prob, u0=jnp.stack([x[0], 0.0 * x[0]]), saveat=saveat, rtol=tol, atol=tol, **kw)
-                return jnp.sum(sol.us[-1] ** 2)
-        else:
-            adjoint = dfx.RecursiveCheckpointAdjoint()
-
-            def loss(x):
-                t, u = 0.0, jnp.stack([x[0], 0.0 * x[0]])
-                for _ in range(3 if events else 0):
-                    t, u = _diffrax_segment(lambda t, u, p: fall(u, p, t), u, None, t, 2.0, adjoint, tol, tol,
-                                            cond=_falling_height)
-                    u = jnp.stack([u[0], -x[1] * u[1]])
-                _, u = _diffrax_segment(lambda t, u, p: fall(u, p, t), u, None, t, 2.0, adjoint, tol, tol)
-                return jnp.sum(u**2)
-        return jax.jit(jax.grad(loss))
+            return jax.jit(jax.grad(lambda x: case.objective(x)))
+        return jax.jit(jax.grad(lambda x: case.diffrax_loss(x, dfx.RecursiveCheckpointAdjoint(), case.rtol,
+                                                            case.atol)))
 
     name = "bouncing-ball" + ("" if events else " (no events)")
-    return FirstGradientCase(name, jnp.array([1.0, 0.9]), gradient, 100 * tol, lambda: None,
+    return FirstGradientCase(name, jnp.array([1.0, 0.9]), gradient, 100 * bouncing_ball().rtol, lambda: None,
                              without="bouncing-ball (no events)" if events else None)
 
 

@@ -101,12 +101,12 @@ def _zero_tangents(tree):
                         else np.zeros(x.shape, jax.dtypes.float0), tree)
 
 
-def _checkpointed(checkpoints: int | None, throw: bool = True) -> Callable:
+def _checkpointed(checkpoints: int | None) -> Callable:
     """(setup, u0, p) -> (pb, us, stats, result): the solve under `jax.vjp` with diffrax's
     `RecursiveCheckpointAdjoint(checkpoints)` and the pullback `pb` it makes."""
 
     def recording(setup: Setup, u0, p):
-        _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints), throw),
+        _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints)),
                                              u0, p, has_aux=True)
         return pb, us, stats, result
 
