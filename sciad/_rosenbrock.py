@@ -18,9 +18,10 @@ consistent (the algebraic equations hold at t0).
 The state may be any PyTree; M acts on its flattened vector (`jax.flatten_util.ravel_pytree`).
 The linear solves go through `lineax.linear_solve` with the step's factorisation as its state, so
 derivatives of a step solve with the same LU factors and never differentiate the decomposition.
-`stage_jacobian`: None (a dense Jacobian and a dense LU) or a `sciad.stiff.Sparse` (W's pattern
-from f's jaxpr ∪ M's, its entries by coloured JVPs, SciPy's sparse LU on the host once per step:
-`Sparse.factorised`).
+`stage_jacobian`: None (a dense Jacobian and a dense LU), a `sciad.stiff.Sparse` (W's pattern
+from f's jaxpr ∪ M's, its entries by coloured JVPs, SciPy's sparse LU on the host once per step)
+or a `sciad.stiff.MatrixFree` (GMRES on Jacobian-vector products to a tight tolerance, nothing of
+size n × n formed; a solve that does not converge rejects the step): their `stage_solver`.
 """
 
 from typing import Any, ClassVar
@@ -69,7 +70,7 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
     """A stiffly accurate Rosenbrock method (`rosenbrock_tableau`) for M u' = f with a constant
     `mass_matrix` M: None (the identity), a vector (n,) (its diagonal) or a matrix (n, n), n the
     flattened state's size. Linearly implicit: one Jacobian and one LU factorisation per step,
-    no root finder; dense, or sparse with `stage_jacobian` a `sciad.stiff.Sparse`. Any term whose
+    no root finder; dense, or by `stage_jacobian` (a `sciad.stiff.Sparse` or `MatrixFree`). Any term whose
     `vf_prod` is linear in its control (`diffrax.ODETerm`, and the direction-reversing wrapper
     diffrax puts around it for t1 < t0) steps with it."""
 
@@ -120,30 +121,34 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
             lu = lx.LU()
             factors = lu.init(jax.lax.stop_gradient(W), {})  # the step's one factorisation
         else:
-            W, lu, factors = self._sparse_factorised(terms, t0, control, args, flat, unravel, dt == 0)
+            W, lu, factors = self._stage_solver(terms, t0, control, args, flat, unravel, dt == 0)
 
-        def solve(rhs):
-            return lx.linear_solve(W, rhs, lu, state=factors, throw=False).value
+        def solve(rhs):  # (u, whether the solve succeeded: an iterative one may not)
+            sol = lx.linear_solve(W, rhs, lu, state=factors, throw=False)
+            return sol.value, sol.result == lx.RESULTS.successful
 
-        u = jnp.zeros((tab.num_stages, n), dtype).at[0].set(solve(g0 + coef(tab.d[0]) * g_t))
+        u_1, ok = solve(g0 + coef(tab.d[0]) * g_t)
+        u = jnp.zeros((tab.num_stages, n), dtype).at[0].set(u_1)
 
-        def stage(u, i):  # (M/γ − h J) u_i = h f(t_i, Y_i) + M Σ_j C_ij u_j + h² d_i ∂f/∂t
+        def stage(carry, i):  # (M/γ − h J) u_i = h f(t_i, Y_i) + M Σ_j C_ij u_j + h² d_i ∂f/∂t
+            u, ok = carry
             y_i = flat + coef(tab.a)[i] @ u
             rhs = increment(t0 + jnp.asarray(tab.c, dt.dtype)[i] * dt, y_i)
             rhs = rhs + times_mass(coef(tab.C)[i] @ u) + coef(tab.d)[i] * g_t
-            return u.at[i].set(solve(rhs)), None
+            u_i, ok_i = solve(rhs)
+            return (u.at[i].set(u_i), ok & ok_i), None
 
-        u, _ = jax.lax.scan(stage, u, jnp.arange(1, tab.num_stages))
-        y1 = flat + coef(tab.m) @ u
-        error = coef(tab.error) @ u
+        (u, ok), _ = jax.lax.scan(stage, (u, ok), jnp.arange(1, tab.num_stages))
+        y1 = jnp.where(ok, flat + coef(tab.m) @ u, flat)
+        error = jnp.where(ok, coef(tab.error) @ u, jnp.inf)  # a failed solve rejects the step (as diffrax's implicit solvers)
         k = coef(tab.dense) @ u
         y1, error = unravel(y1), unravel(error)
         dense_info = dict(y0=y0, y1=y1, k=jax.vmap(unravel)(k))
         return y1, error, dense_info, None, dfx.RESULTS.successful
 
-    def _sparse_factorised(self, terms, t0, control, args, flat, unravel, identity):
+    def _stage_solver(self, terms, t0, control, args, flat, unravel, identity):
         """(operator, solver, state) of W = M/γ − h J (the step's h (M/(hγ) − J)) by `stage_jacobian`
-        (`sciad.stiff.Sparse.factorised`): its arrays (terms, args, times, M) passed explicitly, so
+        (`sciad.stiff.Sparse` or `MatrixFree`: its `stage_solver`): its arrays (terms, args, times, M) passed explicitly, so
         that pattern detection reads the step's jaxpr rather than captured values."""
         gamma = self.rosenbrock_tableau.gamma
         dynamic, static = eqx.partition((terms, t0, control, args, self.mass_matrix), eqx.is_array)
@@ -158,7 +163,7 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
         also = None
         if M is not None and M.ndim == 2:  # a diagonal's pattern is in I already
             also = np.ones(M.shape, bool) if isinstance(M, jax.core.Tracer) else np.asarray(M) != 0
-        return self.stage_jacobian.factorised(w, flat, dynamic, also=also, identity=identity)
+        return self.stage_jacobian.stage_solver(w, flat, dynamic, also=also, identity=identity)
 
     def _mass(self, n, dtype):
         """(M as a dense (n, n) matrix, v ↦ M v) in `dtype`."""

@@ -106,7 +106,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     factorise W = M/(hγ) − ∂f/∂u once per step and solve every stage with it: densely
     (`jacobian="dense"`), or with `jacobian="sparse"` (and "auto" where it picks it) by the sparse
     path (∂f/∂u's pattern from f's jaxpr ∪ M's, coloured JVPs, SciPy's sparse LU on the host), the
-    derivatives' linear solves reusing the same factors; "matrix-free" is refused.
+    derivatives' linear solves reusing the same factors; or with "matrix-free" by GMRES on
+    Jacobian-vector products to a tight tolerance (`sciad.stiff.MatrixFree.stage_rtol`).
     `initialization` (default: "consistent" where M is singular, else "none"): "consistent" solves u0's algebraic states from its
     differential ones (Newton, differentiated by the implicit function theorem: d/du0 of the
     differential part is right; `sciad._dae.initialise`), "check" raises a `SolveError` when u0's

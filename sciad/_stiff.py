@@ -19,11 +19,12 @@ adjoint systems that `sciad.adjoints` step backwards with the same solver (λ' =
 of Jᵀ, detected from that system's own jaxpr).
 
 The Rosenbrock solvers (`sciad._rosenbrock`: Rodas5P, Rodas4, with a mass matrix M) have no root
-finder: `Sparse` serves them as their `stage_jacobian` (`Sparse.factorised`): W = M/(hγ) − J once per
-step, its pattern J's (detected) ∪ M's ∪ I, its entries by coloured JVPs of u ↦ M u/(hγ) − J u,
-factorised on the host and reused for every stage; its solves go through `lineax.linear_solve`
-with `HostSparseLU`, so their derivatives (forward and reverse mode) solve with the same factors
-(transposed for reverse mode), never differentiating the LU.
+finder: `Sparse` and `MatrixFree` serve them as their `stage_jacobian` (`stage_solver`). `Sparse`:
+W = M/(hγ) − J once per step, its pattern J's (detected) ∪ M's ∪ I, its entries by coloured JVPs of
+u ↦ M u/(hγ) − J u, factorised on the host and reused for every stage; its solves go through
+`lineax.linear_solve` with `HostSparseLU`, so their derivatives (forward and reverse mode) solve
+with the same factors (transposed for reverse mode), never differentiating the LU. `MatrixFree`:
+GMRES on JVPs of the same map, to `stage_rtol` (no Newton iteration corrects a stage).
 
     solver = diffrax.Kvaerno5(root_finder=sciad._stiff.StageNewton(sciad.stiff.Sparse()))
 
@@ -71,16 +72,29 @@ class AbstractStageJacobian(eqx.Module):
         """(x, lineax result): x with (∂fn/∂y at the linearisation) x = b, b and x y's structure;
         `atol` the root finder's absolute tolerance."""
 
+    @abc.abstractmethod
+    def stage_solver(self, fn, y, args, also=None, identity=None):
+        """(operator, solver, state) for `lineax.linear_solve(operator, b, solver, state=state)` with
+        A = ∂fn/∂y at (y, args) (fn(y, args) (n,), y flat (n,), args a PyTree of arrays): a
+        Rosenbrock step's W, y ↦ M y/γ − h f(y), whose stages no Newton iteration corrects. lineax's
+        rules solve the derivatives' systems the same way. `also`: a boolean (n, n) pattern A may
+        hold beyond ∂fn/∂y's (M's); where `identity` (a boolean scalar) holds, A is taken as I
+        (diffrax's discarded zero-length steps of a vmapped solve's finished members, where W = M/γ
+        may be singular)."""
+
 
 class MatrixFree(AbstractStageJacobian):
     """(I − h γ J) x = b by restarted GMRES on Jacobian-vector products of the stage relation at the
     step's linearisation point: to `rtol` relative to |b| (max norm), in at most `max_steps`
     products, restarted every `restart`. An inexact solve only slows the chord iteration, which
-    checks its own convergence; a failed one (out of products) rejects the step."""
+    checks its own convergence; a failed one (out of products) rejects the step. A Rosenbrock
+    stage (W = M/(hγ) − J, no Newton iteration to correct it) is solved to `stage_rtol` relative
+    to |b|; a failed one rejects the step too."""
 
     rtol: float = 1e-3
     restart: int = 50
     max_steps: int = 1000
+    stage_rtol: float = 1e-10
     kind: ClassVar[str] = "matrix-free"
     pattern: ClassVar[None] = None  # forms no Jacobian
 
@@ -104,6 +118,19 @@ class MatrixFree(AbstractStageJacobian):
         # residual itself decides.
         residual = optx.max_norm(jax.tree.map(jnp.subtract, b, operator.mv(sol.value)))
         return sol.value, lx.RESULTS.where(residual <= atol, lx.RESULTS.successful, sol.result)
+
+    def stage_solver(self, fn, y, args, also=None, identity=None):
+        """GMRES on Jacobian-vector products of fn at (y, args) (`stage_rtol`: its rtol, and its atol
+        relative to max |b| at the call, `_StageGMRES`); nothing of size n × n is formed."""
+        del also  # forms no matrix
+
+        def operator_fn(v, args_identity):
+            args, identity = args_identity
+            return fn(v, args) if identity is None else jnp.where(identity, v, fn(v, args))
+
+        operator = lx.JacobianLinearOperator(operator_fn, y, (args, identity))
+        solver = _StageGMRES(self.stage_rtol, self.restart, self.max_steps)
+        return operator, solver, solver.init(operator, {})
 
 
 class Sparse(AbstractStageJacobian):
@@ -149,14 +176,10 @@ class Sparse(AbstractStageJacobian):
         ok = jnp.all(jnp.isfinite(x))
         return unravel(jnp.where(ok, x, 0)), lx.RESULTS.where(ok, lx.RESULTS.successful, lx.RESULTS.singular)
 
-    def factorised(self, fn, y, args, also=None, identity=None):
-        """(operator, solver, state) for `lineax.linear_solve(operator, b, solver, state=state)`: solves
-        with A = ∂fn/∂y at (y, args) (fn(y, args) (n,), y flat (n,), args a PyTree of arrays; a
-        Rosenbrock step's y ↦ M y/γ − h f(y)), factorised once on the host and reused by every
-        solve and by their derivatives (`HostSparseLU`). A's pattern: `pattern` (given) or detected
-        from fn's jaxpr, ∪ `also` (a boolean (n, n), e.g. M's), ∪ I, symmetrised; its entries by
-        coloured JVPs of fn. Where `identity` (a boolean scalar) holds, A is taken as I (diffrax's
-        discarded zero-length steps of a vmapped solve's finished members, where W = M/γ may be singular)."""
+    def stage_solver(self, fn, y, args, also=None, identity=None):
+        """A = ∂fn/∂y factorised once on the host and reused by every solve and by their derivatives
+        (`HostSparseLU`). A's pattern: `pattern` (given) or detected from fn's jaxpr, ∪ `also`, ∪ I,
+        symmetrised; its entries by coloured JVPs of fn."""
         from sciad import _sparsity as sparsity  # SciPy on first use
         import scipy.sparse as sp
 
@@ -189,10 +212,10 @@ class HostSparseLU(lx.AbstractLinearSolver):
     def init(self, operator, options):
         if self.jacobian is None:
             raise ValueError("HostSparseLU(jacobian=None) factorises no operator itself: pass "
-                             "state=Sparse.factorised(...)[2] to lineax.linear_solve, or give it a Sparse")
+                             "state=Sparse.stage_solver(...)[2] to lineax.linear_solve, or give it a Sparse")
         x = jnp.zeros(operator.in_structure().shape, operator.in_structure().dtype)
         dynamic, static = eqx.partition(operator, eqx.is_array)
-        return self.jacobian.factorised(lambda v, dynamic: eqx.combine(dynamic, static).mv(v), x, dynamic)[2]
+        return self.jacobian.stage_solver(lambda v, dynamic: eqx.combine(dynamic, static).mv(v), x, dynamic)[2]
 
     def compute(self, state, vector, options):
         values, lu, transpose = state
@@ -214,6 +237,40 @@ def _given(pattern):
     from sciad import _sparsity as sparsity
 
     return pattern if isinstance(pattern, sparsity.GivenPattern) else sparsity.GivenPattern(pattern)
+
+
+class _StageGMRES(lx.AbstractLinearSolver):
+    """lineax's GMRES to `rtol` relative to max |b| of each right-hand side b, restarted every
+    `restart`, in at most `max_steps` products: it solves A x = b / max |b| (GMRES breaks down on a
+    right-hand side below its ε, such as a zero tangent's roundoff) and its residual decides success
+    (lineax calls a breakdown, an invariant Krylov space and so the exact solution in small systems, a
+    failure, and its derivative rules throw on any failure)."""
+
+    rtol: float
+    restart: int
+    max_steps: int
+
+    def _gmres(self):
+        return lx.GMRES(rtol=self.rtol, atol=self.rtol, restart=self.restart, max_steps=self.max_steps)
+
+    def init(self, operator, options):
+        return self._gmres().init(operator, options)
+
+    def compute(self, state, vector, options):
+        scale = optx.max_norm(vector)
+        b = vector / jnp.where(scale == 0, 1, scale)
+        x, result, stats = self._gmres().compute(state, b, options)
+        ok = optx.max_norm(b - state.mv(x)) <= 2 * self.rtol
+        return x * scale, lx.RESULTS.where(ok, lx.RESULTS.successful, result), stats
+
+    def transpose(self, state, options):
+        return self._gmres().transpose(state, options)
+
+    def conj(self, state, options):
+        return self._gmres().conj(state, options)
+
+    def assume_full_rank(self):
+        return True
 
 
 class _Factorised(eqx.Module):
@@ -338,8 +395,8 @@ def with_stage_jacobian(solver: dfx.AbstractSolver, jacobian, f: Callable, u0, p
 def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
     """`solver` with its implicit stages' linear solves by `jacobian`: "dense" (diffrax's own, the
     solver unchanged), "sparse" (`Sparse()`), "matrix-free" (`MatrixFree()`), or an
-    `AbstractStageJacobian` instance. A Rosenbrock solver takes "dense" or a `Sparse` (its
-    `stage_jacobian`: W = M/(hγ) − J factorised sparsely once per step). Explicit solvers have no
+    `AbstractStageJacobian` instance. A Rosenbrock solver takes any of them as its `stage_jacobian`
+    (W = M/(hγ) − J: factorised sparsely once per step, or solved by GMRES). Explicit solvers have no
     stages to solve: any `jacobian` but "dense" is an error for them ("auto" is decided by
     `auto_jacobian` before this)."""
     if isinstance(jacobian, str):
@@ -353,12 +410,6 @@ def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
         raise TypeError(f"jacobian must be one of {['auto', *sorted(JACOBIANS)]}, a sciad.stiff.Sparse or a "
                         f"sciad.stiff.MatrixFree, got {type(jacobian).__name__}")
     if isinstance(solver, AbstractRosenbrock):
-        if not isinstance(jacobian, Sparse):
-            raise ValueError(f"jacobian={jacobian!r}: {type(solver).__name__} (a Rosenbrock solver) solves each stage "
-                             "with one factorisation of M/(hγ) − J per step, dense or sparse: pass "
-                             "jacobian='dense', "
-                             "'sparse' or 'auto', or an implicit Runge–Kutta solver (solver='kvaerno5') for "
-                             "matrix-free stages")
         return eqx.tree_at(lambda s: s.stage_jacobian, solver, jacobian, is_leaf=lambda x: x is None)
     if not isinstance(solver, dfx.AbstractImplicitSolver):
         raise ValueError(f"jacobian={jacobian!r} needs an implicit solver (e.g. solver='kvaerno5'); "

@@ -246,8 +246,6 @@ def test_solve_refuses_what_a_mass_matrix_cannot_take():
         sciad.solve(sciad.ODEProblem(linear, np.ones(2), (0.0, 1.0), P0), solver=sciad.Rodas4(mass_matrix=np.ones(2)))
     with pytest.raises(ValueError, match="initialization must be one of"):
         sciad.solve(prob, initialization="brown")
-    with pytest.raises(ValueError, match="Rosenbrock solver\\) solves each stage with one factorisation"):
-        sciad.solve(prob, jacobian="matrix-free")
     with pytest.raises(ValueError, match="callbacks with a mass matrix"):
         sciad.solve(prob, callbacks=[sciad.PresetTimeCallback([0.5], lambda u, p, t: u)])
     with pytest.raises(ValueError, match="dense=True with a mass matrix"):
