@@ -1,17 +1,18 @@
-"""`sciad bench large-stiff`: the 2-D Brusselator PDE on N × N grids (2N² states), Kvaerno5 at
-rtol = atol = 1e-6, t ≤ 1: forward solves and gradients of sciad (jacobian and sensealg "auto":
-the sparse Newton and GaussAdjoint; and each stage strategy where it finishes) against diffrax's
-default (a dense Newton), SciPy's `solve_ivp(method="BDF", jac_sparsity=...)` (forward only) and
-SUNDIALS' CVODES through CasADi (BDF, Newton on CasADi's symbolic sparse Jacobian with its default
-sparse QR, which measured 5-20× faster here than its "csparse" LU; forward, and the gradient by its
-adjoint sensitivities: `jtimes(L, p, 1, True)`, CVODES' backward problem from checkpoints), checked against each other, then timed in interleaved rounds in one
-process (`sciad.timing.compare`).
+"""`sciad bench large-stiff`: the 2-D Brusselator PDE on N × N grids (2N² states), rtol = atol = 1e-6,
+t ≤ 1: forward solves and gradients of sciad (solver "rodas5p" with jacobian and sensealg "auto": one sparse
+LU per step, no Newton iteration; Kvaerno5 with its sparse and matrix-free Newton, and each stage strategy
+where it finishes) against diffrax's default (Kvaerno5, a dense Newton), SciPy's
+`solve_ivp(method="BDF", jac_sparsity=...)` (forward only) and SUNDIALS' CVODES through CasADi (BDF, Newton
+on CasADi's symbolic sparse Jacobian with its default sparse QR, which measured 5-20× faster here than its
+"csparse" LU; forward, and the gradient by its adjoint sensitivities: `jtimes(L, p, 1, True)`, CVODES'
+backward problem from checkpoints), checked against each other, then timed in interleaved rounds in one
+process (`sciad.timing.compare`; at most `BUDGET` seconds of rounds per call and size, one at least).
 
 Each record: grid, states, what (forward, gradient), name, compile_s (the first call, compilation
 included), median_s, times_s, rel_error against the reference (forward: SciPy's BDF, the
-independent method; gradient: sciad's InterpolatingAdjoint with the sparse Newton, another
-adjoint), steps (forward), factorisations and linear_solves of one call (the sparse Newton's host
-LUs and solves: one solve per Newton iteration; SciPy's LUs), peak_bytes (XLA's buffers of the
+independent method; gradient: sciad's InterpolatingAdjoint on Kvaerno5's sparse Newton, another
+solver and adjoint), steps (forward), factorisations and linear_solves of one call (the sparse Newton's host
+LUs and solves: one solve per Newton iteration or Rosenbrock stage; SciPy's LUs), peak_bytes (XLA's buffers of the
 compiled call) and factor_bytes (the most the host held in LU factors).
 """
 
@@ -37,6 +38,8 @@ from sciad_bench.harness import peak_bytes
 from sciad_bench.peers import casadi_call
 
 TOL = 1e-6
+SOLVER = "rodas5p"  # sciad's: Rodas5P took 0.5× Kvaerno5's time at 512-8,192 states (one LU, no Newton, per step)
+REFERENCE = "sciad InterpolatingAdjoint (Kvaerno5, sparse)"  # the gradients' reference: another solver and adjoint
 GRIDS = {True: (16, 32, 64), False: (16, 24, 32, 64, 128)}
 DENSE_UP_TO = 32  # N: a dense Newton beyond (8,192 states) forms a 512 MB Jacobian and an LU of ~0.4 TFLOP per step
 MATRIX_FREE_UP_TO = 32  # N: unpreconditioned GMRES does not keep up with the diffusion beyond (docs: sciad.stiff)
@@ -50,11 +53,11 @@ def _compiled(jitted, *args):
     return functools.partial(compiled, *args), peak_bytes(compiled)
 
 
-def sciad_forward(b, jacobian):
+def sciad_forward(b, jacobian, solver=SOLVER):
     call, memory = _compiled(jax.jit(lambda p: (lambda sol: (sol.us, sol.stats["steps"]))(
-        sciad.solve(b.problem, p=p, saveat=b.saveat, solver="kvaerno5", rtol=TOL, atol=TOL, jacobian=jacobian))),
+        sciad.solve(b.problem, p=p, saveat=b.saveat, solver=solver, rtol=TOL, atol=TOL, jacobian=jacobian))),
         b.problem.p)
-    return lambda: (lambda us, steps: (us, int(steps)))(*call()), memory  # steps: Kvaerno5's
+    return lambda: (lambda us, steps: (us, int(steps)))(*call()), memory
 
 
 def diffrax_forward(b):
@@ -87,7 +90,8 @@ def scipy_forward(b):
 CVODES = "CVODES (CasADi)"
 CVODES_OPTIONS = {"abstol": TOL, "reltol": TOL, "max_num_steps": 100_000}
 CVODES_UP_TO = 64  # N: forward (8,192 states: 10-30 s per call on 2 cores)
-CVODES_GRADIENT_UP_TO = 32  # N: its adjoint took 13 s at 2,048 states and grows faster than the forward
+CVODES_GRADIENT_UP_TO = 64  # N: its adjoint took 13 s at 2,048 states and grows faster than the forward
+BUDGET = 240.0  # seconds of timed rounds per size and call
 
 
 def _casadi_brusselator(b):
@@ -142,9 +146,9 @@ def cvodes_gradient(b):
     return (lambda: np.asarray(call()).ravel()), None
 
 
-def sciad_gradient(b, sensealg, jacobian="auto"):
+def sciad_gradient(b, sensealg, jacobian="auto", solver=SOLVER):
     def loss(p):
-        return b.loss(sciad.solve(b.problem, p=p, saveat=b.saveat, solver="kvaerno5", rtol=TOL, atol=TOL,
+        return b.loss(sciad.solve(b.problem, p=p, saveat=b.saveat, solver=solver, rtol=TOL, atol=TOL,
                                   sensealg=sensealg, jacobian=jacobian).us)
 
     return _compiled(jax.jit(jax.grad(loss)), b.problem.p)
@@ -163,25 +167,30 @@ def diffrax_gradient(b):
 
 
 def forward_plan(n):
-    plan = {"sciad auto (sparse)": lambda b: sciad_forward(b, "auto"), "SciPy BDF (sparse)": scipy_forward}
+    plan = {"sciad auto (Rodas5P, sparse)": lambda b: sciad_forward(b, "auto"),
+            "sciad Kvaerno5 (sparse)": lambda b: sciad_forward(b, "sparse", "kvaerno5"),
+            "SciPy BDF (sparse)": scipy_forward}
     if n <= CVODES_UP_TO:
         plan[CVODES] = cvodes_forward
     if n <= MATRIX_FREE_UP_TO:
-        plan["sciad matrix-free"] = lambda b: sciad_forward(b, "matrix-free")
+        plan["sciad Kvaerno5 (matrix-free)"] = lambda b: sciad_forward(b, "matrix-free", "kvaerno5")
     if n <= DENSE_UP_TO:
-        plan["sciad dense"] = lambda b: sciad_forward(b, "dense")
+        plan["sciad Rodas5P (dense)"] = lambda b: sciad_forward(b, "dense")
         plan["diffrax Kvaerno5 (dense)"] = diffrax_forward
     return plan
 
 
 def gradient_plan(n):
-    plan = {"sciad auto (GaussAdjoint, sparse)": lambda b: sciad_gradient(b, "auto"),
-            "sciad InterpolatingAdjoint (sparse)": lambda b: sciad_gradient(b, "InterpolatingAdjoint")}
+    plan = {"sciad auto (Rodas5P, sparse)": lambda b: sciad_gradient(b, "auto"),
+            "sciad DiscreteAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "DiscreteAdjoint", "sparse"),
+            "sciad GaussAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "GaussAdjoint", "sparse"),
+            REFERENCE: lambda b: sciad_gradient(b, "InterpolatingAdjoint", "sparse", "kvaerno5")}
     if n <= CVODES_GRADIENT_UP_TO:
         plan[f"{CVODES} adjoint"] = cvodes_gradient
     if n <= DIFFRAX_GRADIENT_UP_TO:  # each stage strategy under one sensealg; diffrax's fastest adjoint
-        plan["sciad GaussAdjoint (matrix-free)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "matrix-free")
-        plan["sciad GaussAdjoint (dense)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "dense")
+        plan["sciad GaussAdjoint (Kvaerno5, matrix-free)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "matrix-free",
+                                                                                     "kvaerno5")
+        plan["sciad GaussAdjoint (Rodas5P, dense)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "dense")
         plan["diffrax ForwardMode (dense)"] = diffrax_gradient
     return plan
 
@@ -205,6 +214,7 @@ def _measure(b, n, what, plan, reference, rounds, log):
 
     builds = [functools.partial(build, name) for name in names]
     rows = compare(builds, builds[names.index(reference)], tolerance=AGREEMENT[what], rounds=rounds, slow_call=None,
+                   budget=BUDGET,
                    on_compile=lambda i: log(f"  {what} N = {n}: compiling {names[i]}"))
     return [{"grid": n, "states": 2 * n * n, "what": what, "name": name, "steps": steps.get(name),
              "factorisations": counts.get(name, {}).get("factorisations"),
@@ -224,7 +234,7 @@ def run_large_stiff(*, quick: bool = False, repeats: int | None = None, out=None
     for n in grids or GRIDS[quick]:
         b = brusselator_pde(n)
         records += _measure(b, n, "forward", forward_plan(n), "SciPy BDF (sparse)", rounds, log)
-        records += _measure(b, n, "gradient", gradient_plan(n), "sciad InterpolatingAdjoint (sparse)", rounds, log)
+        records += _measure(b, n, "gradient", gradient_plan(n), REFERENCE, rounds, log)
         for r in records[-len(forward_plan(n)) - len(gradient_plan(n)):]:
             log(f"  {r['what']:8s} {r['states']:6d} states  {r['name']:38s} "
                 f"{seconds(r.get('median_s'))} (first {seconds(r.get('compile_s'))}) ok={r.get('ok')}")
@@ -246,7 +256,7 @@ def write(records, out, quick: bool) -> str:
             lines[(r["what"], r["name"])].append((r["states"], r["median_s"]))
     plots.panels_log_log({what: {name: pts for (w, name), pts in lines.items() if w == what and pts}
                           for what in ("forward", "gradient")}, out / "large-stiff.png",
-                         f"2-D Brusselator, Kvaerno5, rtol = atol = {TOL:g}{' (quick)' if quick else ''}",
+                         f"2-D Brusselator, rtol = atol = {TOL:g}{' (quick)' if quick else ''}",
                          xlabel="states", ylabel="seconds per call")
     table = f"# large stiff problems{' (quick)' if quick else ''}\n\n{markdown(records)}"
     (out / "table.md").write_text(table)
