@@ -283,9 +283,13 @@ def _algebraic_solver(residual, z0, args):
     from sciad import _sparsity as sparsity
     from sciad._stiff import SPARSE_DENSITY, SPARSE_STATES, HostSparseLU, Sparse
 
-    if z0.size < SPARSE_STATES or sparsity.jacobian_pattern(residual, z0, args).density > SPARSE_DENSITY:
+    if z0.size < SPARSE_STATES:
         return None
-    return HostSparseLU(Sparse())
+    pattern = sparsity.jacobian_pattern(residual, z0, args)
+    if pattern.density > SPARSE_DENSITY:
+        return None
+    # the block's own pattern: read off the Newton operator's product it would be dense (k² entries by VJPs)
+    return HostSparseLU(Sparse(pattern=pattern.matrix))
 
 
 def _distance(residual, z, args, rtol, atol, solver=None):

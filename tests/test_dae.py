@@ -454,3 +454,15 @@ def test_consistent_initialisation_of_a_large_sparse_algebraic_block():
     consistent = np.concatenate([u, phi])  # φ(0) does not depend on p: the same gradient
     np.testing.assert_allclose(jax.grad(loss)(RD_P, prob.u0, "consistent"), jax.grad(loss)(RD_P, consistent, "none"),
                                rtol=1e-9)
+
+
+def test_the_initialisation_newton_solves_with_the_algebraic_blocks_own_sparse_pattern():
+    """The sparse LU of the initialisation's Newton takes ∂residual/∂z's pattern from the residual (3k entries
+    for a 1-D Laplacian), not from the Newton operator's product, which read dense: k² entries by VJPs, 2.9 s
+    against IDAS's 0.06 s at 5,000 states."""
+    from sciad._dae import _algebraic_solver
+
+    cells = 300
+    z0, args = jnp.zeros(cells), jnp.ones(cells)
+    solver = _algebraic_solver(lambda z, u: _laplacian(z, False) - 25.0 * z + u, z0, args)
+    assert solver.jacobian.pattern.matrix.nnz <= 3 * cells
