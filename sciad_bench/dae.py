@@ -1,6 +1,6 @@
 """`sciad bench dae`: index-1 DAEs M u' = f(u, p, t) (a singular diagonal M), sciad's Rodas5P against
 SUNDIALS' IDAS through CasADi: forward solves, and gradients of a loss of the saved states in three
-parameters, checked against a tight reference, then timed in interleaved rounds in one process
+or five parameters, checked against a tight reference, then timed in interleaved rounds in one process
 (`sciad.timing.compare`).
 
 Problems:
@@ -21,7 +21,15 @@ Problems:
   φ negated). p = (D, a, b) = (0.01, 1, 20), κ = 5; u(0) = 0.1 + 0.8 exp(−((x − 0.3)/0.1)²),
   φ(0) solved from u(0) (consistent initialisation: sciad's Newton, IDAS's IDACalcIC); saved at
   t = 1, 2, 3, 4, 5; loss Σ_t mean(u²) + mean(φ). rtol = 1e-6, atol = 1e-8. Stiffness grows as
-  D/h² (2,500 at N = 500).
+  D/h² (2,500 at N = 500). The full run: 100, 1,000, 5,000 and 20,000 states; quick: 100.
+- **a lithium-ion cell** (full run only): the single-particle model with electrolyte (SPMe, Marquis et al.
+  2019) of `sciad_bench.battery`, Chen 2020's LG M50 parameters, 40 shells per particle and 30 electrolyte
+  cells per region: 170 differential states (particle and electrolyte concentrations) and 93 algebraic ones
+  (the electrolyte potential per cell, the two Butler–Volmer overpotentials, the terminal voltage), 263 in
+  all; a 1C discharge from rest to 3,000 s (83 % of the nominal capacity, V from 4.02 to 3.24 V; every
+  concentration stays inside its range), saved every 300 s; θ = the logs of the two particle
+  diffusivities, the two reaction-rate constants and a factor on the electrolyte diffusivity; loss Σ_t V(t).
+  rtol = 1e-6, atol = 1e-8. `voltage_curve` (dae-battery.png) draws the discharge by both solvers.
 
 Methods: sciad `solve(..., solver="rodas5p", jacobian="auto")`: one factorisation of M/(hγ) − J per
 step, reused by every stage and by the derivatives' solves; "auto" takes the sparse path from 256
@@ -31,11 +39,14 @@ side by side at 1,000 states (N = 500, one process, a 2-core machine loaded by a
 forward 22 ms sparse (its consistent initialisation's Newton by the sparse LU too: with a dense
 one, 40-370 ms) against 3.6-5.7 s dense and IDAS's 8-16 ms; DiscreteAdjoint's gradient 66 ms
 sparse (89-440 ms with the dense initialisation), 7.3-10 s dense, IDAS's adjoint (per interval)
-77 ms. Its gradients by ForwardDiffSensitivity, DiscreteAdjoint and
-"auto" (which picks ForwardDiffSensitivity: 3 parameters), and ForwardDiffSensitivity from the
-consistent u0 with `initialization="none"` ("u0 consistent": the same gradient, since the algebraic states' initial
-values do not depend on p, without forward mode through the initialisation, see
-`FORWARD_MODE_INIT_UP_TO`); IDAS (`casadi.integrator(..., "idas", {"x": ..., "z": ..., "ode": ...,
+77 ms. Its gradients by ForwardDiffSensitivity, DiscreteAdjoint, GaussAdjoint (up to `GAUSS_UP_TO`
+states) and "auto" (`auto_pick`), and ForwardDiffSensitivity from the consistent u0 with
+`initialization="none"` ("u0 consistent", without forward mode through the initialisation, see
+`FORWARD_MODE_INIT_UP_TO`: the same gradient, since Rodas's first step re-solves the algebraic states by a
+Newton step whose derivative in them vanishes at consistency, and on the reaction–diffusion their initial
+values do not depend on p at all). Beyond `INIT_UP_TO` states every sciad call starts from the consistent
+u0 with `initialization="none"` (forward and DiscreteAdjoint too), the consistent-initialisation calls
+recorded as skipped with the reason. IDAS (`casadi.integrator(..., "idas", {"x": ..., "z": ..., "ode": ...,
 "alg": ...}, 0, saveat)`, its Jacobians sparse and symbolic, CasADi's default linear solver, a
 sparse QR), forward, with forward
 sensitivities (`jtimes(L, θ, I, False)`: 3 directions) and with adjoint sensitivities (`jtimes(L,
@@ -49,12 +60,13 @@ repeatedly", or IDACalcICB: no consistent backward initial values; CasADi 3.8.2)
 "IDAS adjoint (output grid)" is that form, recorded as it fails; "IDAS adjoint (per interval)"
 chains one integrator per save interval (one backward problem each, started at its end) with the
 loss written in the differential states, which is the same loss on consistent states (Robertson:
-y3 = 1 − y1 − y2; reaction–diffusion: mean(φ) = wᵀu with w = (κ² I − Δ_h)⁻ᵀ 1/N).
+y3 = 1 − y1 − y2; reaction–diffusion: mean(φ) = wᵀu with w = (κ² I − Δ_h)⁻ᵀ 1/N; the battery: V in
+closed form, `SPMe.consistent`).
 
 Each record: problem, states, what (forward, gradient), name, compile_s (the first call, compilation
 or CasADi's construction of the derivative integrators included), median_s, times_s, rel_error
-against the reference (sciad's ForwardDiffSensitivity at rtol 1e-10), ok, steps (forward; IDAS's
-from its stats).
+against the reference (sciad's ForwardDiffSensitivity from the consistent u0 at the tolerances × 1e-4), ok
+(or why a call was skipped at this size), steps (forward; IDAS's from its stats).
 """
 
 import dataclasses
@@ -73,19 +85,27 @@ import scipy.sparse.linalg
 import sciad
 from sciad.timing import compare
 from sciad_bench import plots
+from sciad_bench.battery import SPMe, THETA as BATTERY_THETA, namespace
 from sciad_bench.peers import casadi_call
 from sciad_bench.tables import seconds
 
-SIZES = {True: (50,), False: (50, 250, 500)}  # N: reaction–diffusion has 2N states
+SIZES = {True: (50,), False: (50, 500, 2500, 10_000)}  # N: reaction–diffusion has 2N states
 AGREEMENT = {"forward": 1e-4, "gradient": 1e-4}  # rtol 1e-6 solves against one at 1e-10
 TIGHT = 1e-4  # the reference's rtol and atol: the benchmark's times this
 IDAS = "IDAS (CasADi)"
-SENSEALGS = ("ForwardDiffSensitivity", "DiscreteAdjoint", "auto")  # "auto" picks ForwardDiffSensitivity (3 parameters)
+SENSEALGS = ("ForwardDiffSensitivity", "DiscreteAdjoint", "GaussAdjoint", "auto")
 # states: forward mode through consistent initialisation (optimistix's implicit rule) costs 0.25-2.8 s at 100
 # states against 0.5 ms for its primal, growing ~n^3 (measured): ForwardDiffSensitivity and "auto" beyond are
 # left out; "u0 consistent" (initialization="none" from the consistent u0, the same gradient here since the
 # algebraic states' initial values do not depend on p) shows the solve's own cost
 FORWARD_MODE_INIT_UP_TO = 100
+# states: beyond, sciad's calls start from the consistent u0 with initialization="none" ("u0 consistent"). The
+# consistent initialisation's Newton (sciad._dae.initialise, its sparse LU path) forms dense (k, n) matrices:
+# at 5,000 states 7 s of a 7.8 s forward solve (0.2 s from the consistent u0) and 90-150 s to compile, at
+# 20,000 (1.6 GB each) it does not finish in minutes (measured, a loaded 2-core machine)
+INIT_UP_TO = 1_000
+GAUSS_UP_TO = 1_000
+GAUSS_WHY = "GaussAdjoint's backward Rodas forms the Jacobian of the whole (λ, μ) system every step"
 # A gradient's max_steps: DiscreteAdjoint allocates its residuals for max_steps steps up front, a dense (n, n)
 # matrix each (diffrax's default 4,096 asks 36 GB at 1,000 states)
 MAX_STEPS = 1024
@@ -95,7 +115,7 @@ MAX_STEPS = 1024
 class DAEBench:
     """One problem, for sciad (`problem`, `loss` of the saved states (T, n)) and for IDAS
     (`casadi_dae(P)`: the CasADi DAE dict in symbolic parameters P, `x0`, `z0` (a guess),
-    `casadi_loss(xf, zf)` of the saved differential and algebraic states (columns: times),
+    `casadi_loss(xf, zf, P)` of the saved differential and algebraic states (columns: times),
     `casadi_loss_differential` the same written with the differential states only)."""
 
     name: str
@@ -145,8 +165,8 @@ def robertson() -> DAEBench:
     w = ROBERTSON_WEIGHTS
     return DAEBench("Robertson", None, problem, saveat, lambda us: jnp.sum(us @ w), 1e-6, 1e-10, casadi_dae,
                     np.array([1.0, 0.0]), np.zeros(1),
-                    lambda xf, zf: ca.sum2(ca.DM(w[:2]).T @ xf + w[2] * zf),
-                    lambda xf, zf: ca.sum2(ca.DM(w[:2] - w[2]).T @ xf + w[2]),  # y3 = 1 − y1 − y2
+                    lambda xf, zf, P: ca.sum2(ca.DM(w[:2]).T @ xf + w[2] * zf),
+                    lambda xf, zf, P: ca.sum2(ca.DM(w[:2] - w[2]).T @ xf + w[2]),  # y3 = 1 − y1 − y2
                     problem.u0)
 
 
@@ -196,19 +216,51 @@ def reaction_diffusion(n: int) -> DAEBench:
     def loss(us):
         return jnp.sum(jnp.mean(us[:, :n] ** 2, axis=1) + jnp.mean(us[:, n:], axis=1))
 
-    def casadi_loss(uf, phif):
+    def casadi_loss(uf, phif, P):
         return ca.sum2(ca.sum1(uf**2) + ca.sum1(phif)) / n
 
     # φ = A⁻¹ u, A = κ² I − Δ_h, on consistent states (whatever p): mean(φ) = wᵀ u with w = A⁻ᵀ 1 / n
     A = (KAPPA**2 * scipy.sparse.identity(n) - _laplacian_matrix(n, h, False)).tocsc()
     w = ca.DM(scipy.sparse.linalg.spsolve(A.T.tocsc(), np.ones(n) / n))
 
-    def casadi_loss_differential(uf, phif):
+    def casadi_loss_differential(uf, phif, P):
         return ca.sum2(ca.sum1(uf**2) / n + w.T @ uf)
 
     return DAEBench("reaction-diffusion", n, problem, saveat, loss, 1e-6, 1e-8, casadi_dae, u0[:n], np.zeros(n),
                     casadi_loss, casadi_loss_differential,
                     np.concatenate([u0[:n], scipy.sparse.linalg.spsolve(A, u0[:n])]))
+
+
+# --- a lithium-ion cell: the single-particle model with electrolyte ---------------------------------
+
+BATTERY_SAVEAT = np.arange(300.0, 3001.0, 300.0)  # s: 1C from rest to 83 % of the nominal capacity (V ≈ 3.24 V)
+
+
+def battery(shells: int = 40, cells: int = 30) -> DAEBench:
+    """The SPMe of `sciad_bench.battery` (Marquis et al. 2019, Chen 2020's LG M50), 1C discharge, θ = its five
+    log-parameters; loss Σ_t V(t) over the save times. IDAS's per-interval adjoint takes V in the differential
+    states (`SPMe.consistent`)."""
+    import casadi as ca
+
+    model = SPMe(shells, cells)
+    k = model.differential
+    theta = np.asarray(BATTERY_THETA)
+    z0 = np.asarray(model.consistent(jnp.asarray(model.x0), jnp.asarray(theta), namespace("jax")))
+    u0 = np.concatenate([model.x0, np.zeros_like(z0)])
+    problem = sciad.ODEProblem(model.rhs, u0, (0.0, float(BATTERY_SAVEAT[-1])), theta, mass_matrix=model.mass_matrix)
+    xp = namespace("casadi")
+
+    def casadi_dae(P):
+        x, z = ca.SX.sym("x", k), ca.SX.sym("z", model.states - k)
+        ode, alg = model.equations(x, z, P, xp)
+        return {"x": x, "z": z, "p": P, "ode": ode, "alg": alg}
+
+    def casadi_loss_differential(xf, zf, P):
+        return sum(model.consistent(xf[:, i], P, xp)[-1] for i in range(xf.shape[1]))
+
+    return DAEBench("SPMe battery", None, problem, BATTERY_SAVEAT, lambda us: jnp.sum(us[:, -1]), 1e-6, 1e-8,
+                    casadi_dae, model.x0, z0, lambda xf, zf, P: ca.sum2(zf[-1, :]), casadi_loss_differential,
+                    np.concatenate([model.x0, z0]))
 
 
 # --- the calls -----------------------------------------------------------------------------------
@@ -218,10 +270,12 @@ def _compiled(jitted, *args):
     return functools.partial(compiled, *args)
 
 
-def sciad_forward(b: DAEBench, rtol=None, atol=None):
-    call = _compiled(jax.jit(lambda p: sciad.solve(b.problem, p=p, saveat=b.saveat, solver="rodas5p", jacobian="auto",
-                                                   rtol=rtol or b.rtol, atol=atol or b.atol).us), b.problem.p)
-    return call
+def sciad_forward(b: DAEBench, rtol=None, atol=None, initialization=None):
+    """jit of the saved states; with `initialization="none"` from `u0_consistent`."""
+    u0 = b.u0_consistent if initialization == "none" else b.problem.u0
+    return _compiled(jax.jit(lambda p: sciad.solve(b.problem, u0=u0, p=p, saveat=b.saveat, solver="rodas5p",
+                                                   jacobian="auto", rtol=rtol or b.rtol, atol=atol or b.atol,
+                                                   initialization=initialization).us), b.problem.p)
 
 
 def sciad_steps(b: DAEBench) -> int:
@@ -290,12 +344,12 @@ def idas_gradient(b: DAEBench, mode: str):
             F = _integrator(b, ca.SX.sym("P", k), [float(t)], t0)
             out = F(x0=x, z0=z, p=P)
             x, z, t0 = out["xf"], out["zf"], float(t)
-            loss = loss + lossof(x, z)
+            loss = loss + lossof(x, z, P)
         grad = ca.jtimes(loss, P, ca.DM.ones(1), True)
     else:
         F = _integrator(b, ca.SX.sym("P", k), b.saveat)
         out = F(x0=b.x0, z0=b.z0, p=P)
-        loss = b.casadi_loss(out["xf"], out["zf"])
+        loss = b.casadi_loss(out["xf"], out["zf"], P)
         grad = (ca.jtimes(loss, P, ca.DM.eye(k), False) if mode == "forward"
                 else ca.jtimes(loss, P, ca.DM.ones(1), True))
     fn = ca.Function("gradient", [P], [grad])
@@ -304,14 +358,40 @@ def idas_gradient(b: DAEBench, mode: str):
 
 
 def forward_plan(b: DAEBench) -> dict:
-    return {"sciad Rodas5P": lambda stats: sciad_forward(b), f"{IDAS}": lambda stats: idas_forward(b, stats)}
+    """name → build (called with a stats dict) or, for a call left out at this size, the reason."""
+    plan = {"sciad Rodas5P": _beyond_init(b) or (lambda stats: sciad_forward(b))}
+    if b.states > INIT_UP_TO:
+        plan["sciad Rodas5P, u0 consistent"] = lambda stats: sciad_forward(b, initialization="none")
+    plan[IDAS] = lambda stats: idas_forward(b, stats)
+    return plan
+
+
+def auto_pick(b: DAEBench) -> str:
+    """The sensealg `sensealg="auto"` takes for `b`'s gradient."""
+    return sciad.select_sensealg(b.problem, saveat=b.saveat, solver="rodas5p", rtol=b.rtol, atol=b.atol,
+                                 max_steps=MAX_STEPS).name
+
+
+def _beyond_init(b: DAEBench) -> str | None:
+    return None if b.states <= INIT_UP_TO else (
+        f"skipped beyond {INIT_UP_TO:,} states: the consistent initialisation's Newton costs seconds per call "
+        f"and minutes to compile here (see u0 consistent)")
 
 
 def gradient_plan(b: DAEBench) -> dict:
-    plan = {f"sciad {s}": (lambda s: lambda stats: sciad_gradient(b, s))(s) for s in SENSEALGS
-            if b.states <= FORWARD_MODE_INIT_UP_TO or s == "DiscreteAdjoint"}
-    plan["sciad ForwardDiffSensitivity, u0 consistent"] = lambda stats: sciad_gradient(
-        b, "ForwardDiffSensitivity", initialization="none")
+    """name → build (called with a stats dict) or, for a call left out at this size, the reason."""
+    plan = {}
+    for s in SENSEALGS:
+        if s == "GaussAdjoint" and b.states > GAUSS_UP_TO:
+            plan[f"sciad {s}"] = f"skipped beyond {GAUSS_UP_TO:,} states: {GAUSS_WHY}"
+        elif _beyond_init(b) is None and b.states > FORWARD_MODE_INIT_UP_TO and (
+                s == "ForwardDiffSensitivity" or s == "auto" and auto_pick(b) == "ForwardDiffSensitivity"):
+            plan[f"sciad {s}"] = (f"skipped beyond {FORWARD_MODE_INIT_UP_TO} states: forward mode through the "
+                                  f"consistent initialisation (see u0 consistent)")
+        else:
+            plan[f"sciad {s}"] = _beyond_init(b) or (lambda s: lambda stats: sciad_gradient(b, s))(s)
+    for s in ("ForwardDiffSensitivity", "DiscreteAdjoint") if b.states > INIT_UP_TO else ("ForwardDiffSensitivity",):
+        plan[f"sciad {s}, u0 consistent"] = (lambda s: lambda stats: sciad_gradient(b, s, initialization="none"))(s)
     plan[f"{IDAS} forward sensitivities"] = lambda stats: idas_gradient(b, "forward")
     plan[f"{IDAS} adjoint (output grid)"] = lambda stats: idas_gradient(b, "adjoint")
     plan[f"{IDAS} adjoint (per interval)"] = lambda stats: idas_gradient(b, "adjoint per interval")
@@ -319,35 +399,51 @@ def gradient_plan(b: DAEBench) -> dict:
 
 
 def _measure(b: DAEBench, what: str, plan: dict, rounds: int, log) -> list[dict]:
-    names = list(plan)
+    skipped = {name: why for name, why in plan.items() if isinstance(why, str)}
+    names = [name for name in plan if name not in skipped]
     stats = {name: {} for name in names}
     builds = [functools.partial(plan[name], stats[name]) for name in names]
     rows = compare(builds, functools.partial(reference, b, what), tolerance=AGREEMENT[what], rounds=rounds,
                    on_compile=lambda i: log(f"  {b.name} {b.states} states, {what}: compiling {names[i]}"))
-    steps = {"sciad Rodas5P": sciad_steps(b)} if what == "forward" else {}
+    rows = dict(zip(names, rows))
+    steps = {"sciad Rodas5P": sciad_steps(b)} if what == "forward" and "sciad Rodas5P" in rows else {}
     if stats.get(IDAS):
         steps[IDAS] = stats[IDAS].get("nsteps")
     return [{"problem": b.name, "grid": b.grid, "states": b.states, "what": what, "name": name,
-             "steps": steps.get(name), **row} for name, row in zip(names, rows)]
+             "steps": steps.get(name), **rows.get(name, {"ok": skipped.get(name), "times_s": []})} for name in plan]
 
 
-def problems(quick: bool, sizes=None):
-    """The benchmark's problems, smallest first (built lazily: a 1,000-state problem takes a moment)."""
+def problems(quick: bool, sizes=None, with_battery: bool | None = None):
+    """The benchmark's problems, smallest first (built lazily: a 1,000-state problem takes a moment); the battery
+    (`with_battery`) by default in the full run only."""
     yield robertson
+    if not quick if with_battery is None else with_battery:
+        yield battery
     for n in sizes or SIZES[quick]:
         yield functools.partial(reaction_diffusion, n)
 
 
+def voltage_curve(b: DAEBench, points: int = 61) -> dict:
+    """The battery's terminal voltage over its discharge by sciad and by IDAS (both at the benchmark's
+    tolerances): {"t_s", "sciad", "IDAS"}."""
+    ts = np.linspace(0.0, float(b.saveat[-1]), points)
+    curve = dataclasses.replace(b, saveat=ts[1:])
+    V = [np.concatenate([[b.u0_consistent[-1]], np.asarray(call())[:, -1]])
+         for call in (sciad_forward(curve), idas_forward(curve))]
+    return {"t_s": ts.tolist(), "sciad": V[0].tolist(), "IDAS": V[1].tolist()}
+
+
 def run_dae(*, quick: bool = False, repeats: int | None = None, out=None, verbose: bool = True,
-            sizes=None) -> list[dict]:
-    """Robertson and reaction–diffusion at every N of `sizes` (default `SIZES[quick]`), forward then gradient;
-    records.json, dae.png and table.md in `out` (default results/dae)."""
+            sizes=None, with_battery: bool | None = None) -> list[dict]:
+    """Robertson, the battery (`with_battery`, default: the full run) and reaction–diffusion at every N of `sizes`
+    (default `SIZES[quick]`), forward then gradient; records.json, dae.png, table.md (and the battery's
+    discharge curve, dae-battery.png) in `out` (default results/dae)."""
     out = pathlib.Path(out or "results/dae")
     rounds = repeats or (2 if quick else 5)
     log = print if verbose else (lambda *_: None)
     start = time.perf_counter()
-    records = []
-    for make in problems(quick, sizes):
+    records, curve = [], None
+    for make in problems(quick, sizes, with_battery):
         b = make()
         for what, plan in (("forward", forward_plan(b)), ("gradient", gradient_plan(b))):
             rows = _measure(b, what, plan, rounds, log)
@@ -355,29 +451,49 @@ def run_dae(*, quick: bool = False, repeats: int | None = None, out=None, verbos
             for r in rows:
                 log(f"  {r['problem']:18s} {r['states']:5d} states {what:8s} {r['name']:42s} "
                     f"{seconds(r.get('median_s'))} s (first {seconds(r.get('compile_s'))}) ok={r.get('ok')}")
-    table = write(records, out, quick)
+        if make is battery:
+            curve = voltage_curve(b)
+    table = write(records, out, quick, curve)
     log(table)
     log(f"dae: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
     return records
 
 
-def write(records, out, quick: bool) -> str:
-    """records.json, dae.png and table.md of `records` in `out`; the table."""
+def write(records, out, quick: bool, curve: dict | None = None) -> str:
+    """records.json, dae.png and table.md of `records` in `out` (and, given the battery's `voltage_curve`, it in
+    records.json and dae-battery.png); the table."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps({"experiment": "dae", "quick": quick, "records": records},
-                                                 indent=1, default=float))
+    (out / "records.json").write_text(json.dumps({"experiment": "dae", "quick": quick, "records": records,
+                                                  "battery_voltage": curve}, indent=1, default=float))
     panels = {}
     for r in records:
         if r["problem"] == "reaction-diffusion" and r.get("ok") is True and r.get("median_s") is not None:
             panels.setdefault(f"reaction–diffusion, {r['what']}", {}).setdefault(r["name"], []).append(
                 (r["states"], r["median_s"], not r["name"].startswith("sciad")))
     plots.panels_log_log(panels, out / "dae.png",
-                         f"index-1 DAE, sciad Rodas5P (dense LU) vs SUNDIALS IDAS (sparse), rtol 1e-6"
+                         f"index-1 DAE, sciad Rodas5P (sparse LU from 256 states) vs SUNDIALS IDAS (sparse), rtol 1e-6"
                          f"{' (quick)' if quick else ''}", xlabel="states", ylabel="median seconds per call")
+    if curve is not None:
+        _voltage_plot(curve, out / "dae-battery.png")
     table = f"# DAEs: sciad against SUNDIALS IDAS{' (quick)' if quick else ''}\n\n{markdown(records)}"
     (out / "table.md").write_text(table)
     return table
+
+
+def _voltage_plot(curve: dict, path) -> None:
+    fig, ax = plots.plt.subplots(figsize=(5, 3.5))
+    t = np.asarray(curve["t_s"]) / 60
+    ax.plot(t, curve["sciad"], "-", label="sciad Rodas5P")
+    ax.plot(t, curve["IDAS"], "--", label=IDAS)
+    ax.set_xlabel("time (min)")
+    ax.set_ylabel("terminal voltage (V)")
+    ax.set_title("SPMe, LG M50 (Chen 2020), 1C discharge", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plots.plt.close(fig)
 
 
 def markdown(records) -> str:
