@@ -43,11 +43,13 @@ class MassMatrix:
     def __init__(self, matrix: np.ndarray):
         self.matrix = matrix
         self.matrix.flags.writeable = False
-        if matrix.ndim == 1:
-            self.rank = int(np.count_nonzero(matrix))
-        else:
-            s = np.linalg.svd(matrix, compute_uv=False)
-            self.rank = int(np.sum(s > s.max(initial=0.0) * matrix.shape[0] * np.finfo(float).eps))
+
+    @functools.cached_property
+    def rank(self) -> int:
+        if self.matrix.ndim == 1:
+            return int(np.count_nonzero(self.matrix))
+        s = np.linalg.svd(self.matrix, compute_uv=False)
+        return int(np.sum(s > s.max(initial=0.0) * self.matrix.shape[0] * np.finfo(float).eps))
 
     @classmethod
     def of(cls, M, n: int) -> "MassMatrix | None":
@@ -113,15 +115,16 @@ class MassMatrix:
         M = jnp.asarray(self.matrix, v.dtype)
         return M * v if M.ndim == 1 else M.T @ v
 
-    def solve_transposed(self, v):
-        """(Mᵀ)⁺ v (n,), M's pseudo-inverse: the x in Mᵀ's row space (M's column space) with Mᵀ x = v,
-        for v in Mᵀ's range."""
+    def solve(self, v, transposed: bool = False):
+        """M⁺ v (n,), M's pseudo-inverse: the x in M's row space with M x = v, for v in M's range; with
+        `transposed`, (Mᵀ)⁺ v, the x in M's column space with Mᵀ x = v."""
         if self.matrix.ndim == 1:
             nonzero = self.matrix != 0
             return jnp.where(nonzero, v / jnp.asarray(np.where(nonzero, self.matrix, 1.0), v.dtype), 0)
         U, s, Vt = np.linalg.svd(self.matrix)
         r = self.rank
-        return jnp.asarray((U[:, :r] / s[:r]) @ Vt[:r], v.dtype) @ v
+        inverse = (U[:, :r] / s[:r]) @ Vt[:r]  # (Mᵀ)⁺ = U₁Σ⁻¹V₁ᵀ
+        return jnp.asarray(inverse if transposed else inverse.T, v.dtype) @ v
 
     def __array__(self, dtype=None, copy=None):
         return self.matrix if dtype is None else self.matrix.astype(dtype)
@@ -319,23 +322,20 @@ def _checked(residual, z0, args, u0, rtol, atol, solver=None):
                                                            residual=""))
 
 
-TIME_DERIVATIVE = ("derivatives in the times (t0, t1, saveat) of a solve with a mass matrix are not supported yet "
-                   "(the rules take y' = f, which does not hold for a DAE's algebraic states): differentiate with "
-                   "respect to u0 and p, or keep the times constant")
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def fixed_time(t, message: str = TIME_DERIVATIVE):
-    """`t`, refusing (a ValueError at trace time) to be differentiated: a nonzero tangent raises `message`."""
-    return t
-
-
-@functools.partial(fixed_time.defjvp, symbolic_zeros=True)
-def _fixed_time_jvp(message, primals, tangents):
-    (t,), (dt,) = primals, tangents
-    if not isinstance(dt, jax.custom_derivatives.SymbolicZero):
-        raise ValueError(message)
-    return t, jnp.zeros_like(t)
+def consistent_derivative(mass: MassMatrix, rate, u, t):
+    """u' (n,) of M u' = rate(u, t) at a consistent u (n,): what a save time's derivative is. Its part in
+    M's row space is M⁺ f; along M's null space V₀ (a DAE's algebraic states) it solves the time
+    derivative of the algebraic equations, U₀ᵀ (∂f/∂u u' + ∂f/∂t) = 0, whose block A = U₀ᵀ (∂f/∂u) V₀ is
+    invertible (index 1): u' = M⁺f + V₀ b, A b = -U₀ᵀ (∂f/∂u M⁺f + ∂f/∂t). For M = diag(I, 0) and states
+    (x, z), equations (f, h): x' = f, z' = -(∂h/∂z)⁻¹ (∂h/∂x x' + ∂h/∂t)."""
+    rate_u = rate(u, t)
+    row = mass.solve(rate_u)
+    if not mass.singular:
+        return row
+    split = _Split.of(mass)
+    _, moved = jax.jvp(lambda u, t: split.residual(rate(u, t)), (u, t), (row, jnp.ones_like(t)))
+    block = jax.jacfwd(lambda z: split.residual(rate(split.state(u, z), t)))(split.variables(u))
+    return split.state(row, -jnp.linalg.solve(block, moved))  # M⁺f has no part along V₀
 
 
 # --- sensitivities and adjoints ---------------------------------------------------------------------
@@ -373,6 +373,20 @@ def solver_mass(solver, n: int) -> "MassMatrix | None":
     return MassMatrix.of(held[:n] if held.ndim == 1 else held[:n, :n], n)
 
 
+def held_mass(solver) -> tuple:
+    """(`solver` without its mass matrix, that matrix as a `MassMatrix`: a hashable constant, for a
+    static field), or (`solver`, None) where it holds none; `released_mass` gives the solver back."""
+    held = solver.mass_matrix if isinstance(solver, AbstractRosenbrock) else None
+    if held is None:
+        return solver, None
+    return eqx.tree_at(lambda s: s.mass_matrix, solver, None), MassMatrix(np.array(held))
+
+
+def released_mass(solver, mass: MassMatrix):
+    """`solver` holding `mass`'s matrix again (NumPy; `held_mass`)."""
+    return eqx.tree_at(lambda s: s.mass_matrix, solver, mass.matrix, is_leaf=lambda x: x is None)
+
+
 def with_mass(solver, blocks):
     """`solver` (a Rosenbrock solver) for a state of several parts, flattened in order, each part's
     mass matrix in `blocks` (NumPy): an int s (the identity on s entries), a diagonal (s,) or a matrix
@@ -406,13 +420,13 @@ def adjoint_jump(mass: MassMatrix, lam, w, pullback, rate):
     (Jᵀ v, (∂f/∂p)ᵀ v) at u(t_k); `rate(λ)`, Jᵀλ + (∂g/∂u)ᵀ w_Q with the integral's cotangent on the
     interval before t_k (minus λ's rate in Mᵀ λ' = …)."""
     if not mass.singular:
-        return lam + mass.solve_transposed(w), None
+        return lam + mass.solve(w, transposed=True), None
     split = _Split.of(mass).transposed()  # λ's algebraic states U₀ᵀλ, its equations V₀ᵀ(·)
     directions = jax.vmap(lambda e: split.state(jnp.zeros_like(lam), e))(jnp.eye(mass.algebraic, dtype=lam.dtype))
     G, P = jax.vmap(pullback)(directions)  # rows Jᵀ U₀ e_i (k, n) and (∂f/∂p)ᵀ U₀ e_i (k, m)
     factors = jax.scipy.linalg.lu_factor(jax.vmap(split.residual)(G).T)  # V₀ᵀ Jᵀ U₀ = Aᵀ (k, k)
     nu = jax.scipy.linalg.lu_solve(factors, split.residual(w))
-    lam = lam + mass.solve_transposed(w - nu @ G)
+    lam = lam + mass.solve(w - nu @ G, transposed=True)
     algebraic = split.variables(lam) - jax.scipy.linalg.lu_solve(factors, split.residual(rate(lam)))
     return split.state(lam, algebraic), -(nu @ P)
 

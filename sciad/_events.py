@@ -28,6 +28,7 @@ import numpy as np
 from sciad.ad._linear import linear_map
 from sciad.adjoints._base import AbstractSensitivity, Setup
 from sciad.adjoints._stepping import Stepper
+from sciad._dae import initialise, solver_mass
 from sciad._errors import check, error_if
 
 DIRECTIONS = {"up": 1, "down": -1, "both": 0}
@@ -94,13 +95,16 @@ class Plan(eqx.Module):
     layouts: Any
     sign: int = eqx.field(static=True)
     max_events: int = eqx.field(static=True)
+    initialization: str = eqx.field(static=True, default="none")
 
     @classmethod
-    def of(cls, callbacks, field, u0, p, tspan: tuple, sign: int, max_events: int | None) -> "Plan":
+    def of(cls, callbacks, field, u0, p, tspan: tuple, sign: int, max_events: int | None,
+           initialization: str = "none") -> "Plan":
         """The plan of `callbacks` (a sequence of `ContinuousCallback`, `PresetTimeCallback`) for a solve of
         `field` from u0, p (the user's PyTrees) over tspan = (t0, t1) (user time, sign(t1 - t0) = `sign`),
         checked: affects and conditions by tracing them now; preset times finite and inside tspan, now
-        where they and tspan are concrete (ValueError), else when the solve runs (`SolveError`)."""
+        where they and tspan are concrete (ValueError), else when the solve runs (`SolveError`).
+        `initialization`: the solve's mode (`sciad._dae.initialise`), applied to the state after each affect."""
         if isinstance(callbacks, AbstractCallback) or not all(isinstance(c, AbstractCallback) for c in callbacks):
             raise TypeError("callbacks must be a list of sciad.ContinuousCallback / sciad.PresetTimeCallback, got "
                             f"{callbacks!r}")
@@ -136,7 +140,7 @@ class Plan(eqx.Module):
         affects = tuple(c.affect for c in callbacks)
         layouts = (field.u, field.p, field.static_p)
         return cls(tuple(conditions), tuple(directions), tuple(owners), affects, preset[order],
-                   jnp.asarray(owners_of_times)[order], layouts, sign, int(max_events))
+                   jnp.asarray(owners_of_times)[order], layouts, sign, int(max_events), initialization)
 
     @property
     def callbacks(self) -> int:
@@ -213,6 +217,7 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
     state there; one at an event time holds the state after it."""
     n, k = setup.n, setup.f.integrand_size
     ts, s1 = setup.ts, setup.t1
+    mass = solver_mass(setup.solver, n)
     start = jnp.sum(plan.preset < setup.t0).astype(jnp.int32)  # preset times before t0 never fire
     bare = setup.bare()
     frame = _Frame(bare, _fixed(plan))  # the conditions' own values enter the rule as arguments
@@ -239,12 +244,16 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
             shift = jnp.where(continuous, event_time(located, j, ys[-1, :n], p, setup.f.held, plan.conditions,
                                                      frame=frame) - located, 0.0)
             at_end = (saves >= end)[:, None]
-            ys = ys + jnp.where(at_end, setup.rate(ys[-1], p, end) * shift, 0.0)
+            ys = ys + jnp.where(at_end, setup.derivative(ys[-1], p, end) * shift, 0.0)
             tau = end + shift
         goes_on = (owner >= 0) & ~plan.stops(owner)
         take = ~taken & (ts >= s) & (~goes_on | (ts < tau))
         us = jnp.where(take[:, None], ys[:-1, :n], us)
-        carry = (plan.affect(owner, ys[-1, :n], p, tau), tau, stopped | plan.stops(owner),
+        after = plan.affect(owner, ys[-1, :n], p, tau)
+        if mass is not None and mass.singular and plan.initialization != "none":
+            after = jax.lax.cond(goes_on, lambda u: initialise(plan.initialization, setup.f, mass, u, p, tau,
+                                                               setup.rtol, setup.atol), lambda u: u, after)
+        carry = (after, tau, stopped | plan.stops(owner),
                  pointer + fires_preset.astype(jnp.int32), us, taken | take, integral + ys[-1, n:],
                  stats + seg_stats, count + (owner >= 0).astype(jnp.int32))
         return carry, (tau, owner)
@@ -261,8 +270,9 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
 
 
 def _fixed(tree):
-    """`tree` with its float arrays held constant (what locates an event is not differentiated)."""
-    dynamic, static = eqx.partition(tree, eqx.is_inexact_array)
+    """`tree` with its float JAX arrays held constant (what locates an event is not differentiated; NumPy
+    arrays, such as a Rosenbrock solver's mass matrix, read at trace time, stay NumPy)."""
+    dynamic, static = eqx.partition(tree, lambda x: isinstance(x, jax.Array) and eqx.is_inexact_array(x))
     return eqx.combine(jax.lax.stop_gradient(dynamic), static)
 
 
@@ -306,7 +316,7 @@ def _event_time_jvp(primals, tangents, *, frame: _Frame):
             return frame.plan.values(eqx.combine(jax.tree.unflatten(tree, leaves), static), u, p, s)[j]
 
         _, moved = jax.jvp(lambda u, p, k: value(u, p, tau, k), (u, p, leaves), (d_u, d_p, d_leaves))
-        rate = frame.setup.bound(c, None, tau, tau).rate(u, p, tau)[: u.shape[0]]
+        rate = frame.setup.bound(c, None, tau, tau).derivative(u, p, tau)[: u.shape[0]]
         _, along = jax.jvp(lambda u, s: value(u, p, s, leaves), (u, tau), (rate, jnp.ones_like(tau)))
         return -moved / jnp.where(along == 0, 1, along)  # along = 0: a grazing event, not differentiable
 
@@ -387,7 +397,7 @@ def _armed_signs(setup: Setup, plan: Plan, u, p, s):
     def values(u, s):
         return plan.values(plan.conditions, u, p, s)
 
-    value, heading = jax.jvp(values, (u, s), (setup.rate(u, p, s)[: u.shape[0]], jnp.ones_like(s)))
+    value, heading = jax.jvp(values, (u, s), (setup.derivative(u, p, s)[: u.shape[0]], jnp.ones_like(s)))
     slope = jax.jacrev(values)(u, s)
     near = jnp.abs(value) <= 10 * jnp.abs(slope) @ (setup.atol + setup.rtol * jnp.abs(u))
     sign = jnp.sign(jnp.where(near, heading, value))

@@ -15,7 +15,7 @@ from sciad.adjoints._continuous import ContinuousAdjoint
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints._forward import ForwardSensitivity
 from sciad.adjoints._registry import describe, resolve
-from sciad._dae import check_initialization, dae_solver, default_solver, fixed_time, initialise
+from sciad._dae import check_initialization, dae_solver, default_solver, initialise
 from sciad._dense import DenseOutput
 from sciad._errors import raising_solve_errors
 from sciad._problem import (ODEProblem, check_inputs, check_integrand, check_saveat, check_time_span,
@@ -118,8 +118,13 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     tangents, the continuous adjoints by the adjoint DAE Mᵀ λ' = −(∂f/∂u)ᵀ λ (− (∂g/∂u)ᵀ with an
     integrand), solved backwards by the same solver, with consistent λ at every save time and
     ∂L/∂u0 = Mᵀ λ(t0) (`sciad._dae`; `BacksolveAdjoint` refuses, by its own check, what it cannot
-    re-solve backwards: stiff problems such as Robertson). Derivatives in the times, callbacks and
-    `dense=True` are refused with a mass matrix.
+    re-solve backwards: stiff problems such as Robertson). A derivative in a time (t0, t1, a save time,
+    an event time) is u' there, for a DAE the consistent u' (the algebraic states' from the time
+    derivative of their equations: `sciad._dae.consistent_derivative`), and `dense=True` interpolates by
+    Rodas's own dense output. After an event's affect the state is re-initialised at the event time in
+    the same `initialization` mode: "consistent" re-solves its algebraic states (differentiated as at t0),
+    "check" raises a `SolveError` if the affect left them inconsistent, "none" takes the affect's state as
+    it is (the affect must then keep it consistent itself).
 
     `callbacks`: `sciad.ContinuousCallback` and `sciad.PresetTimeCallback` events (doses, impacts,
     resets, stopping conditions), in time order, several in one step in order, simultaneous ones in
@@ -157,12 +162,6 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     if callbacks and dense:
         raise ValueError("dense=True with callbacks is not supported: the state jumps at events; save at the "
                          "times you need (saveat)")
-    if mass is not None:
-        if callbacks or dense:
-            raise ValueError(f"{'callbacks' if callbacks else 'dense=True'} with a mass matrix is not supported yet "
-                             "(a DAE's algebraic states are re-initialised after an event's affect, and the dense "
-                             "output's time derivative is not f): solve between events, save at the times you need")
-        t0, t1, ts = (fixed_time(t) if isinstance(t, jax.core.Tracer) else t for t in (t0, t1, ts))
     if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):  # from shapes and settings: under jit too
         from sciad._auto import auto_sensealg
 
@@ -194,7 +193,7 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     n, T = field.u.size, len(ts)
     extras = {}
     if callbacks:
-        plan = events.Plan.of(callbacks, field, u0, p, (t0, t1), sign, max_events)
+        plan = events.Plan.of(callbacks, field, u0, p, (t0, t1), sign, max_events, initialization)
         us, q, stats, happened = events.solve(setup, sensealg, plan, u0_flat, p_flat)
         extras = _event_record(plan, happened, sign)
         t_final = extras["t_final"]

@@ -246,12 +246,6 @@ def test_solve_refuses_what_a_mass_matrix_cannot_take():
         sciad.solve(sciad.ODEProblem(linear, np.ones(2), (0.0, 1.0), P0), solver=sciad.Rodas4(mass_matrix=np.ones(2)))
     with pytest.raises(ValueError, match="initialization must be one of"):
         sciad.solve(prob, initialization="brown")
-    with pytest.raises(ValueError, match="callbacks with a mass matrix"):
-        sciad.solve(prob, callbacks=[sciad.PresetTimeCallback([0.5], lambda u, p, t: u)])
-    with pytest.raises(ValueError, match="dense=True with a mass matrix"):
-        sciad.solve(prob, dense=True)
-    with pytest.raises(ValueError, match="derivatives in the times"):
-        jax.grad(lambda t1: sciad.solve(prob, tspan=(0.0, t1)).us.sum())(1.0)
 
 
 def test_solvers_by_name_and_given_without_mass_matrix():

@@ -15,6 +15,7 @@ import optimistix as optx
 
 import sciad.ad as ad
 from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only
+from sciad._dae import MassMatrix, consistent_derivative, held_mass, released_mass, solver_mass
 from sciad._errors import solver_failure, warn_if
 
 
@@ -25,7 +26,8 @@ class Setup(eqx.Module):
     negated); `ts` (T,) the save times, increasing inside [t0, t1]. A PyTree: its traced parts
     (t0, t1, the save times, values f closes over) are leaves, so a custom rule can take it as an
     argument. `adjoint_rtol`, `adjoint_atol` (default: rtol, atol): the backward systems' tolerances,
-    on the adjoint state of a cotangent divided by its largest entry (`normalised`)."""
+    on the adjoint state of a cotangent divided by its largest entry (`normalised`). `mass`: a bare
+    setup's mass matrix (`bare`), else None (the solver holds it)."""
 
     f: Callable
     solver: dfx.AbstractSolver
@@ -37,6 +39,7 @@ class Setup(eqx.Module):
     max_steps: int = eqx.field(static=True)
     adjoint_rtol: float | None = eqx.field(static=True, default=None)
     adjoint_atol: float | None = eqx.field(static=True, default=None)
+    mass: MassMatrix | None = eqx.field(static=True, default=None)  # a bare setup's (`bare`)
 
     @property
     def adjoint_tolerances(self) -> tuple[float, float]:
@@ -63,17 +66,35 @@ class Setup(eqx.Module):
         """y' = F(u, p, t) (n + k,) at the state y (n + k,)."""
         return self.f(y[: self.n] if self.f.integrand_size else y, p, t)
 
+    def derivative(self, y, p, t):
+        """y' (n + k,) at the state y (n + k,) at t: F(u, p, t), or for M u' = f (a Rosenbrock solver's
+        mass matrix), the consistent u' (`sciad._dae.consistent_derivative`: a DAE's algebraic states
+        move with its algebraic equations) and q' = g. What a save time's or an event time's derivative is."""
+        rate = self.rate(y, p, t)
+        mass = solver_mass(self.solver, self.n)
+        if mass is None:
+            return rate
+        n = self.n
+        return rate.at[:n].set(consistent_derivative(mass, lambda u, t: self.f(u, p, t)[:n], y[:n], t))
+
     def bare(self) -> "Setup":
         """This setup without its traced parts (f's closure values, save times, t0, t1): what a custom
-        rule holds fixed, the rest arriving as the rule's own inputs (`bound`)."""
-        return eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1), self, (None, None, None, None),
+        rule holds fixed, the rest arriving as the rule's own inputs (`bound`). A Rosenbrock solver's
+        mass matrix (NumPy, read at trace time) is held as a static field until then, so a rule that
+        takes the bare setup as an input (traced) still reads it (`sciad._dae.held_mass`)."""
+        bare = eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1), self, (None, None, None, None),
                            is_leaf=lambda x: x is None)
+        solver, mass = held_mass(self.solver)
+        return dataclasses.replace(bare, solver=solver, mass=mass)
 
     def bound(self, c, ts, t0, t1, merged: bool = False) -> "Setup":
         """This setup with f holding the closure values `c` (appended to p where `merged`), saving at
-        `ts`, from t0 to t1."""
-        return eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1), self, (self.f.with_closure(c, merged), ts, t0, t1),
-                           is_leaf=lambda x: x is None)
+        `ts`, from t0 to t1 (a bare setup's solver with its mass matrix again)."""
+        setup = eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1), self, (self.f.with_closure(c, merged), ts, t0, t1),
+                            is_leaf=lambda x: x is None)
+        if self.mass is None:
+            return setup
+        return dataclasses.replace(setup, solver=released_mass(setup.solver, self.mass), mass=None)
 
     def term(self, vector_field: Callable | None = None):
         """`vector_field(t, y, args)` (default: the state's rate) as the term the solver takes; IMEX
@@ -268,8 +289,8 @@ class AbstractSensitivity(eqx.Module):
         """-> (ys (T, n + k), stats (3,) int32): the state y = (u, q) at the save times, differentiable by
         this algorithm's rules in u0 (n,), p (m,), the values f closes over, c = setup.f.held (k,)
         (held as constants, or appended to p where they are differentiated), and the times: the save
-        times setup.ts (T,) (∂y(tᵢ)/∂tᵢ = F(y(tᵢ))), t0 (∂y(tᵢ)/∂t0 = -Φ(tᵢ, t0) F(y0)) and t1 (the
-        save times do not move with it)."""
+        times setup.ts (T,) (∂y(tᵢ)/∂tᵢ = y'(tᵢ): F, or a DAE's consistent derivative, `Setup.derivative`),
+        t0 (∂y(tᵢ)/∂t0 = -Φ(tᵢ, t0) y'(t0)) and t1 (the save times do not move with it)."""
         m = p.shape[0]
         c, times = setup.f.held, (setup.ts, setup.t0, setup.t1)
         # The rules see c and the times as their own inputs only, never the caller's (traced) values.
@@ -290,8 +311,8 @@ class AbstractSensitivity(eqx.Module):
             # t0's derivative is ∂L/∂u0's product with -F(y0): it needs ∂L/∂u0.
             ys, stats, residuals = self.forward(bound, u0, p_in, Active(d_u0 or d_t0, d_p or merged))
             stats = stats.astype(ys.dtype)
-            rates = _Rates(jax.vmap(lambda y, t: bound.rate(y, p_in, t))(ys, ts) if d_ts else None,
-                           bound.rate(bound.state(u0), p_in, t0) if d_t0 else None)
+            rates = _Rates(jax.vmap(lambda y, t: bound.derivative(y, p_in, t))(ys, ts) if d_ts else None,
+                           bound.derivative(bound.state(u0), p_in, t0) if d_t0 else None)
             size_u0 = jnp.max(jnp.abs(u0))
             sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(ys)))]))
             return forward_mode_only(((ys, stats), _Residuals(residuals, c, (ts, t0, t1), merged, p_in, sizes, rates)),
