@@ -32,17 +32,29 @@ from sciad._auto import features as trace_features
 from sciad._dae import dae_solver, default_solver
 from sciad._problem import ODEProblem, check_saveat
 from sciad._solve import MASS_MATRIX_SENSEALGS, get_solver, solve
+from sciad._solver_choice import auto_solver
 from sciad._stiff import with_stage_jacobian
 from sciad._timing import compare, fastest
 
 
 def features(prob: ODEProblem, saveat, *, solver=None, rtol=1e-6, atol=1e-6, max_steps=4096,
              memory_budget=None) -> Features:
-    """`sciad._auto.features` of `prob` saved at `saveat` with `solver` (a name or a diffrax solver;
-    None: `sciad.solve`'s default for `prob`)."""
+    """`sciad._auto.features` of `prob` saved at `saveat` with `solver` (a name, "auto" or a diffrax
+    solver; None: `sciad.solve`'s default for `prob`)."""
+    solver, why = _chosen(prob, solver, rtol, atol, "auto")
     return trace_features(prob.u0, prob.p, check_saveat(saveat, *prob.tspan), solver=_solver(prob, solver),
                           rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
-                          mass_matrix=prob.mass_matrix is not None)
+                          mass_matrix=prob.mass_matrix is not None, solver_reason=why)
+
+
+def _chosen(prob: ODEProblem, solver, rtol, atol, jacobian) -> tuple:
+    """(`solver`, why): "auto" resolved to a name as `sciad.solve` resolves it, from the problem's
+    values (`sciad._solver_choice.auto_solver`, stage solves by `jacobian`); None and anything else as given."""
+    if isinstance(solver, str) and solver == "auto":
+        return auto_solver(prob, prob.u0, prob.p, prob.tspan, rtol=rtol, atol=atol, jacobian=jacobian)
+    if solver is None:
+        return None, "sciad.solve's default (Tsit5; Rodas5P with a mass matrix); solver=\"auto\" chooses by stiffness"
+    return solver, "given"
 
 
 def _solver(prob: ODEProblem, solver):
@@ -89,7 +101,9 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     `sensealg="auto"` uses): sizes, the number of save points, whether the
     solver is implicit and how its stages are solved (`jacobian`, as in
     `sciad.solve`), the stored interpolation's bytes against
-    `memory_budget`. With `autotune=True` the candidates are measured on this
+    `memory_budget`. `solver` as in `sciad.solve`: "auto" is resolved as
+    it resolves it, from the problem's values, and the report's features
+    say which solver and why (`solver`, `solver_reason`). With `autotune=True` the candidates are measured on this
     problem within `budget` seconds for the whole call, compilation included:
     the heuristic's pick is compiled first, whatever the budget (so
     autotuning never does worse than the heuristic for lack of it), then the
@@ -111,9 +125,10 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
     ts = check_saveat(saveat, *prob.tspan)
+    solver, why = _chosen(prob, solver, rtol, atol, jacobian)
     stages = with_stage_jacobian(_solver(prob, solver), jacobian, prob.f, prob.u0, prob.p, prob.tspan[0])[1]
     kw = dict(solver=_solver(prob, solver), rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
-              jacobian=stages, mass_matrix=prob.mass_matrix is not None)
+              jacobian=stages, mass_matrix=prob.mass_matrix is not None, solver_reason=why)
     if not autotune:
         return auto_sensealg(prob.u0, prob.p, ts, **kw)
     if not budget > 0:

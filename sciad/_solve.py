@@ -22,6 +22,7 @@ from sciad._problem import (ODEProblem, check_inputs, check_integrand, check_sav
                            check_tolerances)
 from sciad._rosenbrock import Rodas4, Rodas5P
 from sciad._sde import dispatching
+from sciad._solver_choice import auto_solver
 from sciad._stiff import with_stage_jacobian
 from sciad._vector_field import VectorField
 
@@ -64,7 +65,8 @@ def get_solver(solver) -> dfx.AbstractSolver:
     if isinstance(solver, dfx.AbstractSolver):
         return solver
     if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)} or pass a diffrax solver")
+        raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}, \"auto\" (chosen by "
+                         "stiffness) or pass a diffrax solver")
     return SOLVERS[solver]()
 
 
@@ -85,8 +87,15 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     PyTree of arrays) gives `Solution.integral` = ∫_{t0}^{t1} g dt, integrated with the solve under
     its error control (q' = g rides along with u), differentiable by every sensealg (the
     continuous adjoints add ∂g/∂u to λ's equation and ∂g/∂p to μ's). `solver` is a name in
-    `SOLVERS` or a diffrax solver (default: "tsit5", or "rodas5p" for a problem with a mass matrix);
-    steps are adaptive (PID control at `rtol`, `atol`). A solve that
+    `SOLVERS` or a diffrax solver (default: "tsit5", or "rodas5p" for a problem with a mass matrix),
+    or "auto": chosen while tracing (`sciad._solver_choice.auto_solver`; `sciad.select_sensealg(...,
+    solver="auto").report()` says which and why): "rodas5p" for a mass matrix or a stiff problem, else
+    "tsit5"; stiff when an explicit method would need more steps for stability alone (ρ|t1 − t0|/3, ρ
+    the spectral radius of ∂f/∂u estimated by power iterations of JVPs at u0 and an explicit first
+    step on) than 300 at rtol = 1e-6 (`sciad._solver_choice.stiff_steps`: more at tighter rtol and for
+    dense stage solves on many states), from concrete values: this call's u0, p and tspan, the
+    problem's own where they are traced ("tsit5", saying so, when nothing is concrete); stage solves
+    dense or sparse as `jacobian` says. Steps are adaptive (PID control at `rtol`, `atol`). A solve that
     needs more than `max_steps` steps (default 4096, as diffrax) raises an error. The continuous
     adjoints solve their linear adjoint systems for the cotangent divided by its largest entry and
     scale back, so a gradient's accuracy does not depend on the loss's scale; they control that
@@ -156,6 +165,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     mass = prob.mass_matrix
     initialization = check_initialization(initialization, mass)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
+    if isinstance(solver, str) and solver == "auto":  # from concrete values: the problem's where traced
+        solver = auto_solver(prob, u0, p, (t0, t1), rtol=rtol, atol=atol, jacobian=jacobian).name
     solver = dae_solver(get_solver(default_solver(mass) if solver is None else solver), mass, entries)
     solver, stages = with_stage_jacobian(solver, jacobian, prob.f, u0, p, t0)
     ts = check_saveat(saveat, t0, t1, sign)
