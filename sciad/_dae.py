@@ -224,11 +224,12 @@ def _concrete(tree):
     return None if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(values)) else values
 
 
-def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float, atol: float):
+def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float, atol: float, what: str = "u0"):
     """u0 (n,) for the solve of M u' = field(u, p, t) from t0: with `mode` "consistent" (M singular),
     its algebraic part solved from its differential part (Newton, differentiated by the implicit
     function theorem; a failure raises `SolveError`); with "check", u0 itself, or a `SolveError`
-    when its algebraic states are further from consistency than atol + rtol |u|; "none": u0."""
+    when its algebraic states are further from consistency than atol + rtol |u|; "none": u0. `what`
+    names u0 in the errors (the state after an event's affect is initialised the same way)."""
     if mode == "none" or mass is None or not mass.singular:
         return u0
     split = _Split.of(mass)
@@ -242,7 +243,7 @@ def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float
     z0 = split.variables(u0)
     solver = _algebraic_solver(residual, z0, args)
     if mode == "check":
-        return _checked(residual, z0, args, u0, rtol, atol, solver)
+        return _checked(residual, z0, args, u0, rtol, atol, solver, what)
     floor = 100 * float(jnp.finfo(u0.dtype).eps)  # a tolerance the dtype can meet
     # Cauchy termination (small corrections and residual): without it optimistix calls an iteration
     # that has not converged within two steps diverged, which a start far from the solution is.
@@ -254,7 +255,7 @@ def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float
     # where "check" would accept it.
     ratio, _ = jax.lax.stop_gradient(_distance(residual, sol.value, args, rtol, atol, solver))
     failed = ((sol.result != optx.RESULTS.successful) & ~(ratio <= 1)) | ~jnp.all(jnp.isfinite(sol.value))
-    return split.state(u0, _refused(sol.value, failed, INIT_FAILED.format(k=z0.size, steps=NEWTON_STEPS)))
+    return split.state(u0, _refused(sol.value, failed, INIT_FAILED.format(k=z0.size, steps=NEWTON_STEPS, what=what)))
 
 
 def _refused(x, pred, message: str):
@@ -269,13 +270,13 @@ def _refused(x, pred, message: str):
 
 
 INIT_FAILED = ("initialization='consistent': Newton's method did not solve the {k} algebraic equation(s) for the "
-               "algebraic states within {steps} iterations from u0 (diverged, or a singular ∂f/∂u on the algebraic "
-               "states: the DAE is not index 1 there): start u0's algebraic states closer to a solution, or "
+               "algebraic states within {steps} iterations from {what} (diverged, or a singular ∂f/∂u on the algebraic "
+               "states: the DAE is not index 1 there): start {what}'s algebraic states closer to a solution, or "
                "check the algebraic equations")
-INCONSISTENT = ("initialization='check': u0 is not consistent: its algebraic states are {distance} from solving the "
-                "{k} algebraic equation(s) (the Newton correction, against atol + rtol |u|){residual}: pass "
+INCONSISTENT = ("initialization='check': {what} is not consistent: its algebraic states are {distance} from "
+                "solving the {k} algebraic equation(s) (the Newton correction, against atol + rtol |u|){residual}: pass "
                 "initialization='consistent' (the default with a singular mass matrix) to solve them from the "
-                "differential states, or correct u0")
+                "differential states, or correct {what}")
 
 
 def _algebraic_solver(residual, z0, args):
@@ -306,19 +307,19 @@ def _distance(residual, z, args, rtol, atol, solver=None):
     return jnp.max(jnp.abs(step) / (atol + rtol * jnp.abs(z)), initial=0.0), jnp.max(jnp.abs(r), initial=0.0)
 
 
-def _checked(residual, z0, args, u0, rtol, atol, solver=None):
+def _checked(residual, z0, args, u0, rtol, atol, solver=None, what="u0"):
     """u0, or a `SolveError` (now where the values are known, else when the program runs) when the
-    Newton correction of the algebraic states at u0 exceeds atol + rtol |u| somewhere."""
+    Newton correction of the algebraic states at u0 exceeds atol + rtol |u| somewhere (`what`: u0's name)."""
     distance = functools.partial(_distance, residual, rtol=rtol, atol=atol, solver=solver)
     known = _concrete((z0, args))
     if known is not None:
         ratio, size = (float(x) for x in distance(*known))
         if not ratio <= 1:  # NaN too
-            raise SolveError(INCONSISTENT.format(distance=f"{ratio:.3g} tolerances", k=z0.size,
+            raise SolveError(INCONSISTENT.format(what=what, distance=f"{ratio:.3g} tolerances", k=z0.size,
                                                  residual=f"; the residual's largest entry is {size:.3e}"))
         return u0
     ratio, _ = jax.lax.stop_gradient(distance(z0, args))
-    return _refused(u0, ~(ratio <= 1), INCONSISTENT.format(distance="more than the tolerances", k=z0.size,
+    return _refused(u0, ~(ratio <= 1), INCONSISTENT.format(what=what, distance="more than the tolerances", k=z0.size,
                                                            residual=""))
 
 

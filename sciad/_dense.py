@@ -13,9 +13,10 @@ from sciad._errors import raising_solve_errors
 
 class DenseOutput(eqx.Module):
     """`dense(t)`: u(t) (u0's structure, with t's shape in front) for t in tspan, concrete or traced.
-    The value is the forward solve's dense interpolant (no new solve); its derivatives, in t
-    (f(u(t))), u0, p, the values f closes over and the time span, are the sensealg's, as for a solve
-    saved at t: each differentiated evaluation runs that sensealg's rules on [t0, t]."""
+    The value is the forward solve's dense interpolant (no new solve; Rodas's own for a problem with a
+    mass matrix); its derivatives, in t (u'(t): f, or a DAE's consistent u'), u0, p, the values f
+    closes over and the time span, are the sensealg's, as for a solve saved at t: each differentiated
+    evaluation runs that sensealg's rules on [t0, t]."""
 
     setup: Setup
     u0: jax.Array

@@ -16,6 +16,12 @@ rule through the segments, the affects and τ is the adjoint's jump at an event 
 SciMLSensitivity's event-time correction: λ(τ⁻) = (∂a/∂u)ᵀ λ(τ⁺) plus, for a state-dependent event,
 (∂c/∂u)ᵀ (λ(τ⁺) · (f⁺ - ∂a/∂u f⁻ - ∂a/∂t)) / ċ; forward sensitivities jump by the transpose.
 Segments run in a `jax.lax.scan` of `max_events + 1` steps, so one segment is traced and compiled.
+
+With a mass matrix (M u' = f, a DAE where M is singular), u' above is the consistent u'
+(`Setup.derivative`), and the state after an affect is re-initialised at τ in the solve's
+`initialization` mode (`sciad._dae.initialise`: "consistent" re-solves its algebraic states, "check"
+checks them, "none" takes the affect's state): the next segment starts consistent, and the chain rule
+runs through the re-initialisation's implicit rule (its τ dependence included).
 """
 
 from typing import Any, Callable
@@ -252,7 +258,7 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
         after = plan.affect(owner, ys[-1, :n], p, tau)
         if mass is not None and mass.singular and plan.initialization != "none":
             after = jax.lax.cond(goes_on, lambda u: initialise(plan.initialization, setup.f, mass, u, p, tau,
-                                                               setup.rtol, setup.atol), lambda u: u, after)
+                                                               setup.rtol, setup.atol, AFFECTED), lambda u: u, after)
         carry = (after, tau, stopped | plan.stops(owner),
                  pointer + fires_preset.astype(jnp.int32), us, taken | take, integral + ys[-1, n:],
                  stats + seg_stats, count + (owner >= 0).astype(jnp.int32))
@@ -267,6 +273,9 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
                   "sciad.solve (a bouncing ball coming to rest has infinitely many: stop it with a terminating "
                   "ContinuousCallback(condition, affect=None))")
     return us, integral, stats, Events(t_final, times, owners, count)
+
+
+AFFECTED = "the state an event's affect returned"
 
 
 def _fixed(tree):

@@ -16,6 +16,7 @@ import pytest
 
 import sciad
 from scenarios import central_differences
+from test_dae import ROBERTSON_P, robertson, robertson_dae
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -86,7 +87,7 @@ def test_closed_form_and_central_differences(closed_gradient):
     the solve in (t0, s, t1, a, b): the reference is right, and so is the default sensealg under jit."""
     loss = solve_loss()
     np.testing.assert_allclose(loss(X), closed_loss(X), rtol=1e-8)
-    np.testing.assert_allclose(central_differences(loss, X), closed_gradient, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(central_differences(jax.jit(loss), X), closed_gradient, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(X), closed_gradient, rtol=AGREEMENT)
 
 
@@ -182,25 +183,13 @@ def test_dense_output(sensealg):
 
 # --- Robertson: the DAE's t1 derivative against the ODE form's -----------------------------------------
 
-def robertson(u, p, t):
-    k1, k2, k3 = p
-    return jnp.stack([-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k3 * u[1] * u[2] - k2 * u[1] ** 2,
-                      k2 * u[1] ** 2])
-
-
-def robertson_dae(u, p, t):
-    return robertson(u, p, t).at[2].set(u[0] + u[1] + u[2] - 1)
-
-
 @slow
 def test_robertson_time_derivatives_against_the_ode_form():
     """d/d(s, t1) of (y1, y2, y3) at s and t1: y3' of the conservation law's derivative, -(y1' + y2'),
     against the ODE form's y3' = k2 y2² (both by Rodas5P)."""
-    p = np.array([0.04, 3e7, 1e4])
-
     def states(mass):
         prob = sciad.ODEProblem(robertson_dae if mass is not None else robertson, np.array([1.0, 0.0, 0.0]),
-                                (0.0, 10.0), p, mass_matrix=mass)
+                                (0.0, 10.0), ROBERTSON_P, mass_matrix=mass)
 
         def at(x):
             us = sciad.solve(prob, tspan=(0.0, x[1]), saveat=x, solver="rodas5p", sensealg=sciad.DiscreteAdjoint(),
