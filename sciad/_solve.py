@@ -1,5 +1,6 @@
 """`solve`: integrate an `ODEProblem` with diffrax, differentiably by a chosen sensealg."""
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -200,7 +201,10 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
                   float(adjoint_atol))
     u0_flat = jnp.asarray(field.u.ravel(u0), dtype)  # traced leaves checked finite first (check_inputs)
     p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
-    u0_flat = initialise(initialization, field, mass, u0_flat, p_flat, s0, float(rtol), float(atol))
+    if sensealg.initialises and initialization == "consistent" and mass is not None and mass.singular and not callbacks:
+        setup = dataclasses.replace(setup, consistent=True)  # in its forward pass: m tangents for p, not n for u0
+    else:
+        u0_flat = initialise(initialization, field, mass, u0_flat, p_flat, s0, float(rtol), float(atol))
     n, T = field.u.size, len(ts)
     extras = {}
     if callbacks:

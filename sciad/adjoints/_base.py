@@ -15,7 +15,7 @@ import optimistix as optx
 
 import sciad.ad as ad
 from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only
-from sciad._dae import MassMatrix, consistent_derivative, held_mass, released_mass, solver_mass
+from sciad._dae import MassMatrix, consistent_derivative, held_mass, initialise, released_mass, solver_mass
 from sciad._errors import solver_failure, warn_if
 
 
@@ -27,7 +27,9 @@ class Setup(eqx.Module):
     (t0, t1, the save times, values f closes over) are leaves, so a custom rule can take it as an
     argument. `adjoint_rtol`, `adjoint_atol` (default: rtol, atol): the backward systems' tolerances,
     on the adjoint state of a cotangent divided by its largest entry (`normalised`). `mass`: a bare
-    setup's mass matrix (`bare`), else None (the solver holds it)."""
+    setup's mass matrix (`bare`), else None (the solver holds it). `consistent`: u0 arrives with a
+    DAE's algebraic states still to solve (`initialised`, in every forward solve): for the sensealgs
+    whose tangents pass through the initialisation (`AbstractSensitivity.initialises`)."""
 
     f: Callable
     solver: dfx.AbstractSolver
@@ -40,6 +42,7 @@ class Setup(eqx.Module):
     adjoint_rtol: float | None = eqx.field(static=True, default=None)
     adjoint_atol: float | None = eqx.field(static=True, default=None)
     mass: MassMatrix | None = eqx.field(static=True, default=None)  # a bare setup's (`bare`)
+    consistent: bool = eqx.field(static=True, default=False)  # u0's algebraic states are solved here (`initialised`)
 
     @property
     def adjoint_tolerances(self) -> tuple[float, float]:
@@ -139,11 +142,19 @@ class Setup(eqx.Module):
             return sol
         return eqx.tree_at(lambda s: s.ys, sol, solver_failure(sol.ys, sol.result, max_steps))
 
+    def initialised(self, u0, p):
+        """u0 (n,), its algebraic states solved from its differential ones where `consistent`
+        (`sciad._dae.initialise`, differentiable), else as it is."""
+        if not self.consistent:
+            return u0
+        return initialise("consistent", self.f, solver_mass(self.solver, self.n), u0, p, self.t0, self.rtol,
+                          self.atol)
+
     def forward(self, u0, p, *, ts=None, **options):
-        """The forward solve of y from (u0, 0) at t0 to t1, saving y (n + k,) at `ts` (default: the
-        saveat times); `options` as `diffeqsolve`'s."""
+        """The forward solve of y from (u0, 0) (`initialised`) at t0 to t1, saving y (n + k,) at `ts`
+        (default: the saveat times); `options` as `diffeqsolve`'s."""
         ts = self.ts if ts is None else ts
-        return self.diffeqsolve(self.term(), self.state(u0), p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
+        return self.diffeqsolve(self.term(), self.state(self.initialised(u0, p)), p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
                                 **options)
 
 
@@ -260,6 +271,9 @@ class AbstractSensitivity(eqx.Module):
     rule of their own)."""
 
     stores_interpolation: eqx.AbstractVar[bool]  # the forward pass keeps a dense interpolation (memory ~ steps)
+    # Its tangents pass through a DAE's consistent initialisation inside its forward pass (`Setup.consistent`):
+    # m of them for p, where a u0 solved from p outside would be n more inputs (forward mode).
+    initialises: typing.ClassVar[bool] = False
 
     @abc.abstractmethod
     def forward(self, setup: Setup, u0, p, active):
@@ -312,7 +326,7 @@ class AbstractSensitivity(eqx.Module):
             ys, stats, residuals = self.forward(bound, u0, p_in, Active(d_u0 or d_t0, d_p or merged))
             stats = stats.astype(ys.dtype)
             rates = _Rates(jax.vmap(lambda y, t: bound.derivative(y, p_in, t))(ys, ts) if d_ts else None,
-                           bound.derivative(bound.state(u0), p_in, t0) if d_t0 else None)
+                           bound.derivative(bound.state(bound.initialised(u0, p_in)), p_in, t0) if d_t0 else None)
             size_u0 = jnp.max(jnp.abs(u0))
             sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(ys)))]))
             return forward_mode_only(((ys, stats), _Residuals(residuals, c, (ts, t0, t1), merged, p_in, sizes, rates)),

@@ -269,6 +269,7 @@ class ForwardDiffSensitivity(AbstractSensitivity):
     then products with it. Best when n + m is small."""
 
     stores_interpolation = False
+    initialises = True
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:

@@ -32,6 +32,7 @@ class ForwardSensitivity(AbstractSensitivity):
     """
 
     stores_interpolation = False
+    initialises = True  # consistent tangents: of u0's differential part and p alone
 
     jvp: ad.AbstractBackend
     seminorm: bool
@@ -51,6 +52,7 @@ class ForwardSensitivity(AbstractSensitivity):
         if active is None:
             return plain_forward(setup, u0, p)
         n, m = u0.shape[0], p.shape[0]
+        u0 = setup.initialised(u0, p)
         y0 = setup.state(u0)
         sizes = (n if active.u0 else 0, m if active.p else 0)
         # Column c starts at S(t0) = ∂y0/∂x_c and is driven by ∂F/∂p · ∂p/∂x_c.
