@@ -5,7 +5,8 @@ A linear index-1 DAE with a preset dose on its differential state and a reset wh
 state crosses a level has a closed form; its derivatives in (x0, a, b, dose, dose time), the event
 times' included, are the reference for every sensealg (jit, vmap). Central differences of the solve
 (float64, rtol = atol = 1e-10) where the algebraic equation depends on t; the "check" and "none" modes;
-Robertson with the conservation law as its algebraic equation against its ODE form.
+a full singular M; a Hessian; Robertson with the conservation law as its algebraic equation against its
+ODE form.
 """
 
 import jax
@@ -15,7 +16,7 @@ import pytest
 
 import sciad
 from scenarios import central_differences
-from test_dae import ROBERTSON_P, robertson, robertson_dae
+from test_dae import R_INV, ROBERTSON_P, Q, R, robertson, robertson_dae
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -120,6 +121,30 @@ def test_hessian_through_a_dose():
     y = X[1:4]
     np.testing.assert_allclose(jax.jit(jax.hessian(value))(y), jax.hessian(lambda y: value(y, True))(y), rtol=1e-7,
                                atol=1e-10)
+
+
+@slow
+@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), sciad.GaussAdjoint()], ids=sciad.adjoints.describe)
+def test_full_mass_matrix(sensealg):
+    """The same DAE in u = R w, its equations mixed by Q (a full singular M): the dose and the reset act
+    on w, the reset's condition on w's algebraic state; states, times and the gradient as the closed form's."""
+    prob = sciad.ODEProblem(lambda u, p, t: jnp.asarray(Q) @ linear(jnp.asarray(R_INV) @ u, p, t), np.zeros(2),
+                            (0.0, 2.0), X[1:4], mass_matrix=Q @ np.diag([1.0, 0.0]) @ R_INV)
+
+    def w(u):
+        return jnp.asarray(R_INV) @ u
+
+    def outputs(x):
+        events = [sciad.PresetTimeCallback(x[4:5], lambda u, p, t: u + jnp.asarray(R) @ jnp.stack([p[2], 0.0])),
+                  sciad.ContinuousCallback(lambda u, p, t: w(u)[1] - LEVEL,
+                                           lambda u, p, t: jnp.asarray(R) @ (w(u) * jnp.array([0.5, 1.0])), "down")]
+        sol = sciad.solve(prob, u0=jnp.asarray(R) @ jnp.stack([x[0], 0.0]), p=x[1:4], saveat=TS, callbacks=events,
+                          sensealg=sensealg, **TOL)
+        return jax.vmap(w)(sol.us), sol.event_times[1][:2]
+
+    value, grad = jax.jit(jax.value_and_grad(lambda x: loss(outputs(x))))(X)
+    np.testing.assert_allclose(value, loss(closed(X)), rtol=1e-9)
+    np.testing.assert_allclose(grad, jax.grad(lambda x: loss(closed(x)))(X), rtol=AGREEMENT)
 
 
 # --- the algebraic equation depends on t: 0 = z - b x - sin t -------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 import sciad
 from scenarios import central_differences
-from test_dae import ROBERTSON_P, robertson, robertson_dae
+from test_dae import R_INV, ROBERTSON_P, Q, R, robertson, robertson_dae
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -118,12 +118,8 @@ def test_jvp_in_the_save_times_under_vmap():
 
 # --- a full singular M: u = R w, (Q diag(1, 0) R⁻¹) u' = Q f(R⁻¹ u) ------------------------------------
 
-R = np.array([[1.0, 0.4], [-0.3, 1.2]])
-Q = np.array([[1.0, 2.0], [0.5, 1.5]])
-
-
 def rotated(u, p, t):
-    return jnp.asarray(Q) @ forced(jnp.asarray(np.linalg.inv(R)) @ u, p, t)
+    return jnp.asarray(Q) @ forced(jnp.asarray(R_INV) @ u, p, t)
 
 
 @pytest.mark.parametrize("sensealg", [sciad.ForwardDiffSensitivity(), pytest.param(sciad.GaussAdjoint(), marks=slow)],
@@ -132,7 +128,7 @@ def test_full_mass_matrix(sensealg):
     """Along a full singular M (its null space not a coordinate), the time derivatives of u = R w are R
     times the closed form's; u0 = R (x0, 0) is initialised along M's split to the same solution."""
     prob = sciad.ODEProblem(rotated, R @ np.array([X0, 0.0]), (0.0, 2.0), P0,
-                            mass_matrix=Q @ np.diag([1.0, 0.0]) @ np.linalg.inv(R))
+                            mass_matrix=Q @ np.diag([1.0, 0.0]) @ R_INV)
 
     def states(x):
         t0, s, t1 = x
