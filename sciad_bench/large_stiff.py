@@ -1,6 +1,6 @@
 """`sciad bench large-stiff`: the 2-D Brusselator PDE on N × N grids (2N² states), rtol = atol = 1e-6,
-t ≤ 1: forward solves and gradients of sciad (solver "rodas5p" with jacobian and sensealg "auto": one sparse
-LU per step, no Newton iteration; Kvaerno5 with its sparse and matrix-free Newton, and each stage strategy
+t ≤ 1: forward solves and gradients of sciad (solver, jacobian and sensealg "auto": Rodas5P, one sparse
+LU per step, no Newton iteration, and DiscreteAdjoint; Kvaerno5 with its sparse and matrix-free Newton, and each stage strategy
 where it finishes) against diffrax's default (Kvaerno5, a dense Newton), SciPy's
 `solve_ivp(method="BDF", jac_sparsity=...)` (forward only) and SUNDIALS' CVODES through CasADi (BDF, Newton
 on CasADi's symbolic sparse Jacobian with its default sparse QR, which measured 5-20× faster here than its
@@ -38,7 +38,6 @@ from sciad_bench.harness import peak_bytes
 from sciad_bench.peers import casadi_call
 
 TOL = 1e-6
-SOLVER = "rodas5p"  # sciad's: Rodas5P took 0.5× Kvaerno5's time at 512-8,192 states (one LU, no Newton, per step)
 REFERENCE = "sciad InterpolatingAdjoint (Kvaerno5, sparse)"  # the gradients' reference: another solver and adjoint
 GRIDS = {True: (16, 32, 64), False: (16, 24, 32, 64, 128)}
 DENSE_UP_TO = 32  # N: a dense Newton beyond (8,192 states) forms a 512 MB Jacobian and an LU of ~0.4 TFLOP per step
@@ -53,7 +52,7 @@ def _compiled(jitted, *args):
     return functools.partial(compiled, *args), peak_bytes(compiled)
 
 
-def sciad_forward(b, jacobian, solver=SOLVER):
+def sciad_forward(b, jacobian, solver="auto"):
     call, memory = _compiled(jax.jit(lambda p: (lambda sol: (sol.us, sol.stats["steps"]))(
         sciad.solve(b.problem, p=p, saveat=b.saveat, solver=solver, rtol=TOL, atol=TOL, jacobian=jacobian))),
         b.problem.p)
@@ -146,7 +145,7 @@ def cvodes_gradient(b):
     return (lambda: np.asarray(call()).ravel()), None
 
 
-def sciad_gradient(b, sensealg, jacobian="auto", solver=SOLVER):
+def sciad_gradient(b, sensealg, jacobian="auto", solver="auto"):
     def loss(p):
         return b.loss(sciad.solve(b.problem, p=p, saveat=b.saveat, solver=solver, rtol=TOL, atol=TOL,
                                   sensealg=sensealg, jacobian=jacobian).us)
@@ -175,22 +174,23 @@ def forward_plan(n):
     if n <= MATRIX_FREE_UP_TO:
         plan["sciad Kvaerno5 (matrix-free)"] = lambda b: sciad_forward(b, "matrix-free", "kvaerno5")
     if n <= DENSE_UP_TO:
-        plan["sciad Rodas5P (dense)"] = lambda b: sciad_forward(b, "dense")
+        plan["sciad Rodas5P (dense)"] = lambda b: sciad_forward(b, "dense", "rodas5p")
         plan["diffrax Kvaerno5 (dense)"] = diffrax_forward
     return plan
 
 
 def gradient_plan(n):
-    plan = {"sciad auto (Rodas5P, sparse)": lambda b: sciad_gradient(b, "auto"),
-            "sciad DiscreteAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "DiscreteAdjoint", "sparse"),
-            "sciad GaussAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "GaussAdjoint", "sparse"),
+    plan = {"sciad auto (Rodas5P, DiscreteAdjoint, sparse)": lambda b: sciad_gradient(b, "auto"),
+            "sciad ForwardDiffSensitivity (Rodas5P, sparse)": lambda b: sciad_gradient(b, "ForwardDiffSensitivity",
+                                                                                      "sparse", "rodas5p"),
+            "sciad GaussAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "GaussAdjoint", "sparse", "rodas5p"),
             REFERENCE: lambda b: sciad_gradient(b, "InterpolatingAdjoint", "sparse", "kvaerno5")}
     if n <= CVODES_GRADIENT_UP_TO:
         plan[f"{CVODES} adjoint"] = cvodes_gradient
     if n <= DIFFRAX_GRADIENT_UP_TO:  # each stage strategy under one sensealg; diffrax's fastest adjoint
         plan["sciad GaussAdjoint (Kvaerno5, matrix-free)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "matrix-free",
                                                                                      "kvaerno5")
-        plan["sciad GaussAdjoint (Rodas5P, dense)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "dense")
+        plan["sciad GaussAdjoint (Rodas5P, dense)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "dense", "rodas5p")
         plan["diffrax ForwardMode (dense)"] = diffrax_gradient
     return plan
 
