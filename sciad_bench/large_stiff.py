@@ -1,12 +1,13 @@
 """`sciad bench large-stiff`: the 2-D Brusselator PDE on N × N grids (2N² states), rtol = atol = 1e-6,
 t ≤ 1: forward solves and gradients of sciad (solver, jacobian and sensealg "auto": Rodas5P, one sparse
-LU per step, no Newton iteration, and DiscreteAdjoint; Kvaerno5 with its sparse and matrix-free Newton, and each stage strategy
-where it finishes) against diffrax's default (Kvaerno5, a dense Newton), SciPy's
-`solve_ivp(method="BDF", jac_sparsity=...)` (forward only) and SUNDIALS' CVODES through CasADi (BDF, Newton
-on CasADi's symbolic sparse Jacobian with its default sparse QR, which measured 5-20× faster here than its
-"csparse" LU; forward, and the gradient by its adjoint sensitivities: `jtimes(L, p, 1, True)`, CVODES'
-backward problem from checkpoints), checked against each other, then timed in interleaved rounds in one
-process (`sciad.timing.compare`; at most `BUDGET` seconds of rounds per call and size, one at least).
+LU per step and no Newton iteration, and ForwardDiffSensitivity for its 3 parameters; Kvaerno5 with its
+sparse and matrix-free Newton, and each stage strategy where it finishes) against diffrax's default
+(Kvaerno5, a dense Newton), SciPy's `solve_ivp(method="BDF", jac_sparsity=...)` (forward only) and
+SUNDIALS' CVODES through CasADi (BDF, Newton on CasADi's symbolic sparse Jacobian with its default sparse
+QR, which measured 5-20× faster here than its "csparse" LU; forward, and the gradient by its adjoint
+sensitivities: `jtimes(L, p, 1, True)`, CVODES' backward problem from checkpoints), checked against each
+other, then timed in interleaved rounds in one process (`sciad.timing.compare`; at most `BUDGET` seconds
+of rounds per call and size, one at least).
 
 Each record: grid, states, what (forward, gradient), name, compile_s (the first call, compilation
 included), median_s, times_s, rel_error against the reference (forward: SciPy's BDF, the
@@ -180,9 +181,9 @@ def forward_plan(n):
 
 
 def gradient_plan(n):
-    plan = {"sciad auto (Rodas5P, DiscreteAdjoint, sparse)": lambda b: sciad_gradient(b, "auto"),
-            "sciad ForwardDiffSensitivity (Rodas5P, sparse)": lambda b: sciad_gradient(b, "ForwardDiffSensitivity",
-                                                                                      "sparse", "rodas5p"),
+    plan = {"sciad auto (Rodas5P, sparse)": lambda b: sciad_gradient(b, "auto"),
+            "sciad DiscreteAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "DiscreteAdjoint", "sparse",
+                                                                               "rodas5p"),
             "sciad GaussAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "GaussAdjoint", "sparse", "rodas5p"),
             REFERENCE: lambda b: sciad_gradient(b, "InterpolatingAdjoint", "sparse", "kvaerno5")}
     if n <= CVODES_GRADIENT_UP_TO:

@@ -2,6 +2,8 @@
 (`sciad._solver_choice`), reported in `Choice.report()`; and auto's `sparse-stages` rule for a
 Rosenbrock solver."""
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ import pytest
 
 import sciad
 import sciad._solve
+from sciad._auto import heuristic
 from sciad._solver_choice import auto_solver
 from sciad.problems import brusselator_pde, lotka_volterra
 
@@ -118,7 +121,9 @@ def test_a_rosenbrock_solver_with_sparse_stages_goes_through_the_steps():
     choice = sciad.select_sensealg(big.problem, saveat=big.saveat, solver="auto")
     assert choice.features.solver == "Rodas5P" and "288 states" in choice.features.solver_reason
     assert choice.features.stage_jacobian == "sparse" and choice.features.linearly_implicit
-    assert isinstance(choice.sensealg, sciad.DiscreteAdjoint) and choice.heuristic_pick.rule == "sparse-stages"
-    assert "Rosenbrock" in choice.heuristic_pick.reason and "Newton" in choice.heuristic_pick.reason
+    assert isinstance(choice.sensealg, sciad.ForwardDiffSensitivity) and choice.heuristic_pick.rule == "sparse-stages"
+    assert "Rosenbrock" in choice.heuristic_pick.reason and "m = 3 ≤ 8" in choice.heuristic_pick.reason
+    many = heuristic(dataclasses.replace(choice.features, parameters=40))  # reverse mode beyond few parameters
+    assert isinstance(many.sensealg, sciad.DiscreteAdjoint) and "Newton" in many.reason
     kvaerno = sciad.select_sensealg(big.problem, saveat=big.saveat, solver="kvaerno5")
     assert isinstance(kvaerno.sensealg, sciad.GaussAdjoint) and not kvaerno.features.linearly_implicit
