@@ -354,7 +354,7 @@ def idas_gradient(b: DAEBench, mode: str, tighter: float = 1.0):
 
 
 def forward_plan(b: DAEBench) -> dict:
-    """name → build (called with a stats dict) or, for a call left out at this size, the reason."""
+    """name → build (called with a stats dict)."""
     return {"sciad Rodas5P": lambda stats: sciad_forward(b), IDAS: lambda stats: idas_forward(b, stats)}
 
 
