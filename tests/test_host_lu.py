@@ -84,3 +84,25 @@ def test_threads_solving_at_once_each_get_their_own_matrix():
         results = list(pool.map(solve, scales))
     for scale, xs in zip(scales, results):
         np.testing.assert_allclose(xs, [np.linalg.solve(dense(lu, values * scale), b)] * 5, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_narrow_pattern_is_factorised_in_band_storage(dtype):
+    """A 1-D grid's pattern, its states shuffled: reverse Cuthill–McKee makes it banded, and LAPACK's band
+    LU (`_Band`, on the calling thread) solves A x = b and Aᵀ x = b as NumPy does; a singular one gives NaN."""
+    n = 300
+    perm = np.random.default_rng(2).permutation(n)
+    band = sp.diags([np.full(n - 1, -1.0), np.full(n, 2.5), np.full(n - 1, -1.2), np.full(n - 3, 0.3)], [-1, 0, 1, 3])
+    band = band.tocoo()
+    lu = HostLU(perm[band.row], perm[band.col], (n, n), kept=2)
+    values = band.data.astype(dtype)
+    b = np.random.default_rng(3).standard_normal(n).astype(dtype)
+    A = dense(lu, values)
+    for transpose in (False, True):
+        x = np.asarray(jax.jit(lambda v, b: lu_solve(lu, v, b, transpose))(values, b))
+        assert x.dtype == dtype
+        np.testing.assert_allclose((A.T if transpose else A) @ x, b, atol=100 * np.finfo(dtype).eps)
+    assert lu._factorisations.band is not None and (lu._factorisations.band.kl, lu._factorisations.band.ku) <= (4, 4)
+    singular = values.copy()
+    singular[band.row == 0] = 0.0  # a zero row
+    assert np.all(np.isnan(np.asarray(lu_solve(lu, singular, b))))
