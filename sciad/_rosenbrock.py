@@ -140,7 +140,8 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
 
         (u, ok), _ = jax.lax.scan(stage, (u, ok), jnp.arange(1, tab.num_stages))
         y1 = jnp.where(ok, flat + coef(tab.m) @ u, flat)
-        error = jnp.where(ok, coef(tab.error) @ u, jnp.inf)  # a failed solve rejects the step (as diffrax's implicit solvers)
+        # a failed solve rejects the step, as in diffrax's implicit solvers
+        error = jnp.where(ok, coef(tab.error) @ u, jnp.inf)
         k = coef(tab.dense) @ u
         y1, error = unravel(y1), unravel(error)
         dense_info = dict(y0=y0, y1=y1, k=jax.vmap(unravel)(k))
@@ -148,8 +149,9 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
 
     def _stage_solver(self, terms, t0, control, args, flat, unravel, identity):
         """(operator, solver, state) of W = M/γ − h J (the step's h (M/(hγ) − J)) by `stage_jacobian`
-        (`sciad.stiff.Sparse` or `MatrixFree`: its `stage_solver`): its arrays (terms, args, times, M) passed explicitly, so
-        that pattern detection reads the step's jaxpr rather than captured values."""
+        (`sciad.stiff.Sparse` or `MatrixFree`: its `stage_solver`): its arrays (terms, args, times,
+        M) passed explicitly, so that pattern detection reads the step's jaxpr rather than captured
+        values."""
         gamma = self.rosenbrock_tableau.gamma
         dynamic, static = eqx.partition((terms, t0, control, args, self.mass_matrix), eqx.is_array)
 

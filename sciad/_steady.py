@@ -12,6 +12,7 @@ import optimistix as optx
 from sciad.adjoints._base import step_controller
 from sciad.adjoints._registry import refusal
 from sciad.adjoints._steady import SteadyStateAdjoint, is_singular, jacobian_solve
+from sciad._dae import dae_solver, default_solver, initialise
 from sciad._errors import error_if, raising_solve_errors, solver_failure
 from sciad._problem import ODEProblem, check_inputs, check_tolerances
 from sciad._solve import get_solver
@@ -42,14 +43,16 @@ class SteadyState(eqx.Module):
 
 @raising_solve_errors
 def steady_state(prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6, atol=1e-6, max_steps=4096,
-                 solver="kvaerno5") -> SteadyState:
+                 solver=None) -> SteadyState:
     """The steady state u* of `prob`'s f: f(u*, p, t) = 0 with t = prob.tspan[1] held fixed (f is
     meant to be autonomous there; SciML's t = ∞ can turn t-dependent terms into NaN), the one
     that u settles into from the initial guess u0 (default prob.u0).
 
     Found by pseudo-transient continuation: u' = f(u, p, t) is stepped in pseudo-time from u0 by
     `solver` (a name in `sciad.SOLVERS` or a diffrax solver of one ODE term; default Kvaerno5,
-    implicit: step sizes grow as u settles) until RMS ‖f(u)‖ ≤ atol + rtol ‖u‖ (diffrax's
+    implicit: step sizes grow as u settles; with a mass matrix, M u' = f by Rodas5P from u0 with its
+    algebraic states solved first, so f = 0 holds with the algebraic rows throughout) until
+    RMS ‖f(u)‖ ≤ atol + rtol ‖u‖ (diffrax's
     steady-state event), then polished by Newton's method until its last step δ has
     RMS ‖δ‖ ≤ atol + rtol ‖u‖ (u is then within the tolerances of the root). Time stepping finds
     stable steady states only (those u settles into); that makes it robust from a poor guess where
@@ -82,7 +85,9 @@ def steady_state(prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6,
     field = VectorField.of(prob.f, u0, p, t, host=any(not e.traced for e in sensealg.engines()))
     u0_flat = jnp.asarray(field.u.ravel(u0), field.dtype)
     p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), field.dtype)
-    find = functools.partial(_find, solver=get_solver(solver), t=t, rtol=float(rtol), atol=float(atol),
+    mass = prob.mass_matrix
+    solver = dae_solver(get_solver(default_solver(mass, "kvaerno5") if solver is None else solver), mass)
+    find = functools.partial(_find, solver=solver, mass=mass, t=t, rtol=float(rtol), atol=float(atol),
                              max_steps=int(max_steps))
     u, stats = sensealg.solve(field, find, u0_flat, p_flat, t=t, rtol=float(rtol), atol=float(atol))
     counts = stats[:2].astype(jnp.int32)
@@ -90,9 +95,11 @@ def steady_state(prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6,
                                             "residual": stats[2]})
 
 
-def _find(field: VectorField, u0, p, linear, *, solver, t, rtol, atol, max_steps):
+def _find(field: VectorField, u0, p, linear, *, solver, mass, t, rtol, atol, max_steps):
     """(u* (n,), stats (3,): time steps, Newton iterations, RMS ‖f(u*)‖) from u0 (n,) at p (m,):
-    time stepping, then Newton with the systems solved by `linear` ("dense" or a lineax solver)."""
+    time stepping (of M u' = f from a consistent u0 with a mass matrix M), then Newton with the
+    systems solved by `linear` ("dense" or a lineax solver)."""
+    u0 = initialise("consistent", field, mass, u0, p, t, rtol, atol)  # u0 itself without a singular M
     term = dfx.ODETerm(lambda tau, u, p: field(u, p, t))
     sol = dfx.diffeqsolve(term, solver, 0.0, jnp.inf, None, u0, args=p, event=dfx.Event(dfx.steady_state_event()),
                           stepsize_controller=step_controller(solver, rtol, atol), max_steps=max_steps, throw=False)

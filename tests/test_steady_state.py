@@ -314,3 +314,21 @@ def test_krylov_gradient_does_not_depend_on_the_loss_scale():
     np.testing.assert_allclose(gradients, np.broadcast_to(gradients[1], gradients.shape), rtol=1e-9)
     dense = jax.jit(jax.grad(loss), static_argnums=2)(prob.p, 1.0, "dense")
     np.testing.assert_allclose(gradients[1], dense, rtol=1e-6)
+
+
+def test_a_mass_matrix_steady_state_keeps_its_algebraic_equations():
+    """M u' = f with an algebraic row 0 = z − p1 x² (as an ODE, z' = z − p1 x² runs away): stepped by Rodas5P
+    with M from a consistent u0, so f = 0 with the algebraic rows; the gradient is the closed form's
+    (p0 = x + p1 x³), under jit too."""
+    def f(u, p, t):
+        x, z = u
+        return jnp.stack([p[0] - x - x * z, z - p[1] * x**2])
+
+    prob = sciad.ODEProblem(f, np.array([0.2, 5.0]), (0.0, 1.0), np.array([2.0, 0.5]), mass_matrix=np.array([1.0, 0.0]))
+    tol = dict(rtol=1e-10, atol=1e-12)
+    x, z = sciad.steady_state(prob, **tol).u
+    np.testing.assert_allclose([x + 0.5 * x**3, z], [2.0, 0.5 * x**2], rtol=1e-10)
+    d = 1 + 3 * 0.5 * x**2
+    grad = jax.jit(jax.jacobian(lambda p: sciad.steady_state(prob, p=p, **tol).u))(prob.p)
+    np.testing.assert_allclose(grad[0], [1 / d, -x**3 / d], rtol=1e-8)
+    np.testing.assert_allclose(grad[1], [x * grad[0, 0], x**2 + x * grad[0, 1]], rtol=1e-8)
