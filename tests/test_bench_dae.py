@@ -20,6 +20,7 @@ def small():
     return dae.battery(**SMALL)
 
 
+@pytest.mark.slow
 def test_spme_closed_form_algebraic_states_solve_its_algebraic_equations():
     """`SPMe.consistent` (closed form) zeroes the algebraic residuals, in JAX and in CasADi alike, and sciad's
     consistent initialisation (Newton from zeros) finds the same states."""
@@ -57,6 +58,7 @@ def test_spme_discharge_is_physical(small):
     np.testing.assert_allclose(c @ (eps * width), np.sum(eps * width), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_spme_sciad_agrees_with_idas(small):
     """Forward (saved states) and the gradient in θ: sciad DiscreteAdjoint, and ForwardDiffSensitivity from the
     consistent u0, against IDAS's forward sensitivities and its adjoint (per interval), at 1e-4 (max norm)."""

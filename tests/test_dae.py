@@ -466,25 +466,31 @@ def test_the_initialisation_newton_solves_with_the_algebraic_blocks_own_sparse_p
 def test_forward_mode_tangents_pass_through_the_initialisation(sensealg):
     """The forward-mode sensealgs solve the consistent initialisation inside their rule (`Setup.consistent`): a
     gradient in p from an inconsistent u0 carries m tangents, as from a consistent one, not n more for a u0
-    computed from p (60,384 host solves against 1,184 at 200 states, 25× the time), and equals DiscreteAdjoint's
-    (the initialisation differentiated outside) in u0 and p."""
+    computed from p (60,384 host solves against 1,184 at 200 states, 25× the time)."""
     from sciad.stiff import LU_COUNTS
 
     prob = reaction_diffusion_problem(12)
     consistent = sciad.solve(prob, saveat=[0.0], **RD_TOL).us[0]
-
-    def loss(u0, p, sensealg, initialization="consistent"):
-        return rd_loss(sciad.solve(prob, u0=u0, p=p, saveat=RD_TS, jacobian="sparse", sensealg=sensealg,
-                                   initialization=initialization, **RD_TOL).us)
-
     solves = {}  # the host's sparse LU counts them
     for u0, initialization in ((prob.u0, "consistent"), (consistent, "none")):
-        grad = jax.jit(jax.grad(loss, argnums=1), static_argnums=(2, 3))
-        grad(u0, RD_P, sensealg, initialization)
+        grad = jax.jit(jax.grad(lambda p: _rd_loss_from(prob, u0, p, sensealg, initialization)))
+        grad(RD_P)
         LU_COUNTS.clear()
-        grad(u0, RD_P, sensealg, initialization).block_until_ready()
+        grad(RD_P).block_until_ready()
         solves[initialization] = LU_COUNTS["solves"]
     assert solves["consistent"] <= 1.2 * solves["none"], solves
-    both = jax.grad(loss, argnums=(0, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sensealg", ["ForwardDiffSensitivity", "ForwardSensitivity"])
+def test_forward_mode_gradients_through_the_initialisation_in_u0_and_p(sensealg):
+    """From an inconsistent u0, ∂L/∂(u0, p) as DiscreteAdjoint's (the initialisation differentiated outside)."""
+    prob = reaction_diffusion_problem(12)
+    both = jax.grad(lambda u0, p, s: _rd_loss_from(prob, u0, p, s, "consistent"), argnums=(0, 1))
     for got, want in zip(both(prob.u0, RD_P, sensealg), both(prob.u0, RD_P, "DiscreteAdjoint")):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+
+
+def _rd_loss_from(prob, u0, p, sensealg, initialization):
+    return rd_loss(sciad.solve(prob, u0=u0, p=p, saveat=RD_TS, jacobian="sparse", sensealg=sensealg,
+                               initialization=initialization, **RD_TOL).us)

@@ -83,7 +83,7 @@ def test_closed_form():
     np.testing.assert_array_equal(sol.event_counts, [1, 2])
 
 
-@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), sciad.GaussAdjoint(),
+@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), pytest.param(sciad.GaussAdjoint(), marks=slow),
                                       pytest.param(sciad.ForwardDiffSensitivity(), marks=slow),
                                       pytest.param(sciad.ForwardSensitivity(), marks=slow),
                                       pytest.param(sciad.InterpolatingAdjoint(), marks=slow)],
@@ -95,6 +95,7 @@ def test_gradient_through_events(sensealg):
     np.testing.assert_allclose(grad, jax.grad(lambda x: loss(closed(x)))(X), rtol=AGREEMENT)
 
 
+@slow
 def test_vmap_over_doses():
     """A batch of dose sizes: values and gradients under jit(vmap(value_and_grad))."""
     xs = np.stack([X, X + np.array([0.0, 0.0, 0.0, 0.1, 0.05]), X + np.array([0.0, 0.1, 0.0, 0.2, 0.1])])
@@ -124,7 +125,8 @@ def test_hessian_through_a_dose():
 
 
 @slow
-@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), sciad.GaussAdjoint()], ids=sciad.adjoints.describe)
+@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), pytest.param(sciad.GaussAdjoint(), marks=slow)],
+                         ids=sciad.adjoints.describe)
 def test_full_mass_matrix(sensealg):
     """The same DAE in u = R w, its equations mixed by Q (a full singular M): the dose and the reset act
     on w, the reset's condition on w's algebraic state; states, times and the gradient as the closed form's."""
@@ -209,7 +211,8 @@ def robertson_outputs(dae: bool, sensealg):
 
 
 @slow
-@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), sciad.GaussAdjoint()], ids=sciad.adjoints.describe)
+@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), pytest.param(sciad.GaussAdjoint(), marks=slow)],
+                         ids=sciad.adjoints.describe)
 def test_robertson_against_the_ode_form(sensealg):
     """The DAE's loss and its gradient in (log k, td, d) against the ODE form's (DiscreteAdjoint)."""
     x = np.concatenate([np.log(ROBERTSON_P), [3.0, 0.05]])

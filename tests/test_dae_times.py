@@ -91,7 +91,7 @@ def test_closed_form_and_central_differences(closed_gradient):
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(X), closed_gradient, rtol=AGREEMENT)
 
 
-@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), sciad.GaussAdjoint(),
+@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), pytest.param(sciad.GaussAdjoint(), marks=slow),
                                       pytest.param(sciad.ForwardDiffSensitivity(), marks=slow),
                                       pytest.param(sciad.ForwardSensitivity(), marks=slow),
                                       pytest.param(sciad.InterpolatingAdjoint(), marks=slow),

@@ -285,25 +285,37 @@ def test_mass_matrix_shape_errors():
 
 # --- matrix-free stages ---------------------------------------------------------------------------
 
-def test_matrix_free_stages_match_the_lu_for_every_sensealg():
-    """`jacobian="matrix-free"` (GMRES on JVPs of u ↦ M u/γ − h f, `MatrixFree.stage_solver`): the
-    linear index-1 DAE's closed form and its gradients by each kind of sensealg, under jit; a stiff
-    PDE's forward solve as the dense LU's, step for step."""
+def _linear_dae():
     import sys
 
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import test_dae
+
+    return test_dae
+
+
+@pytest.mark.parametrize("sensealg", ["DiscreteAdjoint", pytest.param("ForwardDiffSensitivity", marks=pytest.mark.slow),
+                                      pytest.param("GaussAdjoint", marks=pytest.mark.slow)])
+def test_matrix_free_stages_match_the_closed_form(sensealg):
+    """`jacobian="matrix-free"` (GMRES on JVPs of u ↦ M u/γ − h f, `MatrixFree.stage_solver`): the linear
+    index-1 DAE's closed form and its gradients by each kind of sensealg, under jit."""
+    import sciad
+
+    dae = _linear_dae()
+    prob, tol = dae.linear_problem(), dict(rtol=1e-10, atol=1e-10)
+    sol = sciad.solve(prob, saveat=dae.TS, jacobian="matrix-free", **tol)
+    np.testing.assert_allclose(sol.us, dae.exact(1.5, dae.P0), rtol=1e-8, atol=1e-10)
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, saveat=dae.TS, jacobian="matrix-free",
+                                                          sensealg=sensealg, **tol).us @ jnp.array([1.0, 2.0]))))
+    np.testing.assert_allclose(grad(dae.P0), dae.exact_gradients(1.5, dae.P0)[1:], rtol=1e-7)
+
+
+@pytest.mark.slow
+def test_matrix_free_stages_step_a_stiff_pde_as_the_lu_does():
+    """A stiff PDE's forward solve by GMRES stages equals the dense LU's, step for step."""
     import sciad
     from sciad.problems import brusselator_pde
 
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from test_dae import P0, TS, exact, exact_gradients, linear_problem
-
-    prob, tol = linear_problem(), dict(rtol=1e-10, atol=1e-10)
-    sol = sciad.solve(prob, saveat=TS, jacobian="matrix-free", **tol)
-    np.testing.assert_allclose(sol.us, exact(1.5, P0), rtol=1e-8, atol=1e-10)
-    for sensealg in ("ForwardDiffSensitivity", "DiscreteAdjoint", "GaussAdjoint"):
-        grad = jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, saveat=TS, jacobian="matrix-free",
-                                                              sensealg=sensealg, **tol).us @ jnp.array([1.0, 2.0]))))
-        np.testing.assert_allclose(grad(P0), exact_gradients(1.5, P0)[1:], rtol=1e-7, err_msg=sensealg)
     b = brusselator_pde(4)
     solves = {jacobian: sciad.solve(b.problem, saveat=b.saveat, solver="rodas5p", jacobian=jacobian)
               for jacobian in ("dense", "matrix-free")}
