@@ -97,8 +97,9 @@ def test_stored_cost_follows_the_steps_not_max_steps():
     assert small <= 4 * _temporaries(jax.jit(jax.grad(rca_loss)), p)
 
 
-@pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), sciad.InterpolatingAdjoint(),
-                                      sciad.InterpolatingAdjoint(checkpointing=True, interval_max_steps=16)])
+@pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), pytest.param(sciad.InterpolatingAdjoint(), marks=pytest.mark.slow),
+                                      pytest.param(sciad.InterpolatingAdjoint(checkpointing=True, interval_max_steps=16),
+                                                   marks=pytest.mark.slow)])
 def test_past_the_stored_steps_the_sweep_recheckpoints(sensealg):
     """A solve of more steps than the stored budget (2,000 states: 16 steps) falls back on checkpoints in
     levels (checkpointing=True, interval_max_steps=16 with max_steps 40,000: three), alone and under vmap."""

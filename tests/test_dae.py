@@ -271,6 +271,7 @@ def test_jit_and_vmap_over_parameters():
         np.testing.assert_allclose(grad, exact_gradients(1.5, p)[1:], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_float32():
     prob = sciad.ODEProblem(linear, np.array([1.5, 0.0], np.float32), (0.0, 2.0), P0.astype(np.float32),
                             mass_matrix=np.array([1.0, 0.0]))
