@@ -247,6 +247,7 @@ def test_jit_and_vmap_over_parameters():
     np.testing.assert_allclose(grads, [jax.grad(_dae_loss)(p) for p in ps], rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_float32():
     loss = _dae_loss(jnp.float32(0.7), dtype=jnp.float32, rtol=1e-5)
     grad = jax.grad(lambda p: _dae_loss(p, dtype=jnp.float32, rtol=1e-5))(jnp.float32(0.7))
