@@ -83,7 +83,8 @@ def test_closed_form():
     np.testing.assert_array_equal(sol.event_counts, [1, 2])
 
 
-@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), pytest.param(sciad.GaussAdjoint(), marks=slow),
+@pytest.mark.parametrize("sensealg", [pytest.param(sciad.DiscreteAdjoint(), marks=slow),
+                                      pytest.param(sciad.GaussAdjoint(), marks=slow),
                                       pytest.param(sciad.ForwardDiffSensitivity(), marks=slow),
                                       pytest.param(sciad.ForwardSensitivity(), marks=slow),
                                       pytest.param(sciad.InterpolatingAdjoint(), marks=slow)],

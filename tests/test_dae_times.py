@@ -159,7 +159,8 @@ def test_backwards_in_time():
 
 # --- dense output ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sensealg", [sciad.ForwardDiffSensitivity(), pytest.param(sciad.DiscreteAdjoint(), marks=slow),
+@pytest.mark.parametrize("sensealg", [pytest.param(sciad.ForwardDiffSensitivity(), marks=slow),
+                                      pytest.param(sciad.DiscreteAdjoint(), marks=slow),
                                       pytest.param(sciad.GaussAdjoint(), marks=slow)], ids=sciad.adjoints.describe)
 def test_dense_output(sensealg):
     """`interpolation(t)` (Rodas's own dense output) against the closed form, and its derivatives in t
