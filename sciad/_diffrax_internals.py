@@ -4,6 +4,9 @@
   finder holds in place of rtol, atol and norm when the step-size controller provides them.
   sciad's `Stepper` (sciad.adjoints._stepping: the backward sweep and event location) steps a
   diffrax solver itself and fills them in, as `diffrax.diffeqsolve` does.
+- `WrapTerm` (diffrax._term): the term `diffrax.diffeqsolve` hands its controller and solver;
+  DiscreteAdjoint starts and re-solves a solve as it does (the controller's first step size differs
+  on the bare term), to resume it in segments (sciad.adjoints._discrete).
 
 The stepper also drives diffrax's solver and controller interfaces directly (`init`, `step`,
 `adapt_step_size`, `interpolation_cls`, `scan_kind`): public, but changed between minor
@@ -17,3 +20,4 @@ TESTED = ("0.7.2", "0.8")  # [lowest, first untested)
 
 with private_surface(PACKAGE, TESTED):
     from diffrax._root_finder import use_stepsize_tol
+    from diffrax._term import WrapTerm

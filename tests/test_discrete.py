@@ -4,6 +4,9 @@ several saves in one step, saves at t0 and t1, an integral, a batch whose member
 numbers of steps, backwards time, an implicit solver, a solve that outgrows the stored steps, and
 second derivatives."""
 
+import collections
+import re
+
 import diffrax as dfx
 import jax
 import jax.numpy as jnp
@@ -11,6 +14,8 @@ import numpy as np
 import pytest
 
 import sciad
+import sciad.adjoints._base as adjoints_base
+import sciad.adjoints._discrete as discrete
 from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
@@ -68,7 +73,7 @@ def test_stored_reverse_pass_with_an_implicit_solver():
 
 @pytest.mark.slow
 def test_a_solve_past_the_stored_steps_is_recomputed_from_checkpoints():
-    """More steps than `STORED_STEPS`: the stored solve runs out and the recursive one takes over."""
+    """More steps than `STORED_STEPS`: the solve continues in segments, each re-solved on the way back."""
     ts = np.array([150.0, 300.0])
     steps = int(sciad.solve(sciad.ODEProblem(lotka_volterra, U0, (0.0, 300.0), P0), saveat=ts, max_steps=10**5,
                             **TOL).stats["steps"])
@@ -77,6 +82,32 @@ def test_a_solve_past_the_stored_steps_is_recomputed_from_checkpoints():
     theirs = gradients(diffrax_saves, ts, 0.0, 300.0, max_steps=10**5)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-8)
+
+
+@pytest.mark.parametrize("checkpoints", [None, 3])
+def test_a_solve_in_segments(monkeypatch, checkpoints):
+    """16 stored steps: the solve runs in segments, the earlier ones re-solved from their starts on the
+    way back (with room for 3 checkpoints, several segments from one of them), to diffrax's gradient."""
+    monkeypatch.setattr(adjoints_base, "STORED_STEPS", 16)
+    if checkpoints is not None:
+        monkeypatch.setattr(discrete, "CHECKPOINT_BYTES", checkpoints * (8 * 8 + 3))  # t, y, FSAL, controller
+    ts = np.linspace(0.0, 5.0, 31)
+    ours = gradients(sciad_saves, ts, 0.0, 5.0)
+    theirs = gradients(diffrax_saves, ts, 0.0, 5.0)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_the_program_does_not_grow_with_max_steps():
+    """The gradient's program at max_steps 100,000 is the one at 4,096 (only buffer sizes differ): a
+    larger max_steps adds segments at run time, not code to compile."""
+    ts = np.linspace(0.0, 5.0, 11)
+
+    def operations(max_steps):
+        loss = lambda p: jnp.sum(sciad_saves(p, U0, ts, 0.0, 5.0, max_steps=max_steps))  # noqa: E731
+        return collections.Counter(re.findall(r"stablehlo\.\w+", jax.jit(jax.grad(loss)).lower(P0).as_text()))
+
+    assert operations(100_000) == operations(4096)
 
 
 def test_a_batch_whose_members_take_different_steps():

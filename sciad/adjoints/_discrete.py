@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad.adjoints._base import (AbstractSensitivity, Setup, checked, plain_forward, solver_pushforward, stats_vector,
-                                 stored_steps)
+                                 step_controller, stored_steps)
 from sciad.adjoints._stepping import Stepper
+from sciad._diffrax_internals import WrapTerm
 from sciad._errors import batch_any
 
 STORE_ALL_BYTES = 2**28  # auto's `stored-steps` rule: DiscreteAdjoint where max_steps states fit (256 MiB)
@@ -44,11 +45,12 @@ class DiscreteAdjoint(AbstractSensitivity):
     `MIN_STORED` steps); the reverse pass then runs back over them, each
     step's stages recomputed from its start and transposed (one plain loop:
     no checkpointing machinery per step). A solve that takes more steps than
-    that (a `max_steps` raised above it, a large state) is solved again and,
-    in the reverse pass, differentiated with diffrax's recursive checkpoints
-    (O(√max_steps) states, the steps recomputed); nothing sized by
-    `max_steps` is built or filled unless it ran out, so the cost follows the
-    steps taken. An int sets the number of steps stored (diffrax's
+    that (a `max_steps` raised above it, a large state) continues in segments
+    of as many steps, each resuming exactly where the last stopped, and the
+    reverse pass re-solves each earlier segment from its start (kept, at most
+    `CHECKPOINT_BYTES` of them) before running back over it. The program is
+    the same whatever `max_steps`: more steps add segments at run time, not
+    code to compile. An int sets the number of steps stored (diffrax's
     `checkpoints`; memory ≈ stored_steps × the solver's state).
 
     Differentiated again (Hessians, forward-over-reverse), the reverse pass
@@ -65,12 +67,11 @@ class DiscreteAdjoint(AbstractSensitivity):
                              f"{self.stored_steps!r}")
 
     def recording(self, setup: Setup, u0) -> Callable:
-        """How the forward pass records its reverse pass (`_recorded`): the stored steps, recomputed
-        with recursive checkpoints where the solve needs more, or the user's number of checkpoints."""
+        """How the forward pass records its reverse pass (`_recorded`): the solve in segments of
+        stored steps (`_segmented`), or the user's number of checkpoints."""
         if self.stored_steps is not None:
             return _checkpointed(self.stored_steps)
-        count = stored_steps(setup.max_steps, STATE_COPIES * u0.size * u0.dtype.itemsize)
-        return _stored(count) if count >= setup.max_steps else _or_recomputed(_stored(count, throw=False))
+        return _segmented(stored_steps(setup.max_steps, STATE_COPIES * u0.size * u0.dtype.itemsize))
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
@@ -113,31 +114,221 @@ def _checkpointed(checkpoints: int | None) -> Callable:
     return recording
 
 
-def _stored(count: int, throw: bool = True) -> Callable:
-    """(setup, u0, p) -> (pb, us, stats, result): the solve in at most `count` steps, keeping the state
-    at t0 and after each accepted step, and the pullback `pb` (`_reverse_steps`) that runs back over them."""
+# The segments' checkpoints at most (bytes): past it, one checkpoint serves several segments, each
+# re-solved from it on the way back.
+CHECKPOINT_BYTES = 2**25
+
+
+def _segmented(count: int) -> Callable:
+    """(setup, u0, p) -> (pb, us, stats, result): the solve in segments of at most `count` steps, each
+    resuming exactly where the last stopped (`_Start`), keeping the state at t0 and after each accepted
+    step of the last segment and each segment's start (`_Record`), and the pullback `pb` (`_pullback`)
+    that runs back over them, re-solving the earlier segments from their starts. `count` and the
+    checkpoints are sized by what a solve keeps, so a larger max_steps adds segments at run time, not
+    code: one segment's solve and one step's reverse serve them all."""
 
     def recording(setup: Setup, u0, p):
-        sol = setup.forward(u0, p, max_steps=count, step_states=True, throw=throw)
-        (us, _), (_, t_steps), (_, y_steps) = sol.ys, sol.ts, sol.ys
+        y0 = setup.state(setup.initialised(u0, p))
+        ts = jnp.asarray(setup.ts, y0.dtype)
+        start = _initial(setup, y0, p)
+        segments = -(-setup.max_steps // count)
+        stride = -(-segments // max(1, min(segments, CHECKPOINT_BYTES // _bytes(start))))
+        checkpoints = jax.tree.map(lambda x: jnp.zeros((-(-segments // stride), *x.shape), x.dtype), start)
+        steps = (jnp.zeros((count + 1,), y0.dtype), jnp.zeros((count + 1, *y0.shape), y0.dtype), jnp.asarray(0))
+
+        def going(carry):
+            k, _, _, _, _, _, result = carry
+            return (k == 0) | ((result == dfx.RESULTS.max_steps_reached) & (k < segments))
+
+        def segment(carry):
+            k, start, checkpoints, ys, _, stats, _ = carry
+            checkpoints = jax.tree.map(lambda c, x: c.at[k // stride].set(jnp.where(k % stride == 0, x, c[k // stride])),
+                                       checkpoints, start)
+            saves, *steps, end, more, result = _segment(setup, start, p, count, jnp.maximum(ts, start.t))
+            ys = jnp.where((ts >= start.t)[:, None], saves, ys)
+            return k + 1, end, checkpoints, ys, tuple(steps), stats + more, result
+
+        carry = (jnp.asarray(0), start, checkpoints, jnp.zeros((ts.shape[0], *y0.shape), y0.dtype), steps,
+                 jnp.zeros((3,), jnp.int32), dfx.RESULTS.successful)
+        k, _, checkpoints, ys, (t, y, accepted), stats, result = jax.lax.while_loop(going, segment, carry)
+        result = dfx.RESULTS.where(stats[0] > setup.max_steps, dfx.RESULTS.max_steps_reached, result)
         arrays, rest = eqx.partition(setup, eqx.is_array)
-        accepted = sol.stats["num_accepted_steps"]
-        pb = jax.tree_util.Partial(functools.partial(_reverse_steps, rest), arrays, t_steps, y_steps, accepted, p)
-        return pb, us, stats_vector(sol), sol.result
+        record = _Record(t, y, accepted, checkpoints, k - 1, stats[1] == 0, p)
+        return jax.tree_util.Partial(functools.partial(_pullback, rest, stride), arrays, record), ys, stats, result
 
     return recording
 
 
-def _reverse_steps(rest, arrays, t, y, accepted, p, w):
-    """wᵀ ∂ys/∂(u0, p) (n,), (m,) for the cotangent w (T, n + k) of the saves: back over the stored
-    accepted steps (t (S + 1,) and y (S + 1, n + k) from t0; the first `accepted` of them), each step
-    from its start recomputed under `jax.vjp` (diffrax's step, as the forward solve took it: its
-    first stage re-evaluated instead of carried) and given the cotangents of its end state and of
-    the saves its dense output gave."""
+class _Resumable(dfx.AbstractAdaptiveStepSizeController):
+    """`controller`, its state also holding the step size it proposes next: a solve stopped after some
+    steps resumes from its final states as if it had not stopped (`_Start`)."""
+
+    controller: dfx.AbstractAdaptiveStepSizeController
+
+    @property
+    def rtol(self):
+        return self.controller.rtol
+
+    @property
+    def atol(self):
+        return self.controller.atol
+
+    @property
+    def norm(self):
+        return self.controller.norm
+
+    def wrap(self, direction):
+        return _Resumable(self.controller.wrap(direction))
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        t_next, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
+        return t_next, (state, t_next - t0)
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+        keep, t_prev, t_next, made_jump, state, result = self.controller.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state[0])
+        return keep, t_prev, t_next, made_jump, (state, t_next - t_prev), result
+
+
+class _Start(eqx.Module):
+    """Where a segment of the solve starts: time t, state y, the solver's state, the controller's
+    (`_Resumable`'s: with the step size to try first) and whether y just jumped."""
+
+    t: jax.Array
+    y: jax.Array
+    solver_state: object
+    controller_state: tuple
+    made_jump: jax.Array
+
+
+def _bytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _controller(setup: Setup) -> _Resumable:
+    return _Resumable(step_controller(setup.solver, setup.rtol, setup.atol))
+
+
+def _initial(setup: Setup, y0, p) -> _Start:
+    """The solve's start at t0, as `diffrax.diffeqsolve` begins one (the controller's first step)."""
+    term, t0 = WrapTerm(setup.term(), 1), jnp.asarray(setup.t0, y0.dtype)
+    t_next, state = _controller(setup).init(term, t0, setup.t1, y0, None, p, setup.solver.func,
+                                            setup.solver.error_order(term))
+    t_next = jnp.minimum(t_next, setup.t1)
+    start = _Start(t0, y0, setup.solver.init(term, t0, t_next, y0, p), (state[0], t_next - t0), False)
+    return jax.tree.map(jnp.asarray, start)  # the controller's state may hold Python scalars
+
+
+def _segment(setup: Setup, start: _Start, p, count: int, ts=None) -> tuple:
+    """The solve from `start` towards t1 in at most `count` steps: (the saves at `ts` (inf where not
+    reached; omitted without `ts`), t (count + 1,) and y (count + 1, n + k) at the start and after each
+    accepted step (inf after the last), the accepted steps, the next segment's `_Start`, stats (3,)
+    int32, diffrax's result)."""
+    subs = [dfx.SubSaveAt(t0=True, steps=True)] + ([] if ts is None else [dfx.SubSaveAt(ts=ts)])
+    sol = dfx.diffeqsolve(setup.term(), setup.solver, start.t, setup.t1, start.controller_state[1], start.y, args=p,
+                          saveat=dfx.SaveAt(subs=subs, solver_state=True, controller_state=True, made_jump=True),
+                          stepsize_controller=_controller(setup), max_steps=count, adjoint=dfx.ForwardMode(),
+                          throw=False, solver_state=start.solver_state, controller_state=start.controller_state,
+                          made_jump=start.made_jump)
+    (t, *_), (y, *saves) = sol.ts, sol.ys
+    accepted = sol.stats["num_accepted_steps"]
+    end = _Start(t[accepted], y[accepted], sol.solver_state, sol.controller_state, sol.made_jump)
+    return (*saves, t, y, accepted, end, stats_vector(sol), sol.result)
+
+
+def _resolved(setup: Setup, start: _Start, p, count: int) -> tuple:
+    """(the next segment's `_Start`, t (count + 1,), y (count + 1, n + k), the accepted steps): the
+    segment from `start` re-solved as `_segment` solved it (diffrax's loop: step, control, t1's clip)
+    with none of `diffrax.diffeqsolve`'s saving machinery."""
+    stepper = Stepper.of(WrapTerm(setup.term(), 1), setup.solver, setup.rtol, setup.atol)
+    controller = _controller(setup)
+    t1 = jnp.asarray(setup.t1, start.t.dtype)
+    floor = jax.lax.fori_loop(0, 100, lambda _, t: jnp.nextafter(t, -jnp.inf), t1)  # t1 - 100 ULPs, as diffrax
+    t = jnp.full((count + 1,), jnp.inf, t1.dtype).at[0].set(start.t)
+    y = jnp.full((count + 1, *start.y.shape), jnp.inf, start.y.dtype).at[0].set(start.y)
+
+    def going(carry):
+        at, t_next, steps, accepted, ok, _, _ = carry
+        return (at.t < t1) & (steps < count) & ok
+
+    def step(carry):
+        at, t_next, steps, accepted, _, t, y = carry
+        y1, error, _, solver_state, solver_result = stepper.step(at.t, t_next, at.y, p, at.solver_state, at.made_jump)
+        error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), error)
+        keep, t_prev, t_next, made_jump, controller_state, result = controller.adapt_step_size(
+            at.t, t_next, at.y, y1, p, error, stepper.error_order, at.controller_state)
+        t_prev = jnp.minimum(t_prev, t1)
+        t_next = jnp.where(t_next > floor, jnp.where(keep, t1, t_prev + 0.5 * (t1 - t_prev)), t_next)
+        select = lambda a, b: jax.tree.map(lambda x, z: jnp.where(keep, x, z), a, b)  # noqa: E731
+        at = _Start(t_prev, select(y1, at.y), select(solver_state, at.solver_state), controller_state,
+                    select(made_jump, at.made_jump))
+        accepted = accepted + keep
+        ok = dfx.is_successful(dfx.RESULTS.where(dfx.is_okay(solver_result), result, solver_result))
+        t = t.at[accepted].set(jnp.where(keep, at.t, t[accepted]))
+        y = y.at[accepted].set(jnp.where(keep, at.y, y[accepted]))
+        return at, t_next, steps + 1, accepted, ok, t, y
+
+    t_next = jnp.minimum(start.t + start.controller_state[1], t1)
+    at, _, _, accepted, _, t, y = jax.lax.while_loop(
+        going, step, (start, t_next, jnp.asarray(0), jnp.asarray(0), jnp.asarray(True), t, y))
+    return at, t, y, accepted
+
+
+class _Record(eqx.Module):
+    """What DiscreteAdjoint's reverse pass reads: the last segment's states (t (S + 1,), y (S + 1, n + k) at
+    its start and after each of its `accepted` steps), each segment's (or every stride-th segment's)
+    `_Start` (`checkpoints`), the index of the `last` segment, whether the solve took no step at all
+    (`none`), and p."""
+
+    t: jax.Array
+    y: jax.Array
+    accepted: jax.Array
+    checkpoints: _Start
+    last: jax.Array
+    none: jax.Array
+    p: jax.Array
+
+
+def _pullback(rest, stride: int, arrays, rec: _Record, w):
+    """wᵀ ∂ys/∂(u0, p) (n,), (m,) for the cotangent w (T, n + k) of the saves: back over the segments,
+    the last from its stored states, each earlier one re-solved from its checkpoint (`stride` - 1
+    segments at most re-solved before it), each through `_reverse_steps`."""
     setup = eqx.combine(arrays, rest)
     stepper = Stepper.of(setup.term(), setup.solver, setup.rtol, setup.atol, forward_mode=False)
-    saves = jnp.asarray(setup.ts, t.dtype)
-    first = jnp.searchsorted(saves, t, side="right").at[0].set(0)  # step i gave saves[first[i]:first[i + 1]]
+    saves = jnp.asarray(setup.ts, rec.t.dtype)
+    stored = (rec.t, rec.y, rec.accepted)
+
+    def resolved(k):
+        def again(_, carry):
+            return _resolved(setup, carry[0], rec.p, rec.t.shape[0] - 1)
+
+        start = jax.tree.map(lambda c: c[k // stride], rec.checkpoints)
+        return jax.lax.fori_loop(0, k % stride + 1, again, (start, *stored))[1:]
+
+    def back(carry):
+        k, y_bar, p_bar = carry
+        k = jnp.maximum(k, 0)  # a finished member of a vmap batch runs on, its result discarded
+        # Re-solving runs only where some member of a batch needs it.
+        t, y, accepted = jax.lax.cond(
+            batch_any(k != rec.last),
+            lambda: jax.tree.map(lambda a, b: jnp.where(k == rec.last, a, b), stored, resolved(k)), lambda: stored)
+        y_bar, g = _reverse_steps(setup, stepper, saves, t, y, accepted, rec.p, w, y_bar)
+        return k - 1, y_bar, p_bar + g
+
+    # A solve of no steps (t0 = t1) saved y0 at every save time.
+    y_bar = jnp.where(rec.none, jnp.sum(w, axis=0), jnp.zeros_like(rec.y[0]))
+    _, y_bar, p_bar = jax.lax.while_loop(lambda carry: carry[0] >= 0, back, (rec.last, y_bar, jnp.zeros_like(rec.p)))
+    return y_bar[: setup.n], p_bar
+
+
+def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, y_bar):
+    """(the cotangent of y at t[0], the steps' wᵀ ∂ys/∂p) back over `accepted` stored steps (t (S + 1,)
+    and y (S + 1, n + k) from t[0]) from `y_bar`, the cotangent of their end state: each step from its
+    start recomputed under `jax.vjp` (diffrax's step, as the forward solve took it: its first stage
+    re-evaluated instead of carried) and given the cotangents of its end state and of the saves (at
+    `saves`) its dense output gave: those in (t[i], t[i + 1]], and for a first step from t0, at t0 too."""
+    first = jnp.searchsorted(saves, t, side="right")  # step i gave saves[first[i]:first[i + 1]]
+    first = first.at[0].set(jnp.where(t[0] > setup.t0, first[0], 0))
     state = jax.tree.map(jnp.zeros_like, eqx.filter_eval_shape(stepper.solver.init, stepper.terms, t[0], t[1],
                                                                 y[0], p))
 
@@ -162,40 +353,8 @@ def _reverse_steps(rest, arrays, t, y, accepted, p, w):
         y_bar, g = pullback((y_bar, dense_bar))
         return i - 1, y_bar, p_bar + g
 
-    # A solve of no steps (t0 = t1) saved y0 at every save time.
-    y_bar = jnp.where(accepted == 0, jnp.sum(w, axis=0), jnp.zeros_like(y[0]))
     _, y_bar, p_bar = jax.lax.while_loop(lambda carry: carry[0] >= 0, back, (accepted - 1, y_bar, jnp.zeros_like(p)))
-    return y_bar[: setup.n], p_bar
-
-
-def _or_recomputed(recording: Callable) -> Callable:
-    """`recording` (a solve in fewer steps than max_steps, not raising where it runs out), or where it
-    runs out of steps (any member of a vmap batch), the solve again and, in the reverse pass, its
-    pullback with recursive checkpoints (`_recomputed`): their buffers, sized by max_steps, are built
-    only on that branch."""
-
-    def either(setup: Setup, u0, p):
-        stored, us, stats, result = recording(setup, u0, p)
-        overflow = batch_any(result == dfx.RESULTS.max_steps_reached)
-
-        def again():
-            sol = setup.forward(u0, p, throw=False)
-            return sol.ys, stats_vector(sol), sol.result
-
-        us, stats, result = jax.lax.cond(overflow, again, lambda: (us, stats, result))
-        arrays, rest = eqx.partition(setup, eqx.is_array)
-        recomputed = jax.tree_util.Partial(functools.partial(_recomputed, rest), arrays, u0, p)
-        return _Either(stored, recomputed, overflow), us, stats, result
-
-    return either
-
-
-def _recomputed(rest, arrays, u0, p, w):
-    """wᵀ ∂us/∂(u0, p) by the solve under `jax.vjp` with diffrax's recursive checkpoints."""
-    _, pullback, _ = jax.vjp(_solution(eqx.combine(arrays, rest), dfx.RecursiveCheckpointAdjoint(), throw=False),
-                             u0, p, has_aux=True)
-    return pullback(w)
-
+    return y_bar, p_bar
 
 def _recorded(setup: Setup, recording: Callable):
     """(u0, p) -> (us, stats, result, pb): the forward solve and the pullback `pb` that `recording`
@@ -224,17 +383,6 @@ def _recorded(setup: Setup, recording: Callable):
         return us, stats, result, jax.tree.unflatten(structure[0], leaves)
 
     return recorded
-
-
-class _Either(eqx.Module):
-    """The pullback of the stored solve, or where it ran out of steps (`again_used`), the recomputing one (`again`)."""
-
-    stored: Callable
-    again: Callable
-    again_used: jax.Array
-
-    def __call__(self, w):
-        return jax.lax.cond(self.again_used, self.again, self.stored, w)
 
 
 def _replayed(setup: Setup):
