@@ -16,7 +16,8 @@ import optimistix as optx
 import sciad.ad as ad
 from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only
 from sciad._dae import MassMatrix, consistent_derivative, held_mass, initialise, released_mass, solver_mass
-from sciad._errors import solver_failure, warn_if
+from sciad._errors import error_if, solver_failure, warn_if
+from sciad._stability import stability_boundary, stability_steps
 
 
 class Setup(eqx.Module):
@@ -274,6 +275,10 @@ class AbstractSensitivity(eqx.Module):
     # Its tangents pass through a DAE's consistent initialisation inside its forward pass (`Setup.consistent`):
     # m of them for p, where a u0 solved from p outside would be n more inputs (forward mode).
     initialises: typing.ClassVar[bool] = False
+    # Its derivative follows the forward solve's own steps, whose error control sees u alone: on the
+    # steps an explicit solver takes at its stability limit (a stiff problem) its error is not
+    # controlled, and the forward pass refuses it (`stability_limited`).
+    follows_steps: typing.ClassVar[bool] = False
 
     @abc.abstractmethod
     def forward(self, setup: Setup, u0, p, active):
@@ -324,6 +329,8 @@ class AbstractSensitivity(eqx.Module):
             bound = bind(c, (ts, t0, t1), merged)
             # t0's derivative is ∂L/∂u0's product with -F(y0): it needs ∂L/∂u0.
             ys, stats, residuals = self.forward(bound, u0, p_in, Active(d_u0 or d_t0, d_p or merged))
+            if self.follows_steps:
+                ys, stats, residuals = stability_limited(self, bound, u0, p_in, (ys, stats, residuals))
             stats = stats.astype(ys.dtype)
             rates = _Rates(jax.vmap(lambda y, t: bound.derivative(y, p_in, t))(ys, ts) if d_ts else None,
                            bound.derivative(bound.state(bound.initialised(u0, p_in)), p_in, t0) if d_t0 else None)
@@ -420,6 +427,40 @@ def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
     amplification = jax.lax.stop_gradient(
         jnp.max(jnp.stack(relative)) / jnp.maximum(jnp.sum(jnp.abs(w)) * size_u, jnp.finfo(w.dtype).tiny))
     return warn_if((g_u0, g_p), amplification * rtol > 1, CHAOTIC, amplification)
+
+
+# An explicit solver's steps sit at its stability limit when it took fewer than this many times the
+# steps stability alone needs (S = ∫ρ dt / β, `sciad._stability.stability_steps`): steps sized by
+# accuracy on a problem with fast modes take many more. Stiff problems measured 0.8-1.2 S.
+STABILITY_LIMITED = 2.0
+STABILITY_STEPS_MIN = 50  # fewer steps for stability alone than this: too few for the tangents to drift
+
+STABILITY_LIMITED_MESSAGE = (
+    "{sensealg} differentiates through the steps of {solver}, an explicit solver, and its steps sat at the "
+    "solver's stability limit (h ρ(∂f/∂u) ≈ {beta:.2g}): the problem is stiff for it. The step-size control keeps "
+    "the solution bounded by rejecting steps, but the steps' linearisation, which carries the tangents and "
+    "cotangents, multiplies the stiff modes by about 1 per step where they should decay, with no such feedback: "
+    "the gradient's error is not controlled, and can be off by many orders of magnitude. Pass solver=\"auto\" "
+    "or an implicit solver (solver=\"rodas5p\" or \"kvaerno5\"), or keep the solver with a continuous adjoint, "
+    "whose error is controlled (sensealg=sciad.GaussAdjoint())")
+
+
+def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outputs):
+    """`outputs` (a PyTree: the forward pass's saves, stats and residuals), raising a `SolveError` when
+    the program runs where the solve's accepted steps (stats (3,)) sat at its explicit solver's
+    stability limit: at most `STABILITY_LIMITED` × the steps stability alone needs over the
+    solve. A solver without an explicit tableau passes unchecked."""
+    beta = stability_boundary(setup.solver)
+    if beta is None:
+        return outputs
+    ys, stats = outputs[0], outputs[1]
+    n = setup.n
+    S = stability_steps(lambda u, t: setup.f(u, p, t)[:n], setup.t0, setup.t1, u0, setup.ts, ys[:, :n], beta)
+    pred = (S >= STABILITY_STEPS_MIN) & (stats[1] <= STABILITY_LIMITED * S)
+    message = STABILITY_LIMITED_MESSAGE.format(sensealg=type(sensealg).__name__, solver=type(setup.solver).__name__,
+                                               beta=beta)
+    arrays, rest = eqx.partition(outputs, eqx.is_array)
+    return eqx.combine(error_if(arrays, pred, message), rest)
 
 
 def plain_forward(setup: Setup, u0, p):

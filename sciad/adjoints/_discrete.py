@@ -58,6 +58,7 @@ class DiscreteAdjoint(AbstractSensitivity):
     enter: the same discrete derivative, at more memory."""
 
     stores_interpolation = False
+    follows_steps = True
 
     stored_steps: int | None = None
 
@@ -417,6 +418,7 @@ class ForwardDiffSensitivity(AbstractSensitivity):
     then products with it. Best when n + m is small."""
 
     stores_interpolation = False
+    follows_steps = True
     initialises = True
 
     def forward(self, setup: Setup, u0, p, active):

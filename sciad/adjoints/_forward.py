@@ -41,6 +41,11 @@ class ForwardSensitivity(AbstractSensitivity):
         self.jvp = ad.get(jvp)
         self.seminorm = bool(seminorm)
 
+    @property
+    def follows_steps(self) -> bool:
+        """With `seminorm`, S is the discrete derivative of the forward steps (outside the error control)."""
+        return self.seminorm
+
     def slow_for(self, states: int, implicit: bool) -> str | None:
         if implicit and states >= SLOW_IMPLICIT_STATES:
             return (f"ForwardSensitivity with an implicit solver on {states} states: the sensitivity equations "
