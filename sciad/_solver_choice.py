@@ -1,37 +1,44 @@
-"""`solver="auto"`: a solver chosen from what is known at trace time.
+"""`solver="auto"` (`sciad.solve`'s default): a solver chosen from what is known at trace time.
 
-- A mass matrix (M u' = f) → Rodas5P, the default solver that takes one.
-- Otherwise stiff or not, from a stiffness estimate on concrete values: the spectral radius ρ of
-  ∂f/∂u by `ITERATIONS` power iterations of Jacobian-vector products (nothing n × n formed), at
-  (u0, p, t0) and where an explicit solver's first step would take u0 (Hairer's starting step
+- A mass matrix (M u' = f) → Rodas5P, the solver that takes one.
+- Otherwise stiff or not, from a stiffness estimate on concrete values: the dominant eigenvalue
+  (or complex pair) of ∂f/∂u, by `ITERATIONS` power iterations of Jacobian-vector products
+  (nothing n × n formed) and the Ritz values on the span of the last two iterates, at (u0, p, t0)
+  and where an explicit method's first step would take u0 (Hairer's starting step
   h0 = 0.01 ‖u0‖/‖f(u0)‖ in the error norm: f's Jacobian at u0 itself can hide the stiffness, as
-  Robertson's does, its stiff couplings zero while two concentrations are). An explicit method's
-  steps are bounded by stability alone to |hρ| ≲ 3 (Tsit5's and Dopri5's real stability interval
-  is about [−3.5, 0]), so it needs about S = ρ |t1 − t0| / 3 steps whatever the tolerance; the
-  problem is stiff when S exceeds `stiff_steps`: `STIFF_STEPS` at rtol = 1e-6, twice that per
-  1,000× tighter rtol (both methods' accuracy steps grow), and by (n/`DENSE_STATES`)² more for
-  dense stage solves on n > `DENSE_STATES` states (a Jacobian of n JVPs and an n³ LU per step).
+  Robertson's does, its stiff couplings zero while two concentrations are).
+- A mode λ = −a + ib (a > 0) decays below the tolerance after τ = ln(1/rtol)/a; from then on it is
+  dormant, and an explicit method's steps are bounded by stability alone to |hλ| ≲ 3 (Tsit5's and
+  Dopri5's stability regions reach about 3.5 along the real axis, 3.3 along the imaginary one):
+  about S = |λ| (|t1 − t0| − τ) / 3 steps that accuracy does not ask for. A mode that does not
+  decay (an oscillation, a growing mode) is active throughout: resolving it is the accuracy's own
+  work, which an implicit method must do as well, so it adds nothing to S. The problem is stiff
+  when S, the larger over the Ritz values, exceeds `stiff_steps`: `STIFF_STEPS` on few states,
+  whatever the tolerance (Rodas5P's step costs a fixed overhead there); on n > `SMALL_STATES`
+  states its step costs more in proportion to n (a Jacobian of n JVPs, or of its colours, and an
+  LU), more so at tight tolerances (its accuracy steps grow faster than Tsit5's stability-bound
+  ones): the bar is `STIFF_STEPS` × n/`SMALL_STATES` × (1e-6/rtol)^0.15 where that is larger, the
+  factor n/`SMALL_STATES` at most `SPARSE_GROWTH` for sparse or matrix-free stage solves (their
+  cost per state does not grow with n; not measured beyond 288 states).
   Stiff → "rodas5p" (one Jacobian and one LU of W per step, its stage solves dense or sparse as
-  `jacobian` says; measured fastest of sciad's stiff solvers on the 2-D Brusselator, 512-8,192
-  states: Kvaerno5 about 2x slower, SUNDIALS CVODES 1.4-7x slower on the forward solve). Not
-  stiff → "tsit5".
+  `jacobian` says); not stiff → "tsit5".
 - The estimate reads concrete values: the solve's u0, p and time span where they are concrete,
   else the problem's own (`prob.u0`, `prob.p`, `prob.tspan`: concrete under the caller's
   `jax.jit` unless the problem itself is traced). With none concrete, or an f that closes over
   traced values, there is nothing to measure: "tsit5", and the reason says so.
+- It runs as one compiled program per f's content (its jaxpr's text and constants, never f
+  itself), held by JAX's own cache of `jax.jit`: a solve called again, or a new f with the same
+  program, compiles nothing for it.
 
-Calibration (forward solves, Tsit5 against Rodas5P, jit-compiled, median of 5; a 2-core machine
-loaded by other processes, load average 5-7, so ratios within 2x are noise): Van der Pol
-(μ = 3-300, t ≤ 10) and `sciad.problems.brusselator_pde(4-12)` (32-288 states). Rodas5P wins from
-S ≈ 300 at rtol = 1e-6 (Van der Pol S = 300: 1.1x; S = 1,000: 4.5x; Brusselator 72 states,
-S = 590: 1.6x; 32 states, S = 239: 0.9x), from S ≈ 150-300 at rtol = 1e-3 (S = 100: 0.2x; S = 239-300:
-1.7-1.8x) and S ≈ 600-1,200 at 1e-9 (Van der Pol S = 300: 0.3x, S = 1,000: 1.7x; Brusselator
-128 states, S = 1,240: 0.5x). Dense stage solves on 200 states lose at S = 2,020 (Tsit5 26 ms,
-Rodas5P 73 ms at 1e-6; its sparse stage solves 19-42 ms).
+Calibration against measured times (Tsit5 and Rodas5P, interleaved): experiments/solver_choice.py,
+its results in experiments/solver_choice.md.
 """
 
+import hashlib
+import math
 from typing import NamedTuple
 
+import equinox as eqx
 import jax
 import jax.flatten_util as jfu
 import jax.numpy as jnp
@@ -40,15 +47,17 @@ import numpy as np
 from sciad._stiff import auto_jacobian
 from sciad._rosenbrock import Rodas5P
 
-ITERATIONS = 12  # power iterations per point: ρ's size to within a factor of about 2 (a threshold's precision)
-STABILITY_INTERVAL = 3.0  # |hλ| an explicit Runge–Kutta method's error control keeps to on a stiff mode
-STIFF_STEPS = 300  # stiff at rtol = 1e-6: more steps than this for stability alone (ρ |t1 − t0| / 3)
-DENSE_STATES = 64  # dense stage solves beyond this many states raise the bar by (n / DENSE_STATES)²
+ITERATIONS = 12  # power iterations per point: the dominant eigenvalue (pair) to within a few per cent
+STABILITY_INTERVAL = 3.0  # |hλ| an explicit Runge–Kutta method's error control keeps to on a dormant mode
+STIFF_STEPS = 400  # stiff on few states: more steps than this for stability alone
+SMALL_STATES = 32  # beyond this many states Rodas5P's step costs more than Tsit5's in proportion to n
+SPARSE_GROWTH = 8  # the most that n raises the bar by with sparse or matrix-free stage solves
 
 
 class Stiffness(NamedTuple):
-    """ρ, the estimated spectral radius of ∂f/∂u, and `steps` = ρ |t1 − t0| / `STABILITY_INTERVAL`:
-    an explicit method's steps for stability alone."""
+    """From the Ritz values of ∂f/∂u at u0 and after an explicit first step: `rho`, the largest
+    modulus (the spectral radius's estimate), and `steps`, the most an explicit method would take
+    for stability alone on a decayed mode (the module docstring's S)."""
 
     rho: float
     steps: float
@@ -64,8 +73,8 @@ class SolverPick(NamedTuple):
 def stiff_steps(rtol: float, states: int, stages: str) -> float:
     """The steps for stability alone beyond which a problem is stiff at `rtol`, on `states` states
     whose implicit stages would be solved as `stages` ("dense", "sparse", "matrix-free")."""
-    dense = max(1.0, states / DENSE_STATES) ** 2 if stages == "dense" else 1.0
-    return STIFF_STEPS * (1e-6 / rtol) ** 0.1 * dense
+    size = states / SMALL_STATES if stages == "dense" else min(states / SMALL_STATES, SPARSE_GROWTH)
+    return STIFF_STEPS * max(1.0, size * (1e-6 / rtol) ** 0.15)
 
 
 def auto_solver(prob, u0, p, tspan, *, rtol: float, atol: float, jacobian="auto") -> SolverPick:
@@ -91,57 +100,99 @@ def auto_solver(prob, u0, p, tspan, *, rtol: float, atol: float, jacobian="auto"
         stages, why = (jacobian if isinstance(jacobian, str) else jacobian.kind), "given"
     bar = stiff_steps(rtol, n, stages)
     source = "" if all(v is x for v, x in zip(values, given)) else " (the problem's own u0, p, tspan where traced)"
-    measured = (f"ρ(∂f/∂u) ≈ {est.rho:.3g}{source}: an explicit method needs about ρ|t1 − t0|/3 ≈ {est.steps:.3g} "
-                f"steps for stability alone; stiff beyond {bar:.3g} (rtol {rtol:g}, {n} states, {stages} stage solves"
-                + (f": {why})" if n > DENSE_STATES else ")"))
+    measured = (f"ρ(∂f/∂u) ≈ {est.rho:.3g}{source}: an explicit method needs about {est.steps:.3g} steps for "
+                f"stability alone on decayed modes (|λ|(|t1 − t0| − ln(1/rtol)/|Re λ|)/3); stiff beyond "
+                f"{bar:.3g} (rtol {rtol:g}, {n} states, {stages} stage solves" + (f": {why})" if n > SMALL_STATES else ")"))
     if est.steps <= bar:
         return SolverPick("tsit5", f"not stiff: {measured}: Tsit5, explicit")
     return SolverPick("rodas5p", f"stiff: {measured}: Rodas5P, linearly implicit")
 
 
 def stiffness(f, u0, p, tspan, *, rtol: float, atol: float) -> Stiffness | None:
-    """The `Stiffness` of u' = f(u, p, t) from concrete u0, p and tspan = (t0, t1): ρ the larger of
-    the estimates at (u0, t0) and one explicit Euler step of Hairer's starting size h0 on (at
-    tolerances `rtol`, `atol`), computed by one compiled program (about as costly to compile as
-    f's JVP); None where f closes over traced values."""
+    """The `Stiffness` of u' = f(u, p, t) from concrete u0, p and tspan = (t0, t1) at tolerances
+    `rtol`, `atol` (the module docstring); None where f closes over traced values."""
     t0, t1 = (float(t) for t in tspan)
     with jax.ensure_compile_time_eval():  # concrete values: computed now, also inside a caller's trace
         flat, unravel = jfu.ravel_pytree(u0)
+        if not flat.size:
+            return Stiffness(0.0, 0.0)
+        dynamic, static = eqx.partition(p, eqx.is_array)
 
-    def rate(x, t):
-        return jfu.ravel_pytree(f(unravel(x), p, t))[0]
+        def rate(x, dynamic, t):
+            return jfu.ravel_pytree(f(unravel(x), eqx.combine(dynamic, static), t))[0]
 
-    def estimate(x):
-        dx = rate(x, t0)
-        scale = atol + rtol * jnp.abs(x)
-        d0, d1 = (jnp.sqrt(jnp.mean(jnp.square(y / scale))) for y in (x, dx))
-        h0 = jnp.where((d0 > 1e-5) & (d1 > 1e-5), 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0), 1e-6 * abs(t1 - t0))
-        step = np.sign(t1 - t0) * jnp.minimum(h0, abs(t1 - t0))
-        return jnp.maximum(_spectral_radius(rate, x, t0), _spectral_radius(rate, x + step * dx, t0 + step))
-
-    with jax.ensure_compile_time_eval():
-        rho = jax.jit(estimate)(flat) if flat.size else jnp.zeros(())
-    if not _concrete(rho):
-        return None
-    rho = float(rho)
-    return Stiffness(rho, rho * abs(t1 - t0) / STABILITY_INTERVAL)
+        closed = jax.make_jaxpr(rate)(flat, dynamic, jnp.asarray(t0, flat.dtype))
+        if not _concrete(closed.consts):
+            return None
+        scalars = (np.asarray(x, flat.dtype) for x in (t0, t1, rtol, atol))
+        vs, gs = map(np.asarray, _iterates(_Rate(closed), flat, dynamic, *scalars))
+    if not (np.all(np.isfinite(vs)) and np.all(np.isfinite(gs))):
+        return Stiffness(math.nan, math.nan)
+    values = np.concatenate([_ritz(v, g) for v, g in zip(vs, gs)])
+    decay = np.maximum(-values.real, 0.0)
+    dormant = np.maximum(abs(t1 - t0) - np.log(1 / rtol) / np.where(decay > 0, decay, 1.0), 0.0) * (decay > 0)
+    return Stiffness(float(np.abs(values).max()), float(np.max(np.abs(values) * dormant) / STABILITY_INTERVAL))
 
 
-def _spectral_radius(rate, x, t):
-    """ρ(∂rate/∂x) at (x, t) (traced) by `ITERATIONS` power iterations of JVPs from a fixed random
-    start: the geometric mean of the growth over the latter half (a complex or clustered dominant
-    pair does not converge to one vector; its growth does)."""
-    v = np.random.default_rng(0).standard_normal(x.shape)
-    v = jnp.asarray(v / np.linalg.norm(v), x.dtype)
+class _Rate:
+    """f on flat vectors as a static part of a JAX program: its closed jaxpr, equal (and hashing
+    equal) for equal text and constants, so JAX's cache of a program compiled for it is keyed on
+    f's content and holds no user's function."""
 
-    def power(i, carry):
-        v, logs = carry
-        w = jax.jvp(lambda y: rate(y, t), (x,), (v,))[1]
+    def __init__(self, closed):
+        self.closed = closed
+        self.key = (str(closed.jaxpr), *map(_const_key, closed.consts))
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Rate) and self.key == other.key
+
+    def __call__(self, x, dynamic, t):
+        return jax.core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, x, *jax.tree.leaves(dynamic), t)[0]
+
+
+def _const_key(value) -> tuple:
+    concrete = np.asarray(value)
+    return concrete.dtype.str, concrete.shape, hashlib.blake2b(concrete.tobytes(), digest_size=16).digest()
+
+
+@eqx.filter_jit
+def _iterates(rate: _Rate, x, dynamic, t0, t1, rtol, atol):
+    """`_power`'s iterates and growths of ∂rate/∂x at (x, t0) and one explicit Euler step of Hairer's
+    starting size h0 on (at tolerances `rtol`, `atol`), stacked: (2, 3, n) and (2, 2)."""
+    dx = rate(x, dynamic, t0)
+    scale = atol + rtol * jnp.abs(x)
+    d0, d1 = (jnp.sqrt(jnp.mean(jnp.square(y / scale))) for y in (x, dx))
+    h0 = jnp.where((d0 > 1e-5) & (d1 > 1e-5), 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0), 1e-6 * jnp.abs(t1 - t0))
+    step = jnp.sign(t1 - t0) * jnp.minimum(h0, jnp.abs(t1 - t0))
+    return jax.tree.map(lambda *a: jnp.stack(a), _power(rate, x, dynamic, t0),
+                        _power(rate, x + step * dx, dynamic, t0 + step))
+
+
+def _power(rate, x, dynamic, t):
+    """`ITERATIONS` power iterations of ∂rate/∂x at (x, t) from a fixed random start: the last three
+    unit iterates v (3, n) and the growths g (2,) with J v[i] = g[i] v[i + 1]."""
+    jvp = jax.linearize(lambda y: rate(y, dynamic, t), x)[1]
+    start = np.random.default_rng(0).standard_normal(x.size)
+    v = jnp.asarray(start / np.linalg.norm(start), x.dtype)
+
+    def step(i, carry):
+        a, b, v, g = carry
+        w = jvp(v)
         norm = jnp.linalg.norm(w)
-        return jnp.where(norm > 0, w / jnp.where(norm > 0, norm, 1), v), logs.at[i].set(jnp.log(norm))
+        return b, v, jnp.where(norm > 0, w / jnp.where(norm > 0, norm, 1.0), 0.0), jnp.stack([g[1], norm])
 
-    logs = jax.lax.fori_loop(0, ITERATIONS, power, (v, jnp.zeros(ITERATIONS, x.dtype)))[1]
-    return jnp.exp(jnp.mean(logs[ITERATIONS // 2:]))
+    a, b, v, g = jax.lax.fori_loop(0, ITERATIONS, step, (v, v, v, jnp.zeros(2, x.dtype)))
+    return jnp.stack([a, b, v]), g
+
+
+def _ritz(v, g) -> np.ndarray:
+    """The Ritz values (2,) of J on span(v[0], v[1]) from `_power`'s iterates (v[0], v[1] nearly
+    parallel, as a real dominant eigenvalue makes them: one value and 0)."""
+    basis, image = v[:2].T, v[1:].T * g
+    return np.linalg.eigvals(np.linalg.lstsq(basis, image, rcond=1e-6)[0])
 
 
 def _concrete(tree) -> bool:
