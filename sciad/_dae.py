@@ -168,9 +168,8 @@ def dae_solver(solver, mass: MassMatrix | None, integrand_size: int = 0):
                      "u' = f only")
 
 
-def default_solver(mass: MassMatrix | None, ode: str = "tsit5"):
-    """The solver used when none is given: `ode` (`sciad.solve`'s Tsit5), Rodas5P for a problem with a
-    mass matrix."""
+def default_solver(mass: MassMatrix | None, ode: str):
+    """The solver used when none is given: `ode`, Rodas5P for a problem with a mass matrix."""
     return ode if mass is None else Rodas5P()
 
 

@@ -29,7 +29,7 @@ from sciad.adjoints import (
 )
 from sciad._auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
 from sciad._auto import features as trace_features
-from sciad._dae import dae_solver, default_solver
+from sciad._dae import dae_solver
 from sciad._problem import ODEProblem, check_saveat
 from sciad._solve import MASS_MATRIX_SENSEALGS, get_solver, solve
 from sciad._solver_choice import auto_solver
@@ -37,10 +37,10 @@ from sciad._stiff import with_stage_jacobian
 from sciad._timing import compare, fastest
 
 
-def features(prob: ODEProblem, saveat, *, solver=None, rtol=1e-6, atol=1e-6, max_steps=4096,
+def features(prob: ODEProblem, saveat, *, solver="auto", rtol=1e-6, atol=1e-6, max_steps=4096,
              memory_budget=None) -> Features:
-    """`sciad._auto.features` of `prob` saved at `saveat` with `solver` (a name, "auto" or a diffrax
-    solver; None: `sciad.solve`'s default for `prob`)."""
+    """`sciad._auto.features` of `prob` saved at `saveat` with `solver` (a name, a diffrax solver, or
+    "auto" as in `sciad.solve`)."""
     solver, why = _chosen(prob, solver, rtol, atol, "auto")
     return trace_features(prob.u0, prob.p, check_saveat(saveat, *prob.tspan), solver=_solver(prob, solver),
                           rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
@@ -48,18 +48,16 @@ def features(prob: ODEProblem, saveat, *, solver=None, rtol=1e-6, atol=1e-6, max
 
 
 def _chosen(prob: ODEProblem, solver, rtol, atol, jacobian) -> tuple:
-    """(`solver`, why): "auto" resolved to a name as `sciad.solve` resolves it, from the problem's
-    values (`sciad._solver_choice.auto_solver`, stage solves by `jacobian`); None and anything else as given."""
-    if isinstance(solver, str) and solver == "auto":
+    """(`solver`, why): "auto" (or None) resolved to a name as `sciad.solve` resolves it, from the
+    problem's values (`sciad._solver_choice.auto_solver`, stage solves by `jacobian`); anything else as given."""
+    if solver is None or (isinstance(solver, str) and solver == "auto"):
         return auto_solver(prob, prob.u0, prob.p, prob.tspan, rtol=rtol, atol=atol, jacobian=jacobian)
-    if solver is None:
-        return None, "sciad.solve's default (Tsit5; Rodas5P with a mass matrix); solver=\"auto\" chooses by stiffness"
     return solver, "given"
 
 
 def _solver(prob: ODEProblem, solver):
-    """The solver `sciad.solve` steps `prob` with for `solver` (None: its default), given the problem's mass matrix."""
-    return dae_solver(get_solver(default_solver(prob.mass_matrix) if solver is None else solver), prob.mass_matrix)
+    """The solver `sciad.solve` steps `prob` with for `solver` (as `_chosen` resolves it), given its mass matrix."""
+    return dae_solver(get_solver(solver), prob.mass_matrix)
 
 
 def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
@@ -91,7 +89,7 @@ def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
 
 
 def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = None, autotune=False,
-                    memory_budget=None, budget=20.0, solver=None, rtol=1e-6, atol=1e-6, max_steps=4096,
+                    memory_budget=None, budget=20.0, solver="auto", rtol=1e-6, atol=1e-6, max_steps=4096,
                     jacobian="auto", cache_dir=None) -> Choice:
     """Choose a sensealg (with its engine) for gradients with respect to p (its
     floating-point array leaves: any PyTree, an equinox model) of `loss(us)`
@@ -101,8 +99,8 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     `sensealg="auto"` uses): sizes, the number of save points, whether the
     solver is implicit and how its stages are solved (`jacobian`, as in
     `sciad.solve`), the stored interpolation's bytes against
-    `memory_budget`. `solver` as in `sciad.solve`: "auto" is resolved as
-    it resolves it, from the problem's values, and the report's features
+    `memory_budget`. `solver` as in `sciad.solve` (default "auto", resolved as
+    it resolves it, from the problem's values); the report's features
     say which solver and why (`solver`, `solver_reason`). With `autotune=True` the candidates are measured on this
     problem within `budget` seconds for the whole call, compilation included:
     the heuristic's pick is compiled first, whatever the budget (so
@@ -182,7 +180,7 @@ def _program(fn: Callable, *args) -> tuple:
 
 
 def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float | None = None,
-            deadline: float | None = None, solver=None, rtol=1e-6, atol=1e-6, max_steps=4096,
+            deadline: float | None = None, solver="auto", rtol=1e-6, atol=1e-6, max_steps=4096,
             max_rounds=50) -> list[dict]:
     """Time the gradient of `loss(us)` (a scalar) wrt p's floating-point array leaves for each
     `(sensealg, reason)`: one dict per candidate, in their order, `name` (`describe`), `reason` and

@@ -16,7 +16,7 @@ from sciad.adjoints._continuous import ContinuousAdjoint
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints._forward import ForwardSensitivity
 from sciad.adjoints._registry import describe, resolve
-from sciad._dae import check_initialization, dae_solver, default_solver, initialise
+from sciad._dae import check_initialization, dae_solver, initialise
 from sciad._dense import DenseOutput
 from sciad._errors import raising_solve_errors
 from sciad._problem import (ODEProblem, check_inputs, check_integrand, check_saveat, check_time_span,
@@ -73,7 +73,7 @@ def get_solver(solver) -> dfx.AbstractSolver:
 
 @dispatching  # an SDEProblem goes to sciad._sde.solve
 @raising_solve_errors
-def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver=None,
+def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="auto",
           rtol=1e-6, atol=1e-6, sensealg="auto", max_steps=4096, dense=False, jacobian="auto", callbacks=(),
           max_events=None, adjoint_rtol=None, adjoint_atol=None, initialization=None) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
@@ -87,15 +87,15 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     decreasing; traced times keep the problem's direction). `integrand` g(u, p, t) (a scalar or a
     PyTree of arrays) gives `Solution.integral` = ∫_{t0}^{t1} g dt, integrated with the solve under
     its error control (q' = g rides along with u), differentiable by every sensealg (the
-    continuous adjoints add ∂g/∂u to λ's equation and ∂g/∂p to μ's). `solver` is a name in
-    `SOLVERS` or a diffrax solver (default: "tsit5", or "rodas5p" for a problem with a mass matrix),
-    or "auto": chosen while tracing (`sciad._solver_choice.auto_solver`; `sciad.select_sensealg(...,
-    solver="auto").report()` says which and why): "rodas5p" for a mass matrix or a stiff problem, else
-    "tsit5"; stiff when an explicit method would need more steps for stability alone (ρ|t1 − t0|/3, ρ
-    the spectral radius of ∂f/∂u estimated by power iterations of JVPs at u0 and an explicit first
-    step on) than 300 at rtol = 1e-6 (`sciad._solver_choice.stiff_steps`: more at tighter rtol and for
-    dense stage solves on many states), from concrete values: this call's u0, p and tspan, the
-    problem's own where they are traced ("tsit5", saying so, when nothing is concrete); stage solves
+    continuous adjoints add ∂g/∂u to λ's equation and ∂g/∂p to μ's). `solver` (default "auto") is a
+    name in `SOLVERS`, a diffrax solver, or "auto" (or None): chosen while tracing, as
+    `sciad.select_sensealg(...).report()` says with why: "rodas5p" for a mass matrix or a stiff
+    problem, else "tsit5". Stiff means that an explicit method would spend more steps on stability
+    alone than `sciad._solver_choice.stiff_steps` allows: from the eigenvalues of ∂f/∂u that power
+    iterations of JVPs find at u0 and an explicit first step on, counting the modes that decay
+    within the time span (an undamped oscillation is the accuracy's work, not stiffness;
+    `sciad._solver_choice`), read from concrete values: this call's u0, p and tspan, the problem's
+    own where they are traced ("tsit5", saying so, when nothing is concrete); stage solves
     dense or sparse as `jacobian` says. Steps are adaptive (PID control at `rtol`, `atol`). A solve that
     needs more than `max_steps` steps (default 4096, as diffrax) raises an error. The continuous
     adjoints solve their linear adjoint systems for the cotangent divided by its largest entry and
@@ -111,7 +111,7 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     `sciad.stiff.Sparse(...)` / `sciad.stiff.MatrixFree(...)`.
 
     A problem with a mass matrix M (`ODEProblem(..., mass_matrix=M)`; a singular M is an index-1
-    DAE) is solved by a solver that takes M: "rodas5p" (the default then) or "rodas4", or
+    DAE) is solved by a solver that takes M: "rodas5p" ("auto"'s choice then) or "rodas4", or
     `sciad.Rodas5P()` / `sciad.Rodas4()` (given without M, they take the problem's). They
     factorise W = M/(hγ) − ∂f/∂u once per step and solve every stage with it: densely
     (`jacobian="dense"`), or with `jacobian="sparse"` (and "auto" where it picks it) by the sparse
@@ -166,9 +166,9 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     mass = prob.mass_matrix
     initialization = check_initialization(initialization, mass)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
-    if isinstance(solver, str) and solver == "auto":  # from concrete values: the problem's where traced
+    if solver is None or (isinstance(solver, str) and solver == "auto"):  # concrete values: the problem's where traced
         solver = auto_solver(prob, u0, p, (t0, t1), rtol=rtol, atol=atol, jacobian=jacobian).name
-    solver = dae_solver(get_solver(default_solver(mass) if solver is None else solver), mass, entries)
+    solver = dae_solver(get_solver(solver), mass, entries)
     solver, stages = with_stage_jacobian(solver, jacobian, prob.f, u0, p, t0)
     ts = check_saveat(saveat, t0, t1, sign)
     if callbacks and dense:

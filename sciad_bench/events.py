@@ -62,7 +62,8 @@ def multi_dose() -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         dose = sciad.PresetTimeCallback(DOSES, lambda u, p, t: u + x[1])
-        sol = sciad.solve(prob, p=x[:1], saveat=saves, callbacks=[dose], rtol=rtol, atol=atol, sensealg=sensealg)
+        sol = sciad.solve(prob, p=x[:1], saveat=saves, callbacks=[dose],
+                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg)
         return jnp.sum((sol.us[:, 0] - data) ** 2)
 
     def diffrax_loss(x, adjoint, rtol, atol):
@@ -94,7 +95,8 @@ def bouncing_ball(bounces: int = 3) -> LossCase:
         bounce = sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: jnp.stack([u[0], -x[1] * u[1]]),
                                           "down")
         events = dict(callbacks=[bounce], max_events=bounces + 1) if bounces else {}
-        sol = sciad.solve(prob, u0=jnp.stack([x[0], 0.0 * x[0]]), rtol=rtol, atol=atol, sensealg=sensealg, **events)
+        sol = sciad.solve(prob, u0=jnp.stack([x[0], 0.0 * x[0]]),
+                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, **events)
         return jnp.sum(sol.us[-1] ** 2)
 
     def diffrax_loss(x, adjoint, rtol, atol):
@@ -115,7 +117,8 @@ def integrate_and_fire() -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         spike = sciad.ContinuousCallback(lambda u, p, t: u[0] - 1.0, lambda u, p, t: jnp.zeros_like(u), "up")
-        sol = sciad.solve(prob, p=x, callbacks=[spike], rtol=rtol, atol=atol, sensealg=sensealg, max_events=8)
+        sol = sciad.solve(prob, p=x, callbacks=[spike],
+                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, max_events=8)
         return jnp.sum((sol.event_times[0][:4] - targets) ** 2)
 
     def diffrax_loss(x, adjoint, rtol, atol):
@@ -145,7 +148,8 @@ def spike_times() -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         spike = sciad.ContinuousCallback(lambda u, p, t: u[0] - 30.0, _spike_reset, "up")
-        sol = sciad.solve(prob, p=x, callbacks=[spike], rtol=rtol, atol=atol, sensealg=sensealg, max_events=4)
+        sol = sciad.solve(prob, p=x, callbacks=[spike],
+                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, max_events=4)
         return jnp.sum((sol.event_times[0][:3] - targets) ** 2)
 
     def diffrax_loss(x, adjoint, rtol, atol):
@@ -175,7 +179,8 @@ def landing() -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         lands = sciad.ContinuousCallback(lambda u, p, t: u[1], None, "down")
-        sol = sciad.solve(prob, u0=launch(x), p=x[:1], callbacks=[lands], rtol=rtol, atol=atol, sensealg=sensealg)
+        sol = sciad.solve(prob, u0=launch(x), p=x[:1], callbacks=[lands],
+                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg)
         return (sol.us[-1, 0] - 10.0) ** 2
 
     def diffrax_loss(x, adjoint, rtol, atol):

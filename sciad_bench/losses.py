@@ -86,7 +86,8 @@ def control_cost() -> LossCase:
     prob = sciad.ODEProblem(_van_der_pol, u0, (0.0, 10.0), np.zeros(16))
 
     def sciad_loss(theta, sensealg, rtol, atol):
-        return sciad.solve(prob, p=theta, integrand=_running_cost, rtol=rtol, atol=atol, sensealg=sensealg).integral
+        return sciad.solve(prob, p=theta, integrand=_running_cost,
+                           solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg).integral
 
     def augmented(t, y, theta):
         return jnp.concatenate([_van_der_pol(y[:2], theta, t), _running_cost(y[:2], theta, t)[None]])
@@ -117,7 +118,8 @@ def time_of_flight() -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         u0, p = _launch(x)
-        sol = sciad.solve(prob, u0=u0, p=p, tspan=(0.0, x[3]), saveat=x[3:], rtol=rtol, atol=atol, sensealg=sensealg)
+        sol = sciad.solve(prob, u0=u0, p=p, tspan=(0.0, x[3]), saveat=x[3:],
+                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg)
         return _miss(sol.us[-1])
 
     def diffrax_loss(x, adjoint, rtol, atol):

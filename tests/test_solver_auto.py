@@ -1,6 +1,6 @@
-"""`solver="auto"`: a solver chosen while tracing from a stiffness estimate on concrete values
-(`sciad._solver_choice`), reported in `Choice.report()`; and auto's `sparse-stages` rule for a
-Rosenbrock solver."""
+"""`solver="auto"` (`sciad.solve`'s default): a solver chosen while tracing from a stiffness
+estimate on concrete values (`sciad._solver_choice`), compiled once per f's content, reported in
+`Choice.report()`; and auto's `sparse-stages` rule for a Rosenbrock solver."""
 
 import dataclasses
 
@@ -59,11 +59,54 @@ def test_a_mass_matrix_chooses_rodas5p():
     assert feat.solver == "Rodas5P" and "mass matrix" in feat.solver_reason
 
 
+def test_a_fast_oscillation_is_not_stiff():
+    """u'' = −ω² u, ω = 1,000 over 160 periods: ρ(∂f/∂u) = ω, but the mode never decays, so resolving it
+    is the accuracy's work (Tsit5 about 10x faster than Rodas5P at rtol 1e-3 to 1e-9)."""
+    rotation = sciad.ODEProblem(lambda u, p, t: jnp.stack([p[0] * u[1], -p[0] * u[0]]), np.array([1.0, 0.0]),
+                                (0.0, 1.0), np.array([1000.0]))
+    feat = chosen(rotation)
+    assert feat.solver == "Tsit5" and "ρ(∂f/∂u) ≈ 1e+03" in feat.solver_reason
+
+
 def test_the_report_names_the_solver_and_why():
-    report = sciad.select_sensealg(STIFF_VDP, solver="auto").report()
+    report = sciad.select_sensealg(STIFF_VDP).report()  # solver="auto" by default
     assert "- solver: Rodas5P" in report and "- solver reason: stiff:" in report
-    default = sciad.select_sensealg(STIFF_VDP).report()
-    assert "- solver: Tsit5" in default and "solver=\"auto\" chooses by stiffness" in default
+    given = sciad.select_sensealg(STIFF_VDP, solver="tsit5").report()
+    assert "- solver: Tsit5" in given and "- solver reason: given" in given
+
+
+def test_solve_chooses_by_default(monkeypatch):
+    picks = []
+
+    def recording(*args, **kw):
+        picks.append(auto_solver(*args, **kw))
+        return picks[-1]
+
+    monkeypatch.setattr(sciad._solve, "auto_solver", recording)
+    sciad.solve(STIFF_VDP, saveat=[1.0])
+    sciad.solve(lotka_volterra().problem, saveat=[1.0], solver=None)
+    assert [pick.name for pick in picks] == ["rodas5p", "tsit5"]
+
+
+def test_the_estimate_compiles_once_per_program(monkeypatch):
+    """An eager solve called again, or a new f with the same program, compiles nothing for the estimate."""
+    traces = []
+    power = sciad._solver_choice._power
+
+    def counting(*args):
+        traces.append(args)
+        return power(*args)
+
+    monkeypatch.setattr(sciad._solver_choice, "_power", counting)
+
+    def problem():  # a fresh function object each time, the same program (its own constant: not seen before)
+        return sciad.ODEProblem(lambda u, p, t: -p * u + 0.123456789, np.ones(3), (0.0, 1.0), np.array([2.0]))
+
+    first = sciad._solver_choice.stiffness(problem().f, np.ones(3), np.array([2.0]), (0.0, 1.0), rtol=1e-6, atol=1e-6)
+    assert len(traces) == 2 and first.rho == pytest.approx(2.0)  # traced once: at u0 and a first step on
+    again = sciad._solver_choice.stiffness(problem().f, np.full(3, 2.0), np.array([3.0]), (0.0, 2.0), rtol=1e-3,
+                                           atol=1e-8)
+    assert len(traces) == 2 and again.rho == pytest.approx(3.0)
 
 
 def test_a_bad_solver_name_lists_auto():
@@ -117,9 +160,9 @@ def test_nothing_concrete_falls_back_to_tsit5_saying_so():
 
 
 def test_a_rosenbrock_solver_with_sparse_stages_goes_through_the_steps():
-    big = brusselator_pde(12)  # 288 states: the choice only, nothing solved
-    choice = sciad.select_sensealg(big.problem, saveat=big.saveat, solver="auto")
-    assert choice.features.solver == "Rodas5P" and "288 states" in choice.features.solver_reason
+    big = brusselator_pde(16)  # 512 states: the choice only, nothing solved
+    choice = sciad.select_sensealg(big.problem, saveat=big.saveat)
+    assert choice.features.solver == "Rodas5P" and "512 states" in choice.features.solver_reason
     assert choice.features.stage_jacobian == "sparse" and choice.features.linearly_implicit
     assert isinstance(choice.sensealg, sciad.ForwardDiffSensitivity) and choice.heuristic_pick.rule == "sparse-stages"
     assert "Rosenbrock" in choice.heuristic_pick.reason and "m = 3 ≤ 8" in choice.heuristic_pick.reason
