@@ -150,7 +150,8 @@ class _Rate:
         return isinstance(other, _Rate) and self.key == other.key
 
     def __call__(self, x, dynamic, t):
-        return jax.core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, x, *jax.tree.leaves(dynamic), t)[0]
+        out = jax.core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, x, *jax.tree.leaves(dynamic), t)[0]
+        return out.astype(x.dtype)  # in u0's dtype, whatever p's
 
 
 def _const_key(value) -> tuple:

@@ -170,3 +170,8 @@ def test_a_rosenbrock_solver_with_sparse_stages_goes_through_the_steps():
     assert isinstance(many.sensealg, sciad.DiscreteAdjoint) and "Newton" in many.reason
     kvaerno = sciad.select_sensealg(big.problem, saveat=big.saveat, solver="kvaerno5")
     assert isinstance(kvaerno.sensealg, sciad.GaussAdjoint) and not kvaerno.features.linearly_implicit
+
+
+def test_a_float32_state_with_float64_parameters():
+    prob = sciad.ODEProblem(van_der_pol, np.array([2.0, 0.0], np.float32), (0.0, 1.0), np.array([1000.0]))
+    assert chosen(prob).solver == "Rodas5P"
