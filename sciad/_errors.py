@@ -9,7 +9,12 @@ equinox raises its run-time error as `f"{msg}\\n\\n\\n<a paragraph asking for eq
 (equinox/_errors.py, `_error`), so under a user's `jax.jit` that paragraph was the last line. Each
 message here is a `_Raising` string, whose formatting raises the `SolveError` itself: the host call
 ends with it, and JAX's runtime error ends with `SolveError: <message>` under `jax.jit` and
-`equinox.filter_jit` alike (tests/test_private_surfaces.py pins that equinox formats it).
+`equinox.filter_jit` alike (tests/test_private_surfaces.py pins that equinox formats it). What else
+runs on the host (a foreign engine's products, the host LU) raises its failures as a SolveError too
+(`host_call`). The error cannot start with the SolveError under a user's `jax.jit`: jaxlib writes
+its message in C++, as "INTERNAL: CpuCallback error calling callback: " and the Python traceback of
+the host call, raised at the user's call of the compiled function, where no sciad code runs; where
+sciad's own call runs eagerly, `raising_solve_errors` raises the SolveError itself.
 
 JAX logs an exception raised in a host callback before re-raising it; a SolveError is kept out of
 that log (equinox.filter_jit does the same for its own), from the first check sciad builds (not at
@@ -24,6 +29,7 @@ import functools
 import logging
 import os
 import warnings
+from typing import Callable
 
 import diffrax as dfx
 import equinox as eqx
@@ -92,6 +98,25 @@ def raising_solve_errors(fn):
                 raise
             raise SolveError(message) from None
         return out
+
+    return call
+
+
+def host_call(fn: Callable, failure: Callable[[Exception], str]) -> Callable:
+    """`fn`, a function a compiled program calls on the host, raising what it raises as a `SolveError`
+    with the message `failure(exception)` (a SolveError as itself): the host call then ends with the
+    SolveError, as sciad's checks do, so it is JAX's runtime error's last line under a user's
+    `jax.jit` and is raised as itself where sciad's call runs eagerly (`raising_solve_errors`)."""
+    callback_logger.addFilter(_QUIET)  # JAX would log it before raising it
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            return fn(*args)
+        except SolveError:
+            raise
+        except Exception as e:
+            raise SolveError(failure(e)) from e
 
     return call
 

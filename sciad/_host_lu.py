@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sciad._errors import host_call
 from sciad._jax_internals import batching, callback_op_sharding, core, mlir
 
 _SUPERLU = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sciad-superlu")  # started on use
@@ -289,9 +290,14 @@ def _lowering(ctx, values, b, *, lu, transpose):
     def host(values, b):
         return (lu(np.asarray(values), np.asarray(b), transpose),)
 
+    def failure(e: Exception) -> str:
+        return (f"the sparse LU solve on the host ({lu!r}) raised {type(e).__name__}: {str(e).rstrip('.')}; pass "
+                "jacobian='dense' or jacobian='matrix-free' to sciad.solve to solve the stages without it")
+
     sharding = callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
-    result, _, _ = mlir.emit_python_callback(ctx, host, None, [values, b], ctx.avals_in, ctx.avals_out,
-                                        has_side_effect=False, returns_token=False, sharding=sharding)
+    result, _, _ = mlir.emit_python_callback(ctx, host_call(host, failure), None, [values, b], ctx.avals_in,
+                                             ctx.avals_out, has_side_effect=False, returns_token=False,
+                                             sharding=sharding)
     return result
 
 

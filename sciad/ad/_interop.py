@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
+from sciad._errors import host_call, raising_solve_errors
 from sciad.ad._backend import AbstractBackend
 from sciad.ad._linear import HigherOrderError, linear_map
 from sciad.ad._registry import get
@@ -36,11 +37,13 @@ def differentiate_with(f: Callable, backend: AbstractBackend | str) -> Callable:
     Second derivatives (Hessians, Newton steps through the products) work for
     engines that declare `higher_order` and raise a clear
     `sciad.ad._linear.HigherOrderError` for the others.
+    What a host engine raises while the program runs (f failing at those
+    inputs, an engine's refusal) is raised as a `sciad.SolveError` naming the
+    engine and the product: as itself where `g` runs eagerly, as JAX's runtime
+    error's last line under `jax.jit` (`sciad.errors.summary`).
     """
     backend = get(backend)
-    if backend.traced:
-        return _traced(f, backend)
-    return _host(f, backend)
+    return raising_solve_errors(_traced(f, backend) if backend.traced else _host(f, backend))
 
 
 def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Callable, *,
@@ -153,7 +156,7 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
 
     @jax.custom_jvp
     def primal(*xs):
-        return _callback(backend, lambda engine, *xs: f(*xs), xs, out_struct(xs))
+        return _callback(backend, lambda engine, *xs: f(*xs), xs, out_struct(xs), "f")
 
     @primal.defjvp
     def primal_jvp(xs, vs):  # reached only when the rules' forward pass is differentiated again
@@ -163,22 +166,23 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
         def product(engine, xs, vs):
             return engine.value_and_pushforward(_restricted(f, xs, at.active), _active(xs, at.active))[1](vs)
 
-        return _callback(backend, product, (at.xs, _active(vs, at.active)), out_struct(at.xs))
+        return _callback(backend, product, (at.xs, _active(vs, at.active)), out_struct(at.xs), "the pushforward of f")
 
     def pullback(at, w):
         def product(engine, xs, w):
             return tuple(engine.value_and_pullback(_restricted(f, xs, at.active), _active(xs, at.active))[1](w))
 
         results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in _active(at.xs, at.active))
-        return _expanded(_callback(backend, product, (at.xs, w), results), at.active)
+        return _expanded(_callback(backend, product, (at.xs, w), results, "the pullback of f"), at.active)
 
     return custom_linear_rules(lambda *xs, active: (primal(*xs), _Point(xs, active)), pushforward, pullback,
                                nondifferentiable=no_second_order)
 
 
-def _callback(backend: AbstractBackend, product: Callable, args: tuple, results):
+def _callback(backend: AbstractBackend, product: Callable, args: tuple, results, what: str):
     """`product(backend, *args)` run on the host through `jax.pure_callback`: engine arrays in,
-    `results`' structure out (one array, or a tuple of them), cast to `results`' dtypes.
+    `results`' structure out (one array, or a tuple of them), cast to `results`' dtypes. What it
+    raises is raised as a `SolveError` naming the engine and `what` it computed (`host_call`).
 
     Under `jax.vmap` the host receives the whole batch (`vmap_method="expand_dims"`): each
     enclosing vmap gives every argument one more leading axis, of the batch's size, or 1 for
@@ -201,7 +205,12 @@ def _callback(backend: AbstractBackend, product: Callable, args: tuple, results)
         return out_tree.unflatten([np.reshape(backend.numpy(y).astype(r.dtype), batch + r.shape)
                                    for y, r in zip(ys, outs, strict=True)])
 
-    return jax.pure_callback(host, results, *leaves, vmap_method="expand_dims")
+    def failure(e: Exception) -> str:
+        return (f"{what} raised {type(e).__name__} on the host (the {backend.name!r} engine, called from JAX): "
+                f"{str(e).rstrip('.')}; where f itself fails at these inputs, fix f, else differentiate it with "
+                "another engine, e.g. 'jax-reverse'")
+
+    return jax.pure_callback(host_call(host, failure), results, *leaves, vmap_method="expand_dims")
 
 
 def _map_batch(backend: AbstractBackend, product: Callable, tree, leaves: tuple, ndims: tuple, batch: tuple):
