@@ -44,7 +44,7 @@ from sciad._jax_internals import callback_logger
 class SolveError(RuntimeError):
     """A check sciad makes while a (possibly compiled) solve runs: non-finite inputs, too many
     steps, an unstable BacksolveAdjoint, an interval budget, no steady state, an engine's derivative
-    that is wrong (enzyme's NaN).
+    that is wrong (enzyme's NaN), a host engine's or the host LU's failure.
 
     Where sciad's own call runs eagerly (not inside a user's `jax.jit`) it is raised as itself
     and `except sciad.SolveError` catches it: from `sciad.solve`, `sciad.steady_state` and
