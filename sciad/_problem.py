@@ -56,7 +56,7 @@ class ODEProblem(eqx.Module):
         self.f = f
         self.u0 = check_state("u0", u0)
         self.p = check_params("p", np.zeros((0,)) if p is None else p)
-        self.tspan = check_tspan(tspan)
+        self.tspan = check_tspan(tspan, traced=TRACED_TSPAN)
         self.mass_matrix = MassMatrix.of(mass_matrix, sum(int(np.size(x)) for x in jax.tree.leaves(self.u0)))
         check_rhs(f, self.u0, self.p, self.tspan[0])
 
@@ -166,9 +166,20 @@ def check_finite(name: str, tree):
     return jax.tree.unflatten(treedef, leaves)
 
 
-def check_tspan(tspan) -> tuple[float, float]:
+TRACED_TSPAN = ("ODEProblem(tspan=...) got traced times (made under jax.jit, jax.grad or jax.vmap), but a "
+                "problem's tspan is static: make the problem with concrete times (in the same direction) and "
+                "pass the traced ones to the solve, which takes them and differentiates them: "
+                "sciad.solve(prob, tspan=(t0, t1))")
+
+
+TRACED = "tspan must be concrete numbers (t0, t1) here, got traced values"
+
+
+def check_tspan(tspan, traced: str = TRACED) -> tuple[float, float]:
     """`(t0, t1)` as floats, both finite and t1 ≠ t0 (t1 < t0 integrates backwards in time), else a
-    ValueError now."""
+    ValueError now (`traced` where a time is a tracer)."""
+    if any(isinstance(t, jax.core.Tracer) for t in jax.tree.leaves(tspan)):
+        raise ValueError(traced)
     try:
         t0, t1 = (float(t) for t in tspan)
     except (TypeError, ValueError) as e:
@@ -306,14 +317,15 @@ def _describe(tree) -> str:
 
 
 def check_saveat(saveat, t0, t1, direction: int | None = None):
-    """`saveat` as times (T,) from t0 towards t1, strictly increasing (decreasing where t1 < t0) inside
-    tspan (default: t0 and t1); a clear error otherwise. `direction` (+1 or -1) is the sign of t1 - t0,
-    needed where t0 or t1 are traced.
+    """`saveat` as times (T,) from t0 towards t1, non-decreasing (non-increasing where t1 < t0) inside
+    tspan (default: t0 and t1); a clear error otherwise. Repeated times are kept, as diffrax keeps them
+    (e.g. a series padded by repeating its last time): their values repeat and their cotangents add
+    up. `direction` (+1 or -1) is the sign of t1 - t0, needed where t0 or t1 are traced.
 
     Concrete times are checked now and returned as NumPy; traced ones (under `jax.jit`, `jax.vmap`)
     must be a non-empty 1-D array and are checked when the program runs."""
     sign = direction or (1 if t1 > t0 else -1)
-    order = "increasing" if sign > 0 else "decreasing"
+    order = "non-decreasing" if sign > 0 else "non-increasing"
     traced = any(isinstance(x, jax.core.Tracer) for x in (saveat, t0, t1))
     if saveat is None:
         return jnp.stack([jnp.asarray(t0, float), jnp.asarray(t1, float)]) if traced else np.array([t0, t1])
@@ -323,16 +335,18 @@ def check_saveat(saveat, t0, t1, direction: int | None = None):
             raise ValueError(f"saveat must be a non-empty 1-D array of times, got shape {tuple(ts.shape)}")
         if not jnp.issubdtype(ts.dtype, jnp.floating):
             raise TypeError(f"saveat has dtype {ts.dtype}; pass float times")
-        bad = (~jnp.all(jnp.isfinite(ts)) | jnp.any(sign * jnp.diff(ts) <= 0) | (sign * (ts[0] - t0) < 0)
+        bad = (~jnp.all(jnp.isfinite(ts)) | jnp.any(sign * jnp.diff(ts) < 0) | (sign * (ts[0] - t0) < 0)
                | (sign * (t1 - ts[-1]) < 0))
-        return error_if(ts, bad, f"saveat must be finite, strictly {order} times inside tspan")
+        return error_if(ts, bad, f"saveat must be finite times inside tspan, {order} from t0 to t1 (repeats allowed)")
     ts = np.atleast_1d(np.asarray(saveat, dtype=float))
     if ts.ndim != 1 or ts.size == 0:
         raise ValueError(f"saveat must be a non-empty 1-D sequence of times, got shape {ts.shape}")
     if not np.all(np.isfinite(ts)):
         raise ValueError("saveat contains non-finite times")
-    if np.any(sign * np.diff(ts) <= 0):
-        raise ValueError(f"saveat must be strictly {order} (t0 towards t1, no repeats)")
+    if np.any(sign * np.diff(ts) < 0):
+        first = int(np.argmax(sign * np.diff(ts) < 0))
+        raise ValueError(f"saveat must be {order} from t0 to t1 (repeats allowed), got saveat[{first}] = "
+                         f"{ts[first]} before saveat[{first + 1}] = {ts[first + 1]}: sort the times")
     if sign * (ts[0] - t0) < 0 or sign * (t1 - ts[-1]) < 0:
         raise ValueError(f"saveat must lie inside tspan ({t0}, {t1}), got [{ts[0]}, {ts[-1]}]")
     return ts

@@ -273,7 +273,8 @@ def solve(prob: SDEProblem, *, key=None, dt0=None, saveat=None, solver=None, sen
                              jnp.asarray(field.held, dtype)])
     merged = field.with_closure(field.held, merged=True)
     system = System(merged, noise, entries, prob.calculus).in_calculus(solver.calculus)
-    saves = save_steps(ts, t0, dt) + ((steps,) if entries else ())
+    kept, repeats = np.unique(save_steps(ts, t0, dt), return_inverse=True)  # repeated save times: saved once
+    saves = tuple(int(k) for k in kept) + ((steps,) if entries else ())
     setup = SDESetup(system, solver, path, float(t0), float(dt), int(steps), saves)
     if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):
         from sciad._auto import auto_sde_sensealg
@@ -297,11 +298,11 @@ def solve(prob: SDEProblem, *, key=None, dt0=None, saveat=None, solver=None, sen
         pieces.append(ys[:-1])
         y = ys[-1]
     ys = jnp.concatenate(pieces)
-    T = len(ts)
+    T = len(kept)
     integral = None
     if integrand is not None:
         integral = Layout.of(eqx.filter_eval_shape(integrand, u0, p, jnp.asarray(t0, dtype)), dtype).unravel(ys[T, n:])
-    us = jax.vmap(field.u.unravel)(ys[:T, :n])
+    us = jax.vmap(field.u.unravel)(ys[:T, :n][repeats])
     return SDESolution(jnp.asarray(ts, dtype), us, {"steps": jnp.asarray(steps, jnp.int32)}, path, integral)
 
 
