@@ -30,9 +30,10 @@ from sciad.adjoints import (
 from sciad._auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
 from sciad._auto import features as trace_features
 from sciad._dae import dae_solver
+from sciad.adjoints._base import is_implicit
 from sciad._problem import ODEProblem, check_saveat
 from sciad._solve import MASS_MATRIX_SENSEALGS, get_solver, solve
-from sciad._solver_choice import auto_solver
+from sciad._solver_choice import auto_solver, estimate, stiff_for_explicit
 from sciad._stiff import with_stage_jacobian
 from sciad._timing import compare, fastest
 
@@ -41,18 +42,24 @@ def features(prob: ODEProblem, saveat, *, solver="auto", rtol=1e-6, atol=1e-6, m
              memory_budget=None) -> Features:
     """`sciad._auto.features` of `prob` saved at `saveat` with `solver` (a name, a diffrax solver, or
     "auto" as in `sciad.solve`)."""
-    solver, why = _chosen(prob, solver, rtol, atol, "auto")
+    solver, why, stiff = _chosen(prob, solver, rtol, atol, "auto")
     return trace_features(prob.u0, prob.p, check_saveat(saveat, *prob.tspan), solver=_solver(prob, solver),
                           rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
-                          mass_matrix=prob.mass_matrix is not None, solver_reason=why)
+                          mass_matrix=prob.mass_matrix is not None, solver_reason=why, stiff=stiff)
 
 
 def _chosen(prob: ODEProblem, solver, rtol, atol, jacobian) -> tuple:
-    """(`solver`, why): "auto" (or None) resolved to a name as `sciad.solve` resolves it, from the
-    problem's values (`sciad._solver_choice.auto_solver`, stage solves by `jacobian`); anything else as given."""
+    """(`solver`, why, stiff): "auto" (or None) resolved to a name as `sciad.solve` resolves it, from the
+    problem's values (`sciad._solver_choice.auto_solver`, stage solves by `jacobian`); anything else as
+    given; and for an explicit solver whether the problem is stiff for it, as `sciad.solve` estimates it
+    (`sciad._solver_choice.stiff_for_explicit`; None: not estimated)."""
     if solver is None or (isinstance(solver, str) and solver == "auto"):
-        return auto_solver(prob, prob.u0, prob.p, prob.tspan, rtol=rtol, atol=atol, jacobian=jacobian)
-    return solver, "given"
+        solver, why, est = auto_solver(prob, prob.u0, prob.p, prob.tspan, rtol=rtol, atol=atol, jacobian=jacobian)
+    else:
+        why, est = "given", None
+    if est is None and prob.mass_matrix is None and not is_implicit(_solver(prob, solver)):
+        est = estimate(prob, prob.u0, prob.p, prob.tspan, rtol=rtol, atol=atol)[0]
+    return solver, why, stiff_for_explicit(est)
 
 
 def _solver(prob: ODEProblem, solver):
@@ -123,10 +130,10 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
     ts = check_saveat(saveat, *prob.tspan)
-    solver, why = _chosen(prob, solver, rtol, atol, jacobian)
+    solver, why, stiff = _chosen(prob, solver, rtol, atol, jacobian)
     stages = with_stage_jacobian(_solver(prob, solver), jacobian, prob.f, prob.u0, prob.p, prob.tspan[0])[1]
     kw = dict(solver=_solver(prob, solver), rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
-              jacobian=stages, mass_matrix=prob.mass_matrix is not None, solver_reason=why)
+              jacobian=stages, mass_matrix=prob.mass_matrix is not None, solver_reason=why, stiff=stiff)
     if not autotune:
         return auto_sensealg(prob.u0, prob.p, ts, **kw)
     if not budget > 0:

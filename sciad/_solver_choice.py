@@ -2,7 +2,7 @@
 
 - A mass matrix (M u' = f) → Rodas5P, the solver that takes one.
 - Otherwise stiff or not, from a stiffness estimate on concrete values: the dominant eigenvalue
-  (or complex pair) of ∂f/∂u, by `ITERATIONS` power iterations of Jacobian-vector products
+  (or complex pair) of ∂f/∂u, by `sciad._stability.ITERATIONS` power iterations of Jacobian-vector products
   (nothing n × n formed) and the Ritz values on the span of the last two iterates, at (u0, p, t0)
   and where an explicit method's first step would take u0 (Hairer's starting step
   h0 = 0.01 ‖u0‖/‖f(u0)‖ in the error norm: f's Jacobian at u0 itself can hide the stiffness, as
@@ -46,8 +46,8 @@ import numpy as np
 
 from sciad._stiff import auto_jacobian
 from sciad._rosenbrock import Rodas5P
+from sciad._stability import STABILITY_STEPS_MIN, power_iterates, ritz_values
 
-ITERATIONS = 12  # power iterations per point: the dominant eigenvalue (pair) to within a few per cent
 STABILITY_INTERVAL = 3.0  # |hλ| an explicit Runge–Kutta method's error control keeps to on a dormant mode
 STIFF_STEPS = 400  # stiff on few states: more steps than this for stability alone
 SMALL_STATES = 32  # beyond this many states Rodas5P's step costs more than Tsit5's in proportion to n
@@ -64,10 +64,12 @@ class Stiffness(NamedTuple):
 
 
 class SolverPick(NamedTuple):
-    """`solver="auto"`'s answer: a name in `sciad._solve.SOLVERS` and why."""
+    """`solver="auto"`'s answer: a name in `sciad._solve.SOLVERS`, why, and the `Stiffness` it
+    estimated (None where it made none)."""
 
     name: str
     reason: str
+    stiffness: Stiffness | None = None
 
 
 def stiff_steps(rtol: float, states: int, stages: str) -> float:
@@ -84,28 +86,43 @@ def auto_solver(prob, u0, p, tspan, *, rtol: float, atol: float, jacobian="auto"
     n = sum(int(np.size(x)) for x in jax.tree.leaves(prob.u0))
     if prob.mass_matrix is not None:
         return SolverPick("rodas5p", f"a mass matrix (M u' = f, {n} states): Rodas5P, a Rosenbrock solver that takes M")
-    given = (u0, p, tspan)
-    values = [x if _concrete(x) else own for x, own in zip(given, (prob.u0, prob.p, prob.tspan))]
-    if not all(map(_concrete, values)):
-        return SolverPick("tsit5", "nothing concrete to estimate stiffness from (u0, p or the time span traced, the "
-                          "problem's own too): Tsit5; pass solver=\"rodas5p\" for a stiff problem")
-    est = stiffness(prob.f, *values, rtol=rtol, atol=atol)
-    if est is None or np.isnan(est.rho):
-        why = ("f closes over traced values, so its Jacobian cannot be estimated while tracing" if est is None else
-               "f or its Jacobian-vector products give NaN at u0, so its stiffness cannot be estimated")
-        return SolverPick("tsit5", f"{why}: Tsit5; pass solver=\"rodas5p\" for a stiff problem")
+    est, values = estimate(prob, u0, p, tspan, rtol=rtol, atol=atol)
+    if isinstance(est, str):
+        return SolverPick("tsit5", f"{est}: Tsit5; pass solver=\"rodas5p\" for a stiff problem")
     if isinstance(jacobian, str) and jacobian == "auto":
         stages, why = auto_jacobian(Rodas5P(), prob.f, values[0], values[1], values[2][0])
     else:
         stages, why = (jacobian if isinstance(jacobian, str) else jacobian.kind), "given"
     bar = stiff_steps(rtol, n, stages)
-    source = "" if all(v is x for v, x in zip(values, given)) else " (the problem's own u0, p, tspan where traced)"
+    source = "" if all(v is x for v, x in zip(values, (u0, p, tspan))) else " (the problem's own u0, p, tspan where traced)"
     measured = (f"ρ(∂f/∂u) ≈ {est.rho:.3g}{source}: an explicit method needs about {est.steps:.3g} steps for "
                 f"stability alone on decayed modes (|λ|(|t1 − t0| − ln(1/rtol)/|Re λ|)/3); stiff beyond "
                 f"{bar:.3g} (rtol {rtol:g}, {n} states, {stages} stage solves" + (f": {why})" if n > SMALL_STATES else ")"))
     if est.steps <= bar:
-        return SolverPick("tsit5", f"not stiff: {measured}: Tsit5, explicit")
-    return SolverPick("rodas5p", f"stiff: {measured}: Rodas5P, linearly implicit")
+        return SolverPick("tsit5", f"not stiff: {measured}: Tsit5, explicit", est)
+    return SolverPick("rodas5p", f"stiff: {measured}: Rodas5P, linearly implicit", est)
+
+
+def stiff_for_explicit(est) -> bool | None:
+    """Whether an explicit solver's steps would be held at its stability limit long enough that
+    derivatives through them lose their accuracy (`STABILITY_STEPS_MIN` steps for stability alone),
+    from `estimate`'s answer (None where it made none)."""
+    return est.steps >= STABILITY_STEPS_MIN if isinstance(est, Stiffness) else None
+
+
+def estimate(prob, u0, p, tspan, *, rtol: float, atol: float) -> tuple:
+    """(the `Stiffness` of `prob` from u0, p and tspan = (t0, t1) where concrete, else the problem's
+    own, or why none can be made (a str); the values (u0, p, tspan) it was made from)."""
+    values = [x if _concrete(x) else own for x, own in zip((u0, p, tspan), (prob.u0, prob.p, prob.tspan))]
+    if not all(map(_concrete, values)):
+        return ("nothing concrete to estimate stiffness from (u0, p or the time span traced, the problem's own "
+                "too)"), values
+    est = stiffness(prob.f, *values, rtol=rtol, atol=atol)
+    if est is None:
+        return "f closes over traced values, so its Jacobian cannot be estimated while tracing", values
+    if np.isnan(est.rho):
+        return "f or its Jacobian-vector products give NaN at u0, so its stiffness cannot be estimated", values
+    return est, values
 
 
 def stiffness(f, u0, p, tspan, *, rtol: float, atol: float) -> Stiffness | None:
@@ -125,10 +142,9 @@ def stiffness(f, u0, p, tspan, *, rtol: float, atol: float) -> Stiffness | None:
         if not _concrete(closed.consts):
             return None
         scalars = (np.asarray(x, flat.dtype) for x in (t0, t1, rtol, atol))
-        vs, gs = map(np.asarray, _iterates(_Rate(closed), flat, dynamic, *scalars))
-    if not (np.all(np.isfinite(vs)) and np.all(np.isfinite(gs))):
+        values = np.asarray(_dominant(_Rate(closed), flat, dynamic, *scalars)).ravel()
+    if not np.all(np.isfinite(values)):
         return Stiffness(math.nan, math.nan)
-    values = np.concatenate([_ritz(v, g) for v, g in zip(vs, gs)])
     decay = np.maximum(-values.real, 0.0)
     dormant = np.maximum(abs(t1 - t0) - np.log(1 / rtol) / np.where(decay > 0, decay, 1.0), 0.0) * (decay > 0)
     return Stiffness(float(np.abs(values).max()), float(np.max(np.abs(values) * dormant) / STABILITY_INTERVAL))
@@ -160,40 +176,20 @@ def _const_key(value) -> tuple:
 
 
 @eqx.filter_jit
-def _iterates(rate: _Rate, x, dynamic, t0, t1, rtol, atol):
-    """`_power`'s iterates and growths of ∂rate/∂x at (x, t0) and one explicit Euler step of Hairer's
-    starting size h0 on (at tolerances `rtol`, `atol`), stacked: (2, 3, n) and (2, 2)."""
+def _dominant(rate: _Rate, x, dynamic, t0, t1, rtol, atol):
+    """The dominant eigenvalue (or complex pair) of ∂rate/∂x, `ritz_values` (2, 2) complex, at (x, t0)
+    and one explicit Euler step of Hairer's starting size h0 on (at tolerances `rtol`, `atol`)."""
     dx = rate(x, dynamic, t0)
     scale = atol + rtol * jnp.abs(x)
     d0, d1 = (jnp.sqrt(jnp.mean(jnp.square(y / scale))) for y in (x, dx))
     h0 = jnp.where((d0 > 1e-5) & (d1 > 1e-5), 0.01 * d0 / jnp.where(d1 > 0, d1, 1.0), 1e-6 * jnp.abs(t1 - t0))
     step = jnp.sign(t1 - t0) * jnp.minimum(h0, jnp.abs(t1 - t0))
-    return jax.tree.map(lambda *a: jnp.stack(a), _power(rate, x, dynamic, t0),
-                        _power(rate, x + step * dx, dynamic, t0 + step))
 
+    def rate_at(y, t):
+        return rate(y, dynamic, t)
 
-def _power(rate, x, dynamic, t):
-    """`ITERATIONS` power iterations of ∂rate/∂x at (x, t) from a fixed random start: the last three
-    unit iterates v (3, n) and the growths g (2,) with J v[i] = g[i] v[i + 1]."""
-    jvp = jax.linearize(lambda y: rate(y, dynamic, t), x)[1]
-    start = np.random.default_rng(0).standard_normal(x.size)
-    v = jnp.asarray(start / np.linalg.norm(start), x.dtype)
-
-    def step(i, carry):
-        a, b, v, g = carry
-        w = jvp(v)
-        norm = jnp.linalg.norm(w)
-        return b, v, jnp.where(norm > 0, w / jnp.where(norm > 0, norm, 1.0), 0.0), jnp.stack([g[1], norm])
-
-    a, b, v, g = jax.lax.fori_loop(0, ITERATIONS, step, (v, v, v, jnp.zeros(2, x.dtype)))
-    return jnp.stack([a, b, v]), g
-
-
-def _ritz(v, g) -> np.ndarray:
-    """The Ritz values (2,) of J on span(v[0], v[1]) from `_power`'s iterates (v[0], v[1] nearly
-    parallel, as a real dominant eigenvalue makes them: one value and 0)."""
-    basis, image = v[:2].T, v[1:].T * g
-    return np.linalg.eigvals(np.linalg.lstsq(basis, image, rcond=1e-6)[0])
+    return jnp.stack([ritz_values(*power_iterates(rate_at, x, t0)),
+                      ritz_values(*power_iterates(rate_at, x + step * dx, t0 + step))])
 
 
 def _concrete(tree) -> bool:

@@ -13,7 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-ITERATIONS = 12  # power iterations: ρ's size to within a factor of about 2
+ITERATIONS = 12  # power iterations: the dominant eigenvalue (pair) to within a few per cent
+
+# An explicit solver's steps sit at its stability limit when it took fewer than this many times the
+# steps stability alone needs (S, `stability_steps`): steps sized by accuracy on a problem with fast
+# modes take many more (experiments/stiff_discrete.py: stiff problems 0.8-1.2 S, non-stiff ones 2.4 S and up).
+STABILITY_LIMITED = 2.0
+STABILITY_STEPS_MIN = 50  # fewer steps for stability alone than this: too few for the tangents to drift
 
 
 def stability_boundary(solver) -> float | None:
@@ -43,37 +49,59 @@ def _boundary(a_lower: tuple, b: tuple) -> float:
     return float(x[np.argmax(unstable)]) if unstable.any() else float(x[-1])
 
 
-def spectral_radius(rate, x, t, iterations: int = ITERATIONS):
-    """ρ(∂rate/∂x) at (x (n,), t) (traced) by power iterations of JVPs from a fixed random start: the
-    geometric mean of the growth over the latter half (a complex or clustered dominant pair does not
-    converge to one vector; its growth does)."""
-    v = np.random.default_rng(0).standard_normal(x.shape)
-    v = jnp.asarray(v / np.linalg.norm(v), x.dtype)
+def power_iterates(rate, x, t, iterations: int = ITERATIONS):
+    """`iterations` power iterations of ∂rate/∂x at (x (n,), t) (traced) by Jacobian-vector products
+    from a fixed random start: the last three unit iterates v (3, n) and the growths g (2,) with
+    J v[i] = g[i] v[i + 1]."""
+    jvp = jax.linearize(lambda y: rate(y, t), x)[1]
+    start = np.random.default_rng(0).standard_normal(x.size)
+    v = jnp.asarray(start / np.linalg.norm(start), x.dtype)
 
-    def power(i, carry):
-        v, logs = carry
-        w = jax.jvp(lambda y: rate(y, t), (x,), (v,))[1]
+    def step(i, carry):
+        a, b, v, g = carry
+        w = jvp(v)
         norm = jnp.linalg.norm(w)
-        return jnp.where(norm > 0, w / jnp.where(norm > 0, norm, 1), v), logs.at[i].set(jnp.log(norm))
+        return b, v, jnp.where(norm > 0, w / jnp.where(norm > 0, norm, 1.0), 0.0), jnp.stack([g[1], norm])
 
-    logs = jax.lax.fori_loop(0, iterations, power, (v, jnp.zeros(iterations, x.dtype)))[1]
-    return jnp.exp(jnp.mean(logs[iterations // 2:]))
+    a, b, v, g = jax.lax.fori_loop(0, iterations, step, (v, v, v, jnp.zeros(2, x.dtype)))
+    return jnp.stack([a, b, v]), g
+
+
+def ritz_values(v, g):
+    """The Ritz values (2,) complex of J on span(v[0], v[1]) from `power_iterates`' iterates: the
+    dominant eigenvalue or complex pair (v[0], v[1] nearly parallel, as a real dominant eigenvalue
+    makes them: that value and 0). Closed form for the 2 × 2 projection, on any backend."""
+    basis, image = v[:2].T, v[1:].T * g
+    m = jnp.linalg.lstsq(basis, image, rcond=1e-6)[0]
+    half_trace, det = (m[0, 0] + m[1, 1]) / 2, m[0, 0] * m[1, 1] - m[0, 1] * m[1, 0]
+    root = jnp.sqrt((half_trace**2 - det).astype(jnp.result_type(m.dtype, jnp.complex64)))
+    return jnp.stack([half_trace + root, half_trace - root])
 
 
 SAMPLES = 8  # states along the solve at which ρ is estimated: u0 and up to this many saved ones
 
 
-def stability_steps(rate, t0, t1, u0, ts, us, beta: float):
-    """S = ∫ ρ(∂rate/∂u) dt / β over [t0, t1]: the steps an explicit method of real stability
-    boundary β needs for stability alone. ρ is estimated at u0 (n,) and at up to `SAMPLES` of the
-    saved states us (T, n) at their times ts (T,) (increasing, inside [t0, t1]), and integrated by the
+def stability_steps(rate, t0, t1, u0, ts, us, beta: float, rtol: float):
+    """S = ∫ ρ dt / β over [t0, t1]: the steps an explicit method of real stability boundary β needs
+    for stability alone on the modes that have decayed below `rtol`. At u0 (n,) and up to `SAMPLES`
+    of the saved states us (T, n) at their times ts (T,) (increasing, inside [t0, t1]), ρ = |λ| of
+    the dominant eigenvalue λ of ∂rate/∂u (`ritz_values`), counted for the part of the span after
+    the mode decays (ln(1/rtol)/|Re λ|; an undamped oscillation counts nothing), integrated by the
     trapezoidal rule, held constant after the last save. `rate(u, t)` (n,). No derivative."""
     T = us.shape[0]
     picked = np.unique(np.linspace(0, T - 1, min(T, SAMPLES)).round().astype(int)) if T else np.zeros(0, int)
     times = jnp.concatenate([jnp.reshape(t0, (1,)), jnp.asarray(ts)[picked]]).astype(u0.dtype)
     states = jnp.concatenate([u0[None], us[picked]])
     times, states = jax.lax.stop_gradient((times, states))
-    rho = jax.vmap(lambda x, t: spectral_radius(rate, x, t))(states, times)
+    span = jax.lax.stop_gradient(t1 - t0)
+
+    def dormant(x, t):
+        values = ritz_values(*power_iterates(rate, x, t))
+        decay = jnp.maximum(-values.real, 0.0)
+        after = jnp.maximum(span - np.log(1 / rtol) / jnp.where(decay > 0, decay, 1.0), 0.0) * (decay > 0)
+        return jnp.max(jnp.abs(values) * after / jnp.where(span > 0, span, 1.0))
+
+    rho = jax.vmap(dormant)(states, times)
     rho = jnp.where(jnp.isfinite(rho), rho, 0.0)
     inside = jnp.sum(jnp.diff(times) * (rho[1:] + rho[:-1]) / 2)
     return (inside + (jax.lax.stop_gradient(t1) - times[-1]) * rho[-1]) / beta

@@ -91,13 +91,13 @@ def test_solve_chooses_by_default(monkeypatch):
 def test_the_estimate_compiles_once_per_program(monkeypatch):
     """An eager solve called again, or a new f with the same program, compiles nothing for the estimate."""
     traces = []
-    power = sciad._solver_choice._power
+    power = sciad._solver_choice.power_iterates
 
     def counting(*args):
         traces.append(args)
         return power(*args)
 
-    monkeypatch.setattr(sciad._solver_choice, "_power", counting)
+    monkeypatch.setattr(sciad._solver_choice, "power_iterates", counting)
 
     def problem():  # a fresh function object each time, the same program (its own constant: not seen before)
         return sciad.ODEProblem(lambda u, p, t: -p * u + 0.123456789, np.ones(3), (0.0, 1.0), np.array([2.0]))

@@ -17,7 +17,7 @@ import sciad.ad as ad
 from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only
 from sciad._dae import MassMatrix, consistent_derivative, held_mass, initialise, released_mass, solver_mass
 from sciad._errors import error_if, solver_failure, warn_if
-from sciad._stability import stability_boundary, stability_steps
+from sciad._stability import STABILITY_LIMITED, STABILITY_STEPS_MIN, stability_boundary, stability_steps
 
 
 class Setup(eqx.Module):
@@ -44,6 +44,9 @@ class Setup(eqx.Module):
     adjoint_atol: float | None = eqx.field(static=True, default=None)
     mass: MassMatrix | None = eqx.field(static=True, default=None)  # a bare setup's (`bare`)
     consistent: bool = eqx.field(static=True, default=False)  # u0's algebraic states are solved here (`initialised`)
+    # The rules' inputs whose cotangent p's is (`AbstractSensitivity.solve`: p, and c where merged): the slots a
+    # pullback accumulates p's cotangent into (`sciad.ad._linear.accumulate_pullback`).
+    parameter_slots: tuple = eqx.field(static=True, default=(1,))
 
     @property
     def adjoint_tolerances(self) -> tuple[float, float]:
@@ -96,6 +99,7 @@ class Setup(eqx.Module):
         `ts`, from t0 to t1 (a bare setup's solver with its mass matrix again)."""
         setup = eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1), self, (self.f.with_closure(c, merged), ts, t0, t1),
                             is_leaf=lambda x: x is None)
+        setup = dataclasses.replace(setup, parameter_slots=(1, 2) if merged else (1,))
         if self.mass is None:
             return setup
         return dataclasses.replace(setup, solver=released_mass(setup.solver, self.mass), mass=None)
@@ -429,14 +433,8 @@ def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
     return warn_if((g_u0, g_p), amplification * rtol > 1, CHAOTIC, amplification)
 
 
-# An explicit solver's steps sit at its stability limit when it took fewer than this many times the
-# steps stability alone needs (S = ∫ρ dt / β, `sciad._stability.stability_steps`): steps sized by
-# accuracy on a problem with fast modes take many more. Stiff problems measured 0.8-1.2 S.
-STABILITY_LIMITED = 2.0
-STABILITY_STEPS_MIN = 50  # fewer steps for stability alone than this: too few for the tangents to drift
-
 STABILITY_LIMITED_MESSAGE = (
-    "{sensealg} differentiates through the steps of {solver}, an explicit solver, and its steps sat at the "
+    "{sensealg} carries its derivative on the steps of {solver}, an explicit solver, and those steps sat at the "
     "solver's stability limit (h ρ(∂f/∂u) ≈ {beta:.2g}): the problem is stiff for it. The step-size control keeps "
     "the solution bounded by rejecting steps, but the steps' linearisation, which carries the tangents and "
     "cotangents, multiplies the stiff modes by about 1 per step where they should decay, with no such feedback: "
@@ -455,7 +453,8 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
         return outputs
     ys, stats = outputs[0], outputs[1]
     n = setup.n
-    S = stability_steps(lambda u, t: setup.f(u, p, t)[:n], setup.t0, setup.t1, u0, setup.ts, ys[:, :n], beta)
+    S = stability_steps(lambda u, t: setup.f(u, p, t)[:n], setup.t0, setup.t1, u0, setup.ts, ys[:, :n], beta,
+                         setup.rtol)
     pred = (S >= STABILITY_STEPS_MIN) & (stats[1] <= STABILITY_LIMITED * S)
     message = STABILITY_LIMITED_MESSAGE.format(sensealg=type(sensealg).__name__, solver=type(setup.solver).__name__,
                                                beta=beta)

@@ -32,6 +32,9 @@ class ForwardSensitivity(AbstractSensitivity):
     """
 
     stores_interpolation = False
+    # S rides on the forward steps: with `seminorm` outside the error control, and inside it the embedded
+    # error estimate does not see a stiff mode's error at the stability limit either (measured 2% off)
+    follows_steps = True
     initialises = True  # consistent tangents: of u0's differential part and p alone
 
     jvp: ad.AbstractBackend
@@ -40,11 +43,6 @@ class ForwardSensitivity(AbstractSensitivity):
     def __init__(self, jvp="jax-forward", seminorm=False):
         self.jvp = ad.get(jvp)
         self.seminorm = bool(seminorm)
-
-    @property
-    def follows_steps(self) -> bool:
-        """With `seminorm`, S is the discrete derivative of the forward steps (outside the error control)."""
-        return self.seminorm
 
     def slow_for(self, states: int, implicit: bool) -> str | None:
         if implicit and states >= SLOW_IMPLICIT_STATES:
