@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sciad.ad as ad
-from sciad.ad._linear import HigherOrderError, linear_map
+from sciad.ad._linear import HigherOrderError, accumulate_pullback, linear_map
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -131,3 +131,35 @@ def test_each_direction_is_traced_only_when_used():
     np.testing.assert_allclose(tangent, jnp.sum(gradient), rtol=1e-6)
     with pytest.raises(TypeError, match="closes over a traced value"):  # a deferred fun must not close over tracers
         jax.jit(lambda x: linear_map(lambda r, v: v * x, lambda r, w: w * x, (), jnp.ones(2), out=jnp.ones(2)))(2.0)
+
+
+def _accumulated(x, p, w, acc):
+    return accumulate_pullback(lambda x, p: jnp.tanh(p[:3] * x) * p[3], x, p, w, acc, (1,))
+
+
+def _plain(x, p, w, acc):
+    x_bar, p_bar = jax.vjp(lambda x, p: jnp.tanh(p[:3] * x) * p[3], x, p)[1](w)
+    return x_bar, acc + p_bar
+
+
+def test_accumulate_pullback_batched_and_differentiated():
+    """`accumulate_pullback` is the plain pullback plus the accumulator, member by member under vmap
+    (p batched or not), and in its derivatives; under a transpose whose batch shares p (slot 1), the
+    batch's p cotangent is its members' sum."""
+    p, acc = jnp.array([0.4, -0.2, 0.9, 1.5]), jnp.array([0.1, 0.2, 0.3, 0.4])
+    xs, ws, ps = X + jnp.arange(4.0)[:, None], Y * jnp.arange(1.0, 5.0)[:, None], p + 0.1 * jnp.arange(4.0)[:, None]
+    for in_axes, args in [((0, None, 0, None), (xs, p, ws, acc)), ((0, 0, 0, 0), (xs, ps, ws, ps))]:
+        for a, b in zip(jax.vmap(_accumulated, in_axes)(*args), jax.vmap(_plain, in_axes)(*args)):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+    tangents = (Y, p[::-1], X, acc * 2)
+    for a, b in zip(jax.jvp(_accumulated, (X, p, Y, acc), tangents), jax.jvp(_plain, (X, p, Y, acc), tangents)):
+        for u, v in zip(a, b):
+            np.testing.assert_allclose(u, v, rtol=1e-12)
+
+    rules = ad.custom_linear_rules(
+        lambda x, p, active: (jnp.tanh(p[:3] * x) * p[3], (x, p)),
+        lambda res, vs: jax.jvp(lambda x, p: jnp.tanh(p[:3] * x) * p[3], res, vs)[1],
+        lambda res, w: _accumulated(*res, w, jnp.zeros_like(res[1])))
+    got = jax.grad(lambda p: jnp.sum(jax.vmap(rules, (0, None))(xs, p) * ws))(p)
+    want = sum(_plain(x, p, w, jnp.zeros_like(p))[1] for x, w in zip(xs, ws))
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -64,7 +64,10 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
     `forward` and the rules themselves (forward-over-reverse Hessians, Newton
     steps through the rules), so everything they run must support forward
     mode. `vmappable=False` batches the rules with a loop; `nondifferentiable`
-    (a reason) makes second derivatives raise it.
+    (a reason) makes second derivatives raise it. Under `jax.vmap`, the
+    cotangents of arguments the batch shares are summed over it; `pullback`
+    may sum them as it goes with `sciad.ad._linear.accumulate_pullback`, the
+    argument's index in `xs` as its slot.
     """
 
     @jax.custom_jvp
@@ -91,8 +94,9 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
             cotangents = pullback(residuals, w)
             return tuple(cotangents[i] for i in active)
 
+        slots = [i for i in active for _ in jax.tree.leaves(vs[i])]  # each linear leaf's argument
         return y, linear_map(lin, lin_t, residuals, tuple(vs[i] for i in active), out=y, vmappable=vmappable,
-                             nondifferentiable=nondifferentiable)
+                             nondifferentiable=nondifferentiable, slots=slots)
 
     return g
 

@@ -15,7 +15,11 @@ built on it composable:
   `linear_call` asserts `dr = 0` instead.
 - transpose: `transpose(r, ·)`, whose own transpose is `fun(r, ·)` again.
 - batching: `jax.vmap` of both, or, for engines that cannot be vmapped
-  (`vmappable=False`), a sequential `jax.lax.map` over the batch.
+  (`vmappable=False`), a sequential `jax.lax.map` over the batch. Unbatched
+  linear inputs (a batch's shared parameters) stay unbatched: their cotangents
+  are summed over the batch, inside the transpose wherever it accumulates them
+  with `accumulate_pullback` (one pullback of the batched function with respect
+  to the shared input per step, instead of one cotangent per member per step).
 
 A map whose `fun` runs outside JAX (a host callback) cannot be differentiated
 in its residuals; `nondifferentiable` then gives the reason, raised as a clear
@@ -51,13 +55,17 @@ REVERSE_OVER_REVERSE = (
 
 
 def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, out=None, vmappable: bool = True,
-               nondifferentiable: str | None = None):
+               nondifferentiable: str | None = None, slots: tuple | None = None):
     """`fun(residuals, linear)` (PyTrees of arrays in and out), linear in `linear`,
     with `transpose(residuals, cotangent) -> cotangent of linear` as its transpose. `out`: the
     structure, shapes and dtypes of fun's output (arrays or `jax.ShapeDtypeStruct`s), where known:
-    `fun` is then traced only when the map is evaluated (it must close over no traced value)."""
+    `fun` is then traced only when the map is evaluated (it must close over no traced value).
+    `slots`: one key per leaf of `linear` (default: its index), as `accumulate_pullback` names them."""
     res_flat, res_tree = jax.tree.flatten(residuals)
     lin_flat, lin_tree = jax.tree.flatten(linear)
+    slots = tuple(range(len(lin_flat))) if slots is None else tuple(slots)
+    if len(slots) != len(lin_flat):
+        raise TypeError(f"linear_map: {len(slots)} slots for {len(lin_flat)} linear leaves")
     out_tree = [] if out is None else [jax.tree.structure(out)]
 
     def flat_fun(*args):
@@ -91,7 +99,7 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, out=Non
 
     out = linear_map_p.bind(*consts, *res_flat, *lin_flat, callee=callee, transpose_thunk=transpose_thunk,
                             num_consts=len(consts), num_res=len(res_flat), vmappable=vmappable,
-                            nondifferentiable=nondifferentiable)
+                            nondifferentiable=nondifferentiable, slots=slots)
     return jax.tree.unflatten(out_tree[0], out)
 
 
@@ -189,9 +197,9 @@ def _is_zero(t) -> bool:
     return type(t) is jax_ad.Zero or getattr(t, "dtype", None) == jax.dtypes.float0
 
 
-def _jvp(primals, tangents, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable):
+def _jvp(primals, tangents, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable, slots):
     params = dict(callee=callee, transpose_thunk=transpose_thunk, num_consts=num_consts, num_res=num_res,
-                  vmappable=vmappable, nondifferentiable=nondifferentiable)
+                  vmappable=vmappable, nondifferentiable=nondifferentiable, slots=slots)
     nres = num_consts + num_res
     res, lin = list(primals[:nres]), list(primals[nres:])
     dres, dlin = tangents[:nres], tangents[nres:]
@@ -236,7 +244,7 @@ def _residual_term(callee, res, lin, active, dres, vmappable):
     return linear_map(pushforward, pullback, (res, lin), dres, vmappable=vmappable)
 
 
-def _transpose(cts, *args, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable):
+def _transpose(cts, *args, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable, slots):
     nres = num_consts + num_res
     res, lin = args[:nres], args[nres:]
     if any(jax_ad.is_undefined_primal(r) for r in res):
@@ -247,45 +255,181 @@ def _transpose(cts, *args, callee, transpose_thunk, num_consts, num_res, vmappab
     cts = [jnp.zeros(a.shape, a.dtype) if ct is None else ct for ct, a in zip(cts, callee.out_avals)]
     out = linear_map_p.bind(*t_consts, *user_res, *cts, callee=t_jaxpr if isinstance(t_jaxpr, _Callee) else _Callee(t_jaxpr),
                             transpose_thunk=lambda: (callee, list(consts)), num_consts=len(t_consts),
-                            num_res=num_res, vmappable=vmappable, nondifferentiable=nondifferentiable)
+                            num_res=num_res, vmappable=vmappable, nondifferentiable=nondifferentiable,
+                            slots=tuple(range(len(cts))))
     return [None] * nres + list(out)
 
 
-def _batch(axis_data, args, dims, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable):
-    """vmap of the map and of its transpose (or lax.map where the engine cannot be vmapped);
-    unbatched linear inputs are broadcast so the batched map stays linear in all of them."""
+def _batch(axis_data, args, dims, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable,
+           slots):
+    """vmap of the map and of its transpose (or lax.map where the engine cannot be vmapped). Unbatched
+    linear inputs stay unbatched: the transpose sums their cotangents over the batch, under a named
+    axis (`_Summed`) that lets `accumulate_pullback` sum them step by step."""
     params = dict(callee=callee, transpose_thunk=transpose_thunk, num_consts=num_consts, num_res=num_res,
-                  vmappable=vmappable, nondifferentiable=nondifferentiable)
+                  vmappable=vmappable, nondifferentiable=nondifferentiable, slots=slots)
     if all(d is None for d in dims):
         out = linear_map_p.bind(*args, **params)
         return out, [None] * len(out)
-    size = axis_data.size
     args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
     batched = [d is not None for d in dims]
     nres = num_consts + num_res
     res, res_batched = list(args[:nres]), batched[:nres]
-    lin = [a if b else jnp.broadcast_to(a, (size, *a.shape)) for a, b in zip(args[nres:], batched[nres:])]
+    lin, lin_batched = list(args[nres:]), batched[nres:]
+    shared = [i for i, b in enumerate(lin_batched) if not b]
 
-    def rows(jaxpr, consts, res, res_batched, rest):
-        """`jaxpr(*consts, *res, *rest)` row by row: `res` batched where `res_batched`, `rest` all batched."""
-        def row(batched_res, rest_row):
-            it = iter(batched_res)
-            return _run(jaxpr, *consts, *(next(it) if b else r for r, b in zip(res, res_batched)), *rest_row)
+    def rows(jaxpr, consts, res, res_batched, rest, rest_batched, out_batched=None, axis_name=None):
+        """`jaxpr(*consts, *res, *rest)` row by row, `res` and `rest` batched where marked; outputs
+        batched except where `out_batched` says not (summed over the batch: `_total`)."""
+        def row(batched_args):
+            it = iter(batched_args)
+            full = [next(it) if b else a for a, b in zip([*res, *rest], [*res_batched, *rest_batched])]
+            out = _run(jaxpr, *consts, *full)
+            if out_batched is None:
+                return out
+            return [o if b else total_p.bind(o, axis_name=axis_name) for o, b in zip(out, out_batched)]
 
-        batched_res = [r for r, b in zip(res, res_batched) if b]
+        batched_args = [a for a, b in zip([*res, *rest], [*res_batched, *rest_batched]) if b]
+        out_axes = 0 if out_batched is None else [0 if b else None for b in out_batched]
         if vmappable:
-            return jax.vmap(row)(batched_res, list(rest))
-        return jax.lax.map(lambda xs: row(*xs), (batched_res, list(rest)))
+            return jax.vmap(row, axis_name=axis_name, out_axes=out_axes)(batched_args)
+        out = jax.lax.map(row, batched_args)
+        return out if out_batched is None else [o if b else jnp.sum(o, axis=0) for o, b in zip(out, out_batched)]
 
     def fun(res, lin):
-        return rows(callee, [], res, res_batched, lin)
+        return rows(callee, [], res, res_batched, lin, lin_batched)
 
     def transpose(res, cts):  # the transpose jaxpr takes (its own consts, the user residuals, cotangents)
         jaxpr, t_consts = transpose_thunk()
-        return rows(jaxpr, t_consts, res[num_consts:], res_batched[num_consts:], cts)
+        name = _Summed(frozenset(slots[i] for i in shared)) if shared else None
+        return rows(jaxpr, t_consts, res[num_consts:], res_batched[num_consts:], cts, [True] * len(cts),
+                    lin_batched, name)
 
-    out = linear_map(fun, transpose, res, lin, vmappable=vmappable, nondifferentiable=nondifferentiable)
+    out = linear_map(fun, transpose, res, lin, vmappable=vmappable, nondifferentiable=nondifferentiable, slots=slots)
     return out, [0] * len(out)
+
+
+class _Summed:
+    """The name of the batch axis of a transpose whose cotangents for `slots` (linear inputs shared by
+    the batch) are summed over it: `accumulate_pullback` may sum them step by step. Equal only to itself."""
+
+    def __init__(self, slots: frozenset):
+        self.slots = slots
+
+    def __repr__(self) -> str:
+        return f"Summed({sorted(self.slots)})"
+
+
+def _summing(axis_data, slots) -> bool:
+    return isinstance(axis_data.name, _Summed) and set(slots) <= axis_data.name.slots
+
+
+# `total(x)`: x; under a `_Summed` axis, an unbatched x is already the batch's total and a batched one is summed.
+total_p = core.Primitive("sciad_total")
+total_p.def_impl(lambda x, axis_name: x)
+total_p.def_abstract_eval(lambda x, axis_name: x)
+mlir.register_lowering(total_p, mlir.lower_fun(lambda x, axis_name: x, multiple_results=False))
+
+
+def _total_batch(axis_data, args, dims, *, axis_name):
+    (x,), (d,) = args, dims
+    if d is not None and axis_data.name is axis_name:
+        return jnp.sum(x, axis=d), None
+    return total_p.bind(x, axis_name=axis_name), d
+
+
+batching.fancy_primitive_batchers[total_p] = _total_batch
+jax_ad.deflinear2(total_p, lambda ct, x, axis_name: [total_p.bind(ct, axis_name=axis_name)])
+
+
+def accumulate_pullback(fun: Callable, x, p, cotangent, p_bar, slots: tuple):
+    """(xᵀ: the cotangent of x, p_bar + pᵀ) for `fun(x, p)` pulled back from `cotangent`: a step of a
+    transpose that accumulates the cotangent `p_bar` of its linear inputs `slots` (their keys in
+    `linear_map`). Under the batch axis of a transpose whose inputs `slots` the batch shares (p and
+    p_bar unbatched), p_bar stays unbatched: the batch's total, added to by one pullback of the
+    batched `fun` with respect to the shared p. `p_bar` must then reach the transpose's output only
+    through these steps (an unbatched p_bar is a total, not a member's)."""
+    x_flat, x_tree = jax.tree.flatten(x)
+    p_flat, p_tree = jax.tree.flatten(p)
+
+    def flat_fun(*args):
+        return jax.tree.leaves(fun(jax.tree.unflatten(x_tree, args[: len(x_flat)]),
+                                   jax.tree.unflatten(p_tree, args[len(x_flat):])))
+
+    jaxpr, consts = _trace(flat_fun, [*x_flat, *p_flat])
+    ct_flat = jax.tree.leaves(cotangent)
+    acc_flat, acc_tree = jax.tree.flatten(p_bar)
+    if acc_tree != p_tree:
+        raise TypeError(f"accumulate_pullback: p_bar has structure {acc_tree}, p {p_tree}")
+    out = accumulate_p.bind(*consts, *x_flat, *p_flat, *ct_flat, *acc_flat, jaxpr=jaxpr, num_consts=len(consts),
+                            num_x=len(x_flat), num_p=len(p_flat), slots=tuple(slots))
+    return jax.tree.unflatten(x_tree, out[: len(x_flat)]), jax.tree.unflatten(p_tree, out[len(x_flat):])
+
+
+accumulate_p = core.Primitive("sciad_accumulate_pullback")
+accumulate_p.multiple_results = True
+
+
+def _split_accumulate(args, num_consts, num_x, num_p):
+    consts, rest = args[:num_consts], args[num_consts:]
+    x, rest = rest[:num_x], rest[num_x:]
+    p, rest = rest[:num_p], rest[num_p:]
+    return consts, x, p, rest[:-num_p], rest[-num_p:]
+
+
+def _accumulate_impl(*args, jaxpr, num_consts, num_x, num_p, slots):
+    consts, x, p, ct, acc = _split_accumulate(args, num_consts, num_x, num_p)
+    _, pullback = jax.vjp(lambda x, p: _run(jaxpr, *consts, *x, *p), list(x), list(p))
+    x_bar, p_bar = pullback(list(ct))
+    return [*x_bar, *(a + g for a, g in zip(acc, p_bar))]
+
+
+def _accumulate_abstract_eval(*args, jaxpr, num_consts, num_x, num_p, slots):
+    _, x, p, _, acc = _split_accumulate(args, num_consts, num_x, num_p)
+    return [*x, *acc]
+
+
+def _accumulate_batch(axis_data, args, dims, *, jaxpr, num_consts, num_x, num_p, slots):
+    params = dict(jaxpr=jaxpr, num_consts=num_consts, num_x=num_x, num_p=num_p, slots=slots)
+    args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    axes = [None if d is None else 0 for d in dims]
+    c_axes, _, p_axes, _, acc_axes = _split_accumulate(axes, num_consts, num_x, num_p)
+    if not (_summing(axis_data, slots) and all(d is None for d in (*p_axes, *acc_axes))):
+        out = jax.vmap(lambda *a: _accumulate_impl(*a, **params), in_axes=axes)(*args)
+        return out, [0] * len(out)
+    # The batch shares p and sums its cotangent: one pullback of the batched fun with respect to p.
+    def rows(xs, xs_axes):  # x and the cotangent: batched throughout
+        return [a if d is not None else jnp.broadcast_to(a, (axis_data.size, *jnp.shape(a))) for a, d in zip(xs, xs_axes)]
+
+    consts, x, p, ct, acc = _split_accumulate(args, num_consts, num_x, num_p)
+    _, x_axes, _, ct_axes, _ = _split_accumulate(axes, num_consts, num_x, num_p)
+    x, ct = rows(x, x_axes), rows(ct, ct_axes)
+
+    def batched(x, p):
+        return jax.vmap(lambda c, x: _run(jaxpr, *c, *x, *p), in_axes=(c_axes, 0))(list(consts), x)
+
+    x_bar, p_bar = jax.vjp(batched, list(x), p)[1](list(ct))
+    return [*x_bar, *(a + g for a, g in zip(acc, p_bar))], [0] * num_x + [None] * num_p
+
+
+def _accumulate_jvp(primals, tangents, *, jaxpr, num_consts, num_x, num_p, slots):
+    """Primal and tangent as one pullback of fun's jvp, (x, dx), (p, dp) -> (y, dy), from (dct, ct):
+    its cotangent of (x, p) is the tangent of fun's pullback, that of (dx, dp) the pullback itself."""
+    tangents = [jax_ad.instantiate_zeros(t) if type(t) is jax_ad.Zero else t for t in tangents]
+    consts, x, p, ct, acc = _split_accumulate(primals, num_consts, num_x, num_p)
+    dconsts, dx, dp, dct, dacc = _split_accumulate(tangents, num_consts, num_x, num_p)
+
+    def doubled(x2, p2):
+        (x, dx), (p, dp) = x2, p2
+        y, dy = jax.jvp(lambda c, x, p: _run(jaxpr, *c, *x, *p), (list(consts), x, p), (list(dconsts), dx, dp))
+        return y, dy
+
+    (dx_bar, x_bar), (dp_bar, p_bar) = accumulate_pullback(doubled, (list(x), list(dx)), (list(p), list(dp)),
+                                                           (list(dct), list(ct)), (list(dacc), list(acc)), slots)
+    return [*x_bar, *p_bar], [*dx_bar, *dp_bar]
+
+
+def _accumulate_transpose(*args, **params):
+    raise HigherOrderError(REVERSE_OVER_REVERSE)
 
 
 linear_map_p.def_impl(_impl)
@@ -294,3 +438,10 @@ jax_ad.primitive_jvps[linear_map_p] = _jvp
 jax_ad.primitive_transposes[linear_map_p] = _transpose
 batching.fancy_primitive_batchers[linear_map_p] = _batch
 mlir.register_lowering(linear_map_p, mlir.lower_fun(_impl, multiple_results=True))
+
+accumulate_p.def_impl(_accumulate_impl)
+accumulate_p.def_abstract_eval(_accumulate_abstract_eval)
+jax_ad.primitive_jvps[accumulate_p] = _accumulate_jvp
+jax_ad.primitive_transposes[accumulate_p] = _accumulate_transpose
+batching.fancy_primitive_batchers[accumulate_p] = _accumulate_batch
+mlir.register_lowering(accumulate_p, mlir.lower_fun(_accumulate_impl, multiple_results=True))

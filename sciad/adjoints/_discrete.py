@@ -14,6 +14,7 @@ from sciad.adjoints._base import (AbstractSensitivity, Setup, checked, plain_for
 from sciad.adjoints._stepping import Stepper
 from sciad._diffrax_internals import WrapTerm
 from sciad._errors import batch_any
+from sciad.ad._linear import accumulate_pullback
 
 STORE_ALL_BYTES = 2**28  # auto's `stored-steps` rule: DiscreteAdjoint where max_steps states fit (256 MiB)
 STATE_COPIES = 1  # the stored reverse pass keeps each accepted step's state once (recomputing its stages)
@@ -308,25 +309,29 @@ def _pullback(rest, stride: int, arrays, rec: _Record, w):
 
     def back(carry):
         k, y_bar, p_bar = carry
-        k = jnp.maximum(k, 0)  # a finished member of a vmap batch runs on, its result discarded
+        on = k >= 0
+        k = jnp.maximum(k, 0)  # a finished member of a vmap batch runs on over no steps
         # Re-solving runs only where some member of a batch needs it.
         t, y, accepted = jax.lax.cond(
             batch_any(k != rec.last),
             lambda: jax.tree.map(lambda a, b: jnp.where(k == rec.last, a, b), stored, resolved(k)), lambda: stored)
-        y_bar, g = _reverse_steps(setup, stepper, saves, t, y, accepted, rec.p, w, y_bar)
-        return k - 1, y_bar, p_bar + g
+        y_bar, p_bar = _reverse_steps(setup, stepper, saves, t, y, jnp.where(on, accepted, 0), rec.p, w, y_bar, p_bar)
+        return k - 1, y_bar, p_bar
 
     # A solve of no steps (t0 = t1) saved y0 at every save time.
     y_bar = jnp.where(rec.none, jnp.sum(w, axis=0), jnp.zeros_like(rec.y[0]))
-    _, y_bar, p_bar = jax.lax.while_loop(lambda carry: carry[0] >= 0, back, (rec.last, y_bar, jnp.zeros_like(rec.p)))
+    # The loops run while any member of a batch has steps left (an unbatched condition), so that p's
+    # cotangent, where the batch shares p, stays one sum over the batch (`accumulate_pullback`).
+    _, y_bar, p_bar = jax.lax.while_loop(lambda carry: batch_any(carry[0] >= 0), back,
+                                         (rec.last, y_bar, jnp.zeros_like(rec.p)))
     return y_bar[: setup.n], p_bar
 
 
-def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, y_bar):
-    """(the cotangent of y at t[0], the steps' wᵀ ∂ys/∂p) back over `accepted` stored steps (t (S + 1,)
+def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, y_bar, p_bar):
+    """(the cotangent of y at t[0], p_bar plus the steps' wᵀ ∂ys/∂p) back over `accepted` stored steps (t (S + 1,)
     and y (S + 1, n + k) from t[0]) from `y_bar`, the cotangent of their end state: each step from its
-    start recomputed under `jax.vjp` (diffrax's step, as the forward solve took it: its first stage
-    re-evaluated instead of carried) and given the cotangents of its end state and of the saves (at
+    start recomputed and pulled back (diffrax's step, as the forward solve took it: its first stage
+    re-evaluated instead of carried) from the cotangents of its end state and of the saves (at
     `saves`) its dense output gave: those in (t[i], t[i + 1]], and for a first step from t0, at t0 too."""
     first = jnp.searchsorted(saves, t, side="right")  # step i gave saves[first[i]:first[i + 1]]
     first = first.at[0].set(jnp.where(t[0] > setup.t0, first[0], 0))
@@ -335,14 +340,15 @@ def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, 
 
     def back(carry):
         i, y_bar, p_bar = carry
-        i = jnp.maximum(i, 0)  # a finished member of a vmap batch runs on, its result discarded
+        on = i >= 0
+        i = jnp.maximum(i, 0)  # a finished member of a vmap batch runs on, its cotangents zero
         t0, t1 = t[i], t[i + 1]
 
         def step(y0, p):
             y1, _, dense, _, _ = stepper.step(t0, t1, y0, p, state, True)
             return y1, dense
 
-        (_, dense), pullback = jax.vjp(step, y[i], p)
+        dense = step(y[i], p)[1]
         zero = jax.tree.map(jnp.zeros_like, dense)
 
         def save(k, dense_bar):
@@ -351,11 +357,13 @@ def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, 
 
         lo, hi = first[i], first[i + 1]
         dense_bar = jax.lax.cond(hi > lo, lambda: jax.lax.fori_loop(lo, hi, save, zero), lambda: zero)
-        y_bar, g = pullback((y_bar, dense_bar))
-        return i - 1, y_bar, p_bar + g
+        cotangent = jax.tree.map(lambda c: jnp.where(on, c, jnp.zeros_like(c)), (y_bar, dense_bar))
+        y_bar_i, p_bar = accumulate_pullback(step, y[i], p, cotangent, p_bar, setup.parameter_slots)
+        return i - 1, jnp.where(on, y_bar_i, y_bar), p_bar
 
-    _, y_bar, p_bar = jax.lax.while_loop(lambda carry: carry[0] >= 0, back, (accepted - 1, y_bar, jnp.zeros_like(p)))
+    _, y_bar, p_bar = jax.lax.while_loop(lambda carry: batch_any(carry[0] >= 0), back, (accepted - 1, y_bar, p_bar))
     return y_bar, p_bar
+
 
 def _recorded(setup: Setup, recording: Callable):
     """(u0, p) -> (us, stats, result, pb): the forward solve and the pullback `pb` that `recording`
