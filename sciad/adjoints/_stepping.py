@@ -49,9 +49,9 @@ class March(eqx.Module):
 class Stepper(eqx.Module):
     """A diffrax solver and its step-size controller for `terms`, prepared as `diffrax.diffeqsolve`
     prepares them (in `ForwardMode`): stages as a plain `lax.while_loop` where the solver has a choice (its
-    default loop is a custom_vjp, which forward mode cannot enter; `forward_mode=False` makes it a bounded
-    loop instead, for steps that reverse mode differentiates: plain JAX, whose pullback under `jax.vmap`
-    keeps the cotangent of an unbatched input one sum), and an implicit solver's root
+    default loop is a custom_vjp, which forward mode cannot enter; `forward_mode=False` keeps it, for
+    steps that reverse mode differentiates: a bounded loop would keep an unbatched input's cotangent one
+    sum under `jax.vmap`, but doubles a single trajectory's reverse pass), and an implicit solver's root
     finder given the controller's rtol, atol and norm where it leaves them to the controller. Every
     loop sciad runs over a solver's steps itself (the backward sweep, event location) steps one."""
 
@@ -64,9 +64,8 @@ class Stepper(eqx.Module):
            forward_mode: bool = True) -> "Stepper":
         """`solver` on `terms` with adaptive steps at rtol, atol (`step_controller`; `norm`: its norm)."""
         controller = step_controller(solver, rtol, atol, norm)
-        if isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
-            solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax" if forward_mode else "bounded",
-                                 is_leaf=lambda x: x is None)
+        if forward_mode and isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
+            solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
         if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
             for name in ("rtol", "atol", "norm"):
                 if getattr(solver.root_finder, name, None) is use_stepsize_tol:
