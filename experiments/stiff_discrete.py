@@ -113,7 +113,8 @@ HELD_OUT = [
 ]
 
 
-def row(name, problem, solver, rtol, errors=True, max_steps=200_000):
+def objective(problem, max_steps=200_000):
+    """(the problem, its 10 save times, loss(p, solver, sensealg, rtol)): random weights on the saves."""
     f, u0, p, T = problem
     prob = sciad.ODEProblem(f, u0, (0.0, T), p)
     saveat = jnp.linspace(0.0, T, 11)[1:]
@@ -123,6 +124,13 @@ def row(name, problem, solver, rtol, errors=True, max_steps=200_000):
         sol = sciad.solve(prob, p=p, saveat=saveat, solver=solver, sensealg=sensealg, rtol=rtol, atol=rtol,
                           max_steps=max_steps)
         return jnp.sum(sol.us * weights)
+
+    return prob, saveat, loss
+
+
+def row(name, problem, solver, rtol, errors=True, max_steps=200_000):
+    f, u0, p, T = problem
+    prob, saveat, loss = objective(problem, max_steps)
 
     explicit = SOLVERS[solver]()
     sol = sciad.solve(prob, saveat=saveat, solver=explicit, sensealg="DiscreteAdjoint", rtol=rtol, atol=rtol,
@@ -149,15 +157,8 @@ def every_sensealg():
     (stiffness ratio 2e4) by Dopri5, rtol = atol = 1e-6: the relative error of p·∂L/∂p, or the error raised."""
     rows = []
     for name, problem, solver in (("robertson T=0.4", robertson(0.4), "tsit5"), ("linear ratio 2e4", linear(2e4), "dopri5")):
-        f, u0, p, T = problem
-        prob = sciad.ODEProblem(f, u0, (0.0, T), p)
-        saveat = jnp.linspace(0.0, T, 11)[1:]
-        weights = jnp.asarray(np.random.default_rng(1).standard_normal((10, u0.size)))
-
-        def loss(p, solver, sensealg, rtol):
-            sol = sciad.solve(prob, p=p, saveat=saveat, solver=solver, sensealg=sensealg, rtol=rtol, atol=rtol,
-                              max_steps=200_000)
-            return jnp.sum(sol.us * weights)
+        p = problem[2]
+        _, _, loss = objective(problem)
 
         reference = p * jax.grad(loss)(p, "rodas5p", sciad.DiscreteAdjoint(), 1e-10)
         for sensealg in [*sciad.adjoints.SENSEALGS, "auto"]:
