@@ -33,7 +33,7 @@ from sciad._dae import dae_solver
 from sciad.adjoints._base import is_implicit
 from sciad._problem import ODEProblem, check_saveat
 from sciad._solve import MASS_MATRIX_SENSEALGS, get_solver, solve
-from sciad._solver_choice import auto_solver, estimate, stiff_for_explicit
+from sciad._solver_choice import choose
 from sciad._stiff import with_stage_jacobian
 from sciad._timing import compare, fastest
 
@@ -53,13 +53,8 @@ def _chosen(prob: ODEProblem, solver, rtol, atol, jacobian) -> tuple:
     problem's values (`sciad._solver_choice.auto_solver`, stage solves by `jacobian`); anything else as
     given; and for an explicit solver whether the problem is stiff for it, as `sciad.solve` estimates it
     (`sciad._solver_choice.stiff_for_explicit`; None: not estimated)."""
-    if solver is None or (isinstance(solver, str) and solver == "auto"):
-        solver, why, est = auto_solver(prob, prob.u0, prob.p, prob.tspan, rtol=rtol, atol=atol, jacobian=jacobian)
-    else:
-        why, est = "given", None
-    if est is None and prob.mass_matrix is None and not is_implicit(_solver(prob, solver)):
-        est = estimate(prob, prob.u0, prob.p, prob.tspan, rtol=rtol, atol=atol)[0]
-    return solver, why, stiff_for_explicit(est)
+    return choose(prob, solver, prob.u0, prob.p, prob.tspan, rtol=rtol, atol=atol, jacobian=jacobian,
+                  implicit=lambda solver: is_implicit(_solver(prob, solver)))
 
 
 def _solver(prob: ODEProblem, solver):

@@ -23,7 +23,7 @@ from sciad._problem import (ODEProblem, check_inputs, check_integrand, check_sav
                            check_tolerances)
 from sciad._rosenbrock import Rodas4, Rodas5P
 from sciad._sde import dispatching
-from sciad._solver_choice import auto_solver, estimate, stiff_for_explicit
+from sciad._solver_choice import choose
 from sciad._stiff import with_stage_jacobian
 from sciad._vector_field import VectorField
 
@@ -167,12 +167,10 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     initialization = check_initialization(initialization, mass)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
     auto = sensealg is None or (isinstance(sensealg, str) and sensealg == "auto")
-    stiffness = None
-    if solver is None or (isinstance(solver, str) and solver == "auto"):  # concrete values: the problem's where traced
-        solver, _, stiffness = auto_solver(prob, u0, p, (t0, t1), rtol=rtol, atol=atol, jacobian=jacobian)
+    # concrete values: the problem's where traced; stiffness for auto's sensealg with an explicit solver
+    solver, _, stiff = choose(prob, solver, u0, p, (t0, t1), rtol=rtol, atol=atol, jacobian=jacobian,
+                              implicit=lambda solver: is_implicit(get_solver(solver)), stiffness=auto)
     solver = dae_solver(get_solver(solver), mass, entries)
-    if auto and stiffness is None and mass is None and not is_implicit(solver):
-        stiffness = estimate(prob, u0, p, (t0, t1), rtol=rtol, atol=atol)[0]
     solver, stages = with_stage_jacobian(solver, jacobian, prob.f, u0, p, t0)
     ts = check_saveat(saveat, t0, t1, sign)
     if callbacks and dense:
@@ -183,7 +181,7 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
 
         sensealg = auto_sensealg(u0, p, ts, solver=solver, rtol=rtol, atol=atol,
                                  max_steps=int(max_steps), integral_entries=entries, jacobian=stages,
-                                 mass_matrix=mass is not None, stiff=stiff_for_explicit(stiffness)).sensealg
+                                 mass_matrix=mass is not None, stiff=stiff).sensealg
     sensealg = resolve(sensealg)  # an instance, a name or a `sciad.adjoints.describe` string
     if mass is not None and not isinstance(sensealg, MASS_MATRIX_SENSEALGS):
         raise ValueError(f"sensealg={describe(sensealg)} cannot differentiate a solve with a mass matrix: pass "

@@ -103,6 +103,19 @@ def auto_solver(prob, u0, p, tspan, *, rtol: float, atol: float, jacobian="auto"
     return SolverPick("rodas5p", f"stiff: {measured}: Rodas5P, linearly implicit", est)
 
 
+def choose(prob, solver, u0, p, tspan, *, rtol: float, atol: float, jacobian, implicit, stiffness: bool = True) -> tuple:
+    """(the solver: `solver`, or for "auto" (or None) `auto_solver`'s name; why; for an explicit solver
+    whether the problem is stiff for it, `stiff_for_explicit`, None where not estimated or where
+    `stiffness` is not asked for). `implicit(solver) -> bool` says whether the chosen solver is implicit."""
+    if solver is None or (isinstance(solver, str) and solver == "auto"):
+        solver, why, est = auto_solver(prob, u0, p, tspan, rtol=rtol, atol=atol, jacobian=jacobian)
+    else:
+        why, est = "given", None
+    if stiffness and est is None and prob.mass_matrix is None and not implicit(solver):
+        est = estimate(prob, u0, p, tspan, rtol=rtol, atol=atol)[0]
+    return solver, why, stiff_for_explicit(est)
+
+
 def stiff_for_explicit(est) -> bool | None:
     """Whether an explicit solver's steps would be held at its stability limit long enough that
     derivatives through them lose their accuracy (`STABILITY_STEPS_MIN` steps for stability alone),

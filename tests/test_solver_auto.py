@@ -82,7 +82,7 @@ def test_solve_chooses_by_default(monkeypatch):
         picks.append(auto_solver(*args, **kw))
         return picks[-1]
 
-    monkeypatch.setattr(sciad._solve, "auto_solver", recording)
+    monkeypatch.setattr(sciad._solver_choice, "auto_solver", recording)
     sciad.solve(STIFF_VDP, saveat=[1.0])
     sciad.solve(lotka_volterra().problem, saveat=[1.0], solver=None)
     assert [pick.name for pick in picks] == ["rodas5p", "tsit5"]
@@ -121,7 +121,7 @@ def test_traced_u0_and_p_choose_from_the_problems_values_and_differentiate(monke
         picks.append(auto_solver(*args, **kw))
         return picks[-1]
 
-    monkeypatch.setattr(sciad._solve, "auto_solver", recording)
+    monkeypatch.setattr(sciad._solver_choice, "auto_solver", recording)
     ts = np.array([0.5, 1.0])
 
     def loss(x, solver, rtol):  # x = (u0, p)
