@@ -394,7 +394,7 @@ def _accumulate_batch(axis_data, args, dims, *, jaxpr, num_consts, num_x, num_p,
     axes = [None if d is None else 0 for d in dims]
     c_axes, _, p_axes, _, acc_axes = _split_accumulate(axes, num_consts, num_x, num_p)
     if not (_summing(axis_data, slots) and all(d is None for d in (*p_axes, *acc_axes))):
-        out = jax.vmap(lambda *a: _accumulate_impl(*a, **params), in_axes=axes)(*args)
+        out = jax.vmap(lambda *a: _accumulate_impl(*a, **params), in_axes=axes, axis_size=axis_data.size)(*args)
         return out, [0] * len(out)
     # The batch shares p and sums its cotangent: one pullback of the batched fun with respect to p.
     def rows(xs, xs_axes):  # x and the cotangent: batched throughout
