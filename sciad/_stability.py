@@ -20,6 +20,9 @@ ITERATIONS = 12  # power iterations: the dominant eigenvalue (pair) to within a 
 # modes take many more (experiments/stiff_discrete.py: stiff problems 0.8-1.2 S, non-stiff ones 2.4 S and up).
 STABILITY_LIMITED = 2.0
 STABILITY_STEPS_MIN = 50  # fewer steps for stability alone than this: too few for the tangents to drift
+# Fewer accepted steps than this cannot sit at the limit with S >= STABILITY_STEPS_MIN: a solve takes at
+# least about S steps where its steps are stability-limited (0.79 S at the fewest, in the calibration).
+STABILITY_CHECKED_STEPS = STABILITY_STEPS_MIN // 2
 
 
 def stability_boundary(solver) -> float | None:

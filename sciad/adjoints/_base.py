@@ -16,8 +16,9 @@ import optimistix as optx
 import sciad.ad as ad
 from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only
 from sciad._dae import MassMatrix, consistent_derivative, held_mass, initialise, released_mass, solver_mass
-from sciad._errors import error_if, solver_failure, warn_if
-from sciad._stability import STABILITY_LIMITED, STABILITY_STEPS_MIN, stability_boundary, stability_steps
+from sciad._errors import batch_any, error_if, solver_failure, warn_if
+from sciad._stability import (STABILITY_CHECKED_STEPS, STABILITY_LIMITED, STABILITY_STEPS_MIN, stability_boundary,
+                              stability_steps)
 
 
 class Setup(eqx.Module):
@@ -447,7 +448,8 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
     """`outputs` (a PyTree: the forward pass's saves, stats and residuals), raising a `SolveError` when
     the program runs where the solve's accepted steps (stats (3,)) sat at its explicit solver's
     stability limit: at most `STABILITY_LIMITED` × the steps stability alone needs over the
-    solve. A solver without an explicit tableau passes unchecked."""
+    solve. A solver without an explicit tableau, or a solve of fewer than `STABILITY_CHECKED_STEPS`
+    accepted steps (in every member of a vmap batch), passes unchecked."""
     beta = stability_boundary(setup.solver)
     if beta is None:
         return outputs

@@ -330,13 +330,11 @@ def _pullback(rest, stride: int, arrays, rec: _Record, w):
 def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, y_bar, p_bar):
     """(the cotangent of y at t[0], p_bar plus the steps' wᵀ ∂ys/∂p) back over `accepted` stored steps (t (S + 1,)
     and y (S + 1, n + k) from t[0]) from `y_bar`, the cotangent of their end state: each step from its
-    start recomputed and pulled back (diffrax's step, as the forward solve took it: its first stage
+    start recomputed and pulled back (`Stepper.restep`: the forward solve's step, its first stage
     re-evaluated instead of carried) from the cotangents of its end state and of the saves (at
     `saves`) its dense output gave: those in (t[i], t[i + 1]], and for a first step from t0, at t0 too."""
     first = jnp.searchsorted(saves, t, side="right")  # step i gave saves[first[i]:first[i + 1]]
     first = first.at[0].set(jnp.where(t[0] > setup.t0, first[0], 0))
-    state = jax.tree.map(jnp.zeros_like, eqx.filter_eval_shape(stepper.solver.init, stepper.terms, t[0], t[1],
-                                                                y[0], p))
 
     def back(carry):
         i, y_bar, p_bar = carry
@@ -345,14 +343,14 @@ def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, 
         t0, t1 = t[i], t[i + 1]
 
         def step(y0, p):
-            y1, _, dense, _, _ = stepper.step(t0, t1, y0, p, state, True)
-            return y1, dense
+            return stepper.restep(t0, t1, y0, p)
 
-        dense = step(y[i], p)[1]
-        zero = jax.tree.map(jnp.zeros_like, dense)
+        # A step's dense output is linear in its dense info: the saves' cotangents need no forward step.
+        dense = eqx.filter_eval_shape(step, y[i], p)[1]
+        zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), dense)
 
         def save(k, dense_bar):
-            _, of_save = jax.vjp(lambda d: stepper.interpolation(t0, t1, d).evaluate(saves[k]), dense)
+            of_save = jax.linear_transpose(lambda d: stepper.interpolation(t0, t1, d).evaluate(saves[k]), dense)
             return jax.tree.map(jnp.add, dense_bar, of_save(w[k])[0])
 
         lo, hi = first[i], first[i + 1]

@@ -22,6 +22,7 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sciad._diffrax_internals import use_stepsize_tol  # the marker: the controller's tolerances
 from sciad.adjoints._base import Setup, step_controller
@@ -86,6 +87,37 @@ class Stepper(eqx.Module):
     def step(self, t0, t1, y, args, solver_state, made_jump) -> tuple:
         """One step from t0 to t1: (y1, error estimate, dense info, solver state, result), as `diffrax`'s."""
         return self.solver.step(self.terms, t0, t1, y, args, solver_state, made_jump)
+
+    def restep(self, t0, t1, y, args) -> tuple:
+        """(y1, dense info): the step from t0 to t1 recomputed from y alone (first stage evaluated, as
+        after a jump), for reverse mode to pull back. An explicit Runge-Kutta tableau's stages run as a
+        `lax.scan` (one evaluation of f in the program), whose pullback under `jax.vmap` keeps the
+        cotangent of an input the batch shares (p) one sum, in each stage's own products; other
+        solvers take their own step."""
+        tableau = getattr(self.solver, "tableau", None)
+        if not (isinstance(self.solver, dfx.AbstractERK) and isinstance(tableau, dfx.ButcherTableau)):
+            y1, _, dense, _, _ = self.step(t0, t1, y, args, self.zero_state(t0, t1, y, args), True)
+            return y1, dense
+        stages = tableau.num_stages
+        a = np.zeros((stages, stages))
+        for i, row in enumerate(tableau.a_lower):
+            a[i + 1, : i + 1] = row
+        a, b = jnp.asarray(a, y.dtype), jnp.asarray(tableau.b_sol, y.dtype)
+        c = jnp.asarray(np.concatenate([[0.0], tableau.c]), jnp.result_type(t0))
+        control = self.terms.contr(t0, t1)
+
+        def stage(ks, i):
+            k = self.terms.vf_prod(t0 + c[i] * (t1 - t0), y + a[i] @ ks, args, control)
+            return ks.at[i].set(k), None
+
+        ks, _ = jax.lax.scan(stage, jnp.zeros((stages, *y.shape), y.dtype), jnp.arange(stages))
+        y1 = y + b @ ks
+        return y1, dict(y0=y, y1=y1, k=ks)
+
+    def zero_state(self, t0, t1, y, args):
+        """A solver state of zeros (what a step after a jump ignores)."""
+        shape = eqx.filter_eval_shape(self.solver.init, self.terms, t0, t1, y, args)
+        return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shape)
 
     def adapt(self, t0, t1, y0, y1, args, error, controller_state) -> tuple:
         """(keep, next t0, next t1, made_jump, controller state, result): the controller's verdict on a step."""
