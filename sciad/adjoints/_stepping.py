@@ -51,8 +51,7 @@ class Stepper(eqx.Module):
     """A diffrax solver and its step-size controller for `terms`, prepared as `diffrax.diffeqsolve`
     prepares them (in `ForwardMode`): stages as a plain `lax.while_loop` where the solver has a choice (its
     default loop is a custom_vjp, which forward mode cannot enter; `forward_mode=False` keeps it, for
-    steps that reverse mode differentiates: a bounded loop would keep an unbatched input's cotangent one
-    sum under `jax.vmap`, but doubles a single trajectory's reverse pass), and an implicit solver's root
+    the steps `restep` leaves to the solver, which reverse mode differentiates), and an implicit solver's root
     finder given the controller's rtol, atol and norm where it leaves them to the controller. Every
     loop sciad runs over a solver's steps itself (the backward sweep, event location) steps one."""
 
