@@ -18,11 +18,20 @@ from sciad.ad._linear import accumulate_pullback
 
 STORE_ALL_BYTES = 2**28  # auto's `stored-steps` rule: DiscreteAdjoint where max_steps states fit (256 MiB)
 STATE_COPIES = 1  # the stored reverse pass keeps each accepted step's state once (recomputing its stages)
+# The steps a segment of the recorded solve keeps at most: every call allocates, fills and reads its buffers
+# at their full size (a vmapped batch of small solves pays for them per member), and a longer solve re-solves
+# its earlier segments once on the way back (a forward pass's steps more).
+SEGMENT_STEPS = 256
+
+
+def segment_steps(max_steps: int, states: int, itemsize: int) -> int:
+    """The steps a segment keeps for a solve of at most `max_steps` steps of `states` entries of `itemsize` bytes."""
+    return min(SEGMENT_STEPS, stored_steps(max_steps, STATE_COPIES * states * itemsize))
 
 
 def stored_steps_bytes(max_steps: int, states: int, itemsize: int) -> int:
-    """The bytes of the stored steps (`stored_steps(max_steps)`) of a state of `states` entries of `itemsize` bytes."""
-    return stored_steps(max_steps) * STATE_COPIES * states * itemsize
+    """The bytes of the steps' states a segment keeps (`segment_steps`)."""
+    return segment_steps(max_steps, states, itemsize) * STATE_COPIES * states * itemsize
 
 
 def _solution(setup: Setup, adjoint=None, throw=True):
@@ -42,7 +51,7 @@ class DiscreteAdjoint(AbstractSensitivity):
     records the reverse pass's residuals (no re-solve).
 
     `stored_steps=None` stores the state after every accepted step, once: up
-    to `STORED_STEPS` steps and at most `STORED_BYTES` of them (at least
+    to `SEGMENT_STEPS` steps and at most `STORED_BYTES` of them (at least
     `MIN_STORED` steps); the reverse pass then runs back over them, each
     step's stages recomputed from its start and transposed (one plain loop:
     no checkpointing machinery per step). A solve that takes more steps than
@@ -73,7 +82,7 @@ class DiscreteAdjoint(AbstractSensitivity):
         stored steps (`_segmented`), or the user's number of checkpoints."""
         if self.stored_steps is not None:
             return _checkpointed(self.stored_steps)
-        return _segmented(stored_steps(setup.max_steps, STATE_COPIES * u0.size * u0.dtype.itemsize))
+        return _segmented(segment_steps(setup.max_steps, u0.size, u0.dtype.itemsize))
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
