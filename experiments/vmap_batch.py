@@ -1,9 +1,16 @@
 """A batch of trajectories under `jax.vmap`: what each sensealg's gradient costs against diffrax, and
 against the same batch written as one state.
 
-A neural ODE u' = MLP(u) (equinox, 2 -> width -> width -> 2, tanh, float32) from `batch` initial
-states, Tsit5 at rtol 1e-3, atol 1e-6, over (0, 1.5); the loss is the batch's mean of |u(t1)|², its
-gradient taken with respect to the MLP's parameters. Each sciad sensealg (and "auto") is timed
+Two problems (`--problem`), float32, Tsit5 at rtol 1e-3, atol 1e-6, the gradient taken with respect
+to an equinox MLP's parameters (2 -> width -> width -> 2, tanh):
+
+- `node`: a neural ODE u' = MLP(u) from `batch` initial states over (0, 1.5); the loss is the
+  batch's mean of |u(t1)|².
+- `cnf`: an FFJORD-style continuous normalising flow over `batch` samples x of a two-moons-like
+  density: the state (z, Δ) with z' = MLP([z, t])[:2] and Δ' = -tr ∂z'/∂z (exact, 2 × 2), from
+  (x, 0) over (0, 1); the loss is the mean negative log-likelihood -log N(z(1); 0, I) - Δ(1).
+
+Each sciad sensealg (and "auto") is timed
 
 - vmapped: `jax.vmap` of one trajectory's solve over the initial states (p shared), and
 - as one state: one solve of the (batch, 2) state, the MLP vmapped inside f,
@@ -13,7 +20,7 @@ is compiled first and then timed in rounds, the cases interleaved within a round
 median of the rounds, each vmapped sensealg's ratio to diffrax's fastest vmapped adjoint and to its
 own one-state time.
 
-    python experiments/vmap_batch.py [--batch 32] [--width 64] [--rounds 15] [--sensealgs auto,DiscreteAdjoint]
+    python experiments/vmap_batch.py [--problem node|cnf] [--batch N] [--width 64] [--rounds 15] [--sensealgs auto,DiscreteAdjoint]
 """
 
 import argparse
@@ -30,51 +37,91 @@ import sciad
 
 SENSEALGS = ["auto", "DiscreteAdjoint", "GaussAdjoint", "InterpolatingAdjoint", "QuadratureAdjoint",
              "BacksolveAdjoint", "InterpolatingAdjoint(checkpointing=True)"]
-T1, RTOL, ATOL = 1.5, 1e-3, 1e-6
+RTOL, ATOL = 1e-3, 1e-6
 
 
-def problem(batch: int, width: int):
-    """(the MLP, the initial states (batch, 2)), float32."""
-    mlp = eqx.nn.MLP(2, 2, width, 2, activation=jnp.tanh, key=jax.random.PRNGKey(0))
-    mlp = jax.tree.map(lambda x: x * 0.5 if eqx.is_array(x) else x, mlp)
-    u0s = jax.random.normal(jax.random.PRNGKey(1), (batch, 2), jnp.float32)
-    return mlp, u0s
+class Problem(eqx.Module):
+    """A batched problem: `rate(model, u, t)` for one member, its initial states u0s (batch, n), the
+    end time `t1` and the member's loss `loss(u(t1))` (the batch's is their mean)."""
+
+    rate: object = eqx.field(static=True)
+    loss: object = eqx.field(static=True)
+    t1: float = eqx.field(static=True)
 
 
-def sciad_gradients(sensealg: str, u0s):
+def node_rate(model, u, t):
+    return model(u)
+
+
+def node_loss(u1):
+    return jnp.sum(u1**2)
+
+
+def cnf_rate(model, y, t):
+    """(z', Δ') = (MLP([z, t]), -tr ∂z'/∂z) for y = (z, Δ)."""
+    def velocity(z):
+        return model(jnp.concatenate([z, jnp.reshape(t, (1,)).astype(z.dtype)]))
+
+    z = y[:2]
+    return jnp.concatenate([velocity(z), -jnp.trace(jax.jacfwd(velocity)(z))[None]])
+
+
+def cnf_loss(y1):
+    z, delta = y1[:2], y1[2]
+    return 0.5 * jnp.sum(z**2) + jnp.log(2 * jnp.pi) - delta
+
+
+def problem(name: str, batch: int, width: int):
+    """(`Problem`, the MLP, the initial states (batch, n)), float32."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    if name == "node":
+        mlp = eqx.nn.MLP(2, 2, width, 2, activation=jnp.tanh, key=keys[0])
+        mlp = jax.tree.map(lambda x: x * 0.5 if eqx.is_array(x) else x, mlp)
+        return Problem(node_rate, node_loss, 1.5), mlp, jax.random.normal(keys[1], (batch, 2), jnp.float32)
+    mlp = eqx.nn.MLP(3, 2, width, 2, activation=jnp.tanh, key=keys[0])
+    angle = jax.random.uniform(keys[1], (batch,), jnp.float32, 0.0, jnp.pi)
+    upper = jnp.arange(batch) % 2 == 0  # two interleaved half circles
+    x = jnp.stack([jnp.where(upper, jnp.cos(angle), 1 - jnp.cos(angle)),
+                   jnp.where(upper, jnp.sin(angle), 0.5 - jnp.sin(angle))], axis=1)
+    x = x + 0.1 * jax.random.normal(keys[2], x.shape, jnp.float32)
+    return Problem(cnf_rate, cnf_loss, 1.0), mlp, jnp.concatenate([x, jnp.zeros((batch, 1), jnp.float32)], axis=1)
+
+
+def sciad_gradients(prob: Problem, sensealg: str, u0s):
     """(vmapped, one-state): two jitted gradients of the loss in the MLP by `sensealg`."""
     sensealg_ = sensealg if sensealg == "auto" else sciad.adjoints.parse(sensealg)
+    saveat = jnp.array([prob.t1])
 
     def one(model, u0):
-        prob = sciad.ODEProblem(lambda u, p, t: p(u), u0, (0.0, T1), model)
-        return sciad.solve(prob, u0=u0, p=model, saveat=jnp.array([T1]), solver="tsit5", rtol=RTOL, atol=ATOL,
+        ode = sciad.ODEProblem(lambda u, p, t: prob.rate(p, u, t), u0, (0.0, prob.t1), model)
+        return sciad.solve(ode, u0=u0, p=model, saveat=saveat, solver="tsit5", rtol=RTOL, atol=ATOL,
                            sensealg=sensealg_).us[-1]
 
     def batched(model, u0s):
-        prob = sciad.ODEProblem(lambda u, p, t: jax.vmap(p)(u), u0s, (0.0, T1), model)
-        return sciad.solve(prob, u0=u0s, p=model, saveat=jnp.array([T1]), solver="tsit5", rtol=RTOL, atol=ATOL,
+        ode = sciad.ODEProblem(lambda u, p, t: jax.vmap(lambda u: prob.rate(p, u, t))(u), u0s, (0.0, prob.t1), model)
+        return sciad.solve(ode, u0=u0s, p=model, saveat=saveat, solver="tsit5", rtol=RTOL, atol=ATOL,
                            sensealg=sensealg_).us[-1]
 
     def vmapped_loss(model):
-        return jnp.mean(jnp.sum(jax.vmap(lambda u0: one(model, u0))(u0s) ** 2, axis=-1))
+        return jnp.mean(jax.vmap(lambda u0: prob.loss(one(model, u0)))(u0s))
 
     def one_state_loss(model):
-        return jnp.mean(jnp.sum(batched(model, u0s) ** 2, axis=-1))
+        return jnp.mean(jax.vmap(prob.loss)(batched(model, u0s)))
 
     return eqx.filter_jit(eqx.filter_grad(vmapped_loss)), eqx.filter_jit(eqx.filter_grad(one_state_loss))
 
 
-def diffrax_gradient(adjoint, u0s):
+def diffrax_gradient(prob: Problem, adjoint, u0s):
     """diffrax's gradient of the same loss, vmapped over the initial states."""
 
     def one(model, u0):
-        sol = dfx.diffeqsolve(dfx.ODETerm(lambda t, u, p: p(u)), dfx.Tsit5(), 0.0, T1, None, u0, args=model,
-                              stepsize_controller=dfx.PIDController(rtol=RTOL, atol=ATOL), adjoint=adjoint,
-                              max_steps=4096)
+        sol = dfx.diffeqsolve(dfx.ODETerm(lambda t, u, p: prob.rate(p, u, t)), dfx.Tsit5(), 0.0, prob.t1, None, u0,
+                              args=model, stepsize_controller=dfx.PIDController(rtol=RTOL, atol=ATOL),
+                              adjoint=adjoint, max_steps=4096)
         return sol.ys[-1]
 
     def loss(model):
-        return jnp.mean(jnp.sum(jax.vmap(lambda u0: one(model, u0))(u0s) ** 2, axis=-1))
+        return jnp.mean(jax.vmap(lambda u0: prob.loss(one(model, u0)))(u0s))
 
     return eqx.filter_jit(eqx.filter_grad(loss))
 
@@ -87,19 +134,21 @@ def timed(fn, model) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--problem", choices=("node", "cnf"), default="node")
+    parser.add_argument("--batch", type=int, default=None, help="members (default: 32 for node, 64 for cnf)")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--sensealgs", default=",".join(SENSEALGS),
                         help="comma-separated, as sciad.adjoints.parse reads them (split on '),' or ',' outside parentheses)")
     args = parser.parse_args()
     names = _split(args.sensealgs)
-    mlp, u0s = problem(args.batch, args.width)
+    batch = args.batch or {"node": 32, "cnf": 64}[args.problem]
+    prob, mlp, u0s = problem(args.problem, batch, args.width)
 
-    cases = {"diffrax RecursiveCheckpointAdjoint": diffrax_gradient(dfx.RecursiveCheckpointAdjoint(), u0s),
-             "diffrax BacksolveAdjoint": diffrax_gradient(dfx.BacksolveAdjoint(), u0s)}
+    cases = {"diffrax RecursiveCheckpointAdjoint": diffrax_gradient(prob, dfx.RecursiveCheckpointAdjoint(), u0s),
+             "diffrax BacksolveAdjoint": diffrax_gradient(prob, dfx.BacksolveAdjoint(), u0s)}
     for name in names:
-        vmapped, one_state = sciad_gradients(name, u0s)
+        vmapped, one_state = sciad_gradients(prob, name, u0s)
         cases[f"{name} vmap"], cases[f"{name} one state"] = vmapped, one_state
     reference = jax.tree.leaves(eqx.filter(cases["diffrax RecursiveCheckpointAdjoint"](mlp), eqx.is_array))
     errors = {}
@@ -113,7 +162,7 @@ def main():
     median = {label: float(np.median(ts)) for label, ts in times.items()}
     fastest = min(median["diffrax RecursiveCheckpointAdjoint"], median["diffrax BacksolveAdjoint"])
 
-    print(f"batch {args.batch}, width {args.width}, float32, Tsit5 rtol {RTOL}; median of {args.rounds} rounds; "
+    print(f"{args.problem}: batch {batch}, width {args.width}, float32, Tsit5 rtol {RTOL}; median of {args.rounds} rounds; "
           f"load {os.getloadavg()[0]:.2f}; jax {jax.__version__}, {jax.devices()[0].platform}")
     print(f"{'case':48s} {'ms':>8s} {'/diffrax':>9s} {'/one state':>11s} {'rel. err':>9s}")
     for label in cases:

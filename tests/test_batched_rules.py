@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import sciad
+from sciad.adjoints._discrete import SEGMENT_STEPS
 
 U0S = jnp.array([[1.0, 0.5], [-0.4, 1.2], [0.3, -0.8]])
 P = jnp.array([0.9, -1.4, 1.1, 0.2, 0.1, -0.3])
@@ -47,3 +48,27 @@ def test_vmap_with_batched_p_equals_members():
         m_u0, m_p = grad(u0, p)
         np.testing.assert_allclose(g_u0[i], m_u0, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(g_p[i], m_p, rtol=1e-10, atol=1e-12)
+
+
+def test_vmap_over_members_of_several_segments():
+    """DiscreteAdjoint's solve in segments (`SEGMENT_STEPS` steps each) under vmap, the members taking
+    different numbers of segments (their own frequencies ω in the state): the members' gradients, p's summed."""
+    def f(u, p, t):
+        x, v, omega = u
+        return jnp.stack([v, -omega**2 * x - p[0] * v + p[1] * jnp.sin(t), 0.0 * omega])
+
+    def solve(u0, p):
+        return sciad.solve(sciad.ODEProblem(f, u0, (0.0, 6.0), p), u0=u0, p=p, saveat=jnp.array([2.0, 6.0]),
+                           solver="tsit5", rtol=1e-6, atol=1e-6, sensealg=sciad.DiscreteAdjoint())
+
+    def loss(u0, p):
+        return jnp.sum(solve(u0, p).us[:, :2] ** 2)
+
+    u0s, p = jnp.array([[1.0, 0.0, 2.0], [0.5, 1.0, 20.0], [0.0, 1.0, 60.0]]), jnp.array([0.1, 0.5])
+    segments = [int(solve(u0, p).stats["accepted_steps"]) // SEGMENT_STEPS for u0 in u0s]
+    assert segments[0] == 0 and segments[-1] >= 2, segments
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    members = [grad(u0, p) for u0 in u0s]
+    g_u0, g_p = jax.jit(jax.grad(lambda u0s, p: jnp.sum(jax.vmap(loss, (0, None))(u0s, p)), argnums=(0, 1)))(u0s, p)
+    np.testing.assert_allclose(g_u0, jnp.stack([m[0] for m in members]), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(g_p, sum(m[1] for m in members), rtol=1e-9, atol=1e-12)
