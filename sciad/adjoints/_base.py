@@ -455,8 +455,12 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
         return outputs
     ys, stats = outputs[0], outputs[1]
     n = setup.n
-    S = stability_steps(lambda u, t: setup.f(u, p, t)[:n], setup.t0, setup.t1, u0, setup.ts, ys[:, :n], beta,
-                         setup.rtol)
+
+    def steps():
+        return stability_steps(lambda u, t: setup.f(u, p, t)[:n], setup.t0, setup.t1, u0, setup.ts, ys[:, :n], beta,
+                               setup.rtol)
+
+    S = jax.lax.cond(batch_any(stats[1] >= STABILITY_CHECKED_STEPS), steps, lambda: jnp.zeros((), ys.dtype))
     pred = (S >= STABILITY_STEPS_MIN) & (stats[1] <= STABILITY_LIMITED * S)
     message = STABILITY_LIMITED_MESSAGE.format(sensealg=type(sensealg).__name__, solver=type(setup.solver).__name__,
                                                beta=beta)
