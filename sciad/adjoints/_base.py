@@ -458,7 +458,7 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
 
     def steps():
         return stability_steps(lambda u, t: setup.f(u, p, t)[:n], setup.t0, setup.t1, u0, setup.ts, ys[:, :n], beta,
-                               setup.rtol)
+                               setup.rtol).astype(ys.dtype)
 
     S = jax.lax.cond(batch_any(stats[1] >= STABILITY_CHECKED_STEPS), steps, lambda: jnp.zeros((), ys.dtype))
     pred = (S >= STABILITY_STEPS_MIN) & (stats[1] <= STABILITY_LIMITED * S)
