@@ -147,3 +147,22 @@ def test_second_derivatives_replay_the_reverse_pass():
     ours = jax.hessian(lambda p: loss(p, sciad_saves))(P0)
     theirs = jax.hessian(lambda p: loss(p, lambda *a: diffrax_saves(*a, adjoint=dfx.DirectAdjoint())))(P0)
     np.testing.assert_allclose(ours, theirs, rtol=1e-8)
+
+
+@pytest.mark.parametrize("solver", [dfx.Tsit5(), dfx.Dopri5(), dfx.Dopri8(), dfx.Bosh3(), dfx.Heun(), dfx.Euler()],
+                         ids=lambda s: type(s).__name__)
+def test_restep_is_the_solvers_own_step(solver):
+    """The step DiscreteAdjoint's reverse pass pulls back (`Stepper.restep`: an explicit tableau's stages as a
+    scan) gives the solver's own step after a jump: y1 and the dense output, to the last bit."""
+    from sciad.adjoints._stepping import Stepper
+
+    def f(t, y, a):
+        return jnp.stack([a * y[1] * jnp.cos(t), -y[0] ** 3 + y[1] * t])
+
+    stepper = Stepper.of(dfx.ODETerm(f), solver, 1e-6, 1e-6, forward_mode=False)
+    y0, t0, t1 = jnp.array([0.3, -0.7]), 0.2, 0.45
+    y1, dense = stepper.restep(t0, t1, y0, 1.3)
+    own_y1, _, own_dense, _, _ = stepper.step(t0, t1, y0, 1.3, stepper.zero_state(t0, t1, y0, 1.3), True)
+    np.testing.assert_array_equal(y1, own_y1)
+    np.testing.assert_array_equal(stepper.interpolation(t0, t1, dense).evaluate(0.33),
+                                  stepper.interpolation(t0, t1, own_dense).evaluate(0.33))
