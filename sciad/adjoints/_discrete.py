@@ -274,6 +274,7 @@ def _resolved(setup: Setup, start: _Start, p, count: int) -> tuple:
         at = _Start(t_prev, select(y1, at.y), select(solver_state, at.solver_state), controller_state,
                     select(made_jump, at.made_jump))
         accepted = accepted + keep
+        solver_result = dfx.RESULTS.where(keep, solver_result, dfx.RESULTS.successful)  # a rejected step's: no failure
         ok = dfx.is_successful(dfx.RESULTS.where(dfx.is_okay(solver_result), result, solver_result))
         t = t.at[accepted].set(jnp.where(keep, at.t, t[accepted]))
         y = y.at[accepted].set(jnp.where(keep, at.y, y[accepted]))
