@@ -150,10 +150,8 @@ class Marcher(eqx.Module):
         s = -jnp.asarray(t, dt0.dtype)
         _, controller_state = stepper.controller.init(stepper.terms, s, s + dt0, y, dt0, None, stepper.solver.func,
                                                       stepper.error_order)
-        shape = eqx.filter_eval_shape(lambda y, args: stepper.solver.init(stepper.terms, s, s + dt0, y, args), y, args)
-        solver_state = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shape)
-        return March(-s, y, dt0, solver_state, controller_state, jnp.asarray(True), quadrature,
-                     dfx.RESULTS.successful)
+        return March(-s, y, dt0, stepper.zero_state(s, s + dt0, y, args), controller_state, jnp.asarray(True),
+                     quadrature, dfx.RESULTS.successful)
 
     def advance(self, march: March, args, t_to, max_steps: int, on_step: Callable | None = None) -> March:
         """`march` stepped back to time t_to ≤ march.t in at most `max_steps` steps.
