@@ -38,6 +38,15 @@ def test_vmap_equals_members(name):
     np.testing.assert_allclose(g_p, sum(m[1] for m in members), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["DiscreteAdjoint()", "ForwardSensitivity()"])
+def test_gradient_of_a_jitted_batch(name):
+    """jax.grad of a jitted vmapped solve (as of diffrax's own jitted diffeqsolve under a user's grad): JAX
+    linearises the compiled batch, reading the rules' outputs with the batch axes of their value."""
+    loss = jax.jit(lambda p: jnp.sum(jax.vmap(_loss(sciad.adjoints.parse(name)), (0, None))(U0S, p)))
+    np.testing.assert_allclose(jax.grad(loss)(P), sum(jax.grad(_loss(sciad.adjoints.parse(name)), 1)(u0, P)
+                                                       for u0 in U0S), rtol=1e-10, atol=1e-12)
+
+
 def test_vmap_with_batched_p_equals_members():
     """p batched with u0 (per-member parameters): each member's own p cotangent, not the batch's sum."""
     ps = P + 0.1 * jnp.arange(3.0)[:, None]

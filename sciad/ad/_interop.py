@@ -72,7 +72,7 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
 
     @jax.custom_jvp
     def g(*xs):
-        return forward(*xs, active=None)[0]
+        return _batch_first(forward(*xs, active=None)[0])
 
     @functools.partial(g.defjvp, symbolic_zeros=True)
     def g_jvp(xs, vs):
@@ -82,6 +82,7 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
             y = g(*xs)
             return y, jax.tree.map(jnp.zeros_like, y)
         y, residuals = forward(*xs, active=mask)
+        y = _batch_first(y)
         shapes = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in xs]
 
         def lin(residuals, active_vs):  # traced only where a tangent is evaluated (jax.jvp), not under jax.grad
@@ -99,6 +100,15 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
                              nondifferentiable=nondifferentiable, slots=slots)
 
     return g
+
+
+def _batch_first(tree):
+    """`tree` with every leaf's `jax.vmap` batch axis first (a reshape's batching rule moves it there),
+    values unchanged. A custom_jvp's value and its rule must batch their outputs alike (JAX records the
+    value's batch axes and reads the rule's outputs with them when it linearises a jitted call); their
+    different programs could otherwise leave a batch axis in different places (e.g. a stack of batched
+    scalars puts it last)."""
+    return jax.tree.map(lambda x: jax.lax.reshape(jax.lax.reshape(x, (1, *x.shape, 1)), x.shape), tree)
 
 
 class _Point(eqx.Module):
