@@ -9,6 +9,7 @@ The public API is what `__all__` lists here, in `sciad.ad`, `sciad.adjoints`, `s
 """
 
 from sciad import ad, adjoints, errors, select, stiff, timing
+from sciad._diffrax_adjoint import DiffraxAdjoint, diffrax_adjoint
 from sciad._ensemble import ensemble
 from sciad._events import ContinuousCallback, PresetTimeCallback
 from sciad._problem import ODEProblem
@@ -36,11 +37,11 @@ from sciad.select import Choice, select_sensealg
 from sciad import problems  # noqa: E402  (builds on solve)
 
 __all__ = ["SDE_SOLVERS", "SOLVERS", "AbstractSensitivity", "BacksolveAdjoint", "BrownianPath", "Choice",
-           "ContinuousCallback", "DiscreteAdjoint",
+           "ContinuousCallback", "DiffraxAdjoint", "DiscreteAdjoint",
            "ForwardDiffSensitivity", "ForwardSensitivity", "GaussAdjoint", "InterpolatingAdjoint", "ODEProblem",
            "PresetTimeCallback", "QuadratureAdjoint", "ReversibleAdjoint", "Rodas4", "Rodas5P", "SDEProblem",
            "SDESolution", "Solution", "SolveError", "SteadyState",
-           "SteadyStateAdjoint", "ad", "adjoints", "ensemble", "errors", "get_solver", "problems", "select",
+           "SteadyStateAdjoint", "ad", "adjoints", "diffrax_adjoint", "ensemble", "errors", "get_solver", "problems", "select",
            "select_sensealg", "solve", "sparsity", "steady_state", "step_controller", "stiff", "timing"]
 
 

@@ -233,7 +233,7 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
         preset = plan.preset[pointer]
         end = jnp.where(stopped, s, jnp.minimum(preset, s1))
         if plan.conditions:
-            located, j = first_crossing(*_fixed((bare.bound(setup.f.held, None, s, end), plan, u, p, s, end)))
+            located, j = first_crossing(*_fixed((bare.bound(setup.f.held, None, s, end, dt0=setup.dt0), plan, u, p, s, end)))
             continuous = (j >= 0) & ~stopped
             end = jnp.where(continuous, located, end)  # a located time is not differentiated: `event_time` is
             owner = jnp.where(continuous, jnp.asarray(plan.owners)[jnp.maximum(j, 0)], -1)
@@ -345,10 +345,10 @@ def first_crossing(setup: Setup, plan: Plan, u0, p, s0, s1):
     steps of `setup`'s solver and controller from u0 (n,) at s0 (each crossing in a step located by
     bisection on the step's interpolant; ties to the lower j); (s1, -1) if none. Not differentiated."""
     n = setup.n
-    stepper = Stepper.of(setup.term(), setup.solver, setup.rtol, setup.atol)
+    stepper = Stepper.of(setup.term(), setup.solver, setup.controller())
     y0 = setup.state(u0)
     span = jnp.where(s1 > s0, s1, s0 + 1)  # a zero-length segment takes no step
-    t_next, solver_state, controller_state = stepper.init(s0, span, y0, p)
+    t_next, solver_state, controller_state = stepper.init(s0, span, y0, p, setup.dt0)
     directions = jnp.asarray(plan.directions)
 
     def values(y, s):

@@ -6,6 +6,7 @@ of a problem's parts at its boundary (`check_*`), each raising an error that nam
 import inspect
 from typing import Any, Callable
 
+import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -139,6 +140,9 @@ def check_inputs(prob: ODEProblem, u0, p) -> tuple:
     return check_finite("u0", u0), check_finite("p", p)
 
 
+DEFAULT_TOLERANCE = 1e-6  # `solve`'s rtol and atol
+
+
 def check_tolerances(rtol, atol, max_steps, prefix: str = "") -> None:
     """Positive finite `rtol`, `atol` (named with `prefix`) and a positive `max_steps`, else a ValueError now."""
     for name, tol in ((prefix + "rtol", rtol), (prefix + "atol", atol)):
@@ -146,6 +150,32 @@ def check_tolerances(rtol, atol, max_steps, prefix: str = "") -> None:
             raise ValueError(f"{name} must be a positive number, got {tol}")
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
+
+
+def check_steps(stepsize_controller, dt0, rtol, atol, sign: int) -> tuple:
+    """(rtol, atol, the controller, dt0) in the solve's forward time s = sign * t: a
+    `diffrax.PIDController` (its rtol and atol then the solve's: `rtol`, `atol` left at their
+    defaults or equal) or None, and a first step `dt0` (None, or a scalar of t1 - t0's sign)."""
+    if stepsize_controller is not None:
+        if not isinstance(stepsize_controller, dfx.PIDController):
+            raise TypeError(f"stepsize_controller must be a diffrax.PIDController (sciad's solves step adaptively, "
+                            f"without step or jump times), got {type(stepsize_controller).__name__}")
+        try:
+            tolerances = tuple(float(x) for x in (stepsize_controller.rtol, stepsize_controller.atol))
+        except (TypeError, jax.errors.ConcretizationTypeError) as e:
+            raise ValueError("stepsize_controller's rtol and atol must be concrete numbers, not traced values") from e
+        for name, given, own in (("rtol", rtol, tolerances[0]), ("atol", atol, tolerances[1])):
+            if given not in (DEFAULT_TOLERANCE, own):
+                raise ValueError(f"{name}={given} differs from stepsize_controller.{name}={own}: pass one of them")
+        rtol, atol = tolerances
+    if dt0 is not None:
+        if jnp.shape(dt0):
+            raise ValueError(f"dt0 must be a scalar, got shape {jnp.shape(dt0)}")
+        if not isinstance(dt0, jax.core.Tracer) and not (np.isfinite(dt0) and sign * dt0 > 0):
+            raise ValueError(f"dt0 must be a finite step of t1 - t0's sign (the first step's size and direction), "
+                             f"got {dt0}")
+        dt0 = jax.lax.stop_gradient(sign * dt0)
+    return rtol, atol, stepsize_controller, dt0
 
 
 def check_finite(name: str, tree):

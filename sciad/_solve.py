@@ -19,8 +19,8 @@ from sciad.adjoints._registry import describe, resolve
 from sciad._dae import check_initialization, dae_solver, initialise
 from sciad._dense import DenseOutput
 from sciad._errors import raising_solve_errors
-from sciad._problem import (ODEProblem, check_inputs, check_integrand, check_saveat, check_time_span,
-                           check_tolerances)
+from sciad._problem import (DEFAULT_TOLERANCE, ODEProblem, check_inputs, check_integrand, check_saveat, check_steps,
+                           check_time_span, check_tolerances)
 from sciad._rosenbrock import Rodas4, Rodas5P
 from sciad._sde import dispatching
 from sciad._solver_choice import choose
@@ -74,8 +74,9 @@ def get_solver(solver) -> dfx.AbstractSolver:
 @dispatching  # an SDEProblem goes to sciad._sde.solve
 @raising_solve_errors
 def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="auto",
-          rtol=1e-6, atol=1e-6, sensealg="auto", max_steps=4096, dense=False, jacobian="auto", callbacks=(),
-          max_events=None, adjoint_rtol=None, adjoint_atol=None, initialization=None) -> Solution:
+          rtol=DEFAULT_TOLERANCE, atol=DEFAULT_TOLERANCE, sensealg="auto", max_steps=4096, dense=False, jacobian="auto",
+          callbacks=(), max_events=None, adjoint_rtol=None, adjoint_atol=None, initialization=None,
+          stepsize_controller=None, dt0=None) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
@@ -96,7 +97,9 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     within the time span (an undamped oscillation is the accuracy's work, not stiffness;
     `sciad._solver_choice`), read from concrete values: this call's u0, p and tspan, the problem's
     own where they are traced ("tsit5", saying so, when nothing is concrete); stage solves
-    dense or sparse as `jacobian` says. Steps are adaptive (PID control at `rtol`, `atol`). A solve that
+    dense or sparse as `jacobian` says. Steps are adaptive (PID control at `rtol`, `atol`; or by a
+    `diffrax.PIDController` passed as `stepsize_controller`, whose gains and limits every solve takes, the forward solve's at its rtol and atol, the adjoint solves' at theirs), the first
+    of size `dt0` where given (default: selected from f at u0, as diffrax does). A solve that
     needs more than `max_steps` steps (default 4096, as diffrax) raises an error. The continuous
     adjoints solve their linear adjoint systems for the cotangent divided by its largest entry and
     scale back, so a gradient's accuracy does not depend on the loss's scale; they control that
@@ -158,11 +161,12 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
     u0, p = check_inputs(prob, u0, p)
+    t0, t1, sign = check_time_span(tspan, prob.tspan)
+    rtol, atol, stepsize_controller, dt0 = check_steps(stepsize_controller, dt0, rtol, atol, sign)
     check_tolerances(rtol, atol, max_steps)
     adjoint_rtol, adjoint_atol = (tol if tol is not None else default for tol, default in
                                   ((adjoint_rtol, rtol), (adjoint_atol, atol)))
     check_tolerances(adjoint_rtol, adjoint_atol, max_steps, prefix="adjoint_")
-    t0, t1, sign = check_time_span(tspan, prob.tspan)
     mass = prob.mass_matrix
     initialization = check_initialization(initialization, mass)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
@@ -176,10 +180,14 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     if callbacks and dense:
         raise ValueError("dense=True with callbacks is not supported: the state jumps at events; save at the "
                          "times you need (saveat)")
+    # Time runs forward inside: a backward problem in s = -t, u' = -f(u, p, -s), q' = -g(u, p, -s).
+    f, g = (prob.f, integrand) if sign > 0 else (_in_reverse(prob.f), integrand and _in_reverse(integrand))
+    field = VectorField.of(f, u0, p, sign * t0, host=False, integrand=g)
     if auto:  # from shapes, settings and the stiffness estimate: under jit too
         from sciad._auto import auto_sensealg
 
-        sensealg = auto_sensealg(u0, p, ts, solver=solver, rtol=rtol, atol=atol,
+        # the parameters: p and the traced values f closes over (a network's weights), both differentiated
+        sensealg = auto_sensealg(u0, (p, field.held), ts, solver=solver, rtol=rtol, atol=atol,
                                  max_steps=int(max_steps), integral_entries=entries, jacobian=stages,
                                  mass_matrix=mass is not None, stiff=stiff).sensealg
     sensealg = resolve(sensealg)  # an instance, a name or a `sciad.adjoints.describe` string
@@ -191,16 +199,16 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(solver))
     if advice:
         warnings.warn(advice, UserWarning, stacklevel=2)
-    # Time runs forward inside: a backward problem in s = -t, u' = -f(u, p, -s), q' = -g(u, p, -s).
-    f, g = (prob.f, integrand) if sign > 0 else (_in_reverse(prob.f), integrand and _in_reverse(integrand))
-    field = VectorField.of(f, u0, p, sign * t0, host=any(not e.traced for e in sensealg.engines()), integrand=g)
+    if any(not e.traced for e in sensealg.engines()):  # a host engine calls f with its closure values as they are
+        field = VectorField.of(f, u0, p, sign * t0, host=True, integrand=g)
     dtype = field.dtype
     s0, s1 = (sign * jnp.asarray(t, dtype) for t in (t0, t1))
     saves = sign * jnp.asarray(ts, dtype)
     if integrand is not None and not callbacks:  # q(t1) is saved last
         saves = jnp.concatenate([saves, s1[None]])
     setup = Setup(field, solver, s0, s1, saves, float(rtol), float(atol), int(max_steps), float(adjoint_rtol),
-                  float(adjoint_atol))
+                  float(adjoint_atol), stepsize_controller=stepsize_controller,
+                  dt0=None if dt0 is None else jnp.asarray(dt0, dtype))
     u0_flat = jnp.asarray(field.u.ravel(u0), dtype)  # traced leaves checked finite first (check_inputs)
     p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
     if sensealg.initialises and initialization == "consistent" and mass is not None and mass.singular and not callbacks:

@@ -159,7 +159,7 @@ def test_restep_is_the_solvers_own_step(solver):
     def f(t, y, a):
         return jnp.stack([a * y[1] * jnp.cos(t), -y[0] ** 3 + y[1] * t])
 
-    stepper = Stepper.of(dfx.ODETerm(f), solver, 1e-6, 1e-6, forward_mode=False)
+    stepper = Stepper.of(dfx.ODETerm(f), solver, sciad.step_controller(solver, 1e-6, 1e-6), forward_mode=False)
     y0, t0, t1 = jnp.array([0.3, -0.7]), 0.2, 0.45
     y1, dense = stepper.restep(t0, t1, y0, 1.3)
     own_y1, _, own_dense, _, _ = stepper.step(t0, t1, y0, 1.3, stepper.zero_state(t0, t1, y0, 1.3), True)

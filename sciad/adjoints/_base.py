@@ -31,7 +31,9 @@ class Setup(eqx.Module):
     on the adjoint state of a cotangent divided by its largest entry (`normalised`). `mass`: a bare
     setup's mass matrix (`bare`), else None (the solver holds it). `consistent`: u0 arrives with a
     DAE's algebraic states still to solve (`initialised`, in every forward solve): for the sensealgs
-    whose tangents pass through the initialisation (`AbstractSensitivity.initialises`)."""
+    whose tangents pass through the initialisation (`AbstractSensitivity.initialises`).
+    `stepsize_controller`: a `diffrax.PIDController` whose gains and limits every solve takes (None: sciad's,
+    `step_controller`); `dt0`: the forward solve's first step (None: the controller selects it)."""
 
     f: Callable
     solver: dfx.AbstractSolver
@@ -48,12 +50,20 @@ class Setup(eqx.Module):
     # The rules' inputs whose cotangent p's is (`AbstractSensitivity.solve`: p, and c where merged): the slots a
     # pullback accumulates p's cotangent into (`sciad.ad._linear.accumulate_pullback`).
     parameter_slots: tuple = eqx.field(static=True, default=(1,))
+    stepsize_controller: dfx.PIDController | None = None  # the user's, in this setup's time (else `step_controller`'s)
+    dt0: typing.Any = None  # the forward solve's first step (None: the controller's choice)
 
     @property
     def adjoint_tolerances(self) -> tuple[float, float]:
         """(rtol, atol) of the backward systems."""
         return (self.rtol if self.adjoint_rtol is None else self.adjoint_rtol,
                 self.atol if self.adjoint_atol is None else self.adjoint_atol)
+
+    def controller(self, rtol: float | None = None, atol: float | None = None, norm=None) -> dfx.PIDController:
+        """The step-size controller at rtol, atol (default: the forward solve's) and `norm` (None: the
+        user's controller's, else the RMS norm)."""
+        return step_controller(self.solver, self.rtol if rtol is None else rtol, self.atol if atol is None else atol,
+                               norm, self.stepsize_controller)
 
     @property
     def implicit(self) -> bool:
@@ -90,16 +100,16 @@ class Setup(eqx.Module):
         rule holds fixed, the rest arriving as the rule's own inputs (`bound`). A Rosenbrock solver's
         mass matrix (NumPy, read at trace time) is held as a static field until then, so a rule that
         takes the bare setup as an input (traced) still reads it (`sciad._dae.held_mass`)."""
-        bare = eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1), self, (None, None, None, None),
+        bare = eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1, s.dt0), self, (None, None, None, None, None),
                            is_leaf=lambda x: x is None)
         solver, mass = held_mass(self.solver)
         return dataclasses.replace(bare, solver=solver, mass=mass)
 
-    def bound(self, c, ts, t0, t1, merged: bool = False) -> "Setup":
+    def bound(self, c, ts, t0, t1, merged: bool = False, dt0=None) -> "Setup":
         """This setup with f holding the closure values `c` (appended to p where `merged`), saving at
-        `ts`, from t0 to t1 (a bare setup's solver with its mass matrix again)."""
-        setup = eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1), self, (self.f.with_closure(c, merged), ts, t0, t1),
-                            is_leaf=lambda x: x is None)
+        `ts`, from t0 to t1, first trying the step dt0 (a bare setup's solver with its mass matrix again)."""
+        setup = eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1, s.dt0), self,
+                            (self.f.with_closure(c, merged), ts, t0, t1, dt0), is_leaf=lambda x: x is None)
         setup = dataclasses.replace(setup, parameter_slots=(1, 2) if merged else (1,))
         if self.mass is None:
             return setup
@@ -135,7 +145,7 @@ class Setup(eqx.Module):
         `dt0` is the first step (None: diffrax selects it, at two extra f evaluations).
         Solves inside the rules run in diffrax's `ForwardMode` (JAX never reverse-differentiates
         them, and an outer `jax.jvp` can enter them: second derivatives)."""
-        controller = step_controller(self.solver, self.rtol, self.atol, norm)
+        controller = self.controller(norm=norm)
         saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t0=True, steps=True)]) if step_states
                   else dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense))
         max_steps = max_steps or self.max_steps
@@ -160,6 +170,7 @@ class Setup(eqx.Module):
         """The forward solve of y from (u0, 0) (`initialised`) at t0 to t1, saving y (n + k,) at `ts`
         (default: the saveat times); `options` as `diffeqsolve`'s."""
         ts = self.ts if ts is None else ts
+        options.setdefault("dt0", self.dt0)
         return self.diffeqsolve(self.term(), self.state(self.initialised(u0, p)), p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
                                 **options)
 
@@ -202,10 +213,14 @@ def leading_seminorm(parts: int = 1) -> Callable:
     return lambda y: optx.rms_norm(y[:parts])
 
 
-def step_controller(solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None) -> dfx.PIDController:
+def step_controller(solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None,
+                    like: dfx.PIDController | None = None) -> dfx.PIDController:
     """Adaptive steps at rtol, atol: integral control, or for implicit solvers PI control
     (pcoeff 0.4, icoeff 0.3, as diffrax suggests for stiff problems: Kvaerno5 rejects about
-    half its steps on the Oregonator under integral control, a fifth under PI)."""
+    half its steps on the Oregonator under integral control, a fifth under PI); or the controller
+    `like` (its gains and limits) at rtol, atol and `norm` (None: its own)."""
+    if like is not None:
+        return eqx.tree_at(lambda c: (c.rtol, c.atol, c.norm), like, (rtol, atol, norm or like.norm))
     gains = {"pcoeff": 0.4, "icoeff": 0.3} if is_implicit(solver) else {}
     return dfx.PIDController(rtol=rtol, atol=atol, **gains, **({} if norm is None else {"norm": norm}))
 
@@ -317,21 +332,22 @@ class AbstractSensitivity(eqx.Module):
         t0 (∂y(tᵢ)/∂t0 = -Φ(tᵢ, t0) y'(t0)) and t1 (the save times do not move with it)."""
         m = p.shape[0]
         c, times = setup.f.held, (setup.ts, setup.t0, setup.t1)
-        # The rules see c and the times as their own inputs only, never the caller's (traced) values.
+        first = () if setup.dt0 is None else (setup.dt0,)  # the first step: an input, never differentiated
+        # The rules see c, the times and the first step as their own inputs only, never the caller's (traced) values.
         rules_setup = setup.bare()
 
-        def bind(c, times, merged: bool) -> Setup:
-            return rules_setup.bound(c, *times, merged)
+        def bind(c, times, merged: bool, first=()) -> Setup:
+            return rules_setup.bound(c, *times, merged, *first)
 
         # The rules' outputs are all differentiable (one linear map gives their tangents): the stats
         # cross them as floats (exact up to 2^24 steps in float32) and leave as int32.
-        def forward(u0, p, c, ts, t0, t1, active):
+        def forward(u0, p, c, ts, t0, t1, *first, active):
             if active is None:
-                ys, stats, residuals = self.forward(bind(c, (ts, t0, t1), False), u0, p, None)
+                ys, stats, residuals = self.forward(bind(c, (ts, t0, t1), False, first), u0, p, None)
                 return (ys, stats.astype(ys.dtype)), residuals
-            d_u0, d_p, merged, d_ts, d_t0, _ = active  # one flag per input of the rules
+            d_u0, d_p, merged, d_ts, d_t0 = active[:5]  # one flag per input of the rules
             p_in = jnp.concatenate([p, c]) if merged else p
-            bound = bind(c, (ts, t0, t1), merged)
+            bound = bind(c, (ts, t0, t1), merged, first)
             # t0's derivative is ∂L/∂u0's product with -F(y0): it needs ∂L/∂u0.
             ys, stats, residuals = self.forward(bound, u0, p_in, Active(d_u0 or d_t0, d_p or merged))
             if self.follows_steps:
@@ -341,15 +357,15 @@ class AbstractSensitivity(eqx.Module):
                            bound.derivative(bound.state(bound.initialised(u0, p_in)), p_in, t0) if d_t0 else None)
             size_u0 = jnp.max(jnp.abs(u0))
             sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(ys)))]))
-            return forward_mode_only(((ys, stats), _Residuals(residuals, c, (ts, t0, t1), merged, p_in, sizes, rates)),
-                                     REVERSE_OVER_REVERSE)
+            return forward_mode_only(((ys, stats), _Residuals(residuals, c, (ts, t0, t1), merged, p_in, sizes, rates,
+                                                              first)), REVERSE_OVER_REVERSE)
 
         def pushforward(res, vs):
-            du0, dp, dc, dts, dt0, _ = vs
+            du0, dp, dc, dts, dt0 = vs[:5]
             n = du0.shape[0]
             if res.rates.t0 is not None:
                 du0 = du0 - res.rates.t0[:n] * dt0
-            dys = self.pushforward(bind(res.c, res.times, res.merged), res.inner, du0,
+            dys = self.pushforward(bind(res.c, res.times, res.merged, res.first), res.inner, du0,
                                    jnp.concatenate([dp, dc]) if res.merged else dp)
             if res.rates.t0 is not None:  # q(t0) = 0 moves with t0: every q(tᵢ) by -g(u0) dt0
                 dys = dys.at[:, n:].add(-res.rates.t0[n:] * dt0)
@@ -361,15 +377,15 @@ class AbstractSensitivity(eqx.Module):
             w = w[0]
             n = u0.shape[0]
             g_u0, g_p = warn_if_chaotic(setup.rtol, res, w,
-                                        *self.pullback(bind(res.c, res.times, res.merged), res.inner, w))
+                                        *self.pullback(bind(res.c, res.times, res.merged, res.first), res.inner, w))
             g_ts = None if res.rates.ts is None else jnp.sum(w * res.rates.ts, axis=1)
             g_t0 = None if res.rates.t0 is None else _t0_cotangent(g_u0, w, res.rates.t0, n)
-            g_t1 = jnp.zeros_like(res.times[2])
+            g_t1, g_first = jnp.zeros_like(res.times[2]), tuple(jnp.zeros_like(x) for x in res.first)
             if not res.merged:
-                return g_u0, g_p, None, g_ts, g_t0, g_t1
-            return g_u0, g_p[:m], g_p[m:], g_ts, g_t0, g_t1
+                return g_u0, g_p, None, g_ts, g_t0, g_t1, *g_first
+            return g_u0, g_p[:m], g_p[m:], g_ts, g_t0, g_t1, *g_first
 
-        ys, stats = ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, *times)
+        ys, stats = ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, *times, *first)
         return ys, stats.astype(jnp.int32)
 
 
@@ -399,7 +415,7 @@ def solver_pushforward(setup: Setup, u0, p, du0, dp):
 class _Residuals(eqx.Module):
     """A sensealg's residuals with the closure `c`, the `times` (ts, t0, t1), whether c was appended
     to p, the parameters the sensealg saw (`p_in`), the largest |u0| and |y| over u0 and the saved
-    states (`sizes`, (2,)) and the `rates` for the times' derivatives."""
+    states (`sizes`, (2,)), the `rates` for the times' derivatives and the `first` step (() or (dt0,))."""
 
     inner: typing.Any
     c: jax.Array
@@ -408,6 +424,7 @@ class _Residuals(eqx.Module):
     p_in: jax.Array
     sizes: jax.Array
     rates: _Rates
+    first: tuple = ()
 
 
 CHAOTIC = ("the gradient is {:.1e} times as sensitive as the solution itself (relative to their sizes; "

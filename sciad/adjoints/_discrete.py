@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad.adjoints._base import (AbstractSensitivity, Setup, checked, plain_forward, solver_pushforward, stats_vector,
-                                 step_controller, stored_steps)
+                                 stored_steps)
 from sciad.adjoints._stepping import Stepper
 from sciad._diffrax_internals import WrapTerm
 from sciad._errors import batch_any
@@ -217,13 +217,13 @@ def _bytes(tree) -> int:
 
 
 def _controller(setup: Setup) -> _Resumable:
-    return _Resumable(step_controller(setup.solver, setup.rtol, setup.atol))
+    return _Resumable(setup.controller())
 
 
 def _initial(setup: Setup, y0, p) -> _Start:
     """The solve's start at t0, as `diffrax.diffeqsolve` begins one (the controller's first step)."""
     term, t0 = WrapTerm(setup.term(), 1), jnp.asarray(setup.t0, y0.dtype)
-    t_next, state = _controller(setup).init(term, t0, setup.t1, y0, None, p, setup.solver.func,
+    t_next, state = _controller(setup).init(term, t0, setup.t1, y0, setup.dt0, p, setup.solver.func,
                                             setup.solver.error_order(term))
     t_next = jnp.minimum(t_next, setup.t1)
     start = _Start(t0, y0, setup.solver.init(term, t0, t_next, y0, p), (state[0], t_next - t0), False)
@@ -251,7 +251,7 @@ def _resolved(setup: Setup, start: _Start, p, count: int) -> tuple:
     """(the next segment's `_Start`, t (count + 1,), y (count + 1, n + k), the accepted steps): the
     segment from `start` re-solved as `_segment` solved it (diffrax's loop: step, control, t1's clip)
     with none of `diffrax.diffeqsolve`'s saving machinery."""
-    stepper = Stepper.of(WrapTerm(setup.term(), 1), setup.solver, setup.rtol, setup.atol)
+    stepper = Stepper.of(WrapTerm(setup.term(), 1), setup.solver, setup.controller())
     controller = _controller(setup)
     t1 = jnp.asarray(setup.t1, start.t.dtype)
     floor = jax.lax.fori_loop(0, 100, lambda _, t: jnp.nextafter(t, -jnp.inf), t1)  # t1 - 100 ULPs, as diffrax
@@ -306,7 +306,7 @@ def _pullback(rest, stride: int, arrays, rec: _Record, w):
     the last from its stored states, each earlier one re-solved from its checkpoint (`stride` - 1
     segments at most re-solved before it), each through `_reverse_steps`."""
     setup = eqx.combine(arrays, rest)
-    stepper = Stepper.of(setup.term(), setup.solver, setup.rtol, setup.atol, forward_mode=False)
+    stepper = Stepper.of(setup.term(), setup.solver, setup.controller(), forward_mode=False)
     saves = jnp.asarray(setup.ts, rec.t.dtype)
     stored = (rec.t, rec.y, rec.accepted)
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad._diffrax_internals import use_stepsize_tol  # the marker: the controller's tolerances
-from sciad.adjoints._base import Setup, step_controller
+from sciad.adjoints._base import Setup
 
 
 class March(eqx.Module):
@@ -60,10 +60,9 @@ class Stepper(eqx.Module):
     controller: dfx.PIDController
 
     @classmethod
-    def of(cls, terms, solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None,
+    def of(cls, terms, solver: dfx.AbstractSolver, controller: dfx.PIDController,
            forward_mode: bool = True) -> "Stepper":
-        """`solver` on `terms` with adaptive steps at rtol, atol (`step_controller`; `norm`: its norm)."""
-        controller = step_controller(solver, rtol, atol, norm)
+        """`solver` on `terms` with adaptive steps by `controller` (`Setup.controller`)."""
         if forward_mode and isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
             solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
         if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
@@ -138,7 +137,7 @@ class Marcher(eqx.Module):
     def _stepper(self) -> Stepper:
         rhs = self.rhs
         terms = self.setup.term(lambda s, y, args: jax.tree.map(jnp.negative, rhs(-s, y, args)))
-        return Stepper.of(terms, self.setup.solver, *self.setup.adjoint_tolerances, self.norm)
+        return Stepper.of(terms, self.setup.solver, self.setup.controller(*self.setup.adjoint_tolerances, self.norm))
 
     def start(self, y, args, t, dt0, quadrature=None) -> March:
         """A march at time t from state y, first trying the step dt0 > 0. `args` may be abstract
