@@ -56,7 +56,8 @@ class ODEProblem(eqx.Module):
             raise TypeError(f"ODEProblem(f=...): f must be callable f(u, p, t), got {f!r}")
         self.f = f
         self.u0 = check_state("u0", u0)
-        self.p = check_params("p", np.zeros((0,)) if p is None else p)
+        # no parameters: an empty vector of u0's precision (it must not widen a float32 solve)
+        self.p = check_params("p", np.zeros((0,), jnp.result_type(*jax.tree.leaves(self.u0))) if p is None else p)
         self.tspan = check_tspan(tspan, traced=TRACED_TSPAN)
         self.mass_matrix = MassMatrix.of(mass_matrix, sum(int(np.size(x)) for x in jax.tree.leaves(self.u0)))
         check_rhs(f, self.u0, self.p, self.tspan[0])

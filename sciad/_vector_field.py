@@ -49,13 +49,17 @@ class VectorField(eqx.Module):
         if integrand is not None:
             q = Layout.of(eqx.filter_eval_shape(integrand, u0, p, t), dtype)
             f = _side_by_side(f, integrand)
-        converted = eqx.filter_closure_convert(f, u0, p, t)
+        u_layout, p_layout = Layout.of(u0, dtype), Layout.of(params, dtype)
+        # traced as it is called: u and p in the common dtype (a float32 u0 with float64 p is called in float64)
+        example_u = u_layout.unravel(jnp.asarray(u_layout.ravel(u0), dtype))
+        example_p = eqx.combine(p_layout.unravel(jnp.asarray(p_layout.ravel(params), dtype)), static_p)
+        converted = eqx.filter_closure_convert(f, example_u, example_p, t)
         closure, rest = eqx.partition(converted, _traced_float)
         if host:
             _check_host(p, closure)
         fn = f if host or not jax.tree.leaves(closure) else rest
         c = Layout.of(closure, dtype, keep_dtypes=True)
-        return cls(fn, Layout.of(u0, dtype), Layout.of(params, dtype), c, q, static_p,
+        return cls(fn, u_layout, p_layout, c, q, static_p,
                    jnp.asarray(c.ravel(closure), dtype), dtype)
 
     @property

@@ -112,6 +112,21 @@ def test_jit_and_vmap():
         np.testing.assert_allclose(batched[i], one(u0, prob.p), rtol=1e-6)
 
 
+def test_precisions_with_a_differentiated_closure():
+    """A float32 u0 without parameters stays float32; a float32 u0 with float64 p solves in float64; both
+    with f closing over a differentiated value (f is called in the solve's precision)."""
+    def loss(w, u0, p):
+        prob = sciad.ODEProblem(lambda u, q, t: -w * u * (1.0 if p is None else q), u0, (0.0, 1.0), p)
+        sol = sciad.solve(prob, saveat=[1.0])
+        return jnp.sum(sol.us), sol.us.dtype
+
+    for u0, p, dtype in ((np.ones(2, np.float32), None, jnp.float32),
+                         (np.ones(2, np.float32), np.ones(2), jnp.float64)):
+        grad, out_dtype = jax.grad(loss, has_aux=True)(1.0, u0, p)
+        assert out_dtype == dtype
+        np.testing.assert_allclose(grad, -2 * np.exp(-1.0), rtol=1e-5)
+
+
 def test_float32_stays_float32():
     prob = lv(dtype=np.float32)
     sol = sciad.solve(prob, saveat=np.linspace(0.0, 10.0, 11))
