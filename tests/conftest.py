@@ -5,6 +5,8 @@ The library leaves JAX's precision alone; the tests compare derivatives at
 1e-10 relative and so switch on float64 here.
 """
 
+import gc
+
 import jax
 import pytest
 
@@ -19,6 +21,15 @@ def pytest_generate_tests(metafunc):
     (and marked slow for the engines a module lists in `SLOW_ENGINES`)."""
     if "engine_name" in metafunc.fixturenames:
         metafunc.parametrize("engine_name", engine_params(slow=getattr(metafunc.module, "SLOW_ENGINES", ())))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compiled_programs_freed():
+    """Each test module's compiled programs are freed after it: a worker that runs a hundred modules
+    would otherwise hold every program it compiled until it exits."""
+    yield
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
