@@ -45,12 +45,14 @@ class DiffraxAdjoint(dfx.AbstractAdjoint):
         subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, dfx.SubSaveAt))
         _check(terms, saveat, subs, stepsize_controller, event, max_steps, passed_solver_state or passed_controller_state)
         # diffeqsolve's time s = direction * t runs forward (a float: f's traced closure values are its parameters)
-        rate, direction = terms.term, jnp.asarray(terms.direction, jnp.result_type(t0))
-        p, static = eqx.partition(args, eqx.is_inexact_array)
-        arguments = lambda p: eqx.combine(p, static)  # noqa: E731
+        direction = jnp.asarray(terms.direction, jnp.result_type(t0))
+        # the parameters: args' float arrays and the term's (a network's weights), passed, not closed over
+        p, static = eqx.partition((terms.term, args), eqx.is_inexact_array)
+        arguments = lambda p: eqx.combine(p, static)[1]  # noqa: E731
 
         def f(u, p, s):
-            return jax.tree.map(lambda v: direction * v, rate.vf(direction * s, u, arguments(p)))
+            rate, args = eqx.combine(p, static)
+            return jax.tree.map(lambda v: direction * v, rate.vf(direction * s, u, args))
 
         context = dict(terms=terms, solver=solver, t0=t0, t1=t1, dt0=dt0, saveat=saveat,
                        stepsize_controller=stepsize_controller, max_steps=max_steps)
