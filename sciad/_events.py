@@ -242,7 +242,7 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
         fires_preset = ~continuous & ~stopped & (preset <= s1) & (preset == end)
         owner = jnp.where(fires_preset, plan.preset_owners[pointer], owner)
         saves = jnp.concatenate([jnp.clip(ts, s, end), end[None]])
-        ys, seg_stats = sensealg.solve(setup.bound(setup.f.held, saves, s, end), u, p)
+        ys, seg_stats = sensealg.solve(setup.bound(setup.f.held, saves, s, end, dt0=setup.dt0), u, p)
         tau = end
         if plan.conditions:
             # τ's derivative from the state reached at the located time (no second solve of the segment); the
