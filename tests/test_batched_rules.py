@@ -47,6 +47,18 @@ def test_gradient_of_a_jitted_batch(name):
                                                        for u0 in U0S), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["DiscreteAdjoint()", "GaussAdjoint()"])
+def test_vmap_with_a_differentiated_closure_equals_members(name):
+    """f closing over the differentiated weights (no p): the batch's gradient is the members' sum."""
+    def loss(w, u0):
+        prob = sciad.ODEProblem(lambda u, p, t: jnp.tanh(w[:4].reshape(2, 2) @ u + w[4:]), u0, (0.0, 1.5))
+        return jnp.sum(jnp.sin(sciad.solve(prob, saveat=SAVES, solver="tsit5", rtol=1e-8, atol=1e-8,
+                                           sensealg=sciad.adjoints.parse(name)).us))
+
+    batch = jax.jit(jax.grad(lambda w: jnp.sum(jax.vmap(loss, (None, 0))(w, U0S))))(P)
+    np.testing.assert_allclose(batch, sum(jax.grad(loss)(P, u0) for u0 in U0S), rtol=1e-10, atol=1e-12)
+
+
 def test_vmap_with_batched_p_equals_members():
     """p batched with u0 (per-member parameters): each member's own p cotangent, not the batch's sum."""
     ps = P + 0.1 * jnp.arange(3.0)[:, None]

@@ -300,7 +300,7 @@ def _batch(axis_data, args, dims, *, callee, transpose_thunk, num_consts, num_re
 
     def transpose(res, cts):  # the transpose jaxpr takes (its own consts, the user residuals, cotangents)
         jaxpr, t_consts = transpose_thunk()
-        name = _Summed(frozenset(slots[i] for i in shared)) if shared else None
+        name = _Summed(frozenset(slots[i] for i in shared), frozenset(slots)) if shared else None
         return rows(jaxpr, t_consts, res[num_consts:], res_batched[num_consts:], cts, [True] * len(cts),
                     lin_batched, name)
 
@@ -310,17 +310,24 @@ def _batch(axis_data, args, dims, *, callee, transpose_thunk, num_consts, num_re
 
 class _Summed:
     """The name of the batch axis of a transpose whose cotangents for `slots` (linear inputs shared by
-    the batch) are summed over it: `accumulate_pullback` may sum them step by step. Equal only to itself."""
+    the batch, among its `linear` ones) are summed over it: `accumulate_pullback` may sum them step by
+    step. Equal only to itself."""
 
-    def __init__(self, slots: frozenset):
-        self.slots = slots
+    def __init__(self, slots: frozenset, linear: frozenset):
+        self.slots, self.linear = slots, linear
 
     def __repr__(self) -> str:
         return f"Summed({sorted(self.slots)})"
 
 
 def _summing(axis_data, slots) -> bool:
-    return isinstance(axis_data.name, _Summed) and set(slots) <= axis_data.name.slots
+    """Whether an accumulation into `slots` may sum over this batch axis: those of them that are linear
+    inputs of the transpose (an undifferentiated one, e.g. an empty p beside a closure's values, is
+    not) are all shared by the batch."""
+    if not isinstance(axis_data.name, _Summed):
+        return False
+    linear = set(slots) & axis_data.name.linear
+    return bool(linear) and linear <= axis_data.name.slots
 
 
 # `total(x)`: x; under a `_Summed` axis, an unbatched x is already the batch's total and a batched one is summed.
