@@ -41,8 +41,8 @@ __all__ = ["SDE_SOLVERS", "SOLVERS", "AbstractSensitivity", "BacksolveAdjoint", 
            "ForwardDiffSensitivity", "ForwardSensitivity", "GaussAdjoint", "InterpolatingAdjoint", "ODEProblem",
            "PresetTimeCallback", "QuadratureAdjoint", "ReversibleAdjoint", "Rodas4", "Rodas5P", "SDEProblem",
            "SDESolution", "Solution", "SolveError", "SteadyState",
-           "SteadyStateAdjoint", "ad", "adjoints", "diffrax_adjoint", "ensemble", "errors", "get_solver", "problems", "select",
-           "select_sensealg", "solve", "sparsity", "steady_state", "step_controller", "stiff", "timing"]
+           "SteadyStateAdjoint", "ad", "adjoints", "diffrax_adjoint", "ensemble", "errors", "get_solver", "problems",
+           "select", "select_sensealg", "solve", "sparsity", "steady_state", "step_controller", "stiff", "timing"]
 
 
 def __getattr__(name: str):

@@ -43,7 +43,8 @@ class DiffraxAdjoint(dfx.AbstractAdjoint):
 
         del throw, progress_meter
         subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, dfx.SubSaveAt))
-        _check(terms, saveat, subs, stepsize_controller, event, max_steps, passed_solver_state or passed_controller_state)
+        _check(terms, saveat, subs, stepsize_controller, event, max_steps,
+               passed_solver_state or passed_controller_state)
         # diffeqsolve's time s = direction * t runs forward (a float: f's traced closure values are its parameters)
         direction = jnp.asarray(terms.direction, jnp.result_type(t0))
         # the parameters: args' float arrays and the term's (a network's weights), passed, not closed over

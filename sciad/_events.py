@@ -233,7 +233,8 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
         preset = plan.preset[pointer]
         end = jnp.where(stopped, s, jnp.minimum(preset, s1))
         if plan.conditions:
-            located, j = first_crossing(*_fixed((bare.bound(setup.f.held, None, s, end, dt0=setup.dt0), plan, u, p, s, end)))
+            located, j = first_crossing(*_fixed((bare.bound(setup.f.held, None, s, end, dt0=setup.dt0), plan, u, p, s,
+                                                 end)))
             continuous = (j >= 0) & ~stopped
             end = jnp.where(continuous, located, end)  # a located time is not differentiated: `event_time` is
             owner = jnp.where(continuous, jnp.asarray(plan.owners)[jnp.maximum(j, 0)], -1)

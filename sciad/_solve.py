@@ -98,8 +98,9 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     `sciad._solver_choice`), read from concrete values: this call's u0, p and tspan, the problem's
     own where they are traced ("tsit5", saying so, when nothing is concrete); stage solves
     dense or sparse as `jacobian` says. Steps are adaptive (PID control at `rtol`, `atol`; or by a
-    `diffrax.PIDController` passed as `stepsize_controller`, whose gains and limits every solve takes, the forward solve's at its rtol and atol, the adjoint solves' at theirs), the first
-    of size `dt0` where given (default: selected from f at u0, as diffrax does). A solve that
+    `diffrax.PIDController` passed as `stepsize_controller`, whose gains and limits every solve takes,
+    the forward solve's at its rtol and atol, the adjoint solves' at theirs), the first of size `dt0`
+    (t1 - t0's sign) where given (default: selected from f at u0, as diffrax does). A solve that
     needs more than `max_steps` steps (default 4096, as diffrax) raises an error. The continuous
     adjoints solve their linear adjoint systems for the cotangent divided by its largest entry and
     scale back, so a gradient's accuracy does not depend on the loss's scale; they control that

@@ -33,8 +33,8 @@ def _solve(adjoint, y0, args, *, t0=0.0, t1=10.0, dt0=0.05, saveat=dfx.SaveAt(t0
 @pytest.mark.parametrize("sensealg,rtol", [("auto", 1e-12), ("GaussAdjoint", 1e-6), ("InterpolatingAdjoint", 1e-6)])
 def test_diffraxs_solution_and_its_gradient(sensealg, rtol):
     """The solution is diffrax's to rounding (the same steps: the controller's gains and limits and dt0
-    are diffrax's; a save at t1 is interpolated there); the gradient in y0 and args is RecursiveCheckpointAdjoint's (exactly, by
-    "auto"'s DiscreteAdjoint), under jit."""
+    are diffrax's; a save at t1 is interpolated there); the gradient in y0 and args is
+    RecursiveCheckpointAdjoint's (exactly, by "auto"'s DiscreteAdjoint), under jit."""
     adjoint = sciad.diffrax_adjoint(sensealg)
     ours, theirs = _solve(adjoint, Y0, P), _solve(dfx.RecursiveCheckpointAdjoint(), Y0, P)
     np.testing.assert_allclose(ours.ys, theirs.ys, rtol=1e-14)
@@ -105,8 +105,8 @@ def test_stiff_problem_with_kvaerno5():
 
 def test_event_stops_where_diffraxs_does():
     """A falling body stopped by an event at the ground: the stopping time and state are diffrax's
-    (located by its root finder), saved after the saves made before it, then inf where diffrax leaves inf, `event_mask` and `result` say it fired; the
-    stopping time's derivative in the height is the analytic 1 / sqrt(2 g h)."""
+    (located by its root finder), saved after the saves made before it, then inf where diffrax leaves
+    inf, `event_mask` and `result` say it fired; the stopping time's derivative in the height is the analytic 1 / sqrt(2 g h)."""
     g = 9.81
 
     def fall(t, y, args):
@@ -141,8 +141,25 @@ def test_backwards_in_time_with_saveat_fn_and_subs():
     ours, theirs = solve(sciad.diffrax_adjoint(), P), solve(dfx.RecursiveCheckpointAdjoint(), P)
     for a, b in zip(jax.tree.leaves((ours.ts, ours.ys)), jax.tree.leaves((theirs.ts, theirs.ys))):
         np.testing.assert_allclose(a, b, rtol=1e-14)
-    loss = lambda adjoint: jax.grad(lambda p: jnp.sum(solve(adjoint, p).ys[0]) + jnp.sum(solve(adjoint, p).ys[1]))  # noqa: E731
-    np.testing.assert_allclose(loss(sciad.diffrax_adjoint())(P), loss(dfx.RecursiveCheckpointAdjoint())(P), rtol=1e-10)
+    def loss(adjoint, p):
+        ys = solve(adjoint, p).ys
+        return jnp.sum(ys[0]) + jnp.sum(ys[1])
+
+    np.testing.assert_allclose(jax.grad(loss, 1)(sciad.diffrax_adjoint(), P),
+                               jax.grad(loss, 1)(dfx.RecursiveCheckpointAdjoint(), P), rtol=1e-10)
+
+
+def test_forward_mode_and_a_hessian():
+    """jax.jacfwd and jax.hessian through diffeqsolve (RecursiveCheckpointAdjoint refuses forward mode):
+    the Jacobian is the reverse-mode gradient, the Hessian symmetric and DirectAdjoint's."""
+    def loss(adjoint, p):
+        return jnp.sum(_solve(adjoint, Y0, p, t1=3.0, saveat=dfx.SaveAt(t1=True)).ys ** 2)
+
+    ours = sciad.diffrax_adjoint("ForwardDiffSensitivity")
+    np.testing.assert_allclose(jax.jacfwd(loss, 1)(ours, P), jax.grad(loss, 1)(ours, P), rtol=1e-10)
+    hessian = jax.hessian(loss, 1)(ours, P)
+    np.testing.assert_allclose(hessian, hessian.T, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(hessian, jax.hessian(loss, 1)(dfx.DirectAdjoint(), P), rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("case,fix", [
@@ -170,7 +187,8 @@ def test_solve_takes_diffraxs_controller_and_first_step():
     prob = sciad.ODEProblem(lotka_volterra_rhs, Y0, (0.0, 10.0), P)
     for tspan, dt0, ts in (((0.0, 10.0), 0.05, TS), ((10.0, 0.0), -0.05, TS[::-1])):
         ours = sciad.solve(prob, tspan=tspan, saveat=ts, solver="tsit5", stepsize_controller=CONTROLLER, dt0=dt0)
-        theirs = _solve(dfx.RecursiveCheckpointAdjoint(), Y0, P, t0=tspan[0], t1=tspan[1], dt0=dt0, saveat=dfx.SaveAt(ts=ts))
+        theirs = _solve(dfx.RecursiveCheckpointAdjoint(), Y0, P, t0=tspan[0], t1=tspan[1], dt0=dt0,
+                        saveat=dfx.SaveAt(ts=ts))
         np.testing.assert_allclose(ours.us, theirs.ys, rtol=1e-14)
         assert int(ours.stats["steps"]) == int(theirs.stats["num_steps"])
     with pytest.raises(ValueError, match="rtol=0.001 differs from stepsize_controller.rtol"):
@@ -179,3 +197,23 @@ def test_solve_takes_diffraxs_controller_and_first_step():
         sciad.solve(prob, stepsize_controller=dfx.ConstantStepSize())
     with pytest.raises(ValueError, match="dt0 must be a finite step of t1 - t0's sign"):
         sciad.solve(prob, dt0=-0.1)
+
+
+@pytest.mark.parametrize("sensealg", ["auto", "GaussAdjoint"])
+def test_event_with_kvaerno5_pytrees_and_vmap(sensealg):
+    """A stopping event with an implicit solver, dict states and args, under jit(vmap(grad)): the stopping
+    time's derivative in the height is 1 / sqrt(2 g h) for each member."""
+    def fall(t, y, args):
+        return {"h": y["v"], "v": -args["g"] * jnp.ones_like(y["h"])}
+
+    event = dfx.Event(lambda t, y, args, **kwargs: y["h"], root_finder=optx.Newton(1e-12, 1e-12))
+
+    def stop(h):
+        return dfx.diffeqsolve(dfx.ODETerm(fall), dfx.Kvaerno5(), 0.0, 10.0, 0.01, {"h": h, "v": 0.0 * h},
+                               {"g": 9.81}, saveat=dfx.SaveAt(t1=True), event=event,
+                               stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-8),
+                               adjoint=sciad.diffrax_adjoint(sensealg)).ts[0]
+
+    heights = jnp.array([1.0, 2.0])
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(stop)))(heights), 1 / np.sqrt(2 * 9.81 * heights),
+                               rtol=1e-6)
