@@ -6,6 +6,7 @@ The library leaves JAX's precision alone; the tests compare derivatives at
 """
 
 import gc
+import os
 
 import jax
 import pytest
@@ -23,13 +24,28 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("engine_name", engine_params(slow=getattr(metafunc.module, "SLOW_ENGINES", ())))
 
 
+HELD_BYTES = 3 * 2**30  # a worker's resident memory past which its compiled programs are freed
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux); the limit itself where /proc is not there (so programs are freed
+    after every module)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return HELD_BYTES
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _compiled_programs_freed():
-    """Each test module's compiled programs are freed after it: a worker that runs a hundred modules
-    would otherwise hold every program it compiled until it exits."""
+    """After a module, a worker holding more than `HELD_BYTES` frees its compiled programs: one that runs a
+    hundred modules would otherwise hold every program it compiled until it exits (and freeing after every
+    module would recompile the library's own helpers each time)."""
     yield
-    jax.clear_caches()
-    gc.collect()
+    if resident_bytes() >= HELD_BYTES:
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture(scope="module")
