@@ -8,10 +8,16 @@ The library leaves JAX's precision alone; the tests compare derivatives at
 import gc
 import os
 
-import jax
-import pytest
+# XLA:CPU's older fusion code generator: the same programs, about half the compile time of the newer one.
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_use_fusion_emitters=false".strip()
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+# Compiling dominates the tests' time: XLA's optimisations off (the same programs, faster compiles), except in
+# modules that ask for them (`xla_optimisations`).
+jax.config.update("jax_disable_most_optimizations", True)
 
 from scenarios import engine_params  # noqa: E402  (after float64 is on: it imports sciad)
 
@@ -49,13 +55,12 @@ def _compiled_programs_freed():
 
 
 @pytest.fixture(scope="module")
-def fast_compiles():
-    """Same programs, about half the compile time: XLA's optimisations off for a
-    module (`pytestmark = pytest.mark.usefixtures("fast_compiles")`)."""
-    previous = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", True)
+def xla_optimisations():
+    """XLA's optimisations on for a module (`pytestmark = pytest.mark.usefixtures("xla_optimisations")`): the
+    programs as users compile them."""
+    jax.config.update("jax_disable_most_optimizations", False)
     yield
-    jax.config.update("jax_disable_most_optimizations", previous)
+    jax.config.update("jax_disable_most_optimizations", True)
 
 
 def pytest_collection_modifyitems(config, items):

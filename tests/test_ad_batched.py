@@ -133,7 +133,6 @@ def test_torch_function_it_cannot_vmap_runs_member_by_member():
 
 
 @pytest.mark.slow  # two compiles of a vmapped adjoint solve (as test_sensealgs's host-engine gradients)
-@pytest.mark.usefixtures("fast_compiles")
 def test_vmap_of_gradients_through_a_torch_adjoint():
     """jax.vmap(jax.grad) of a Lotka–Volterra loss with InterpolatingAdjoint(vjp="torch") = jax-reverse's."""
     pytest.importorskip("torch")

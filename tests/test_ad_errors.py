@@ -8,7 +8,6 @@ import pytest
 import sciad.ad as ad
 from sciad.ad import _errors as errors, namespace
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def _sum_of_squares(x):

@@ -15,7 +15,6 @@ import pytest
 import sciad.ad as ad
 from sciad.ad._linear import HigherOrderError, accumulate_pullback, linear_map
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 X = jnp.array([0.3, -0.5, 0.7])
 Y = jnp.array([1.1, 0.9, 1.3])

@@ -18,7 +18,6 @@ import pytest
 import sciad.ad as ad
 from sciad.ad import namespace
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # XLA's optimisations off: same programs, half the compiling
 
 # -- scenarios ----------------------------------------------------------------
 

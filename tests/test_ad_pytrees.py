@@ -15,7 +15,6 @@ import sciad.ad as ad
 from sciad.ad import namespace
 from test_ad_operators import assert_close
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # XLA's optimisations off: same programs, half the compiling
 
 TREE = {"a": np.array([0.3, 0.4]), "b": [np.array([1.0, 2.0]), np.array([0.5])]}
 TREE_NEW = {"a": np.array([-0.6, 1.1]), "b": [np.array([0.2, -1.5]), np.array([0.9])]}

@@ -20,7 +20,6 @@ import sciad
 import sciad.adjoints._continuous as continuous
 from scenarios import slow_except
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 CALIBRATION = {case.name: case for case in backsolve_corpus.cases()}
 HELDOUT = {case.name: case for case in backsolve_heldout.cases()}

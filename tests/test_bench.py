@@ -18,7 +18,6 @@ from sciad_bench import claims, experiments, harness, tables  # noqa: E402
 from sciad_bench.harness import Combination, sciad_combination  # noqa: E402
 from sciad_bench.peers import torchdiffeq_peer  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def wrong_gradient() -> Combination:

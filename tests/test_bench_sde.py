@@ -9,7 +9,6 @@ import pytest
 pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sciad[bench]'")
 from sciad_bench import sde  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 @pytest.mark.parametrize("make", [lambda: sde.neural_sde(3, 4, 10), lambda: sde.lotka_volterra(4, 40)])

@@ -16,7 +16,6 @@ import sciad.ad as ad
 from sciad._errors import carried
 from sciad.ad import namespace
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def inverse_sum(x):

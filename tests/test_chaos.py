@@ -44,7 +44,6 @@ def warnings_of(prob, sensealg, loss=lambda us: jnp.mean(us[:, -1]), batch=None)
 LORENZ = sciad.ODEProblem(lorenz, np.array([1.0, 0.0, 0.0]), (0.0, 40.0), np.array([10.0, 28.0, 8 / 3]))
 
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 @pytest.mark.parametrize("sensealg", slow_except(["InterpolatingAdjoint()", "DiscreteAdjoint()",

@@ -11,7 +11,6 @@ from sciad.adjoints._continuous import (Backsolved, Checkpointed, ContinuousAdjo
                                         Stored)
 from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 CONSTRUCTORS = (sciad.InterpolatingAdjoint, sciad.GaussAdjoint, sciad.BacksolveAdjoint)
 

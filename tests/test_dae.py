@@ -16,7 +16,6 @@ import sciad
 from sciad._auto import auto_sensealg
 from sciad._solve import MASS_MATRIX_SENSEALGS
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = dict(rtol=1e-9, atol=1e-11)
 TS = np.array([0.0, 0.5, 1.0, 2.0])

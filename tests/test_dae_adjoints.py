@@ -15,7 +15,6 @@ from test_dae import (P0, ROBERTSON_P, ROBERTSON_TS, TOL, TS, exact, exact_gradi
 
 import sciad
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 slow = pytest.mark.slow
 

@@ -18,7 +18,6 @@ import sciad
 from scenarios import central_differences
 from test_dae import R_INV, ROBERTSON_P, Q, R, robertson, robertson_dae
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 AGREEMENT = 1e-7

@@ -18,7 +18,6 @@ import sciad.adjoints._base as adjoints_base
 import sciad.adjoints._discrete as discrete
 from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 U0 = np.array([1.0, 1.0])
 P0 = np.array([1.5, 1.0, 3.0, 1.0])

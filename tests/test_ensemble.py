@@ -17,7 +17,6 @@ from sciad.adjoints import describe
 from sciad.problems import lotka_volterra
 from scenarios import SENSEALGS
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 DEVICES = 8
 

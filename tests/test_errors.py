@@ -20,7 +20,6 @@ import pytest
 
 import sciad
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 DECAY = sciad.ODEProblem(lambda u, p, t: -p["k"] * u, np.array([1.0, 2.0]), (0.0, 1.0),
                          {"k": np.array(1.0), "c": np.zeros(2)})

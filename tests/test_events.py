@@ -15,7 +15,6 @@ import pytest
 import sciad
 from scenarios import SENSEALGS, assert_agrees, central_differences, slow_except, values_and_jacobian
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = 1e-10
 AGREEMENT = 1e-6

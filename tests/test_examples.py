@@ -6,7 +6,6 @@ import pathlib
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 

@@ -30,7 +30,6 @@ from sciad.adjoints import (BacksolveAdjoint, DiscreteAdjoint, ForwardDiffSensit
 from sciad.problems import brusselator_pde
 from sciad._stiff import MatrixFree, Sparse, StageNewton, stiff_solver
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = 1e-8
 AGREEMENT = 1e-6

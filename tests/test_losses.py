@@ -17,7 +17,6 @@ from scenarios import assert_agrees, central_differences, slow_except, values_an
 from sciad.adjoints import ODE_SENSEALGS, parse
 from sciad._solve import get_solver
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = 1e-10
 AGREEMENT = 1e-7

@@ -16,7 +16,6 @@ from programs.multihost_worker import gradients
 
 import sciad
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # as the workers: same programs, faster compiles
 
 WORKER = Path(__file__).parent / "programs" / "multihost_worker.py"
 CASES = ["padded-auto", "InterpolatingAdjoint", "DiscreteAdjoint", "BacksolveAdjoint"]  # see the worker

@@ -10,7 +10,6 @@ from sciad.problems import brusselator, gene_circuit, hamiltonian_node, lotka_vo
 from sciad.problems._gene_circuit import GeneCircuitRHS
 from scenarios import central_differences
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def test_lotka_volterra_is_the_papers_setup():

@@ -13,7 +13,6 @@ import sciad
 from sciad.adjoints import describe
 from scenarios import HOST_ENGINES, SENSEALGS, assert_agrees, reference_for, slow_except
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-10}
 MATRIX = slow_except(list(SENSEALGS), fast=["InterpolatingAdjoint"])

@@ -22,7 +22,6 @@ def test_readme_snippets_compile():
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("fast_compiles")
 def test_readme_snippets_run_in_order(capsys):
     namespace: dict = {}
     for i, code in enumerate(SNIPPETS):

@@ -10,7 +10,6 @@ import pytest
 import sciad
 from sciad.adjoints import ODE_SENSEALGS
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 P = jnp.array([1.0, 1.3])
 PROB = sciad.ODEProblem(lambda u, p, t: jnp.stack([p[0] * u[1], -p[1] * u[0] - 0.1 * u[1]]), jnp.array([1.0, 0.5]),

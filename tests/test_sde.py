@@ -12,7 +12,6 @@ import pytest
 import sciad
 from sciad._sde_solvers import SDE_SOLVERS
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 MU, SIGMA, U0, T = 0.5, 0.3, 1.0, 1.0
 KEY = jax.random.key(0)

@@ -22,7 +22,6 @@ import pytest
 
 import sciad
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 MU, SIGMA, THETA, T = 0.5, 0.5, 1.0, 1.0
 DTS = (2.0**-4, 2.0**-6, 2.0**-8)

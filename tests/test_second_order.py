@@ -20,7 +20,6 @@ from sciad.adjoints import DiscreteAdjoint, InterpolatingAdjoint
 from sciad.problems._lotka_volterra import lotka_volterra_rhs
 from scenarios import SENSEALGS, assert_agrees, central_differences, slow_except
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = 1e-10
 AGREEMENT = 1e-5

@@ -38,7 +38,6 @@ def lv():
     return sciad.ODEProblem(lotka_volterra, np.ones(2), (0.0, 10.0), np.array([1.5, 1.0, 3.0, 1.0]))
 
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TS = np.linspace(0.0, 10.0, 11)
 PROGRAMS = Path(__file__).parent / "programs"

@@ -7,9 +7,7 @@ finite differences of the loss to 1e-5 relative.
 
 Foreign engines (torch, autograd, finite differences) run every product of
 f through a host callback, so they use a shorter horizon; the JAX engines
-(jax-*, enzyme) use the full one. XLA's optimisations are switched off for
-this module (`jax_disable_most_optimizations`): the programs are the same,
-they compile in half the time.
+(jax-*, enzyme) use the full one.
 """
 
 import functools
@@ -39,7 +37,6 @@ AGREEMENT = 1e-5
 FOREIGN = set(HOST_ENGINES)
 
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 # --- problems -----------------------------------------------------------------

@@ -19,7 +19,6 @@ from scenarios import SENSEALGS, slow_except
 MAX_STEPS_ERROR = "maximum number of solver steps was reached"
 
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def lv(t1=10.0, dtype=np.float64):

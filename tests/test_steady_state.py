@@ -18,7 +18,6 @@ import sciad
 from sciad.ad import namespace
 from sciad.problems._gene_circuit import GeneCircuitRHS
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = 1e-10
 A = np.array([[-2.0, 1.0, 0.0], [0.5, -3.0, 0.5], [0.0, 1.0, -1.5]])

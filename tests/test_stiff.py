@@ -26,7 +26,6 @@ from sciad.adjoints import BacksolveAdjoint, DiscreteAdjoint, ForwardSensitivity
 from sciad.problems import brusselator_pde, oregonator
 from scenarios import SENSEALGS, assert_agrees, central_differences, reference_for, slow_except
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 TOL = 1e-8
 AGREEMENT = 1e-5

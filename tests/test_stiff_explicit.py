@@ -11,7 +11,6 @@ import sciad
 from sciad._auto import features, heuristic
 from sciad._stability import stability_boundary, stability_steps
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
 def robertson(u, p, t):
