@@ -1,7 +1,7 @@
 """BacksolveAdjoint's self-check, calibrated on one corpus and tested on another.
 
-For every case of the calibration corpus (tests/backsolve_corpus.py) and of the held-out corpus
-(tests/backsolve_heldout.py) this runs BacksolveAdjoint(on_instability="warn") and records
+For every case of the calibration corpus (tests/helpers/backsolve_corpus.py) and of the held-out corpus
+(tests/helpers/backsolve_heldout.py) this runs BacksolveAdjoint(on_instability="warn") and records
 
 - the drift per forward step: the quantity the check compares to `drift_tolerance` (read where the
   check hands it to `warn_if`), and the same signal as it was measured before the held-out corpus
@@ -26,6 +26,7 @@ sciad/adjoints/_continuous.py.
 """
 
 import argparse
+import importlib
 import pathlib
 import sys
 import time
@@ -43,10 +44,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 import sciad  # noqa: E402
 import sciad.adjoints._continuous as continuous  # noqa: E402
 import sciad.adjoints._stepping as stepping  # noqa: E402
-from backsolve_corpus import breakpoints, gradient, own, reference, relative_error, right  # noqa: E402
+from helpers.backsolve_corpus import breakpoints, gradient, own, reference, relative_error, right  # noqa: E402
 
 STEP_CAP = 50  # backward steps per forward step measured at most
-CORPORA = {"calibration": "backsolve_corpus", "heldout": "backsolve_heldout"}
+CORPORA = {"calibration": "helpers.backsolve_corpus", "heldout": "helpers.backsolve_heldout"}
 
 
 def old_drift(setup, u_back, u_at, u_from, steps):
@@ -159,7 +160,7 @@ def main():
     if set(args.corpora) - set(CORPORA):
         parser.error(f"unknown corpus: {sorted(set(args.corpora) - set(CORPORA))}; choose from {list(CORPORA)}")
     for corpus in args.corpora or list(CORPORA):
-        cases = [c for c in __import__(CORPORA[corpus]).cases() if args.k in c.name]
+        cases = [c for c in importlib.import_module(CORPORA[corpus]).cases() if args.k in c.name]
         rows = []
         print(f"\n== {corpus} ({len(cases)} cases) ==")
         print(f"{'case':52} {'label':5} {'right':5} {'error':>8} {'own':>8} {'old':>9} {'drift':>9} {'bwd/fwd':>7} "

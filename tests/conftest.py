@@ -1,5 +1,5 @@
 """Shared test set-up: float64 in JAX, the parametrization over AD engines, fixtures and hooks
-(what tests share besides: tests/scenarios.py).
+(what tests share besides: tests/helpers.py).
 
 The library leaves JAX's precision alone; the tests compare derivatives at
 1e-10 relative and so switch on float64 here.
@@ -19,7 +19,7 @@ jax.config.update("jax_enable_x64", True)
 # modules that ask for them (`xla_optimisations`).
 jax.config.update("jax_disable_most_optimizations", True)
 
-from scenarios import engine_params  # noqa: E402  (after float64 is on: it imports sciad)
+from helpers import engine_params  # noqa: E402  (after float64 is on: it imports sciad)
 
 
 def pytest_generate_tests(metafunc):

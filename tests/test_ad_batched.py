@@ -12,7 +12,7 @@ import pytest
 import sciad
 import sciad.ad as ad
 from sciad.ad import namespace
-from scenarios import HOST_ENGINES, engine_params
+from helpers import HOST_ENGINES, engine_params
 
 US = np.array([1.0, 0.5]) + np.linspace(-0.5, 0.5, 4)[:, None]  # (4, 2)
 PS = np.array([1.5, 1.0, 3.0, 1.0]) + np.linspace(-0.3, 0.3, 3)[:, None]  # (3, 4)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sciad.ad as ad
-from scenarios import ENGINES, slow_except
+from helpers import ENGINES, slow_except
 
 STATM = pathlib.Path("/proc/self/statm")
 

@@ -18,6 +18,8 @@ import pytest
 import sciad.ad as ad
 from sciad.ad import namespace
 
+from helpers import assert_close
+
 
 # -- scenarios ----------------------------------------------------------------
 
@@ -333,19 +335,6 @@ def _call(op: str, b, s: Scenario, x, v, w):
 
 def _extra(op, v, w):
     return (v,) if op in TAKES_V else (w,) if op in TAKES_W else ()
-
-
-def assert_close(actual, expected, rtol):
-    """Equal to `rtol` relative to the largest entry of `expected` (tuples item by item)."""
-    if isinstance(expected, tuple):
-        assert isinstance(actual, tuple) and len(actual) == len(expected)
-        for a, e in zip(actual, expected):
-            assert_close(a, e, rtol)
-        return
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.shape == expected.shape
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1.0)
-    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale)
 
 
 def _tolerance(engine: Engine, op: str) -> float:

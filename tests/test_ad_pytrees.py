@@ -13,7 +13,8 @@ import pytest
 
 import sciad.ad as ad
 from sciad.ad import namespace
-from test_ad_operators import assert_close
+
+from helpers import assert_close
 
 
 TREE = {"a": np.array([0.3, 0.4]), "b": [np.array([1.0, 2.0]), np.array([0.5])]}

@@ -1,6 +1,6 @@
 """BacksolveAdjoint's self-check on two corpora: the calibration corpus its limits are set on
-(tests/backsolve_corpus.py) and a held-out corpus of different problems it was not set on
-(tests/backsolve_heldout.py). On both, every right gradient passes quietly and every wrong one is
+(tests/helpers/backsolve_corpus.py) and a held-out corpus of different problems it was not set on
+(tests/helpers/backsolve_heldout.py). On both, every right gradient passes quietly and every wrong one is
 refused, right and wrong measured against a tight reference (`backsolve_corpus.right`); a stiff
 problem is refused within a few backward steps per forward step (not after max_steps). Each case
 prints the signal's margin to the limit:
@@ -14,11 +14,10 @@ import jax
 import numpy as np
 import pytest
 
-import backsolve_corpus
-import backsolve_heldout
 import sciad
 import sciad.adjoints._continuous as continuous
-from scenarios import slow_except
+
+from helpers import backsolve_corpus, backsolve_heldout, slow_except
 
 
 CALIBRATION = {case.name: case for case in backsolve_corpus.cases()}

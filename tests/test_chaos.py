@@ -10,7 +10,7 @@ import pytest
 
 import sciad
 import sciad.ad as ad
-from scenarios import slow_except
+from helpers import slow_except
 from sciad.problems._lotka_volterra import lotka_volterra_rhs
 
 

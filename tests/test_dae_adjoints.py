@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_dae import (P0, ROBERTSON_P, ROBERTSON_TS, TOL, TS, exact, exact_gradients, linear_loss, linear_problem,
-                      robertson, robertson_dae)
 
 import sciad
 
+from helpers.dae import (P0, ROBERTSON_P, ROBERTSON_TS, TOL, TS, exact, exact_gradients, linear_loss, linear_problem,
+                         robertson, robertson_dae)
 
 slow = pytest.mark.slow
 

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import sciad
-from scenarios import central_differences
-from test_dae import R_INV, ROBERTSON_P, Q, R, robertson, robertson_dae
+
+from helpers import central_differences
+from helpers.dae import R_INV, ROBERTSON_P, Q, R, robertson, robertson_dae
 
 
 TOL = dict(rtol=1e-10, atol=1e-10)

@@ -15,7 +15,7 @@ import pytest
 import sciad
 from sciad.adjoints import describe
 from sciad.problems import lotka_volterra
-from scenarios import SENSEALGS
+from helpers import SENSEALGS
 
 
 DEVICES = 8

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sciad
-from scenarios import SENSEALGS, assert_agrees, central_differences, slow_except, values_and_jacobian
+from helpers import SENSEALGS, assert_agrees, central_differences, slow_except, values_and_jacobian
 
 
 TOL = 1e-10

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import sciad
-from scenarios import SENSEALGS
+from helpers import SENSEALGS
 
 LEVEL, T = 0.4, 2.0
 P = np.array([0.8, 0.5])  # k, b

@@ -10,7 +10,7 @@ from jax.sharding import AxisType
 
 import sciad
 from sciad.problems import lotka_volterra
-from scenarios import SENSEALGS, slow_except
+from helpers import SENSEALGS, slow_except
 
 pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sciad[bench]'")
 from sciad_bench import experiments  # noqa: E402

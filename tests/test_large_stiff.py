@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import sciad
-from scenarios import SENSEALGS as SCENARIOS
-from scenarios import reference_for, slow_except
+from helpers import SENSEALGS as SCENARIOS
+from helpers import reference_for, slow_except
 from sciad.adjoints import (BacksolveAdjoint, DiscreteAdjoint, ForwardDiffSensitivity, ForwardSensitivity,
                              GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint)
 from sciad.problems import brusselator_pde

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sciad
-from scenarios import SENSEALGS
+from helpers import SENSEALGS
 
 SCALES = jnp.asarray([1e-8, 1.0, 1e8])
 P = np.array([0.7, 0.4])

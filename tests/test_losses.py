@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sciad
-from scenarios import assert_agrees, central_differences, slow_except, values_and_jacobian
+from helpers import assert_agrees, central_differences, slow_except, values_and_jacobian
 from sciad.adjoints import ODE_SENSEALGS, parse
 from sciad._solve import get_solver
 

@@ -1,7 +1,7 @@
 """The programs users run: one gradient per sensealg compiled with XLA's optimisations on.
 
 The test run switches XLA's optimisations off (tests/conftest.py: the same programs, faster compiles). Optimisations reorder and fuse floating-point work, so a rule that is right only unoptimised (or
-only optimised) would pass those modules. Here each sensealg of the matrix (tests/scenarios.py) takes
+only optimised) would pass those modules. Here each sensealg of the matrix (tests/helpers.py) takes
 one gradient of L = Σ u(t_k)² on Lotka–Volterra in p and u0 under `jax.jit`, checked against central
 finite differences of the loss solved at tight tolerances.
 """
@@ -13,7 +13,7 @@ import pytest
 
 import sciad
 from sciad.problems._lotka_volterra import lotka_volterra_rhs
-from scenarios import SENSEALGS, assert_agrees, central_differences
+from helpers import SENSEALGS, assert_agrees, central_differences
 
 pytestmark = pytest.mark.usefixtures("xla_optimisations")
 

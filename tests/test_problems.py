@@ -8,7 +8,7 @@ import pytest
 import sciad
 from sciad.problems import brusselator, gene_circuit, hamiltonian_node, lotka_volterra, spiral_node
 from sciad.problems._gene_circuit import GeneCircuitRHS
-from scenarios import central_differences
+from helpers import central_differences
 
 
 

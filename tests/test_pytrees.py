@@ -11,7 +11,7 @@ import pytest
 
 import sciad
 from sciad.adjoints import describe
-from scenarios import HOST_ENGINES, SENSEALGS, assert_agrees, reference_for, slow_except
+from helpers import HOST_ENGINES, SENSEALGS, assert_agrees, reference_for, slow_except
 
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-10}

@@ -18,7 +18,7 @@ import sciad
 from sciad.ad._linear import HigherOrderError
 from sciad.adjoints import DiscreteAdjoint, InterpolatingAdjoint
 from sciad.problems._lotka_volterra import lotka_volterra_rhs
-from scenarios import SENSEALGS, assert_agrees, central_differences, slow_except
+from helpers import SENSEALGS, assert_agrees, central_differences, slow_except
 
 
 TOL = 1e-10

@@ -19,7 +19,7 @@ import pytest
 
 import sciad
 from sciad.adjoints import SENSEALGS, describe, engine_option, parse
-from scenarios import central_differences
+from helpers import central_differences
 
 
 def lotka_volterra(u, p, t):

@@ -28,7 +28,7 @@ from sciad.adjoints import (
     GaussAdjoint,
     InterpolatingAdjoint,
 )
-from scenarios import (HOST_ENGINES, SENSEALGS, WITH_ENGINE, assert_agrees, central_differences, engine_matrix,
+from helpers import (HOST_ENGINES, SENSEALGS, WITH_ENGINE, assert_agrees, central_differences, engine_matrix,
                        reference_for, slow_except)
 
 RTOL = ATOL = 1e-10

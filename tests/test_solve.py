@@ -14,7 +14,7 @@ import sciad.ad as ad
 import sciad.ad._errors
 from sciad.adjoints import DiscreteAdjoint, ForwardSensitivity, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from sciad._solve import SOLVERS
-from scenarios import SENSEALGS, slow_except
+from helpers import SENSEALGS, slow_except
 
 MAX_STEPS_ERROR = "maximum number of solver steps was reached"
 

@@ -13,7 +13,7 @@ import lineax as lx
 import numpy as np
 import pytest
 
-from scenarios import central_differences, slow_except
+from helpers import central_differences, slow_except
 import sciad
 from sciad.ad import namespace
 from sciad.problems._gene_circuit import GeneCircuitRHS

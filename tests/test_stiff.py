@@ -24,7 +24,7 @@ import sciad.ad as ad
 from sciad.ad._linear import HigherOrderError
 from sciad.adjoints import BacksolveAdjoint, DiscreteAdjoint, ForwardSensitivity, InterpolatingAdjoint
 from sciad.problems import brusselator_pde, oregonator
-from scenarios import SENSEALGS, assert_agrees, central_differences, reference_for, slow_except
+from helpers import SENSEALGS, assert_agrees, central_differences, reference_for, slow_except
 
 
 TOL = 1e-8

@@ -501,8 +501,8 @@ class Stored(AbstractInterpolated):
         return advance(march, args, t[j], setup.max_steps), carry
 
 
-# BacksolveAdjoint's self-check, set on a calibration corpus (tests/backsolve_corpus.py) and tested on a
-# held-out one (tests/backsolve_heldout.py); experiments/backsolve_calibration.py prints the margins.
+# BacksolveAdjoint's self-check, set on a calibration corpus (tests/helpers/backsolve_corpus.py) and tested on a
+# held-out one (tests/helpers/backsolve_heldout.py); experiments/backsolve_calibration.py prints the margins.
 # The drift allowed per forward step, in tolerances (`Backsolved.drift`): right gradients reach
 # 83 and wrong ones start at 1650 in the calibration corpus (held out: 108 and 3800); and the backward
 # steps per forward step (+ 8) after which an interval is refused (stiff backwards; right gradients

@@ -1,5 +1,5 @@
 """The held-out corpus of BacksolveAdjoint's self-check: problems unlike those its limits were set on
-(tests/backsolve_corpus.py), to test the check, never to set it. Right and wrong as there
+(tests/helpers/backsolve_corpus.py), to test the check, never to set it. Right and wrong as there
 (`backsolve_corpus.right`), each label checked against the measurement (tests/test_backsolve_check.py;
 experiments/backsolve_calibration.py prints the margins). Cases: (name, problem, saveat, solver,
 rtol, atol, wrong, ...) as `backsolve_corpus.Case`."""
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad
-from backsolve_corpus import Case
+from helpers.backsolve_corpus import Case
 
 
 def _damped_oscillator(u, p, t):

@@ -1,7 +1,7 @@
 """The calibration corpus of BacksolveAdjoint's self-check: problems where its gradient is right and
 where it is wrong (unstable backwards in time), the cases the check's limits are set on
 (experiments/backsolve_calibration.py prints their margins; tests/test_backsolve_check.py tests them).
-The check is then tested on different problems it was not set on: tests/backsolve_heldout.py.
+The check is then tested on different problems it was not set on: tests/helpers/backsolve_heldout.py.
 
 Right and wrong are measured, not assumed. A gradient's error is relative (its largest entry's,
 over the reference's largest entry) against a tight reference (`reference`: DiscreteAdjoint at

@@ -1,6 +1,6 @@
 """What the tests share: the sensealg variants by name, the AD engines, the split of a matrix of them
 between the default run and the slow one, one central finite-difference reference and one agreement
-check. A test module takes what it needs (`from scenarios import SENSEALGS, assert_agrees`) and keeps
+check. A test module takes what it needs (`from helpers import SENSEALGS, assert_agrees`) and keeps
 only its own problems and the variants its question needs.
 """
 
@@ -110,6 +110,19 @@ def assert_agrees(actual, expected, what, rtol):
         e = np.asarray(e)
         np.testing.assert_allclose(np.asarray(a), e, rtol=rtol, atol=rtol * np.max(np.abs(e), initial=0.0),
                                    err_msg=f"{what}{jax.tree_util.keystr(path)}")
+
+
+def assert_close(actual, expected, rtol):
+    """Equal to `rtol` relative to the largest entry of `expected` (tuples item by item)."""
+    if isinstance(expected, tuple):
+        assert isinstance(actual, tuple) and len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_close(a, e, rtol)
+        return
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1.0)
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale)
 
 
 def values_and_jacobian(f, *args, argnums=0, has_aux=False):
