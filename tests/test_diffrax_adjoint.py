@@ -30,25 +30,30 @@ def _solve(adjoint, y0, args, *, t0=0.0, t1=10.0, dt0=0.05, saveat=dfx.SaveAt(t0
                            stepsize_controller=controller, adjoint=adjoint, **options)
 
 
+def _value_and_grad(loss, argnums=1):
+    """A loss `loss(adjoint, ...) -> (value, solution)`'s value, solution and gradient, compiled once per
+    adjoint (one program gives the solution and its gradient)."""
+    return jax.jit(jax.value_and_grad(loss, argnums, has_aux=True), static_argnums=0)
+
+
 @pytest.mark.parametrize("sensealg,rtol", [("auto", 1e-12), ("GaussAdjoint", 1e-6), ("InterpolatingAdjoint", 1e-6)])
 def test_diffraxs_solution_and_its_gradient(sensealg, rtol):
     """The solution is diffrax's to rounding (the same steps: the controller's gains and limits and dt0
     are diffrax's; a save at t1 is interpolated there); the gradient in y0 and args is
     RecursiveCheckpointAdjoint's (exactly, by "auto"'s DiscreteAdjoint), under jit."""
-    adjoint = sciad.diffrax_adjoint(sensealg)
-    ours, theirs = _solve(adjoint, Y0, P), _solve(dfx.RecursiveCheckpointAdjoint(), Y0, P)
+    def loss(adjoint, y0, args):
+        sol = _solve(adjoint, y0, args)
+        return jnp.sum(sol.ys[:, 0] ** 2), sol
+
+    (_, ours), our_grads = _value_and_grad(loss, (1, 2))(sciad.diffrax_adjoint(sensealg), Y0, P)
+    (_, theirs), their_grads = _value_and_grad(loss, (1, 2))(dfx.RecursiveCheckpointAdjoint(), Y0, P)
     np.testing.assert_allclose(ours.ys, theirs.ys, rtol=1e-14)
     np.testing.assert_array_equal(ours.ts, theirs.ts)
     for key in ("num_steps", "num_accepted_steps", "num_rejected_steps"):
         assert int(ours.stats[key]) == int(theirs.stats[key]), key
     assert ours.result == dfx.RESULTS.successful
-
-    def loss(adjoint, y0, args):
-        return jnp.sum(_solve(adjoint, y0, args).ys[:, 0] ** 2)
-
-    grads = jax.jit(jax.grad(loss, argnums=(1, 2)), static_argnums=0)
-    for ours, theirs in zip(grads(adjoint, Y0, P), grads(dfx.RecursiveCheckpointAdjoint(), Y0, P)):
-        np.testing.assert_allclose(ours, theirs, rtol=rtol, atol=rtol * float(jnp.max(jnp.abs(theirs))))
+    for a, b in zip(our_grads, their_grads):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * float(jnp.max(jnp.abs(b))))
 
 
 def test_neural_ode_example():
@@ -95,12 +100,15 @@ def test_stiff_problem_with_kvaerno5():
                                saveat=dfx.SaveAt(ts=jnp.array([0.1, 1.0])),
                                stepsize_controller=dfx.PIDController(rtol=1e-6, atol=1e-8), adjoint=adjoint)
 
-    ours, theirs = solve(sciad.diffrax_adjoint(), k), solve(dfx.RecursiveCheckpointAdjoint(), k)
+    def loss(adjoint, k):
+        sol = solve(adjoint, k)
+        return jnp.sum(sol.ys[:, 0]), sol
+
+    (_, ours), our_grad = _value_and_grad(loss)(sciad.diffrax_adjoint("GaussAdjoint"), k)
+    (_, theirs), their_grad = _value_and_grad(loss)(dfx.RecursiveCheckpointAdjoint(), k)
     np.testing.assert_allclose(ours.ys, theirs.ys, rtol=1e-12, atol=1e-15)
-    scale = k * jnp.array([1.0, 1.0, 1.0])  # p dL/dp: comparable across rates of very different sizes
-    grad = lambda adjoint: jax.grad(lambda k: jnp.sum(solve(adjoint, k).ys[:, 0]))(k) * scale  # noqa: E731
-    np.testing.assert_allclose(grad(sciad.diffrax_adjoint("GaussAdjoint")), grad(dfx.RecursiveCheckpointAdjoint()),
-                               rtol=1e-4, atol=1e-8)
+    # p dL/dp: comparable across rates of very different sizes
+    np.testing.assert_allclose(our_grad * k, their_grad * k, rtol=1e-4, atol=1e-8)
 
 
 def test_event_stops_where_diffraxs_does():
@@ -120,13 +128,17 @@ def test_event_stops_where_diffraxs_does():
                                saveat=saveat, stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-8),
                                event=event, adjoint=adjoint)
 
-    ours, theirs = solve(sciad.diffrax_adjoint(), 2.0), solve(dfx.RecursiveCheckpointAdjoint(), 2.0)
+    def stop(adjoint, h):
+        sol = solve(adjoint, h)
+        return sol.ts[1], sol
+
+    (_, ours), dt_dh = _value_and_grad(stop)(sciad.diffrax_adjoint(), 2.0)
+    theirs = solve(dfx.RecursiveCheckpointAdjoint(), 2.0)
     np.testing.assert_allclose(ours.ts, theirs.ts, rtol=1e-9)
     assert np.isinf(ours.ts[2]) and np.all(np.isinf(ours.ys[2]))
     np.testing.assert_allclose(ours.ys[:2], theirs.ys[:2], rtol=1e-8, atol=1e-9)
     assert bool(ours.event_mask) and ours.result == dfx.RESULTS.event_occurred
     np.testing.assert_allclose(ours.ts[1], np.sqrt(2 * 2.0 / g), rtol=1e-9)
-    dt_dh = jax.grad(lambda h: solve(sciad.diffrax_adjoint(), h).ts[1])(2.0)
     np.testing.assert_allclose(dt_dh, 1 / np.sqrt(2 * g * 2.0), rtol=1e-6)
 
 
@@ -138,15 +150,15 @@ def test_backwards_in_time_with_saveat_fn_and_subs():
     def solve(adjoint, args):
         return _solve(adjoint, Y0, args, t0=10.0, t1=0.0, dt0=-0.05, saveat=saveat)
 
-    ours, theirs = solve(sciad.diffrax_adjoint(), P), solve(dfx.RecursiveCheckpointAdjoint(), P)
+    def loss(adjoint, p):
+        sol = solve(adjoint, p)
+        return jnp.sum(sol.ys[0]) + jnp.sum(sol.ys[1]), sol
+
+    (_, ours), our_grad = _value_and_grad(loss)(sciad.diffrax_adjoint(), P)
+    (_, theirs), their_grad = _value_and_grad(loss)(dfx.RecursiveCheckpointAdjoint(), P)
     for a, b in zip(jax.tree.leaves((ours.ts, ours.ys)), jax.tree.leaves((theirs.ts, theirs.ys))):
         np.testing.assert_allclose(a, b, rtol=1e-14)
-    def loss(adjoint, p):
-        ys = solve(adjoint, p).ys
-        return jnp.sum(ys[0]) + jnp.sum(ys[1])
-
-    np.testing.assert_allclose(jax.grad(loss, 1)(sciad.diffrax_adjoint(), P),
-                               jax.grad(loss, 1)(dfx.RecursiveCheckpointAdjoint(), P), rtol=1e-10)
+    np.testing.assert_allclose(our_grad, their_grad, rtol=1e-10)
 
 
 def test_forward_mode_and_a_hessian():
@@ -156,10 +168,12 @@ def test_forward_mode_and_a_hessian():
         return jnp.sum(_solve(adjoint, Y0, p, t1=3.0, saveat=dfx.SaveAt(t1=True)).ys ** 2)
 
     ours = sciad.diffrax_adjoint("ForwardDiffSensitivity")
-    np.testing.assert_allclose(jax.jacfwd(loss, 1)(ours, P), jax.grad(loss, 1)(ours, P), rtol=1e-10)
-    hessian = jax.hessian(loss, 1)(ours, P)
-    np.testing.assert_allclose(hessian, hessian.T, rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(hessian, jax.hessian(loss, 1)(dfx.DirectAdjoint(), P), rtol=1e-6, atol=1e-8)
+    jacfwd, grad, hessian = (jax.jit(transform(loss, 1), static_argnums=0) for transform in (jax.jacfwd, jax.grad,
+                                                                                             jax.hessian))
+    np.testing.assert_allclose(jacfwd(ours, P), grad(ours, P), rtol=1e-10)
+    ours = hessian(ours, P)
+    np.testing.assert_allclose(ours, ours.T, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(ours, hessian(dfx.DirectAdjoint(), P), rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("case,fix", [
