@@ -91,7 +91,7 @@ def cubic_references():
     """integrand -> (DiscreteAdjoint's ∂L/∂u0, ∂L/∂p; central differences of L in x0 and in p)."""
     out = {}
     for integrand in (False, True):
-        reference = jax.grad(cubic_loss(sciad.DiscreteAdjoint(), integrand), argnums=(0, 1))(CUBIC_U0, CUBIC_P)
+        reference = jax.jit(jax.grad(cubic_loss(sciad.DiscreteAdjoint(), integrand), argnums=(0, 1)))(CUBIC_U0, CUBIC_P)
         plain = jax.jit(cubic_loss(sciad.DiscreteAdjoint(), integrand))
         fd_p = finite_differences(lambda p: plain(CUBIC_U0, p), CUBIC_P)
         fd_x0 = finite_differences(lambda x0: plain(jnp.array([x0[0], 0.0]), CUBIC_P), CUBIC_U0[:1])[0]
