@@ -196,5 +196,7 @@ def test_robertson_time_derivatives_against_the_ode_form():
         return jax.jit(jax.jacrev(at))(np.array([1.0, 10.0]))
 
     expected = states(None)
-    np.testing.assert_allclose(states(np.array([1.0, 1.0, 0.0])), expected, rtol=1e-6,
+    # Two different solves at rtol 1e-10: the stiff y2's t1 derivative agrees to a few 1e-6 (its last digits
+    # move with XLA's code generation).
+    np.testing.assert_allclose(states(np.array([1.0, 1.0, 0.0])), expected, rtol=1e-5,
                                atol=1e-7 * np.max(np.abs(expected)))
