@@ -34,8 +34,10 @@ def main(members: int = 512, spread: float = 0.1, seed: int = 0, out_dir="result
     jax.config.update("jax_enable_x64", True)
     devices = jax.device_count()
     if members % devices:
-        raise ValueError(f"members={members} must be a multiple of the {devices} devices for the plain "
-                         "jax.vmap comparison (sciad.ensemble itself pads any batch)")
+        raise ValueError(
+            f"members={members} must be a multiple of the {devices} devices for the plain "
+            "jax.vmap comparison (sciad.ensemble itself pads any batch)"
+        )
     bench = lotka_volterra()
     prob, ts = bench.problem, bench.saveat
     ps = prob.p * np.exp(spread * np.random.default_rng(seed).standard_normal((members, 4)))
@@ -59,11 +61,13 @@ def main(members: int = 512, spread: float = 0.1, seed: int = 0, out_dir="result
     plain = jax.jit(jax.vmap(jax.grad(member)))(jax.device_put(ps, NamedSharding(mesh, PartitionSpec("batch"))))
     difference = float(jnp.max(jnp.abs(plain - grads)) / jnp.max(jnp.abs(grads)))
     us, grads = np.asarray(us), np.asarray(grads)
-    bands = {q: np.quantile(us, q, axis=0) for q in (0.05, 0.5, 0.95)}                # (T, 2) each
+    bands = {q: np.quantile(us, q, axis=0) for q in (0.05, 0.5, 0.95)}  # (T, 2) each
     print(f"{members} members on {devices} device(s): solves and gradients in {seconds:.2f} s (with compilation)")
     for name, g in zip(NAMES, grads.T):
-        print(f"  ∂ mean prey / ∂{name}: median {np.median(g):+.3f}, 5–95 % [{np.quantile(g, 0.05):+.3f}, "
-              f"{np.quantile(g, 0.95):+.3f}]")
+        print(
+            f"  ∂ mean prey / ∂{name}: median {np.median(g):+.3f}, 5–95 % [{np.quantile(g, 0.05):+.3f}, "
+            f"{np.quantile(g, 0.95):+.3f}]"
+        )
     print(f"  plain jax.vmap(jax.grad(...)) differs by {difference:.1e} (relative)")
 
     out = pathlib.Path(out_dir)
@@ -82,8 +86,13 @@ def main(members: int = 512, spread: float = 0.1, seed: int = 0, out_dir="result
     fig.tight_layout()
     fig.savefig(out / "ensemble.png", dpi=120)
     plt.close(fig)
-    return {"bands": bands, "sensitivities": grads, "vmap_difference": difference, "devices": devices,
-            "seconds": seconds}
+    return {
+        "bands": bands,
+        "sensitivities": grads,
+        "vmap_difference": difference,
+        "devices": devices,
+        "seconds": seconds,
+    }
 
 
 if __name__ == "__main__":

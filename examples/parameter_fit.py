@@ -57,8 +57,13 @@ def levenberg_marquardt(backend, residuals, p, *, max_iterations=50, tol=1e-10):
     return p, iteration, cost
 
 
-def main(backends=("jax-forward", "jax-reverse", "finite-differences"), noise: float = 0.1, seed: int = 0,
-         initial=(1.2, 0.8, 2.5, 1.2), out_dir="results/examples") -> dict:
+def main(
+    backends=("jax-forward", "jax-reverse", "finite-differences"),
+    noise: float = 0.1,
+    seed: int = 0,
+    initial=(1.2, 0.8, 2.5, 1.2),
+    out_dir="results/examples",
+) -> dict:
     """Generate Lotka–Volterra data at p = (1.5, 1, 3, 1) with Gaussian noise
     of standard deviation `noise` (seeded), fit p from `initial` with each of
     `backends`, print the recovered parameters, and save `lotka_volterra_fit.png`.
@@ -87,8 +92,10 @@ def main(backends=("jax-forward", "jax-reverse", "finite-differences"), noise: f
         p, iterations, cost = levenberg_marquardt(ad.get(name), residuals, np.asarray(initial, float))
         seconds = time.perf_counter() - start
         fits[name] = (p, iterations, cost, seconds)
-        print(f"{name:>20}: p = {np.round(p, 4)}  S = {cost:.4f}  {iterations} iterations  "
-              f"{seconds:.2f} s incl. compilation")
+        print(
+            f"{name:>20}: p = {np.round(p, 4)}  S = {cost:.4f}  {iterations} iterations  "
+            f"{seconds:.2f} s incl. compilation"
+        )
     first, *others = fits.values()
     for name, fit in zip(backends[1:], others):
         print(f"max |p({backends[0]}) - p({name})| = {np.max(np.abs(first[0] - fit[0])):.2e}")

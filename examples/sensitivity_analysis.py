@@ -49,8 +49,9 @@ def main(points: int = 201, jvp: str = "jax-forward", rtol: float = 1e-10, out_d
     print("finite differences:\n", np.array2string(final_fd, precision=5))
     print(f"largest difference, relative to the largest entry: {rel:.1e}")
     peak = np.unravel_index(np.argmax(np.abs(sens)), sens.shape)
-    print(f"largest |dU/dp| = {abs(sens[peak]):.3g}: state {'xy'[peak[1]]}, "
-          f"{PARAMETERS[peak[2]]}, t = {ts[peak[0]]:.2f}")
+    print(
+        f"largest |dU/dp| = {abs(sens[peak]):.3g}: state {'xy'[peak[1]]}, {PARAMETERS[peak[2]]}, t = {ts[peak[0]]:.2f}"
+    )
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharex=True)
     for k, (ax, name) in enumerate(zip(axes, ("prey x", "predator y"))):

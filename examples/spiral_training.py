@@ -39,8 +39,15 @@ def neural_ode(hidden: int, seed: int) -> sciad.ODEProblem:
     return sciad.ODEProblem(field, U0, (0.0, 1.5), mlp)
 
 
-def main(iterations: int = 500, hidden: int = 50, learning_rate: float = 0.05, sensealg="auto",
-         print_every: int = 50, out_dir="results/examples", seed: int = 0) -> dict:
+def main(
+    iterations: int = 500,
+    hidden: int = 50,
+    learning_rate: float = 0.05,
+    sensealg="auto",
+    print_every: int = 50,
+    out_dir="results/examples",
+    seed: int = 0,
+) -> dict:
     """Fit the network to 30 points of the true spiral u' = (u³)ᵀA; save
     `spiral_loss.png` and `spiral_fit.png` under `out_dir`. `sensealg="auto"`
     lets `sciad.select_sensealg` choose. Returns the loss history and the

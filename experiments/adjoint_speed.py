@@ -27,20 +27,29 @@ import numpy as np
 import sciad.ad as ad
 from sciad.problems import lotka_volterra, spiral_node
 from sciad.timing import interleaved, timed
-
 from sciad_bench.harness import forward_solve, sciad_combination
 from sciad_bench.peers import diffrax_peer
 
 jax.config.update("jax_enable_x64", True)
 
-ADJOINTS = ("BacksolveAdjoint", "BacksolveAdjoint(seminorm=True)", "InterpolatingAdjoint",
-            "InterpolatingAdjoint(checkpointing=True)", "QuadratureAdjoint", "GaussAdjoint")
+ADJOINTS = (
+    "BacksolveAdjoint",
+    "BacksolveAdjoint(seminorm=True)",
+    "InterpolatingAdjoint",
+    "InterpolatingAdjoint(checkpointing=True)",
+    "QuadratureAdjoint",
+    "GaussAdjoint",
+)
 
 
 def combinations(enzyme: bool):
     """The forward solve, every sensealg (JAX engines), and diffrax's three built-in adjoints."""
-    combos = [forward_solve(), sciad_combination("ForwardDiffSensitivity"),
-              sciad_combination("ForwardSensitivity", "jax-forward"), sciad_combination("DiscreteAdjoint")]
+    combos = [
+        forward_solve(),
+        sciad_combination("ForwardDiffSensitivity"),
+        sciad_combination("ForwardSensitivity", "jax-forward"),
+        sciad_combination("DiscreteAdjoint"),
+    ]
     combos += [sciad_combination(a, e) for e in ("jax-reverse", *(("enzyme",) if enzyme else ())) for a in ADJOINTS]
     return combos + [diffrax_peer(a) for a in ("RecursiveCheckpointAdjoint", "BacksolveAdjoint", "ForwardMode")]
 
@@ -60,14 +69,18 @@ def report(title, fns, first, median, targets):
     print(f"| {'method':<50} | {'median ms':>9} | {'× forward':>9} | {'× best diffrax':>14} | {'first grad s':>12} |")
     print(f"|{'-' * 52}|{'-' * 11}|{'-' * 11}|{'-' * 16}|{'-' * 14}|")
     for name in fns:
-        print(f"| {name:<50} | {median[name] * 1e3:9.3f} | {median[name] / forward:9.2f} | "
-              f"{median[name] / best_builtin:14.2f} | {first[name]:12.2f} |")
+        print(
+            f"| {name:<50} | {median[name] * 1e3:9.3f} | {median[name] / forward:9.2f} | "
+            f"{median[name] / best_builtin:14.2f} | {first[name]:12.2f} |"
+        )
     for line in targets(median, forward, best_builtin):
         print(line)
 
 
 def lv_targets(median, forward, best_builtin):
-    sciad_grads = {k: v for k, v in median.items() if not k.startswith("diffrax") and k != "forward solve (no gradient)"}
+    sciad_grads = {
+        k: v for k, v in median.items() if not k.startswith("diffrax") and k != "forward solve (no gradient)"
+    }
     best = min(sciad_grads, key=sciad_grads.get)
     r1, r2 = sciad_grads[best] / forward, sciad_grads[best] / best_builtin
     return [
@@ -80,11 +93,15 @@ def lv_targets(median, forward, best_builtin):
 def spiral_targets(median, forward, best_builtin):
     rca = median["diffrax RecursiveCheckpointAdjoint / jax"]
     lines = []
-    for name in ("InterpolatingAdjoint / jax-reverse", "InterpolatingAdjoint(checkpointing=True) / jax-reverse",
-                 "QuadratureAdjoint / jax-reverse"):
+    for name in (
+        "InterpolatingAdjoint / jax-reverse",
+        "InterpolatingAdjoint(checkpointing=True) / jax-reverse",
+        "QuadratureAdjoint / jax-reverse",
+    ):
         r = median[name] / rca
-        lines.append(f"target {name} ≤ 0.5× diffrax RecursiveCheckpointAdjoint: {r:.2f}×  "
-                     f"{'MET' if r <= 0.5 else 'MISSED'}")
+        lines.append(
+            f"target {name} ≤ 0.5× diffrax RecursiveCheckpointAdjoint: {r:.2f}×  {'MET' if r <= 0.5 else 'MISSED'}"
+        )
     return ["", *lines]
 
 
@@ -95,8 +112,10 @@ def main():
     args = parser.parse_args()
     enzyme = not args.no_enzyme and "enzyme" in ad.available()
     print(f"jax {jax.__version__}, device {jax.devices()[0].device_kind}, repeats {args.repeats} (interleaved)")
-    cases = (("Lotka–Volterra (float64)", lotka_volterra(), lv_targets),
-             ("spiral neural ODE (float32)", spiral_node(hidden=50), spiral_targets))
+    cases = (
+        ("Lotka–Volterra (float64)", lotka_volterra(), lv_targets),
+        ("spiral neural ODE (float32)", spiral_node(hidden=50), spiral_targets),
+    )
     for title, bench, targets in cases:
         fns = {combo.label: combo.build(bench) for combo in combinations(enzyme)}
         first, median = time_all(fns, jnp.asarray(bench.problem.p), args.repeats)

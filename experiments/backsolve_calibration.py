@@ -66,8 +66,9 @@ class Probe:
         warn_if, drift, step = self.saved
 
         def record(values, x):
-            return jax.pure_callback(lambda v: (values.append(float(v)), np.zeros((), v.dtype))[1],
-                                     jax.ShapeDtypeStruct((), x.dtype), x)
+            return jax.pure_callback(
+                lambda v: (values.append(float(v)), np.zeros((), v.dtype))[1], jax.ShapeDtypeStruct((), x.dtype), x
+            )
 
         def probed_warn_if(x, pred, message, value):
             token = record(self.drifts, value)
@@ -98,8 +99,14 @@ def measure(case) -> dict:
     start = time.perf_counter()
     exact = reference(case)
     allowed = own(case, exact)
-    forward = sciad.solve(case.problem, saveat=jnp.asarray(case.saveat, np.asarray(case.problem.u0).dtype),
-                          solver=case.solver, rtol=case.rtol, atol=case.atol, max_steps=case.max_steps)
+    forward = sciad.solve(
+        case.problem,
+        saveat=jnp.asarray(case.saveat, np.asarray(case.problem.u0).dtype),
+        solver=case.solver,
+        rtol=case.rtol,
+        atol=case.atol,
+        max_steps=case.max_steps,
+    )
     forward_steps = int(forward.stats["accepted_steps"])
     budget, continuous.BACKWARD_STEPS = continuous.BACKWARD_STEPS, STEP_CAP
     try:
@@ -112,12 +119,20 @@ def measure(case) -> dict:
     failed = not np.isfinite(drift)  # out of steps (past STEP_CAP per forward step) or the solver's failure
     error = np.inf if failed else relative_error(g, exact)
     bps = breakpoints(case)  # a step belongs to the interval it starts in
-    per_interval = np.bincount(np.clip(np.searchsorted(bps, probe.steps) - 1, 0, len(bps) - 2),
-                               minlength=len(bps) - 1)
+    per_interval = np.bincount(np.clip(np.searchsorted(bps, probe.steps) - 1, 0, len(bps) - 2), minlength=len(bps) - 1)
     backward = float(np.max(per_interval)) / (forward_steps + 8)
-    return dict(name=case.name, wrong=case.wrong, right=right(error, case.rtol, lambda: allowed), error=error,
-                own=allowed, drift=drift, old=np.inf if failed else max(probe.old), backward=backward,
-                forward_steps=forward_steps, seconds=time.perf_counter() - start)
+    return dict(
+        name=case.name,
+        wrong=case.wrong,
+        right=right(error, case.rtol, lambda: allowed),
+        error=error,
+        own=allowed,
+        drift=drift,
+        old=np.inf if failed else max(probe.old),
+        backward=backward,
+        forward_steps=forward_steps,
+        seconds=time.perf_counter() - start,
+    )
 
 
 OLD_LIMIT = 10.0  # DRIFT_TOLERANCE with the old measure
@@ -146,8 +161,10 @@ def margins(rows, title):
         wrongly = [r["name"] for r in rows if refused(r, measure) == r["right"]]
         print(f"    refused right or accepted wrong: {wrongly or 'none'}")
     if ok:
-        print(f"  backward steps per forward step (limit {budget}): right ≤ {max(r['backward'] for r in ok):.3g}; "
-              f"refused by the budget: {[r['name'] for r in bad if r['backward'] > budget]}")
+        print(
+            f"  backward steps per forward step (limit {budget}): right ≤ {max(r['backward'] for r in ok):.3g}; "
+            f"refused by the budget: {[r['name'] for r in bad if r['backward'] > budget]}"
+        )
     contradicted = [r["name"] for r in rows if r["right"] == r["wrong"]]
     print(f"  labels contradicted by the measurement: {contradicted or 'none'}")
 
@@ -163,14 +180,19 @@ def main():
         cases = [c for c in importlib.import_module(CORPORA[corpus]).cases() if args.k in c.name]
         rows = []
         print(f"\n== {corpus} ({len(cases)} cases) ==")
-        print(f"{'case':52} {'label':5} {'right':5} {'error':>8} {'own':>8} {'old':>9} {'drift':>9} {'bwd/fwd':>7} "
-              f"{'fwd':>6} {'s':>4}")
+        print(
+            f"{'case':52} {'label':5} {'right':5} {'error':>8} {'own':>8} {'old':>9} {'drift':>9} {'bwd/fwd':>7} "
+            f"{'fwd':>6} {'s':>4}"
+        )
         for case in cases:
             r = measure(case)
             rows.append(r)
-            print(f"{r['name'][:52]:52} {'wrong' if r['wrong'] else 'right':5} {'yes' if r['right'] else 'no':5} "
-                  f"{r['error']:8.2g} {r['own']:8.2g} {r['old']:9.3g} {r['drift']:9.3g} {r['backward']:7.3g} "
-                  f"{r['forward_steps']:6d} {r['seconds']:4.0f}", flush=True)
+            print(
+                f"{r['name'][:52]:52} {'wrong' if r['wrong'] else 'right':5} {'yes' if r['right'] else 'no':5} "
+                f"{r['error']:8.2g} {r['own']:8.2g} {r['old']:9.3g} {r['drift']:9.3g} {r['backward']:7.3g} "
+                f"{r['forward_steps']:6d} {r['seconds']:4.0f}",
+                flush=True,
+            )
         margins(rows, corpus)
 
 

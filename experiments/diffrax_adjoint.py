@@ -62,9 +62,21 @@ def neural_ode():
     targets = 0.5 * jnp.stack([jnp.cos(ts), jnp.sin(ts)], axis=-1)[None] * y0s[:, None, :1]
 
     def loss(model, adjoint):
-        ys = jax.vmap(lambda y0: dfx.diffeqsolve(
-            dfx.ODETerm(model), dfx.Tsit5(), ts[0], ts[-1], ts[1] - ts[0], y0, saveat=dfx.SaveAt(ts=ts),
-            stepsize_controller=dfx.PIDController(rtol=1e-3, atol=1e-6), adjoint=adjoint).ys)(y0s)
+        ys = jax.vmap(
+            lambda y0: (
+                dfx.diffeqsolve(
+                    dfx.ODETerm(model),
+                    dfx.Tsit5(),
+                    ts[0],
+                    ts[-1],
+                    ts[1] - ts[0],
+                    y0,
+                    saveat=dfx.SaveAt(ts=ts),
+                    stepsize_controller=dfx.PIDController(rtol=1e-3, atol=1e-6),
+                    adjoint=adjoint,
+                ).ys
+            )
+        )(y0s)
         return jnp.mean((ys - targets) ** 2)
 
     return loss, model
@@ -90,9 +102,16 @@ def cnf():
 
     def loss(model, adjoint):
         def one(x):
-            z, delta = dfx.diffeqsolve(dfx.ODETerm(model), dfx.Tsit5(), 0.0, 1.0, 0.1, (x, jnp.float32(0.0)),
-                                       stepsize_controller=dfx.PIDController(rtol=1e-3, atol=1e-6),
-                                       adjoint=adjoint).ys
+            z, delta = dfx.diffeqsolve(
+                dfx.ODETerm(model),
+                dfx.Tsit5(),
+                0.0,
+                1.0,
+                0.1,
+                (x, jnp.float32(0.0)),
+                stepsize_controller=dfx.PIDController(rtol=1e-3, atol=1e-6),
+                adjoint=adjoint,
+            ).ys
             return 0.5 * jnp.sum(z[-1] ** 2) + jnp.log(2 * jnp.pi) - delta[-1]
 
         return jnp.mean(jax.vmap(one)(xs))
@@ -102,8 +121,9 @@ def cnf():
 
 class Robertson(eqx.Module):
     def __call__(self, t, y, k):
-        return jnp.stack([-k[0] * y[0] + k[2] * y[1] * y[2], k[0] * y[0] - k[2] * y[1] * y[2] - k[1] * y[1] ** 2,
-                          k[1] * y[1] ** 2])
+        return jnp.stack(
+            [-k[0] * y[0] + k[2] * y[1] * y[2], k[0] * y[0] - k[2] * y[1] * y[2] - k[1] * y[1] ** 2, k[1] * y[1] ** 2]
+        )
 
 
 def stiff():
@@ -111,8 +131,17 @@ def stiff():
     y0 = jnp.array([1.0, 0.0, 0.0])
 
     def loss(k, adjoint):
-        sol = dfx.diffeqsolve(dfx.ODETerm(Robertson()), dfx.Kvaerno5(), 0.0, 100.0, 2e-4, y0, k,
-                              stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-8), adjoint=adjoint)
+        sol = dfx.diffeqsolve(
+            dfx.ODETerm(Robertson()),
+            dfx.Kvaerno5(),
+            0.0,
+            100.0,
+            2e-4,
+            y0,
+            k,
+            stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-8),
+            adjoint=adjoint,
+        )
         return jnp.sum(sol.ys[-1] * jnp.array([1.0, 1e4, 1.0]))
 
     return loss, jnp.array([0.04, 3e7, 1e4])
@@ -122,15 +151,18 @@ PROBLEMS = {"neural-ode": neural_ode, "cnf": cnf, "stiff": stiff}
 
 
 def _relative_error(a, b) -> float:
-    a, b = (jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(eqx.filter(t, eqx.is_inexact_array))])
-            for t in (a, b))
+    a, b = (
+        jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(eqx.filter(t, eqx.is_inexact_array))]) for t in (a, b)
+    )
     return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
 
 
 def measure(name: str, rounds: int) -> list[dict]:
     loss, params = PROBLEMS[name]()
-    grads = {label: eqx.filter_jit(eqx.filter_value_and_grad(lambda p, adjoint=adjoint: loss(p, adjoint)))
-             for label, adjoint in ADJOINTS.items()}
+    grads = {
+        label: eqx.filter_jit(eqx.filter_value_and_grad(lambda p, adjoint=adjoint: loss(p, adjoint)))
+        for label, adjoint in ADJOINTS.items()
+    }
     reference = None
     rows = {}
     for label, grad in grads.items():
@@ -143,11 +175,20 @@ def measure(name: str, rounds: int) -> list[dict]:
         first = time.perf_counter() - start
         if reference is None:
             reference = (value, g)
-        rows[label] = dict(problem=name, adjoint=label, first_call_s=first, loss=float(value),
-                           loss_relative_error=abs(float(value - reference[0])) / abs(float(reference[0])),
-                           gradient_relative_error=_relative_error(g, reference[1]), times_ms=[])
-        print(f"  {label}: first call {first:.2f} s, loss {float(value):.8g}, gradient error "
-              f"{rows[label]['gradient_relative_error']:.1e}", flush=True)
+        rows[label] = dict(
+            problem=name,
+            adjoint=label,
+            first_call_s=first,
+            loss=float(value),
+            loss_relative_error=abs(float(value - reference[0])) / abs(float(reference[0])),
+            gradient_relative_error=_relative_error(g, reference[1]),
+            times_ms=[],
+        )
+        print(
+            f"  {label}: first call {first:.2f} s, loss {float(value):.8g}, gradient error "
+            f"{rows[label]['gradient_relative_error']:.1e}",
+            flush=True,
+        )
     for r in range(rounds):
         for label in rows:
             start = time.perf_counter()
@@ -171,18 +212,25 @@ def main():
     for name in args.problems.split(","):
         print(f"{name}:", flush=True)
         rows += measure(name, args.rounds)
-    lines = ["| problem | adjoint= | gradient (ms, median) | / RecursiveCheckpointAdjoint | first call (s) | "
-             "loss rel. diff. | gradient rel. error |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| problem | adjoint= | gradient (ms, median) | / RecursiveCheckpointAdjoint | first call (s) | "
+        "loss rel. diff. | gradient rel. error |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
-        lines.append(f"| {row['problem']} | {row['adjoint']} | {row['median_ms']:.2f} | {row['ratio']:.2f} | "
-                     f"{row['first_call_s']:.2f} | {row['loss_relative_error']:.1e} | "
-                     f"{row['gradient_relative_error']:.1e} |")
+        lines.append(
+            f"| {row['problem']} | {row['adjoint']} | {row['median_ms']:.2f} | {row['ratio']:.2f} | "
+            f"{row['first_call_s']:.2f} | {row['loss_relative_error']:.1e} | "
+            f"{row['gradient_relative_error']:.1e} |"
+        )
     table = "\n".join(lines)
     print(table)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "diffrax-adjoint.md"), "w") as fh:
-        fh.write(f"{table}\n\nOne process, {args.rounds} interleaved rounds, {os.cpu_count()} CPU cores, "
-                 f"`python experiments/diffrax_adjoint.py`.\n")
+        fh.write(
+            f"{table}\n\nOne process, {args.rounds} interleaved rounds, {os.cpu_count()} CPU cores, "
+            f"`python experiments/diffrax_adjoint.py`.\n"
+        )
     with open(os.path.join(args.out, "diffrax-adjoint.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
 

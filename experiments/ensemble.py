@@ -1,6 +1,6 @@
 """`sciad bench ensemble`: see sciad_bench.ensemble. Arguments as the command's, e.g. `--quick --devices 8`:
 
-    python experiments/ensemble.py [--quick] [--repeats N] [--devices N] [--out DIR]
+python experiments/ensemble.py [--quick] [--repeats N] [--devices N] [--out DIR]
 """
 
 import sys

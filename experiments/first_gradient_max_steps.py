@@ -93,8 +93,9 @@ def sensealgs() -> list[str]:
 def measure(problem: str, sensealg: str, max_steps: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env["JAX_PLATFORMS"] = env.get("JAX_PLATFORMS", "cpu")
-    out = subprocess.run([sys.executable, "-c", CHILD, problem, sensealg, str(max_steps)], capture_output=True,
-                         text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, problem, sensealg, str(max_steps)], capture_output=True, text=True, env=env
+    )
     if out.returncode:
         return {"error": out.stderr.strip().splitlines()[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -110,8 +111,10 @@ def main():
     print(f"load: {os.getloadavg()}", flush=True)
     for problem in args.problems.split(","):
         print(f"\n{problem}: seconds to the first jax.jit(jax.grad) result (compile = XLA's; HLO = lowered chars)")
-        header = (f"{'sensealg':42} {'4,096':>7} {'100,000':>8} {'ratio':>6} {'compile 4k':>10} {'compile 100k':>12} "
-                  f"{'HLO 4k':>8} {'HLO 100k':>9} {'vs RCA 4k':>9} {'vs RCA 100k':>11}")
+        header = (
+            f"{'sensealg':42} {'4,096':>7} {'100,000':>8} {'ratio':>6} {'compile 4k':>10} {'compile 100k':>12} "
+            f"{'HLO 4k':>8} {'HLO 100k':>9} {'vs RCA 4k':>9} {'vs RCA 100k':>11}"
+        )
         print(header)
         rows = {}
         for name in names + ([PEER] if PEER not in names else []):
@@ -129,10 +132,16 @@ def main():
                 print(f"{name:42} {next(c for c in cells if 'error' in c)['error'][:100]}")
                 continue
             a, b = cells
-            vs = (f"{a['total'] / peer[0]['total']:9.2f} {b['total'] / peer[1]['total']:11.2f}"
-                  if "error" not in peer[0] and "error" not in peer[1] else "")
-            print(f"{name:42} {a['total']:7.2f} {b['total']:8.2f} {b['total'] / a['total']:6.2f} {a['compile']:10.2f} "
-                  f"{b['compile']:12.2f} {a['hlo_chars']:8d} {b['hlo_chars']:9d} {vs}", flush=True)
+            vs = (
+                f"{a['total'] / peer[0]['total']:9.2f} {b['total'] / peer[1]['total']:11.2f}"
+                if "error" not in peer[0] and "error" not in peer[1]
+                else ""
+            )
+            print(
+                f"{name:42} {a['total']:7.2f} {b['total']:8.2f} {b['total'] / a['total']:6.2f} {a['compile']:10.2f} "
+                f"{b['compile']:12.2f} {a['hlo_chars']:8d} {b['hlo_chars']:9d} {vs}",
+                flush=True,
+            )
     print(f"\nload: {os.getloadavg()}")
 
 

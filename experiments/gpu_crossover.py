@@ -1,6 +1,6 @@
 """`sciad bench gpu-crossover`: see sciad_bench.experiments. Arguments as the command's, e.g. `--quick`:
 
-    python experiments/gpu_crossover.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
+python experiments/gpu_crossover.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
 """
 
 import sys

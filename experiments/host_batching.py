@@ -25,8 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad
-from sciad.problems import lotka_volterra
-from sciad.problems import lotka_volterra_rhs
+from sciad.problems import lotka_volterra, lotka_volterra_rhs
 from sciad.timing import interleaved, timed
 
 jax.config.update("jax_enable_x64", True)
@@ -44,8 +43,9 @@ def counted_rhs(u, p, t):
 
 def main(batch: int, rounds: int, engines: list[str]):
     bench = lotka_volterra()
-    bench = dataclasses.replace(bench, problem=sciad.ODEProblem(counted_rhs, bench.problem.u0, bench.problem.tspan,
-                                                                bench.problem.p))
+    bench = dataclasses.replace(
+        bench, problem=sciad.ODEProblem(counted_rhs, bench.problem.u0, bench.problem.tspan, bench.problem.p)
+    )
     p = jnp.asarray(bench.problem.p)
     ps = p * (1 + 0.1 * jax.random.uniform(jax.random.key(0), (batch, p.shape[0]), minval=-1, maxval=1))
     fns, counts = {}, {}
@@ -65,19 +65,25 @@ def main(batch: int, rounds: int, engines: list[str]):
     batch_steps, one_steps = np.asarray(steps(ps)), int(steps(p[None])[0])
     times = dict(zip(fns, interleaved(list(fns.values()), rounds=rounds)))
 
-    print(f"\nLotka–Volterra, InterpolatingAdjoint(vjp=...); forward steps: one {one_steps}, batch of {batch} "
-          f"{batch_steps.min()}–{batch_steps.max()} (the batch steps {batch_steps.max()} times); medians of {rounds}")
+    print(
+        f"\nLotka–Volterra, InterpolatingAdjoint(vjp=...); forward steps: one {one_steps}, batch of {batch} "
+        f"{batch_steps.min()}–{batch_steps.max()} (the batch steps {batch_steps.max()} times); medians of {rounds}"
+    )
     print(f"| engine | 1 gradient (ms) | {batch} gradients (ms) | ratio | host f calls: 1 | {batch} |")
     print("|---|---|---|---|---|---|")
     ratios = {}
     for name in engines:
         t1, tb = np.median(times[(name, 1)]), np.median(times[(name, batch)])
         ratios[name] = tb / t1
-        print(f"| {name} | {1e3 * t1:.1f} | {1e3 * tb:.1f} | {ratios[name]:.1f} | "
-              f"{counts[(name, 1)]} | {counts[(name, batch)]} |")
+        print(
+            f"| {name} | {1e3 * t1:.1f} | {1e3 * tb:.1f} | {ratios[name]:.1f} | "
+            f"{counts[(name, 1)]} | {counts[(name, batch)]} |"
+        )
     if "torch" in ratios and batch == 64:
-        print(f"\ntarget: 64 torch gradients ≤ {TARGET:g} × one: {ratios['torch']:.1f} × "
-              f"({'MET' if ratios['torch'] <= TARGET else 'MISSED'})")
+        print(
+            f"\ntarget: 64 torch gradients ≤ {TARGET:g} × one: {ratios['torch']:.1f} × "
+            f"({'MET' if ratios['torch'] <= TARGET else 'MISSED'})"
+        )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import numpy as np
 from sciad.adjoints import parse
 from sciad.problems import lotka_volterra, spiral_node
 from sciad.timing import fastest, interleaved, timed
-
 from sciad_bench.harness import VARIANTS
 
 jax.config.update("jax_enable_x64", True)
@@ -51,25 +50,41 @@ def main(repeats: int, out: pathlib.Path):
         for name, _ in sensealgs():
             g, h = np.median(times[(name, "gradient")]), np.median(times[(name, "hvp")])
             error = float(np.linalg.norm(np.asarray(fns[(name, "hvp")]()) - reference) / np.linalg.norm(reference))
-            rows.append({"problem": bench.name, "sensealg": name, "median_s": g, "hvp_s": h, "ratio": h / g,
-                         "hvp_rel_error": error, "ok": error < HVP_AGREEMENT})
-    lines = ["| problem | sensealg | gradient (ms) | HVP (ms) | HVP / gradient | HVP vs DiscreteAdjoint's |",
-             "|---|---|---|---|---|---|"]
+            rows.append(
+                {
+                    "problem": bench.name,
+                    "sensealg": name,
+                    "median_s": g,
+                    "hvp_s": h,
+                    "ratio": h / g,
+                    "hvp_rel_error": error,
+                    "ok": error < HVP_AGREEMENT,
+                }
+            )
+    lines = [
+        "| problem | sensealg | gradient (ms) | HVP (ms) | HVP / gradient | HVP vs DiscreteAdjoint's |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['problem']} | {r['sensealg']} | {1e3 * r['median_s']:.2f} | "
-                     f"{1e3 * r['hvp_s']:.2f} | {r['ratio']:.2f} | {r['hvp_rel_error']:.1e} |")
+        lines.append(
+            f"| {r['problem']} | {r['sensealg']} | {1e3 * r['median_s']:.2f} | "
+            f"{1e3 * r['hvp_s']:.2f} | {r['ratio']:.2f} | {r['hvp_rel_error']:.1e} |"
+        )
     lines.append("")
     for problem in dict.fromkeys(r["problem"] for r in rows):
         group = [r for r in rows if r["problem"] == problem]
         grad = fastest(group)
         hvp = fastest([{**r, "median_s": r["hvp_s"]} for r in group])
         ratio = hvp["median_s"] / grad["median_s"]
-        lines.append(f"- {problem}: fastest HVP ({hvp['sensealg']}) / fastest gradient ({grad['sensealg']}) = "
-                     f"{ratio:.2f} (target ≤ {TARGET}: {'MET' if ratio <= TARGET else 'MISSED'})")
+        lines.append(
+            f"- {problem}: fastest HVP ({hvp['sensealg']}) / fastest gradient ({grad['sensealg']}) = "
+            f"{ratio:.2f} (target ≤ {TARGET}: {'MET' if ratio <= TARGET else 'MISSED'})"
+        )
     table = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps({"repeats": repeats, "device": jax.devices()[0].device_kind,
-                                                  "rows": rows}, indent=1))
+    (out / "records.json").write_text(
+        json.dumps({"repeats": repeats, "device": jax.devices()[0].device_kind, "rows": rows}, indent=1)
+    )
     (out / "table.md").write_text(f"# HVP / gradient cost\n\n{table}\n")
     print(table)
 

@@ -25,8 +25,11 @@ import sciad.adjoints._continuous as continuous
 from sciad.problems import PROBLEMS
 from sciad.timing import interleaved, relative_error
 
-SENSEALGS = {"GaussAdjoint": sciad.GaussAdjoint, "InterpolatingAdjoint": sciad.InterpolatingAdjoint,
-             "BacksolveAdjoint": sciad.BacksolveAdjoint}
+SENSEALGS = {
+    "GaussAdjoint": sciad.GaussAdjoint,
+    "InterpolatingAdjoint": sciad.InterpolatingAdjoint,
+    "BacksolveAdjoint": sciad.BacksolveAdjoint,
+}
 SMALL = 1e-6  # the loss scaled down: a mean over many points, small units
 
 
@@ -53,37 +56,62 @@ def main() -> None:
     jax.config.update("jax_enable_x64", True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--problems", nargs="+", default=["lotka-volterra", "spiral-node", "oregonator",
-                                                          "brusselator", "hamiltonian-node"])
+    parser.add_argument(
+        "--problems",
+        nargs="+",
+        default=["lotka-volterra", "spiral-node", "oregonator", "brusselator", "hamiltonian-node"],
+    )
     parser.add_argument("--out", default="results/loss-scale")
     args = parser.parse_args()
     rows = []
     for problem in args.problems:
         bench = PROBLEMS[problem]()
         tight = dataclasses.replace(bench, rtol=1e-10, atol=1e-10)
-        reference = np.asarray(jax.jit(jax.grad(lambda p: tight.objective(p, sciad.DiscreteAdjoint())))(bench.problem.p))
+        reference = np.asarray(
+            jax.jit(jax.grad(lambda p: tight.objective(p, sciad.DiscreteAdjoint())))(bench.problem.p)
+        )
         implicit = bench.solver.startswith("kvaerno")
         for name, make in SENSEALGS.items():
             if implicit and name == "BacksolveAdjoint":
                 continue
             print(f"{problem}: {name}", flush=True)
-            calls = {(old, scale): gradient(bench, make(), scale, old) for old in (False, True) for scale in (1.0, SMALL)}
+            calls = {
+                (old, scale): gradient(bench, make(), scale, old) for old in (False, True) for scale in (1.0, SMALL)
+            }
             errors = {key: relative_error(call(), reference) for key, call in calls.items()}
             new_times, old_times = interleaved([calls[False, 1.0], calls[True, 1.0]], rounds=args.rounds)
-            rows.append({"problem": problem, "sensealg": name, "new_s": float(np.median(new_times)),
-                         "old_s": float(np.median(old_times)), "new_times_s": new_times, "old_times_s": old_times,
-                         "error_new": errors[False, 1.0], "error_old": errors[True, 1.0],
-                         "error_new_small": errors[False, SMALL], "error_old_small": errors[True, SMALL]})
+            rows.append(
+                {
+                    "problem": problem,
+                    "sensealg": name,
+                    "new_s": float(np.median(new_times)),
+                    "old_s": float(np.median(old_times)),
+                    "new_times_s": new_times,
+                    "old_times_s": old_times,
+                    "error_new": errors[False, 1.0],
+                    "error_old": errors[True, 1.0],
+                    "error_new_small": errors[False, SMALL],
+                    "error_old_small": errors[True, SMALL],
+                }
+            )
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "records.json").write_text(json.dumps(rows, indent=1))
-    lines = ["| problem | sensealg | new / old time | error (new) | error (old) | "
-             f"error × {SMALL:g} (new) | error × {SMALL:g} (old) |", "|---|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['problem']} | {r['sensealg']} | {r['new_s'] / r['old_s']:.2f} | {r['error_new']:.1e} | "
-              f"{r['error_old']:.1e} | {r['error_new_small']:.1e} | {r['error_old_small']:.1e} |" for r in rows]
-    lines.append(f"\nTimes: medians of {args.rounds} interleaved rounds at the loss's own scale. Errors: relative "
-                 "to DiscreteAdjoint at rtol = atol = 1e-10, of the gradient at the loss's scale and of the "
-                 f"gradient of the loss × {SMALL:g} (divided back).")
+    lines = [
+        "| problem | sensealg | new / old time | error (new) | error (old) | "
+        f"error × {SMALL:g} (new) | error × {SMALL:g} (old) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['problem']} | {r['sensealg']} | {r['new_s'] / r['old_s']:.2f} | {r['error_new']:.1e} | "
+        f"{r['error_old']:.1e} | {r['error_new_small']:.1e} | {r['error_old_small']:.1e} |"
+        for r in rows
+    ]
+    lines.append(
+        f"\nTimes: medians of {args.rounds} interleaved rounds at the loss's own scale. Errors: relative "
+        "to DiscreteAdjoint at rtol = atol = 1e-10, of the gradient at the loss's scale and of the "
+        f"gradient of the loss × {SMALL:g} (divided back)."
+    )
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

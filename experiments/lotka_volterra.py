@@ -1,6 +1,6 @@
 """`sciad bench lotka-volterra`: see sciad_bench.experiments. Arguments as the command's, e.g. `--quick`:
 
-    python experiments/lotka_volterra.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
+python experiments/lotka_volterra.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
 """
 
 import sys

@@ -53,15 +53,21 @@ def main():
         prob = sciad.ODEProblem(lotka_volterra, np.array([1.0, 1.0]), (0.0, horizon), np.array([1.5, 1.0, 3.0, 1.0]))
         steps = int(sciad.solve(prob, max_steps=10**6).stats["steps"])
         max_steps = int(np.ceil(steps * 1.05 / 100) * 100)
-        for name, sensealg in (("Interpolating", InterpolatingAdjoint()),
-                               ("Interpolating(checkpointing)", InterpolatingAdjoint(checkpointing=True))):
+        for name, sensealg in (
+            ("Interpolating", InterpolatingAdjoint()),
+            ("Interpolating(checkpointing)", InterpolatingAdjoint(checkpointing=True)),
+        ):
             stats, grad = measure(horizon, sensealg, max_steps)
             io = (stats.argument_size_in_bytes + stats.output_size_in_bytes) / 1024
-            print(f"{horizon:6.0f} {steps:7d} {max_steps:9d} {name:<28} {stats.temp_size_in_bytes * mib:9.3f} "
-                  f"{io:12.3f}  {np.array2string(np.asarray(grad), precision=4)}")
+            print(
+                f"{horizon:6.0f} {steps:7d} {max_steps:9d} {name:<28} {stats.temp_size_in_bytes * mib:9.3f} "
+                f"{io:12.3f}  {np.array2string(np.asarray(grad), precision=4)}"
+            )
     print("with max_steps = 100000 (buffers sized by the budget, not the horizon):")
-    for name, sensealg in (("Interpolating", InterpolatingAdjoint()),
-                           ("Interpolating(checkpointing)", InterpolatingAdjoint(checkpointing=True))):
+    for name, sensealg in (
+        ("Interpolating", InterpolatingAdjoint()),
+        ("Interpolating(checkpointing)", InterpolatingAdjoint(checkpointing=True)),
+    ):
         stats, _ = measure(1000.0, sensealg, 100_000)
         print(f"{1000:6d} {'':7} {100_000:9d} {name:<28} {stats.temp_size_in_bytes * mib:9.3f}")
 

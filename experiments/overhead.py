@@ -74,7 +74,9 @@ def main():
     if "torch" in ad.available():
         pairs["torch vs torch.autograd.grad"] = torch_pair
 
-    header = f"{'gradient, n = 100':34} {'layer µs':>9} {'direct µs':>9} {'min layer':>9} {'min direct':>10} {'ratio':>6}"
+    header = (
+        f"{'gradient, n = 100':34} {'layer µs':>9} {'direct µs':>9} {'min layer':>9} {'min direct':>10} {'ratio':>6}"
+    )
     print(header)
     print("-" * len(header))
     for label, make in pairs.items():
@@ -83,8 +85,10 @@ def main():
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
         low = {k: min(v) * 1e6 for k, v in times.items()}
         print(
-            f"{label:34} {med['layer']:9.2f} {med['direct']:9.2f} {low['layer']:9.2f} {low['direct']:10.2f} {ratio:6.3f}"
+            f"{label:34} {med['layer']:9.2f} {med['direct']:9.2f} "
+            f"{low['layer']:9.2f} {low['direct']:10.2f} {ratio:6.3f}"
         )
+
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """`sciad bench scaling`: see sciad_bench.experiments. Arguments as the command's, e.g. `--quick`:
 
-    python experiments/scaling.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
+python experiments/scaling.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
 """
 
 import sys

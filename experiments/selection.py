@@ -1,6 +1,6 @@
 """`sciad bench selection`: see sciad_bench.selection. Arguments as the command's:
 
-    python experiments/selection.py [--quick] [--out DIR]
+python experiments/selection.py [--quick] [--out DIR]
 """
 
 import sys

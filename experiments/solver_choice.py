@@ -38,8 +38,7 @@ def van_der_pol(mu, t1):
 def robertson(t1):
     def f(u, p, t):
         k1, k2, k3 = p
-        return jnp.stack([-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k3 * u[1] * u[2] - k2 * u[1] ** 2,
-                          k2 * u[1] ** 2])
+        return jnp.stack([-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k3 * u[1] * u[2] - k2 * u[1] ** 2, k2 * u[1] ** 2])
 
     return sciad.ODEProblem(f, np.array([1.0, 0.0, 0.0]), (0.0, t1), np.array([0.04, 3e7, 1e4]))
 
@@ -47,11 +46,18 @@ def robertson(t1):
 def hires():
     def f(y, p, t):
         r = p[0] * y[5] * y[7]
-        return jnp.stack([-1.71 * y[0] + 0.43 * y[1] + 8.32 * y[2] + 0.0007, 1.71 * y[0] - 8.75 * y[1],
-                          -10.03 * y[2] + 0.43 * y[3] + 0.035 * y[4], 8.32 * y[1] + 1.71 * y[2] - 1.12 * y[3],
-                          -1.745 * y[4] + 0.43 * y[5] + 0.43 * y[6],
-                          -r + 0.69 * y[3] + 1.71 * y[4] - 0.43 * y[5] + 0.69 * y[6], r - 1.81 * y[6],
-                          -r + 1.81 * y[6]])
+        return jnp.stack(
+            [
+                -1.71 * y[0] + 0.43 * y[1] + 8.32 * y[2] + 0.0007,
+                1.71 * y[0] - 8.75 * y[1],
+                -10.03 * y[2] + 0.43 * y[3] + 0.035 * y[4],
+                8.32 * y[1] + 1.71 * y[2] - 1.12 * y[3],
+                -1.745 * y[4] + 0.43 * y[5] + 0.43 * y[6],
+                -r + 0.69 * y[3] + 1.71 * y[4] - 0.43 * y[5] + 0.69 * y[6],
+                r - 1.81 * y[6],
+                -r + 1.81 * y[6],
+            ]
+        )
 
     return sciad.ODEProblem(f, np.array([1.0, 0, 0, 0, 0, 0, 0, 0.0057]), (0.0, 321.8122), np.array([280.0]))
 
@@ -101,8 +107,21 @@ HELD_OUT = {
 def timed(prob, solver, rtol, max_steps):
     """A jit-compiled forward solve of `prob` by `solver`, returning a function that times one run."""
     ts = np.linspace(*prob.tspan, 11)
-    run = jax.jit(lambda u0, p: sciad.solve(prob, u0=u0, p=p, saveat=ts, solver=solver, rtol=rtol, atol=rtol,
-                                            max_steps=max_steps, sensealg=sciad.DiscreteAdjoint()).us)
+    run = jax.jit(
+        lambda u0, p: (
+            sciad.solve(
+                prob,
+                u0=u0,
+                p=p,
+                saveat=ts,
+                solver=solver,
+                rtol=rtol,
+                atol=rtol,
+                max_steps=max_steps,
+                sensealg=sciad.DiscreteAdjoint(),
+            ).us
+        )
+    )
     try:
         jax.block_until_ready(run(prob.u0, prob.p))
     except Exception:  # past max_steps
@@ -128,8 +147,10 @@ def row(name, prob, rtol, rounds, max_steps):
     best = min(median.values())
     ratio = 1.0 if best == float("inf") else median[pick.name] / best
     steps, bar = (re.search(rf"{what} (\S+)", pick.reason).group(1) for what in ("needs about", "stiff beyond"))
-    return (f"| {name} | {rtol:g} | {steps} / {bar} | {_ms(median['tsit5'])} | "
-            f"{_ms(median['rodas5p'])} | {pick.name} | {ratio:.2f} | {'ok' if ratio <= 1.3 else 'MISS'} |"), ratio
+    return (
+        f"| {name} | {rtol:g} | {steps} / {bar} | {_ms(median['tsit5'])} | "
+        f"{_ms(median['rodas5p'])} | {pick.name} | {ratio:.2f} | {'ok' if ratio <= 1.3 else 'MISS'} |"
+    ), ratio
 
 
 def _ms(t):
@@ -155,8 +176,10 @@ def main():
                 line, ratio = row(name, prob, rtol, args.rounds, args.max_steps)
                 ratios.append(ratio)
                 print(line, flush=True)
-        print(f"\n{sum(r <= 1.3 for r in ratios)} of {len(ratios)} within 1.3x; load average after: "
-              f"{os.getloadavg()[0]:.1f}")
+        print(
+            f"\n{sum(r <= 1.3 for r in ratios)} of {len(ratios)} within 1.3x; load average after: "
+            f"{os.getloadavg()[0]:.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """`sciad bench spiral-node`: see sciad_bench.experiments. Arguments as the command's, e.g. `--quick`:
 
-    python experiments/spiral_node.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
+python experiments/spiral_node.py [--quick] [--repeats N] [--engines a,b] [--out DIR]
 """
 
 import sys

@@ -20,7 +20,8 @@ is compiled first and then timed in rounds, the cases interleaved within a round
 median of the rounds, each vmapped sensealg's ratio to diffrax's fastest vmapped adjoint and to its
 own one-state time.
 
-    python experiments/vmap_batch.py [--problem node|cnf] [--batch N] [--width 64] [--rounds 15] [--sensealgs auto,DiscreteAdjoint]
+    python experiments/vmap_batch.py [--problem node|cnf] [--batch N] [--width 64] [--rounds 15] [--sensealgs
+    auto,DiscreteAdjoint]
 """
 
 import argparse
@@ -35,8 +36,15 @@ import numpy as np
 
 import sciad
 
-SENSEALGS = ["auto", "DiscreteAdjoint", "GaussAdjoint", "InterpolatingAdjoint", "QuadratureAdjoint",
-             "BacksolveAdjoint", "InterpolatingAdjoint(checkpointing=True)"]
+SENSEALGS = [
+    "auto",
+    "DiscreteAdjoint",
+    "GaussAdjoint",
+    "InterpolatingAdjoint",
+    "QuadratureAdjoint",
+    "BacksolveAdjoint",
+    "InterpolatingAdjoint(checkpointing=True)",
+]
 RTOL, ATOL = 1e-3, 1e-6
 
 
@@ -59,6 +67,7 @@ def node_loss(u1):
 
 def cnf_rate(model, y, t):
     """(z', Δ') = (MLP([z, t]), -tr ∂z'/∂z) for y = (z, Δ)."""
+
     def velocity(z):
         return model(jnp.concatenate([z, jnp.reshape(t, (1,)).astype(z.dtype)]))
 
@@ -81,8 +90,10 @@ def problem(name: str, batch: int, width: int):
     mlp = eqx.nn.MLP(3, 2, width, 2, activation=jnp.tanh, key=keys[0])
     angle = jax.random.uniform(keys[1], (batch,), jnp.float32, 0.0, jnp.pi)
     upper = jnp.arange(batch) % 2 == 0  # two interleaved half circles
-    x = jnp.stack([jnp.where(upper, jnp.cos(angle), 1 - jnp.cos(angle)),
-                   jnp.where(upper, jnp.sin(angle), 0.5 - jnp.sin(angle))], axis=1)
+    x = jnp.stack(
+        [jnp.where(upper, jnp.cos(angle), 1 - jnp.cos(angle)), jnp.where(upper, jnp.sin(angle), 0.5 - jnp.sin(angle))],
+        axis=1,
+    )
     x = x + 0.1 * jax.random.normal(keys[2], x.shape, jnp.float32)
     return Problem(cnf_rate, cnf_loss, 1.0), mlp, jnp.concatenate([x, jnp.zeros((batch, 1), jnp.float32)], axis=1)
 
@@ -94,13 +105,15 @@ def sciad_gradients(prob: Problem, sensealg: str, u0s):
 
     def one(model, u0):
         ode = sciad.ODEProblem(lambda u, p, t: prob.rate(p, u, t), u0, (0.0, prob.t1), model)
-        return sciad.solve(ode, u0=u0, p=model, saveat=saveat, solver="tsit5", rtol=RTOL, atol=ATOL,
-                           sensealg=sensealg_).us[-1]
+        return sciad.solve(
+            ode, u0=u0, p=model, saveat=saveat, solver="tsit5", rtol=RTOL, atol=ATOL, sensealg=sensealg_
+        ).us[-1]
 
     def batched(model, u0s):
         ode = sciad.ODEProblem(lambda u, p, t: jax.vmap(lambda u: prob.rate(p, u, t))(u), u0s, (0.0, prob.t1), model)
-        return sciad.solve(ode, u0=u0s, p=model, saveat=saveat, solver="tsit5", rtol=RTOL, atol=ATOL,
-                           sensealg=sensealg_).us[-1]
+        return sciad.solve(
+            ode, u0=u0s, p=model, saveat=saveat, solver="tsit5", rtol=RTOL, atol=ATOL, sensealg=sensealg_
+        ).us[-1]
 
     def vmapped_loss(model):
         return jnp.mean(jax.vmap(lambda u0: prob.loss(one(model, u0)))(u0s))
@@ -115,9 +128,18 @@ def diffrax_gradient(prob: Problem, adjoint, u0s):
     """diffrax's gradient of the same loss, vmapped over the initial states."""
 
     def one(model, u0):
-        sol = dfx.diffeqsolve(dfx.ODETerm(lambda t, u, p: prob.rate(p, u, t)), dfx.Tsit5(), 0.0, prob.t1, None, u0,
-                              args=model, stepsize_controller=dfx.PIDController(rtol=RTOL, atol=ATOL),
-                              adjoint=adjoint, max_steps=4096)
+        sol = dfx.diffeqsolve(
+            dfx.ODETerm(lambda t, u, p: prob.rate(p, u, t)),
+            dfx.Tsit5(),
+            0.0,
+            prob.t1,
+            None,
+            u0,
+            args=model,
+            stepsize_controller=dfx.PIDController(rtol=RTOL, atol=ATOL),
+            adjoint=adjoint,
+            max_steps=4096,
+        )
         return sol.ys[-1]
 
     def loss(model):
@@ -138,15 +160,20 @@ def main():
     parser.add_argument("--batch", type=int, default=None, help="members (default: 32 for node, 64 for cnf)")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--sensealgs", default=",".join(SENSEALGS),
-                        help="comma-separated, as sciad.adjoints.parse reads them (split on '),' or ',' outside parentheses)")
+    parser.add_argument(
+        "--sensealgs",
+        default=",".join(SENSEALGS),
+        help="comma-separated, as sciad.adjoints.parse reads them (split on '),' or ',' outside parentheses)",
+    )
     args = parser.parse_args()
     names = _split(args.sensealgs)
     batch = args.batch or {"node": 32, "cnf": 64}[args.problem]
     prob, mlp, u0s = problem(args.problem, batch, args.width)
 
-    cases = {"diffrax RecursiveCheckpointAdjoint": diffrax_gradient(prob, dfx.RecursiveCheckpointAdjoint(), u0s),
-             "diffrax BacksolveAdjoint": diffrax_gradient(prob, dfx.BacksolveAdjoint(), u0s)}
+    cases = {
+        "diffrax RecursiveCheckpointAdjoint": diffrax_gradient(prob, dfx.RecursiveCheckpointAdjoint(), u0s),
+        "diffrax BacksolveAdjoint": diffrax_gradient(prob, dfx.BacksolveAdjoint(), u0s),
+    }
     for name in names:
         vmapped, one_state = sciad_gradients(prob, name, u0s)
         cases[f"{name} vmap"], cases[f"{name} one state"] = vmapped, one_state
@@ -162,8 +189,11 @@ def main():
     median = {label: float(np.median(ts)) for label, ts in times.items()}
     fastest = min(median["diffrax RecursiveCheckpointAdjoint"], median["diffrax BacksolveAdjoint"])
 
-    print(f"{args.problem}: batch {batch}, width {args.width}, float32, Tsit5 rtol {RTOL}; median of {args.rounds} rounds; "
-          f"load {os.getloadavg()[0]:.2f}; jax {jax.__version__}, {jax.devices()[0].platform}")
+    print(
+        f"{args.problem}: batch {batch}, width {args.width}, float32, Tsit5 rtol {RTOL}; "
+        f"median of {args.rounds} rounds; "
+        f"load {os.getloadavg()[0]:.2f}; jax {jax.__version__}, {jax.devices()[0].platform}"
+    )
     print(f"{'case':48s} {'ms':>8s} {'/diffrax':>9s} {'/one state':>11s} {'rel. err':>9s}")
     for label in cases:
         own = label.replace(" vmap", " one state")

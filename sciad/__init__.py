@@ -8,12 +8,20 @@ The public API is what `__all__` lists here, in `sciad.ad`, `sciad.adjoints`, `s
 `_name` are private.
 """
 
-from sciad import ad, adjoints, errors, select, stiff, timing
+from sciad import (
+    ad,
+    adjoints,
+    errors,
+    problems,  # noqa: E402  (builds on solve)
+    select,
+    stiff,
+    timing,
+)
+from sciad._brownian import BrownianPath
 from sciad._diffrax_adjoint import DiffraxAdjoint, diffrax_adjoint
 from sciad._ensemble import ensemble
 from sciad._events import ContinuousCallback, PresetTimeCallback
 from sciad._problem import ODEProblem
-from sciad._brownian import BrownianPath
 from sciad._rosenbrock import Rodas4, Rodas5P
 from sciad._sde import SDEProblem, SDESolution
 from sciad._sde_solvers import SDE_SOLVERS
@@ -34,15 +42,49 @@ from sciad.adjoints import (
 )
 from sciad.errors import SolveError
 from sciad.select import Choice, select_sensealg
-from sciad import problems  # noqa: E402  (builds on solve)
 
-__all__ = ["SDE_SOLVERS", "SOLVERS", "AbstractSensitivity", "BacksolveAdjoint", "BrownianPath", "Choice",
-           "ContinuousCallback", "DiffraxAdjoint", "DiscreteAdjoint",
-           "ForwardDiffSensitivity", "ForwardSensitivity", "GaussAdjoint", "InterpolatingAdjoint", "ODEProblem",
-           "PresetTimeCallback", "QuadratureAdjoint", "ReversibleAdjoint", "Rodas4", "Rodas5P", "SDEProblem",
-           "SDESolution", "Solution", "SolveError", "SteadyState",
-           "SteadyStateAdjoint", "ad", "adjoints", "diffrax_adjoint", "ensemble", "errors", "get_solver", "problems",
-           "select", "select_sensealg", "solve", "sparsity", "steady_state", "step_controller", "stiff", "timing"]
+__all__ = [
+    "SDE_SOLVERS",
+    "SOLVERS",
+    "AbstractSensitivity",
+    "BacksolveAdjoint",
+    "BrownianPath",
+    "Choice",
+    "ContinuousCallback",
+    "DiffraxAdjoint",
+    "DiscreteAdjoint",
+    "ForwardDiffSensitivity",
+    "ForwardSensitivity",
+    "GaussAdjoint",
+    "InterpolatingAdjoint",
+    "ODEProblem",
+    "PresetTimeCallback",
+    "QuadratureAdjoint",
+    "ReversibleAdjoint",
+    "Rodas4",
+    "Rodas5P",
+    "SDEProblem",
+    "SDESolution",
+    "Solution",
+    "SolveError",
+    "SteadyState",
+    "SteadyStateAdjoint",
+    "ad",
+    "adjoints",
+    "diffrax_adjoint",
+    "ensemble",
+    "errors",
+    "get_solver",
+    "problems",
+    "select",
+    "select_sensealg",
+    "solve",
+    "sparsity",
+    "steady_state",
+    "step_controller",
+    "stiff",
+    "timing",
+]
 
 
 def __getattr__(name: str):

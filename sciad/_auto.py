@@ -72,6 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sciad._timing import ties
 from sciad.adjoints import (
     AbstractSensitivity,
     BacksolveAdjoint,
@@ -85,7 +86,6 @@ from sciad.adjoints import (
 )
 from sciad.adjoints._base import interpolation_step_bytes, is_implicit, stored_steps
 from sciad.adjoints._discrete import STORE_ALL_BYTES, stored_steps_bytes
-from sciad._timing import ties
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +99,17 @@ class Thresholds:
 
 
 THRESHOLDS = Thresholds(forward_mode_parameters=8, dense_saves=5, parameters_per_state=4)
-RULES = ("mass-matrix", "sparse-stages", "stiff-explicit", "few-parameters", "memory-budget", "stored-steps", "dense-saves", "implicit",
-         "explicit")
+RULES = (
+    "mass-matrix",
+    "sparse-stages",
+    "stiff-explicit",
+    "few-parameters",
+    "memory-budget",
+    "stored-steps",
+    "dense-saves",
+    "implicit",
+    "explicit",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,8 +211,11 @@ class Choice:
             how = f"autotuned: {way}; {how} would pick {describe(pick.sensealg)}"
         lines = [f"chosen: {self.name} ({how})", ""]
         lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in dataclasses.asdict(self.features).items()]
-        lines += ["", "| candidate | why considered | median (s) | IQR / median | compile (s) | rel. error | ok |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| candidate | why considered | median (s) | IQR / median | compile (s) | rel. error | ok |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for c in self.candidates:
             cells = [_fmt(c.get(k)) for k in ("median_s", "spread", "compile_s", "rel_error", "ok")]
             lines.append(f"| {c['name']} | {c['reason']} | " + " | ".join(cells) + " |")
@@ -221,10 +233,22 @@ def size(tree) -> int:
     return sum(int(np.prod(jnp.shape(x))) for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array)))
 
 
-def features(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float, max_steps: int = 4096,
-             memory_budget: int | None = None, integral_entries: int = 0,
-             jacobian: tuple[str, str] = ("dense", ""), mass_matrix: bool = False,
-             solver_reason: str = "given", stiff: bool | None = None) -> Features:
+def features(
+    u0,
+    p,
+    ts,
+    *,
+    solver: dfx.AbstractSolver,
+    rtol: float,
+    atol: float,
+    max_steps: int = 4096,
+    memory_budget: int | None = None,
+    integral_entries: int = 0,
+    jacobian: tuple[str, str] = ("dense", ""),
+    mass_matrix: bool = False,
+    solver_reason: str = "given",
+    stiff: bool | None = None,
+) -> Features:
     """The `Features` of a solve from `u0` with parameters `p` saved at `ts` (T,) by `solver` (chosen
     for `solver_reason`; with an integrand of `integral_entries` entries, its stages solved as
     `jacobian` = (kind, why) says, of a problem with a `mass_matrix` or not, estimated `stiff` or not
@@ -263,8 +287,10 @@ def heuristic(feat: Features, thresholds: Thresholds = THRESHOLDS) -> Pick:
     pick = _rule(feat, thresholds)
     if not feat.integral_entries:
         return pick
-    return pick._replace(reason=f"{pick.reason}; the integral ({feat.integral_entries} entries) rides with u in the "
-                         "forward solve and enters λ's equation as ∂g/∂u (no adjoint state)")
+    return pick._replace(
+        reason=f"{pick.reason}; the integral ({feat.integral_entries} entries) rides with u in the "
+        "forward solve and enters λ's equation as ∂g/∂u (no adjoint state)"
+    )
 
 
 def _rule(feat: Features, thresholds: Thresholds) -> Pick:
@@ -274,79 +300,143 @@ def _rule(feat: Features, thresholds: Thresholds) -> Pick:
     if feat.stochastic:
         return _sde_rule(feat, thresholds)
     if feat.mass_matrix:
-        why = ("a mass matrix: through the solver's steps (every sensealg serves it; the continuous adjoints' "
-               "adjoint DAE measured about 2x DiscreteAdjoint's time on a 100-state DAE, 2-4x on Robertson); ")
+        why = (
+            "a mass matrix: through the solver's steps (every sensealg serves it; the continuous adjoints' "
+            "adjoint DAE measured about 2x DiscreteAdjoint's time on a 100-state DAE, 2-4x on Robertson); "
+        )
         # Forward mode carries m tangents: ForwardDiffSensitivity solves the consistent initialisation
         # inside its rule (`AbstractSensitivity.initialises`), so a u0 that follows p adds none.
         if m <= few:
-            return Pick(ForwardDiffSensitivity(), "mass-matrix", why + f"m = {m} ≤ {few} parameters: forward mode, "
-                        "the consistent initialisation inside it (1,000-state reaction-diffusion DAE: 0.07 s against "
-                        "DiscreteAdjoint's 0.10 s)")
+            return Pick(
+                ForwardDiffSensitivity(),
+                "mass-matrix",
+                why + f"m = {m} ≤ {few} parameters: forward mode, "
+                "the consistent initialisation inside it (1,000-state reaction-diffusion DAE: 0.07 s against "
+                "DiscreteAdjoint's 0.10 s)",
+            )
         return Pick(DiscreteAdjoint(), "mass-matrix", why + f"m = {m} > {few} parameters: reverse mode")
     if feat.linearly_implicit and feat.stage_jacobian != "dense":
         how = "with the step's own sparse factors" if feat.stage_jacobian == "sparse" else "by GMRES on VJPs"
         if m <= few:
-            return Pick(ForwardDiffSensitivity(), "sparse-stages",
-                        f"a Rosenbrock solver ({feat.solver}) with {feat.stage_jacobian} stage solves and m = {m} ≤ "
-                        f"{few} parameters: forward mode through the steps, every tangent solved {how} (Brusselator, "
-                        "512 and 2,048 states: 0.08 and 0.36 s against DiscreteAdjoint's 0.11 and 0.41 s; first "
-                        "gradient 2.1 s against 5.7 s)")
-        return Pick(DiscreteAdjoint(), "sparse-stages",
-                    f"a Rosenbrock solver ({feat.solver}) with {feat.stage_jacobian} stage solves: no Newton iteration "
-                    f"to differentiate; through the steps, each stage's linear solve transposed {how}, no backward "
-                    "solve of its own (sparse: measured about 2.8x faster than GaussAdjoint and InterpolatingAdjoint at "
-                    "1,152 and 2,048 states, on par at 512)")
+            return Pick(
+                ForwardDiffSensitivity(),
+                "sparse-stages",
+                f"a Rosenbrock solver ({feat.solver}) with {feat.stage_jacobian} stage solves and m = {m} ≤ "
+                f"{few} parameters: forward mode through the steps, every tangent solved {how} (Brusselator, "
+                "512 and 2,048 states: 0.08 and 0.36 s against DiscreteAdjoint's 0.11 and 0.41 s; first "
+                "gradient 2.1 s against 5.7 s)",
+            )
+        return Pick(
+            DiscreteAdjoint(),
+            "sparse-stages",
+            f"a Rosenbrock solver ({feat.solver}) with {feat.stage_jacobian} stage solves: no Newton iteration "
+            f"to differentiate; through the steps, each stage's linear solve transposed {how}, no backward "
+            "solve of its own (sparse: measured about 2.8x faster than GaussAdjoint and InterpolatingAdjoint at "
+            "1,152 and 2,048 states, on par at 512)",
+        )
     if feat.implicit_solver and feat.stage_jacobian != "dense":
-        return Pick(GaussAdjoint(checkpointing=over_budget), "sparse-stages",
-                    f"an implicit solver with {feat.stage_jacobian} stage solves: the adjoint of λ alone steps the same "
-                    "Newton backwards (forward mode through the steps or DiscreteAdjoint would differentiate every "
-                    "Newton solve with a dense n × n Jacobian)"
-                    + ("; its stored interpolation exceeds the memory budget: checkpointed" if over_budget else ""))
+        return Pick(
+            GaussAdjoint(checkpointing=over_budget),
+            "sparse-stages",
+            f"an implicit solver with {feat.stage_jacobian} stage solves: the adjoint of λ alone steps the same "
+            "Newton backwards (forward mode through the steps or DiscreteAdjoint would differentiate every "
+            "Newton solve with a dense n × n Jacobian)"
+            + ("; its stored interpolation exceeds the memory budget: checkpointed" if over_budget else ""),
+        )
     if feat.stiff and not feat.implicit_solver:
-        return Pick(GaussAdjoint(checkpointing=over_budget), "stiff-explicit",
-                    f"an explicit solver ({feat.solver}) on a problem estimated stiff: its steps sit at their stability "
-                    "limit, where a derivative through them (forward mode, DiscreteAdjoint) has no error control; "
-                    "the continuous adjoint's λ is under its own (an implicit solver, solver=\"auto\", is faster)"
-                    + ("; its stored interpolation exceeds the memory budget: checkpointed" if over_budget else ""))
+        return Pick(
+            GaussAdjoint(checkpointing=over_budget),
+            "stiff-explicit",
+            f"an explicit solver ({feat.solver}) on a problem estimated stiff: its steps sit at their stability "
+            "limit, where a derivative through them (forward mode, DiscreteAdjoint) has no error control; "
+            'the continuous adjoint\'s λ is under its own (an implicit solver, solver="auto", is faster)'
+            + ("; its stored interpolation exceeds the memory budget: checkpointed" if over_budget else ""),
+        )
     if m <= few and not over_budget:
         if feat.implicit_solver or n <= m:
-            return Pick(ForwardDiffSensitivity(), "few-parameters",
-                        f"m = {m} ≤ {few} parameters and {'an implicit solver' if feat.implicit_solver else f'n = {n} ≤ m'}: "
-                        "forward mode through the solver's steps (sensitivity equations would add n·m unknowns "
-                        "to the error control, and to every Newton solve)")
-        return Pick(ForwardSensitivity(seminorm=True), "few-parameters",
-                    f"m = {m} ≤ {few} parameters: forward mode (one tangent per parameter) is cheapest; error "
-                    "control on u alone (the forward solve's steps)")
+            return Pick(
+                ForwardDiffSensitivity(),
+                "few-parameters",
+                f"m = {m} ≤ {few} parameters and {'an implicit solver' if feat.implicit_solver else f'n = {n} ≤ m'}: "
+                "forward mode through the solver's steps (sensitivity equations would add n·m unknowns "
+                "to the error control, and to every Newton solve)",
+            )
+        return Pick(
+            ForwardSensitivity(seminorm=True),
+            "few-parameters",
+            f"m = {m} ≤ {few} parameters: forward mode (one tangent per parameter) is cheapest; error "
+            "control on u alone (the forward solve's steps)",
+        )
     if over_budget:
-        return Pick(InterpolatingAdjoint(checkpointing=True), "memory-budget",
-                    "stored interpolation exceeds the memory budget: checkpoint")
+        return Pick(
+            InterpolatingAdjoint(checkpointing=True),
+            "memory-budget",
+            "stored interpolation exceeds the memory budget: checkpoint",
+        )
     if m >= per_state * n and feat.stored_steps_bytes <= STORE_ALL_BYTES:
-        return Pick(DiscreteAdjoint(), "stored-steps",
-                    f"m = {m} ≥ {per_state:g}n and every step's state fits in {STORE_ALL_BYTES >> 20} MiB: "
-                    "discretise-then-optimise keeps the steps (one VJP per stage backwards, no re-solve); a "
-                    "continuous adjoint would integrate μ (m) with the solver")
+        return Pick(
+            DiscreteAdjoint(),
+            "stored-steps",
+            f"m = {m} ≥ {per_state:g}n and every step's state fits in {STORE_ALL_BYTES >> 20} MiB: "
+            "discretise-then-optimise keeps the steps (one VJP per stage backwards, no re-solve); a "
+            "continuous adjoint would integrate μ (m) with the solver",
+        )
     if m >= per_state * n and saves >= dense:
-        return Pick(DiscreteAdjoint(), "dense-saves",
-                    f"{saves} save points and m = {m} ≥ {per_state:g}n: a continuous adjoint restarts once per save "
-                    "point and integrates μ (m) with the solver; discretise-then-optimise does not")
+        return Pick(
+            DiscreteAdjoint(),
+            "dense-saves",
+            f"{saves} save points and m = {m} ≥ {per_state:g}n: a continuous adjoint restarts once per save "
+            "point and integrates μ (m) with the solver; discretise-then-optimise does not",
+        )
     if feat.implicit_solver:
-        return Pick(InterpolatingAdjoint(), "implicit",
-                    "implicit solver (stiff): no backsolve; adjoint on the stored interpolation")
-    return Pick(BacksolveAdjoint(), "explicit", "explicit solver: backsolve with compiled reverse-mode VJPs (u is "
-                "reset at every saveat time, and it checks its own drift)")
+        return Pick(
+            InterpolatingAdjoint(),
+            "implicit",
+            "implicit solver (stiff): no backsolve; adjoint on the stored interpolation",
+        )
+    return Pick(
+        BacksolveAdjoint(),
+        "explicit",
+        "explicit solver: backsolve with compiled reverse-mode VJPs (u is "
+        "reset at every saveat time, and it checks its own drift)",
+    )
 
 
-def auto_sensealg(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: float, max_steps: int = 4096,
-                  memory_budget: int | None = None, integral_entries: int = 0,
-                  jacobian: tuple[str, str] = ("dense", ""), mass_matrix: bool = False,
-                  solver_reason: str = "given", stiff: bool | None = None) -> Choice:
+def auto_sensealg(
+    u0,
+    p,
+    ts,
+    *,
+    solver: dfx.AbstractSolver,
+    rtol: float,
+    atol: float,
+    max_steps: int = 4096,
+    memory_budget: int | None = None,
+    integral_entries: int = 0,
+    jacobian: tuple[str, str] = ("dense", ""),
+    mass_matrix: bool = False,
+    solver_reason: str = "given",
+    stiff: bool | None = None,
+) -> Choice:
     """The heuristic's `Choice` for gradients of a solve from `u0` with parameters `p` saved at `ts`
     (T,) by `solver` (chosen for `solver_reason`), with an integrand of `integral_entries` entries and
     stage solves by `jacobian` = (kind, why), on a problem estimated `stiff` or not (None: unknown);
     works on traced values (what `solve(..., sensealg="auto")` calls)."""
-    feat = features(u0, p, ts, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
-                    integral_entries=integral_entries, jacobian=jacobian, mass_matrix=mass_matrix,
-                    solver_reason=solver_reason, stiff=stiff)
+    feat = features(
+        u0,
+        p,
+        ts,
+        solver=solver,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        memory_budget=memory_budget,
+        integral_entries=integral_entries,
+        jacobian=jacobian,
+        mass_matrix=mass_matrix,
+        solver_reason=solver_reason,
+        stiff=stiff,
+    )
     pick = heuristic(feat)
     return Choice(pick.sensealg, feat, [{"name": describe(pick.sensealg), "reason": pick.reason}])
 
@@ -354,8 +444,9 @@ def auto_sensealg(u0, p, ts, *, solver: dfx.AbstractSolver, rtol: float, atol: f
 SDE_RULES = ("sde-few-parameters", "sde-reversible", "sde-many-parameters")
 
 
-def auto_sde_sensealg(u0, p, ts, *, solver, steps: int, integral_entries: int = 0,
-                      thresholds: Thresholds = THRESHOLDS) -> Choice:
+def auto_sde_sensealg(
+    u0, p, ts, *, solver, steps: int, integral_entries: int = 0, thresholds: Thresholds = THRESHOLDS
+) -> Choice:
     """The `Choice` for pathwise gradients of an SDE solve on a fixed grid of `steps` steps by
     `solver` (a `sciad._sde_solvers` solver), from shapes alone (under `jax.jit` too):
 
@@ -372,11 +463,23 @@ def auto_sde_sensealg(u0, p, ts, *, solver, steps: int, integral_entries: int = 
     leaves = jax.tree.leaves(eqx.filter((u0, p), eqx.is_array))
     dtype = np.dtype(jnp.result_type(*leaves))
     n, m = size(u0), size(p)
-    feat = Features(states=n, parameters=m, dtype=str(dtype), implicit_solver=False, save_points=int(np.size(ts)),
-                    rtol=float("nan"), atol=float("nan"), interpolation_bytes=0,
-                    stored_steps_bytes=steps * (n + integral_entries) * dtype.itemsize, memory_budget=None,
-                    device=jax.default_backend(), integral_entries=integral_entries, stochastic=type(solver).__name__,
-                    solver=type(solver).__name__, solver_reason="given")
+    feat = Features(
+        states=n,
+        parameters=m,
+        dtype=str(dtype),
+        implicit_solver=False,
+        save_points=int(np.size(ts)),
+        rtol=float("nan"),
+        atol=float("nan"),
+        interpolation_bytes=0,
+        stored_steps_bytes=steps * (n + integral_entries) * dtype.itemsize,
+        memory_budget=None,
+        device=jax.default_backend(),
+        integral_entries=integral_entries,
+        stochastic=type(solver).__name__,
+        solver=type(solver).__name__,
+        solver_reason="given",
+    )
     pick = heuristic(feat, thresholds)
     return Choice(pick.sensealg, feat, [{"name": describe(pick.sensealg), "reason": pick.reason}])
 
@@ -385,13 +488,22 @@ def _sde_rule(feat: Features, thresholds: Thresholds) -> Pick:
     n, m, few = feat.states, feat.parameters, thresholds.forward_mode_parameters
     solver = feat.stochastic
     if n + m <= few:
-        return Pick(ForwardDiffSensitivity(), "sde-few-parameters",
-                    f"an SDE solve ({solver}, fixed steps) with n + m = {n + m} ≤ {few} tangents: forward mode "
-                    "through the steps")
+        return Pick(
+            ForwardDiffSensitivity(),
+            "sde-few-parameters",
+            f"an SDE solve ({solver}, fixed steps) with n + m = {n + m} ≤ {few} tangents: forward mode "
+            "through the steps",
+        )
     if solver == "ReversibleHeun":
-        return Pick(ReversibleAdjoint(), "sde-reversible",
-                    f"an SDE solve by reversible Heun with n + m = {n + m} > {few}: its exact gradient, states "
-                    "reconstructed backwards (memory flat in the steps)")
-    return Pick(DiscreteAdjoint(), "sde-many-parameters",
-                f"an SDE solve ({solver}, fixed steps) with n + m = {n + m} > {few}: reverse mode through the "
-                "steps (one VJP per evaluation, no backward SDE to step)")
+        return Pick(
+            ReversibleAdjoint(),
+            "sde-reversible",
+            f"an SDE solve by reversible Heun with n + m = {n + m} > {few}: its exact gradient, states "
+            "reconstructed backwards (memory flat in the steps)",
+        )
+    return Pick(
+        DiscreteAdjoint(),
+        "sde-many-parameters",
+        f"an SDE solve ({solver}, fixed steps) with n + m = {n + m} > {few}: reverse mode through the "
+        "steps (one VJP per evaluation, no backward SDE to step)",
+    )

@@ -30,8 +30,10 @@ def _bench_main():
     try:
         from sciad_bench.cli import main
     except ModuleNotFoundError as e:
-        raise SystemExit(f"sciad bench and sciad reproduce need the benchmark product, which needs {e.name!r}: "
-                         "pip install 'sciad[bench]'") from None
+        raise SystemExit(
+            f"sciad bench and sciad reproduce need the benchmark product, which needs {e.name!r}: "
+            "pip install 'sciad[bench]'"
+        ) from None
     return main
 
 

@@ -61,20 +61,25 @@ class MassMatrix:
         if sparse is not None and sparse.issparse(M):
             M = M.toarray()  # dense for now: the Rosenbrock solvers factorise M/(hγ) − J densely
         if isinstance(M, jax.core.Tracer):
-            raise TypeError("mass_matrix must be constant (a NumPy or concrete JAX array), got a traced value: "
-                            "make the ODEProblem outside jax.jit / jax.grad, or close over M as a constant")
+            raise TypeError(
+                "mass_matrix must be constant (a NumPy or concrete JAX array), got a traced value: "
+                "make the ODEProblem outside jax.jit / jax.grad, or close over M as a constant"
+            )
         try:
             M = np.asarray(M)
         except Exception as e:
-            raise TypeError(f"mass_matrix must be an array (a vector (n,), a matrix (n, n)) or a SciPy sparse "
-                            f"matrix, got {type(M).__name__}") from e
-        if not (np.issubdtype(M.dtype, np.floating) or np.issubdtype(M.dtype, np.integer)
-                or M.dtype == np.bool_):
+            raise TypeError(
+                f"mass_matrix must be an array (a vector (n,), a matrix (n, n)) or a SciPy sparse "
+                f"matrix, got {type(M).__name__}"
+            ) from e
+        if not (np.issubdtype(M.dtype, np.floating) or np.issubdtype(M.dtype, np.integer) or M.dtype == np.bool_):
             raise TypeError(f"mass_matrix has dtype {M.dtype}; pass real numbers")
         if M.shape not in ((n,), (n, n)):
-            raise ValueError(f"mass_matrix has shape {M.shape} but the flattened u0 has {n} entries: give a vector "
-                             f"({n},) (M's diagonal; zeros mark algebraic equations) or a matrix ({n}, {n}) over "
-                             "the flattened state (jax.flatten_util.ravel_pytree's order)")
+            raise ValueError(
+                f"mass_matrix has shape {M.shape} but the flattened u0 has {n} entries: give a vector "
+                f"({n},) (M's diagonal; zeros mark algebraic equations) or a matrix ({n}, {n}) over "
+                "the flattened state (jax.flatten_util.ravel_pytree's order)"
+            )
         M = M.astype(np.float64)
         if not np.all(np.isfinite(M)):
             raise ValueError("mass_matrix contains non-finite values (NaN or inf): pass a finite matrix")
@@ -130,8 +135,11 @@ class MassMatrix:
         return self.matrix if dtype is None else self.matrix.astype(dtype)
 
     def __eq__(self, other):
-        return isinstance(other, MassMatrix) and self.matrix.shape == other.matrix.shape and bool(
-            np.array_equal(self.matrix, other.matrix))
+        return (
+            isinstance(other, MassMatrix)
+            and self.matrix.shape == other.matrix.shape
+            and bool(np.array_equal(self.matrix, other.matrix))
+        )
 
     def __hash__(self):
         return hash((self.matrix.shape, self.matrix.tobytes()))
@@ -149,23 +157,29 @@ def dae_solver(solver, mass: MassMatrix | None, integrand_size: int = 0):
         held = solver.mass_matrix
         if mass is None:
             if held is not None:
-                raise ValueError(f"solver={type(solver).__name__}(mass_matrix=...) but the problem has no mass matrix: "
-                                 "give it to the problem, sciad.ODEProblem(f, u0, tspan, p, mass_matrix=M), and "
-                                 f"pass {type(solver).__name__}() without one")
+                raise ValueError(
+                    f"solver={type(solver).__name__}(mass_matrix=...) but the problem has no mass matrix: "
+                    "give it to the problem, sciad.ODEProblem(f, u0, tspan, p, mass_matrix=M), and "
+                    f"pass {type(solver).__name__}() without one"
+                )
             return solver
         if held is not None and MassMatrix.of(np.asarray(held), mass.n) != mass:
-            raise ValueError(f"solver={type(solver).__name__}(mass_matrix=...) holds a mass matrix other than the "
-                             f"problem's: pass {type(solver).__name__}() and the problem's mass matrix is used")
+            raise ValueError(
+                f"solver={type(solver).__name__}(mass_matrix=...) holds a mass matrix other than the "
+                f"problem's: pass {type(solver).__name__}() and the problem's mass matrix is used"
+            )
         # NumPy, not a JAX array: under jax.jit that would be traced, and the sensealgs read M at trace time
         # (`solver_mass`); the solver's steps make it a JAX array.
         matrix = np.asarray(mass.extended(integrand_size), jnp.result_type(float))
         return eqx.tree_at(lambda s: s.mass_matrix, solver, matrix, is_leaf=lambda x: x is None)
     if mass is None:
         return solver
-    what = (f"a singular mass matrix (a DAE with {mass.algebraic} algebraic equation(s))" if mass.singular
-            else "a mass matrix")
-    raise ValueError(f"{what} needs a solver that takes one: {DAE_SOLVERS}; {type(solver).__name__} solves "
-                     "u' = f only")
+    what = (
+        f"a singular mass matrix (a DAE with {mass.algebraic} algebraic equation(s))"
+        if mass.singular
+        else "a mass matrix"
+    )
+    raise ValueError(f"{what} needs a solver that takes one: {DAE_SOLVERS}; {type(solver).__name__} solves u' = f only")
 
 
 def default_solver(mass: MassMatrix | None, ode: str):
@@ -196,7 +210,7 @@ class _Split:
         if mass.matrix.ndim == 1:
             return cls(np.flatnonzero(mass.matrix == 0), None, None)
         U, _, Vt = np.linalg.svd(mass.matrix)
-        return cls(None, U[:, mass.rank:], Vt[mass.rank:].T)
+        return cls(None, U[:, mass.rank :], Vt[mass.rank :].T)
 
     def variables(self, u):
         """The algebraic part of u (k,)."""
@@ -249,8 +263,9 @@ def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float
     # that has not converged within two steps diverged, which a start far from the solution is.
     linear = {} if solver is None else dict(linear_solver=solver)
     newton = optx.Newton(rtol=max(rtol * NEWTON_TIGHTER, floor), atol=atol * NEWTON_TIGHTER, **linear)
-    sol = optx.root_find(residual, newton, z0, args, max_steps=NEWTON_STEPS, throw=False,
-                         adjoint=optx.ImplicitAdjoint(**linear))
+    sol = optx.root_find(
+        residual, newton, z0, args, max_steps=NEWTON_STEPS, throw=False, adjoint=optx.ImplicitAdjoint(**linear)
+    )
     # A result short of the tightened tolerances (a residual whose rounding exceeds atol / 1000) stands
     # where "check" would accept it.
     ratio, _ = jax.lax.stop_gradient(_distance(residual, sol.value, args, rtol, atol, solver))
@@ -269,14 +284,18 @@ def _refused(x, pred, message: str):
     return x
 
 
-INIT_FAILED = ("initialization='consistent': Newton's method did not solve the {k} algebraic equation(s) for the "
-               "algebraic states within {steps} iterations from {what} (diverged, or a singular ∂f/∂u on the algebraic "
-               "states: the DAE is not index 1 there): start {what}'s algebraic states closer to a solution, or "
-               "check the algebraic equations")
-INCONSISTENT = ("initialization='check': {what} is not consistent: its algebraic states are {distance} from "
-                "solving the {k} algebraic equation(s) (the Newton correction, against atol + rtol |u|){residual}: pass "
-                "initialization='consistent' (the default with a singular mass matrix) to solve them from the "
-                "differential states, or correct {what}")
+INIT_FAILED = (
+    "initialization='consistent': Newton's method did not solve the {k} algebraic equation(s) for the "
+    "algebraic states within {steps} iterations from {what} (diverged, or a singular ∂f/∂u on the algebraic "
+    "states: the DAE is not index 1 there): start {what}'s algebraic states closer to a solution, or "
+    "check the algebraic equations"
+)
+INCONSISTENT = (
+    "initialization='check': {what} is not consistent: its algebraic states are {distance} from "
+    "solving the {k} algebraic equation(s) (the Newton correction, against atol + rtol |u|){residual}: pass "
+    "initialization='consistent' (the default with a singular mass matrix) to solve them from the "
+    "differential states, or correct {what}"
+)
 
 
 def _algebraic_solver(residual, z0, args):
@@ -315,12 +334,19 @@ def _checked(residual, z0, args, u0, rtol, atol, solver=None, what="u0"):
     if known is not None:
         ratio, size = (float(x) for x in distance(*known))
         if not ratio <= 1:  # NaN too
-            raise SolveError(INCONSISTENT.format(what=what, distance=f"{ratio:.3g} tolerances", k=z0.size,
-                                                 residual=f"; the residual's largest entry is {size:.3e}"))
+            raise SolveError(
+                INCONSISTENT.format(
+                    what=what,
+                    distance=f"{ratio:.3g} tolerances",
+                    k=z0.size,
+                    residual=f"; the residual's largest entry is {size:.3e}",
+                )
+            )
         return u0
     ratio, _ = jax.lax.stop_gradient(distance(z0, args))
-    return _refused(u0, ~(ratio <= 1), INCONSISTENT.format(what=what, distance="more than the tolerances", k=z0.size,
-                                                           residual=""))
+    return _refused(
+        u0, ~(ratio <= 1), INCONSISTENT.format(what=what, distance="more than the tolerances", k=z0.size, residual="")
+    )
 
 
 def consistent_derivative(mass: MassMatrix, rate, u, t):

@@ -7,8 +7,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from sciad.adjoints._base import AbstractSensitivity, Setup
 from sciad._errors import raising_solve_errors
+from sciad.adjoints._base import AbstractSensitivity, Setup
 
 
 class DenseOutput(eqx.Module):
@@ -28,8 +28,9 @@ class DenseOutput(eqx.Module):
     def of(cls, setup: Setup, sensealg: AbstractSensitivity, u0, p, direction: int) -> "DenseOutput":
         """The dense output of the solve of `setup` from u0 (n,) with p (m,), computed once, undifferentiated."""
         # NumPy arrays (a Rosenbrock solver's mass matrix, read at trace time) stay NumPy.
-        fixed = jax.lax.stop_gradient(eqx.filter((setup, u0, p), lambda x: isinstance(x, jax.Array)
-                                                 and eqx.is_inexact_array(x)))
+        fixed = jax.lax.stop_gradient(
+            eqx.filter((setup, u0, p), lambda x: isinstance(x, jax.Array) and eqx.is_inexact_array(x))
+        )
         fixed_setup, fixed_u0, fixed_p = eqx.combine(fixed, (setup, u0, p))
         interpolation = fixed_setup.forward(fixed_u0, fixed_p, dense=True).interpolation
         return cls(setup, u0, p, _Frame(setup.bare(), sensealg, interpolation), direction)

@@ -20,8 +20,9 @@ from sciad._solve import Solution, solve
 BATCHED = {"u0s": "u0", "ps": "p", "saveats": "saveat"}  # batched argument -> the solve argument it batches
 
 
-def ensemble(prob: ODEProblem, *, u0s=None, ps=None, saveats=None, mesh: jax.sharding.Mesh | None = None,
-             **solve_options) -> Solution:
+def ensemble(
+    prob: ODEProblem, *, u0s=None, ps=None, saveats=None, mesh: jax.sharding.Mesh | None = None, **solve_options
+) -> Solution:
     """`solve(prob, ...)` for B members: `u0s`, `ps` (u0's, p's PyTree with a leading member axis B on
     every array leaf) and `saveats` (B, T) vary per member; `u0=`, `p=`, `saveat=` and the other
     `solve` options (`sensealg`, `solver`, ...) are shared by all. Returns a `Solution` whose leaves
@@ -42,12 +43,15 @@ def ensemble(prob: ODEProblem, *, u0s=None, ps=None, saveats=None, mesh: jax.sha
         if one in batched and one in solve_options:
             raise ValueError(f"ensemble got both {name} (one per member) and {one} (shared by all): pass one of them")
     if solve_options.get("dense"):
-        raise ValueError("ensemble returns no dense interpolants (dense=True): save at the times you need "
-                         "with saveat= or saveats=")
+        raise ValueError(
+            "ensemble returns no dense interpolants (dense=True): save at the times you need with saveat= or saveats="
+        )
     sizes = {name: _members(prob, name, tree) for name, tree in given.items() if tree is not None}
     if len(set(sizes.values())) > 1:
-        raise ValueError("the batched arguments have different numbers of members (leading axes): "
-                         + ", ".join(f"{k}: {v}" for k, v in sizes.items()))
+        raise ValueError(
+            "the batched arguments have different numbers of members (leading axes): "
+            + ", ".join(f"{k}: {v}" for k, v in sizes.items())
+        )
     size = next(iter(sizes.values()))
     sharding = None if mesh is None else _batch_sharding(mesh)
     padded = size if sharding is None else -(-size // mesh.size) * mesh.size
@@ -71,40 +75,51 @@ def _members(prob: ODEProblem, name: str, tree) -> int:
     else:
         like = getattr(prob, one)
         if jax.tree.structure(tree) != jax.tree.structure(like):
-            raise ValueError(f"{name} has structure {jax.tree.structure(tree)} but the problem's {one} has "
-                             f"{jax.tree.structure(like)}: pass {one}'s PyTree with a leading member axis on each leaf")
+            raise ValueError(
+                f"{name} has structure {jax.tree.structure(tree)} but the problem's {one} has "
+                f"{jax.tree.structure(like)}: pass {one}'s PyTree with a leading member axis on each leaf"
+            )
         member_shapes = [np.shape(x) if eqx.is_array_like(x) else False for x in jax.tree.leaves(like)]
     sizes = {}
     for (label, x), shape in zip(leaf_names(tree, name), member_shapes):
         if shape is False:
             continue  # a static leaf of p (an equinox model's activation, ...): shared by all members
         if not eqx.is_array(x):
-            raise TypeError(f"{label} is a {type(x).__name__}; a batched leaf must be an array with a leading "
-                            "member axis (numpy or jax)")
+            raise TypeError(
+                f"{label} is a {type(x).__name__}; a batched leaf must be an array with a leading "
+                "member axis (numpy or jax)"
+            )
         member = np.shape(x)[1:]
         if np.ndim(x) == 0 or (len(member) != 1 if shape is None else member != shape):
             want = "(B, T)" if shape is None else f"({', '.join(['B', *map(str, shape)])}{',' * (not shape)})"
-            raise ValueError(f"{label} has shape {np.shape(x)}; pass the members stacked along a new leading "
-                             f"axis, shape {want}")
+            raise ValueError(
+                f"{label} has shape {np.shape(x)}; pass the members stacked along a new leading axis, shape {want}"
+            )
         sizes[label] = np.shape(x)[0]
     if not sizes:
         raise ValueError(f"{name} has no array leaves to batch")
     if len(set(sizes.values())) > 1:
-        raise ValueError(f"the leaves of {name} have different numbers of members (leading axes): "
-                         + ", ".join(f"{k}: {v}" for k, v in sizes.items()))
+        raise ValueError(
+            f"the leaves of {name} have different numbers of members (leading axes): "
+            + ", ".join(f"{k}: {v}" for k, v in sizes.items())
+        )
     return next(iter(sizes.values()))
 
 
 def _batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
     """The leading axis over every axis of `mesh` (which must be of type Auto)."""
     if not isinstance(mesh, jax.sharding.Mesh):
-        raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}: "
-                        "jax.make_mesh((n,), ('batch',), axis_types=(jax.sharding.AxisType.Auto,))")
+        raise TypeError(
+            f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}: "
+            "jax.make_mesh((n,), ('batch',), axis_types=(jax.sharding.AxisType.Auto,))"
+        )
     explicit = [n for n, t in zip(mesh.axis_names, mesh.axis_types) if t != AxisType.Auto]
     if explicit:
-        raise ValueError(f"mesh axes {explicit} are not of type Auto (jax.make_mesh makes Explicit axes by "
-                         "default, and JAX cannot vmap the ODE solver's loops over them): build the mesh with "
-                         f"axis_types=(jax.sharding.AxisType.Auto,) * {len(mesh.axis_names)}")
+        raise ValueError(
+            f"mesh axes {explicit} are not of type Auto (jax.make_mesh makes Explicit axes by "
+            "default, and JAX cannot vmap the ODE solver's loops over them): build the mesh with "
+            f"axis_types=(jax.sharding.AxisType.Auto,) * {len(mesh.axis_names)}"
+        )
     return NamedSharding(mesh, PartitionSpec(mesh.axis_names))
 
 

@@ -29,7 +29,7 @@ import functools
 import logging
 import os
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import diffrax as dfx
 import equinox as eqx
@@ -75,7 +75,7 @@ def carried(error: Exception) -> str | None:
     of a compiled program: JAX appends its traceback, the SolveError last), or None."""
     lines = str(error).splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith(_MARKER)]
-    return "\n".join(lines[starts[-1]:])[len(_MARKER):].strip() if starts else None
+    return "\n".join(lines[starts[-1] :])[len(_MARKER) :].strip() if starts else None
 
 
 def raising_solve_errors(fn):
@@ -90,8 +90,9 @@ def raising_solve_errors(fn):
     def call(*args, **kwargs):
         try:
             out = fn(*args, **kwargs)
-            jax.block_until_ready([x for x in jax.tree.leaves(out)
-                                   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)])
+            jax.block_until_ready(
+                [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)]
+            )
         except (jax.errors.JaxRuntimeError, ValueError) as e:  # JAX's dispatch of a jit raises the latter
             message = carried(e)
             if message is None:
@@ -169,9 +170,11 @@ def solver_failure(x, result: dfx.RESULTS, max_steps: int):
 
 def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
     if index == item_index(dfx.RESULTS.max_steps_reached):
-        return (f"the maximum number of solver steps was reached: the ODE solve needed more than "
-                f"max_steps={max_steps} steps; pass a larger max_steps to sciad.solve (or looser rtol/atol; a "
-                "stiff problem needs an implicit solver, e.g. solver='kvaerno5')")
+        return (
+            f"the maximum number of solver steps was reached: the ODE solve needed more than "
+            f"max_steps={max_steps} steps; pass a larger max_steps to sciad.solve (or looser rtol/atol; a "
+            "stiff problem needs an implicit solver, e.g. solver='kvaerno5')"
+        )
     return f"the ODE solver failed: {diffrax_message}"
 
 
@@ -201,10 +204,14 @@ def _warn(x, pred, value, message: str):
         return np.zeros((), np.int32)
 
     value = unvmap_max(jax.lax.stop_gradient(jnp.asarray(value, jnp.result_type(float))))
-    token = jax.lax.cond(unvmap_any(pred), lambda: jax.pure_callback(warn, jax.ShapeDtypeStruct((), jnp.int32), value),
-                         lambda: jnp.zeros((), jnp.int32))  # one check for a whole batch: the cond stays a cond
-    return jax.tree.map(lambda leaf: leaf + token.astype(leaf.dtype) if jnp.issubdtype(leaf.dtype, jnp.inexact)
-                        else leaf, x)
+    token = jax.lax.cond(
+        unvmap_any(pred),
+        lambda: jax.pure_callback(warn, jax.ShapeDtypeStruct((), jnp.int32), value),
+        lambda: jnp.zeros((), jnp.int32),
+    )  # one check for a whole batch: the cond stays a cond
+    return jax.tree.map(
+        lambda leaf: leaf + token.astype(leaf.dtype) if jnp.issubdtype(leaf.dtype, jnp.inexact) else leaf, x
+    )
 
 
 @_warn.defjvp

@@ -24,18 +24,19 @@ checks them, "none" takes the affect's state): the next segment starts consisten
 runs through the re-initialisation's implicit rule (its τ dependence included).
 """
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sciad._dae import initialise, solver_mass
+from sciad._errors import check, error_if
 from sciad.ad._linear import linear_map
 from sciad.adjoints._base import AbstractSensitivity, Setup
 from sciad.adjoints._stepping import Stepper
-from sciad._dae import initialise, solver_mass
-from sciad._errors import check, error_if
 
 DIRECTIONS = {"up": 1, "down": -1, "both": 0}
 # Segments of a solve with only continuous callbacks: events it may take before `max_events` must be raised.
@@ -62,14 +63,18 @@ class ContinuousCallback(AbstractCallback):
 
     def __check_init__(self):
         if not callable(self.condition):
-            raise TypeError(f"ContinuousCallback(condition=...) must be callable condition(u, p, t), got "
-                            f"{self.condition!r}")
+            raise TypeError(
+                f"ContinuousCallback(condition=...) must be callable condition(u, p, t), got {self.condition!r}"
+            )
         if self.affect is not None and not callable(self.affect):
-            raise TypeError(f"ContinuousCallback(affect=...) must be callable affect(u, p, t) or None (stop the "
-                            f"solve), got {self.affect!r}")
+            raise TypeError(
+                f"ContinuousCallback(affect=...) must be callable affect(u, p, t) or None (stop the "
+                f"solve), got {self.affect!r}"
+            )
         if self.direction not in DIRECTIONS:
-            raise ValueError(f"ContinuousCallback(direction=...) must be one of {sorted(DIRECTIONS)}, got "
-                             f"{self.direction!r}")
+            raise ValueError(
+                f"ContinuousCallback(direction=...) must be one of {sorted(DIRECTIONS)}, got {self.direction!r}"
+            )
 
 
 class PresetTimeCallback(AbstractCallback):
@@ -104,16 +109,18 @@ class Plan(eqx.Module):
     initialization: str = eqx.field(static=True, default="none")
 
     @classmethod
-    def of(cls, callbacks, field, u0, p, tspan: tuple, sign: int, max_events: int | None,
-           initialization: str = "none") -> "Plan":
+    def of(
+        cls, callbacks, field, u0, p, tspan: tuple, sign: int, max_events: int | None, initialization: str = "none"
+    ) -> "Plan":
         """The plan of `callbacks` (a sequence of `ContinuousCallback`, `PresetTimeCallback`) for a solve of
         `field` from u0, p (the user's PyTrees) over tspan = (t0, t1) (user time, sign(t1 - t0) = `sign`),
         checked: affects and conditions by tracing them now; preset times finite and inside tspan, now
         where they and tspan are concrete (ValueError), else when the solve runs (`SolveError`).
         `initialization`: the solve's mode (`sciad._dae.initialise`), applied to the state after each affect."""
         if isinstance(callbacks, AbstractCallback) or not all(isinstance(c, AbstractCallback) for c in callbacks):
-            raise TypeError("callbacks must be a list of sciad.ContinuousCallback / sciad.PresetTimeCallback, got "
-                            f"{callbacks!r}")
+            raise TypeError(
+                f"callbacks must be a list of sciad.ContinuousCallback / sciad.PresetTimeCallback, got {callbacks!r}"
+            )
         dtype = field.dtype
         t0, t1 = tspan
         t = jnp.asarray(t0, dtype)
@@ -129,8 +136,10 @@ class Plan(eqx.Module):
             else:
                 ts = jnp.asarray(callback.times)
                 if ts.ndim > 1 or not jnp.issubdtype(ts.dtype, jnp.number) or jnp.iscomplexobj(ts):
-                    raise ValueError(f"callbacks[{i}]: PresetTimeCallback(times=...) must be a 1-D array of times, "
-                                     f"got {callback.times!r}")
+                    raise ValueError(
+                        f"callbacks[{i}]: PresetTimeCallback(times=...) must be a 1-D array of times, "
+                        f"got {callback.times!r}"
+                    )
                 ts = check(ts, ~jnp.all(jnp.isfinite(ts)), f"callbacks[{i}]: PresetTimeCallback times must be finite")
                 ts = _inside(ts, t0, t1, sign, i)
                 times.append(sign * jnp.atleast_1d(ts).astype(dtype))
@@ -145,8 +154,18 @@ class Plan(eqx.Module):
             raise ValueError(f"max_events must be a non-negative integer (static under jax.jit), got {max_events!r}")
         affects = tuple(c.affect for c in callbacks)
         layouts = (field.u, field.p, field.static_p)
-        return cls(tuple(conditions), tuple(directions), tuple(owners), affects, preset[order],
-                   jnp.asarray(owners_of_times)[order], layouts, sign, int(max_events), initialization)
+        return cls(
+            tuple(conditions),
+            tuple(directions),
+            tuple(owners),
+            affects,
+            preset[order],
+            jnp.asarray(owners_of_times)[order],
+            layouts,
+            sign,
+            int(max_events),
+            initialization,
+        )
 
     @property
     def callbacks(self) -> int:
@@ -193,16 +212,21 @@ def _inside(ts, t0, t1, sign: int, i: int):
 def _check_affect(affect: Callable, u0, p, t, i: int) -> None:
     out = eqx.filter_eval_shape(affect, u0, p, t)
     if jax.tree.structure(out) != jax.tree.structure(u0) or any(
-            tuple(a.shape) != tuple(np.shape(b)) for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(u0))):
-        raise ValueError(f"callbacks[{i}]: affect(u, p, t) must return the new state with u0's structure and "
-                         f"shapes, got {jax.tree.structure(out)} for u0 {jax.tree.structure(u0)}")
+        tuple(a.shape) != tuple(np.shape(b)) for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(u0))
+    ):
+        raise ValueError(
+            f"callbacks[{i}]: affect(u, p, t) must return the new state with u0's structure and "
+            f"shapes, got {jax.tree.structure(out)} for u0 {jax.tree.structure(u0)}"
+        )
 
 
 def _check_condition(condition: Callable, u0, p, t, i: int) -> None:
     out = eqx.filter_eval_shape(condition, u0, p, t)
     if not (hasattr(out, "shape") and out.shape == () and jnp.issubdtype(out.dtype, jnp.floating)):
-        raise ValueError(f"callbacks[{i}]: condition(u, p, t) must return a float scalar (an event where it "
-                         f"crosses zero), got {out!r}; a boolean cannot be located: return e.g. u[0] - level")
+        raise ValueError(
+            f"callbacks[{i}]: condition(u, p, t) must return a float scalar (an event where it "
+            f"crosses zero), got {out!r}; a boolean cannot be located: return e.g. u[0] - level"
+        )
 
 
 class Events(eqx.Module):
@@ -233,8 +257,9 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
         preset = plan.preset[pointer]
         end = jnp.where(stopped, s, jnp.minimum(preset, s1))
         if plan.conditions:
-            located, j = first_crossing(*_fixed((bare.bound(setup.f.held, None, s, end, dt0=setup.dt0), plan, u, p, s,
-                                                 end)))
+            located, j = first_crossing(
+                *_fixed((bare.bound(setup.f.held, None, s, end, dt0=setup.dt0), plan, u, p, s, end))
+            )
             continuous = (j >= 0) & ~stopped
             end = jnp.where(continuous, located, end)  # a located time is not differentiated: `event_time` is
             owner = jnp.where(continuous, jnp.asarray(plan.owners)[jnp.maximum(j, 0)], -1)
@@ -248,8 +273,11 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
         if plan.conditions:
             # τ's derivative from the state reached at the located time (no second solve of the segment); the
             # saves at τ (its end, the save times past it) move with it along y' = F: zero here, exact derivatives.
-            shift = jnp.where(continuous, event_time(located, j, ys[-1, :n], p, setup.f.held, plan.conditions,
-                                                     frame=frame) - located, 0.0)
+            shift = jnp.where(
+                continuous,
+                event_time(located, j, ys[-1, :n], p, setup.f.held, plan.conditions, frame=frame) - located,
+                0.0,
+            )
             at_end = (saves >= end)[:, None]
             ys = ys + jnp.where(at_end, setup.derivative(ys[-1], p, end) * shift, 0.0)
             tau = end + shift
@@ -258,21 +286,45 @@ def solve(setup: Setup, sensealg: AbstractSensitivity, plan: Plan, u0, p):
         us = jnp.where(take[:, None], ys[:-1, :n], us)
         after = plan.affect(owner, ys[-1, :n], p, tau)
         if mass is not None and mass.singular and plan.initialization != "none":
-            after = jax.lax.cond(goes_on, lambda u: initialise(plan.initialization, setup.f, mass, u, p, tau,
-                                                               setup.rtol, setup.atol, AFFECTED), lambda u: u, after)
-        carry = (after, tau, stopped | plan.stops(owner),
-                 pointer + fires_preset.astype(jnp.int32), us, taken | take, integral + ys[-1, n:],
-                 stats + seg_stats, count + (owner >= 0).astype(jnp.int32))
+            after = jax.lax.cond(
+                goes_on,
+                lambda u: initialise(plan.initialization, setup.f, mass, u, p, tau, setup.rtol, setup.atol, AFFECTED),
+                lambda u: u,
+                after,
+            )
+        carry = (
+            after,
+            tau,
+            stopped | plan.stops(owner),
+            pointer + fires_preset.astype(jnp.int32),
+            us,
+            taken | take,
+            integral + ys[-1, n:],
+            stats + seg_stats,
+            count + (owner >= 0).astype(jnp.int32),
+        )
         return carry, (tau, owner)
 
-    init = (u0, setup.t0, jnp.asarray(False), start, jnp.zeros((ts.shape[0], n), u0.dtype),
-            jnp.zeros(ts.shape, bool), jnp.zeros((k,), u0.dtype), jnp.zeros((3,), jnp.int32), jnp.asarray(0, jnp.int32))
+    init = (
+        u0,
+        setup.t0,
+        jnp.asarray(False),
+        start,
+        jnp.zeros((ts.shape[0], n), u0.dtype),
+        jnp.zeros(ts.shape, bool),
+        jnp.zeros((k,), u0.dtype),
+        jnp.zeros((3,), jnp.int32),
+        jnp.asarray(0, jnp.int32),
+    )
     carry, (times, owners) = jax.lax.scan(segment, init, None, length=plan.max_events + 1)
     _, t_final, _, _, us, _, integral, stats, count = carry
-    us = error_if(us, count > plan.max_events,
-                  f"more than max_events={plan.max_events} events in the solve: pass a larger max_events to "
-                  "sciad.solve (a bouncing ball coming to rest has infinitely many: stop it with a terminating "
-                  "ContinuousCallback(condition, affect=None))")
+    us = error_if(
+        us,
+        count > plan.max_events,
+        f"more than max_events={plan.max_events} events in the solve: pass a larger max_events to "
+        "sciad.solve (a bouncing ball coming to rest has infinitely many: stop it with a terminating "
+        "ContinuousCallback(condition, affect=None))",
+    )
     return us, integral, stats, Events(t_final, times, owners, count)
 
 
@@ -301,9 +353,11 @@ def event_time(tau, j, u, p, c, conditions, *, frame: _Frame):
     return tau
 
 
-SECOND_ORDER = ("second derivatives through the time of a state-dependent event (a ContinuousCallback) are not "
-                "available yet: take first derivatives (jax.grad, jax.jvp, jax.jacfwd, jax.jacrev) there; Hessians "
-                "through PresetTimeCallback events work")
+SECOND_ORDER = (
+    "second derivatives through the time of a state-dependent event (a ContinuousCallback) are not "
+    "available yet: take first derivatives (jax.grad, jax.jvp, jax.jacfwd, jax.jacrev) there; Hessians "
+    "through PresetTimeCallback events work"
+)
 
 
 @event_time.def_jvp
@@ -311,8 +365,14 @@ def _event_time_jvp(primals, tangents, *, frame: _Frame):
     tau, j, u, p, c, conditions = primals
     dynamic, static = eqx.partition(conditions, eqx.is_inexact_array)
     leaves, tree = jax.tree.flatten(dynamic)
-    d_leaves = jax.tree.leaves(jax.tree.map(lambda x, v: x if x is None else jnp.zeros_like(x) if v is None else v,
-                                            dynamic, tangents[5], is_leaf=lambda x: x is None))
+    d_leaves = jax.tree.leaves(
+        jax.tree.map(
+            lambda x, v: x if x is None else jnp.zeros_like(x) if v is None else v,
+            dynamic,
+            tangents[5],
+            is_leaf=lambda x: x is None,
+        )
+    )
     lin = [jnp.zeros_like(x) if v is None else v for x, v in zip(primals[2:4], tangents[2:4])] + d_leaves
 
     held, rest = eqx.partition(frame, eqx.is_array)  # the rules take every traced value as an input
@@ -365,23 +425,43 @@ def first_crossing(setup: Setup, plan: Plan, u0, p, s0, s1):
         interpolant = stepper.interpolation(s, s_try, dense)
 
         def locate():  # only in the step where an event fires
-            return jax.vmap(lambda j, sign: _bisect(lambda t: values(interpolant.evaluate(t), t)[j] * sign, s,
-                                                    s_try))(jnp.arange(signs.shape[0]), signs)
+            return jax.vmap(lambda j, sign: _bisect(lambda t: values(interpolant.evaluate(t), t)[j] * sign, s, s_try))(
+                jnp.arange(signs.shape[0]), signs
+            )
 
         roots = jax.lax.cond(jnp.any(fires), locate, lambda: jnp.full_like(signs, jnp.inf))
         roots = jnp.where(fires, roots, jnp.inf)
         j = jnp.where(jnp.any(fires), jnp.argmin(roots), -1)
-        return (jnp.where(keep, s_try, s), jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y),
-                t_next, jax.tree.map(lambda a, b: jnp.where(keep, a, b), solver_state1, solver_state),
-                controller_state, made_jump, jnp.where(crossed, -signs, signs), steps + 1, jnp.min(roots), j)
+        return (
+            jnp.where(keep, s_try, s),
+            jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y),
+            t_next,
+            jax.tree.map(lambda a, b: jnp.where(keep, a, b), solver_state1, solver_state),
+            controller_state,
+            made_jump,
+            jnp.where(crossed, -signs, signs),
+            steps + 1,
+            jnp.min(roots),
+            j,
+        )
 
     def going(state):
         s, steps, j = state[0], state[7], state[9]
         return (s < s1) & (j < 0) & (steps < setup.max_steps)
 
     signs = _armed_signs(setup, plan, u0, p, s0)
-    state = (s0, y0, t_next, solver_state, controller_state, jnp.asarray(False), signs, jnp.asarray(0), s1,
-             jnp.asarray(-1))
+    state = (
+        s0,
+        y0,
+        t_next,
+        solver_state,
+        controller_state,
+        jnp.asarray(False),
+        signs,
+        jnp.asarray(0),
+        s1,
+        jnp.asarray(-1),
+    )
     state = jax.lax.while_loop(going, body, state)
     return jnp.where(state[9] >= 0, state[8], s1), state[9]
 

@@ -188,8 +188,12 @@ class _Factorisations:
             entries, indices, indptr = self.csc
             try:
                 # small supernodes and panels: 25 % faster on 2-D grids' stage matrices than SuperLU's defaults
-                lu = spla.splu(sp.csc_matrix((values[entries], indices, indptr), shape=self.shape),
-                               permc_spec="NATURAL", relax=1, panel_size=6)
+                lu = spla.splu(
+                    sp.csc_matrix((values[entries], indices, indptr), shape=self.shape),
+                    permc_spec="NATURAL",
+                    relax=1,
+                    panel_size=6,
+                )
             except RuntimeError:  # exactly singular
                 lu = None
         with self.lock:
@@ -291,13 +295,23 @@ def _lowering(ctx, values, b, *, lu, transpose):
         return (lu(np.asarray(values), np.asarray(b), transpose),)
 
     def failure(e: Exception) -> str:
-        return (f"the sparse LU solve on the host ({lu!r}) raised {type(e).__name__}: {str(e).rstrip('.')}; pass "
-                "jacobian='dense' or jacobian='matrix-free' to sciad.solve to solve the stages without it")
+        return (
+            f"the sparse LU solve on the host ({lu!r}) raised {type(e).__name__}: {str(e).rstrip('.')}; pass "
+            "jacobian='dense' or jacobian='matrix-free' to sciad.solve to solve the stages without it"
+        )
 
     sharding = callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
-    result, _, _ = mlir.emit_python_callback(ctx, host_call(host, failure), None, [values, b], ctx.avals_in,
-                                             ctx.avals_out, has_side_effect=False, returns_token=False,
-                                             sharding=sharding)
+    result, _, _ = mlir.emit_python_callback(
+        ctx,
+        host_call(host, failure),
+        None,
+        [values, b],
+        ctx.avals_in,
+        ctx.avals_out,
+        has_side_effect=False,
+        returns_token=False,
+        sharding=sharding,
+    )
     return result
 
 
@@ -307,8 +321,10 @@ mlir.register_lowering(lu_solve_p, _lowering, cacheable=False)
 def _batch(args, dims, *, lu, transpose):
     """vmap: the batch axis first on both operands (broadcast where one is unbatched)."""
     size = next(arg.shape[dim] for arg, dim in zip(args, dims) if dim is not None)
-    values, b = (jnp.broadcast_to(arg, (size, *arg.shape)) if dim is None else jnp.moveaxis(arg, dim, 0)
-                 for arg, dim in zip(args, dims))
+    values, b = (
+        jnp.broadcast_to(arg, (size, *arg.shape)) if dim is None else jnp.moveaxis(arg, dim, 0)
+        for arg, dim in zip(args, dims)
+    )
     return lu_solve_p.bind(values, b, lu=lu, transpose=transpose), 0
 
 

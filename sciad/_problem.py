@@ -4,7 +4,8 @@ of a problem's parts at its boundary (`check_*`), each raising an error that nam
 (and the PyTree leaf) and the fix."""
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import diffrax as dfx
 import equinox as eqx
@@ -63,8 +64,10 @@ class ODEProblem(eqx.Module):
         check_rhs(f, self.u0, self.p, self.tspan[0])
 
 
-NON_FINITE = ("{} contains non-finite values (NaN or inf): pass finite values (a NaN parameter often comes "
-              "from an optimisation step that diverged: a smaller learning rate, or clipped gradients)")
+NON_FINITE = (
+    "{} contains non-finite values (NaN or inf): pass finite values (a NaN parameter often comes "
+    "from an optimisation step that diverged: a smaller learning rate, or clipped gradients)"
+)
 
 
 def _leaf_error(name: str, x) -> str | None:
@@ -87,6 +90,7 @@ def _leaf_error(name: str, x) -> str | None:
 def check_state(name: str, tree):
     """`tree` (a state: every leaf an array or number) with float array leaves, concrete ones finite;
     a TypeError or ValueError naming the bad leaf, now."""
+
     def leaf(path, x):
         label = name + jax.tree_util.keystr(path)
         if not (eqx.is_array_like(x) and not isinstance(x, (bool, str))):
@@ -114,12 +118,15 @@ def check_params(name: str, tree):
 def check_like(name: str, tree, ref):
     """`tree` in place of the problem's `ref`: the same structure and leaf shapes, else a ValueError now."""
     if jax.tree.structure(tree) != jax.tree.structure(ref):
-        raise ValueError(f"{name} has structure {jax.tree.structure(tree)} but the problem's {name} has structure "
-                         f"{jax.tree.structure(ref)}: pass a PyTree like the problem's")
+        raise ValueError(
+            f"{name} has structure {jax.tree.structure(tree)} but the problem's {name} has structure "
+            f"{jax.tree.structure(ref)}: pass a PyTree like the problem's"
+        )
     for (label, x), (_, r) in zip(leaf_names(tree, name), leaf_names(ref, name)):
         if eqx.is_array_like(x) and np.shape(x) != np.shape(r):
-            raise ValueError(f"{label} has shape {tuple(np.shape(x))} but the problem's {label} has shape "
-                             f"{tuple(np.shape(r))}")
+            raise ValueError(
+                f"{label} has shape {tuple(np.shape(x))} but the problem's {label} has shape {tuple(np.shape(r))}"
+            )
 
 
 def check_inputs(prob: ODEProblem, u0, p) -> tuple:
@@ -159,8 +166,10 @@ def check_steps(stepsize_controller, dt0, rtol, atol, sign: int) -> tuple:
     defaults or equal) or None, and a first step `dt0` (None, or a scalar of t1 - t0's sign)."""
     if stepsize_controller is not None:
         if not isinstance(stepsize_controller, dfx.PIDController):
-            raise TypeError(f"stepsize_controller must be a diffrax.PIDController (sciad's solves step adaptively, "
-                            f"without step or jump times), got {type(stepsize_controller).__name__}")
+            raise TypeError(
+                f"stepsize_controller must be a diffrax.PIDController (sciad's solves step adaptively, "
+                f"without step or jump times), got {type(stepsize_controller).__name__}"
+            )
         try:
             tolerances = tuple(float(x) for x in (stepsize_controller.rtol, stepsize_controller.atol))
         except (TypeError, jax.errors.ConcretizationTypeError) as e:
@@ -173,8 +182,9 @@ def check_steps(stepsize_controller, dt0, rtol, atol, sign: int) -> tuple:
         if jnp.shape(dt0):
             raise ValueError(f"dt0 must be a scalar, got shape {jnp.shape(dt0)}")
         if not isinstance(dt0, jax.core.Tracer) and not (np.isfinite(dt0) and sign * dt0 > 0):
-            raise ValueError(f"dt0 must be a finite step of t1 - t0's sign (the first step's size and direction), "
-                             f"got {dt0}")
+            raise ValueError(
+                f"dt0 must be a finite step of t1 - t0's sign (the first step's size and direction), got {dt0}"
+            )
         dt0 = jax.lax.stop_gradient(sign * dt0)
     return rtol, atol, stepsize_controller, dt0
 
@@ -186,21 +196,27 @@ def check_finite(name: str, tree):
     (`check_state` / `check_params` check them, and the primal values under an eager `jax.grad`)."""
     leaves, treedef = jax.tree.flatten(tree)
     names = [label for label, _ in leaf_names(tree, name)]
-    traced = [i for i, x in enumerate(leaves)
-              if isinstance(x, jax.core.Tracer) and jnp.issubdtype(x.dtype, jnp.inexact)]
+    traced = [
+        i for i, x in enumerate(leaves) if isinstance(x, jax.core.Tracer) and jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
     if not traced:
         return tree
-    checked = error_where([leaves[i] for i in traced], [~jnp.all(jnp.isfinite(leaves[i])) for i in traced],
-                          [NON_FINITE.format(names[i]) for i in traced])
+    checked = error_where(
+        [leaves[i] for i in traced],
+        [~jnp.all(jnp.isfinite(leaves[i])) for i in traced],
+        [NON_FINITE.format(names[i]) for i in traced],
+    )
     for i, x in zip(traced, checked):
         leaves[i] = x
     return jax.tree.unflatten(treedef, leaves)
 
 
-TRACED_TSPAN = ("ODEProblem(tspan=...) got traced times (made under jax.jit, jax.grad or jax.vmap), but a "
-                "problem's tspan is static: make the problem with concrete times (in the same direction) and "
-                "pass the traced ones to the solve, which takes them and differentiates them: "
-                "sciad.solve(prob, tspan=(t0, t1))")
+TRACED_TSPAN = (
+    "ODEProblem(tspan=...) got traced times (made under jax.jit, jax.grad or jax.vmap), but a "
+    "problem's tspan is static: make the problem with concrete times (in the same direction) and "
+    "pass the traced ones to the solve, which takes them and differentiates them: "
+    "sciad.solve(prob, tspan=(t0, t1))"
+)
 
 
 TRACED = "tspan must be concrete numbers (t0, t1) here, got traced values"
@@ -252,8 +268,10 @@ def check_integrand(g: Callable, u0, p, t0) -> int:
     out = _traced("integrand g(u, p, t)", g, u0, p, t0)
     leaves = jax.tree.leaves(out)
     if not leaves or not all(_is_float(x) for x in leaves):
-        raise ValueError(f"integrand g(u, p, t) must return a float scalar or a PyTree of float arrays, got "
-                         f"{_describe(out)}{_float_fix(leaves)}")
+        raise ValueError(
+            f"integrand g(u, p, t) must return a float scalar or a PyTree of float arrays, got "
+            f"{_describe(out)}{_float_fix(leaves)}"
+        )
     return sum(int(np.prod(x.shape)) for x in leaves)
 
 
@@ -261,24 +279,32 @@ def check_rhs(f: Callable, u0, p, t0: float) -> None:
     """f must map (u0, p, t0) to float arrays with u0's structure and shapes, checked now by tracing f,
     without running it. Where it does not, and f is evidently diffrax's f(t, y, args) (its first
     parameter is named like a time, or f(t0, u0, p) traces to u0's structure), the error says so."""
+
     def hint() -> str:
         return f"; {DIFFRAX_ORDER}" if _diffrax_ordered(f, u0, p, t0) else ""
 
     out = _traced("f(u, p, t)", f, u0, p, t0, hint)
     if jax.tree.structure(out) != jax.tree.structure(u0):
-        raise ValueError(f"f(u, p, t) returns {_describe(out)} but u0 is {_describe(u0)}: they must match "
-                         f"(return one array with xp.stack / xp.asarray for a vector state){hint()}")
+        raise ValueError(
+            f"f(u, p, t) returns {_describe(out)} but u0 is {_describe(u0)}: they must match "
+            f"(return one array with xp.stack / xp.asarray for a vector state){hint()}"
+        )
     for (label, y), (_, u) in zip(leaf_names(out, "f(u, p, t)"), leaf_names(u0, "u0")):
         if not _is_float(y):
-            raise ValueError(f"{label} must return float arrays (du/dt, u0's structure), got {_describe(y)}"
-                             f"{_float_fix([y])}{hint()}")
+            raise ValueError(
+                f"{label} must return float arrays (du/dt, u0's structure), got {_describe(y)}{_float_fix([y])}{hint()}"
+            )
         if tuple(y.shape) != tuple(np.shape(u)):
-            raise ValueError(f"{label} returns shape {tuple(y.shape)} but u0{label[len('f(u, p, t)'):]} has shape "
-                             f"{tuple(np.shape(u))}: they must match{hint()}")
+            raise ValueError(
+                f"{label} returns shape {tuple(y.shape)} but u0{label[len('f(u, p, t)') :]} has shape "
+                f"{tuple(np.shape(u))}: they must match{hint()}"
+            )
 
 
-DIFFRAX_ORDER = ("sciad's vector field is f(u, p, t) (state first), diffrax's is f(t, y, args): reorder the "
-                 "arguments, e.g. lambda u, p, t: f(t, u, p)")
+DIFFRAX_ORDER = (
+    "sciad's vector field is f(u, p, t) (state first), diffrax's is f(t, y, args): reorder the "
+    "arguments, e.g. lambda u, p, t: f(t, u, p)"
+)
 TIME_NAMES = ("t", "time", "s", "tau")  # a first parameter named so makes f evidently f(t, y, args)
 
 
@@ -293,12 +319,15 @@ def _traced(call: str, fn: Callable, u0, p, t0, hint: Callable[[], str] | None =
     try:
         return eqx.filter_eval_shape(at, u0, p)
     except jax.errors.ConcretizationTypeError as e:
-        raise ValueError(f"{call} has value-dependent Python control flow, which JAX cannot trace into the "
-                         f"ODE solver: write branches with jnp.where / jax.lax.cond{hint()}") from e
+        raise ValueError(
+            f"{call} has value-dependent Python control flow, which JAX cannot trace into the "
+            f"ODE solver: write branches with jnp.where / jax.lax.cond{hint()}"
+        ) from e
     except Exception as e:
         raise (TypeError if isinstance(e, TypeError) else ValueError)(
             f"{call} failed when traced with u = u0, p = the problem's p, t = t0 ({type(e).__name__}: {e}): it "
-            f"must take (u, p, t) in that order, u with u0's structure{hint()}") from e
+            f"must take (u, p, t) in that order, u with u0's structure{hint()}"
+        ) from e
 
 
 def _diffrax_ordered(f: Callable, u0, p, t0) -> bool:
@@ -311,12 +340,12 @@ def _diffrax_ordered(f: Callable, u0, p, t0) -> bool:
     if first in TIME_NAMES:
         return True
     try:
-        out = eqx.filter_eval_shape(lambda u, p: f(jnp.asarray(t0, jnp.result_type(*jax.tree.leaves(u))), u, p),
-                                    u0, p)
+        out = eqx.filter_eval_shape(lambda u, p: f(jnp.asarray(t0, jnp.result_type(*jax.tree.leaves(u))), u, p), u0, p)
     except Exception:
         return False
     return jax.tree.structure(out) == jax.tree.structure(u0) and all(
-        _is_float(y) and tuple(y.shape) == tuple(np.shape(u)) for y, u in zip(jax.tree.leaves(out), jax.tree.leaves(u0)))
+        _is_float(y) and tuple(y.shape) == tuple(np.shape(u)) for y, u in zip(jax.tree.leaves(out), jax.tree.leaves(u0))
+    )
 
 
 def _is_float(x) -> bool:
@@ -366,8 +395,12 @@ def check_saveat(saveat, t0, t1, direction: int | None = None):
             raise ValueError(f"saveat must be a non-empty 1-D array of times, got shape {tuple(ts.shape)}")
         if not jnp.issubdtype(ts.dtype, jnp.floating):
             raise TypeError(f"saveat has dtype {ts.dtype}; pass float times")
-        bad = (~jnp.all(jnp.isfinite(ts)) | jnp.any(sign * jnp.diff(ts) < 0) | (sign * (ts[0] - t0) < 0)
-               | (sign * (t1 - ts[-1]) < 0))
+        bad = (
+            ~jnp.all(jnp.isfinite(ts))
+            | jnp.any(sign * jnp.diff(ts) < 0)
+            | (sign * (ts[0] - t0) < 0)
+            | (sign * (t1 - ts[-1]) < 0)
+        )
         return error_if(ts, bad, f"saveat must be finite times inside tspan, {order} from t0 to t1 (repeats allowed)")
     ts = np.atleast_1d(np.asarray(saveat, dtype=float))
     if ts.ndim != 1 or ts.size == 0:
@@ -376,8 +409,10 @@ def check_saveat(saveat, t0, t1, direction: int | None = None):
         raise ValueError("saveat contains non-finite times")
     if np.any(sign * np.diff(ts) < 0):
         first = int(np.argmax(sign * np.diff(ts) < 0))
-        raise ValueError(f"saveat must be {order} from t0 to t1 (repeats allowed), got saveat[{first}] = "
-                         f"{ts[first]} before saveat[{first + 1}] = {ts[first + 1]}: sort the times")
+        raise ValueError(
+            f"saveat must be {order} from t0 to t1 (repeats allowed), got saveat[{first}] = "
+            f"{ts[first]} before saveat[{first + 1}] = {ts[first + 1]}: sort the times"
+        )
     if sign * (ts[0] - t0) < 0 or sign * (t1 - ts[-1]) < 0:
         raise ValueError(f"saveat must lie inside tspan ({t0}, {t1}), got [{ts[0]}, {ts[-1]}]")
     return ts

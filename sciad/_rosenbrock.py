@@ -7,7 +7,8 @@ II, §IV.7 and, for M, §VI.4), stage i solves
 
     (M/(hγ) − J) u_i = f(t0 + c_i h, y0 + Σ_j a_ij u_j) + M Σ_j (C_ij/h) u_j + h d_i ∂f/∂t,
 
-and y1 = y0 + Σ_j m_j u_j (a step solves these multiplied by h). M may be singular: rows of zeros mark algebraic equations (index-1
+and y1 = y0 + Σ_j m_j u_j (a step solves these multiplied by h). M may be singular: rows of zeros mark algebraic
+equations (index-1
 semi-explicit DAEs), and the stiffly accurate Rodas methods keep their order on them. y0 must be
 consistent (the algebraic equations hold at t0).
 
@@ -173,8 +174,10 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
         if M is None:
             return jnp.eye(n, dtype=dtype), lambda v: v
         if M.shape not in ((n,), (n, n)):
-            raise ValueError(f"mass_matrix has shape {M.shape} for a state of {n} entries: give a vector "
-                             f"({n},) (the diagonal) or a matrix ({n}, {n}) over the flattened state.")
+            raise ValueError(
+                f"mass_matrix has shape {M.shape} for a state of {n} entries: give a vector "
+                f"({n},) (the diagonal) or a matrix ({n}, {n}) over the flattened state."
+            )
         M = M.astype(dtype)
         if M.ndim == 1:
             return jnp.diag(M), lambda v: M * v
@@ -186,8 +189,10 @@ def _mass_matrix(M):
         return None
     M = jnp.asarray(M)
     if M.ndim not in (1, 2) or (M.ndim == 2 and M.shape[0] != M.shape[1]):
-        raise ValueError(f"mass_matrix has shape {M.shape}: give None (the identity), a vector (n,) "
-                         f"(its diagonal) or a square matrix (n, n).")
+        raise ValueError(
+            f"mass_matrix has shape {M.shape}: give None (the identity), a vector (n,) "
+            f"(its diagonal) or a square matrix (n, n)."
+        )
     return M
 
 

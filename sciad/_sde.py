@@ -2,7 +2,8 @@
 path from a key, differentiable pathwise by every sensealg (`sciad.adjoints._pathwise`)."""
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import diffrax as dfx
 import equinox as eqx
@@ -51,10 +52,13 @@ class SDEProblem(eqx.Module):
         for name, fn in (("drift", drift), ("diffusion", diffusion)):
             if not callable(fn):
                 raise TypeError(f"SDEProblem({name}=...): {name} must be callable {name}(u, p, t), got {fn!r}")
-        if not (noise in NOISES or (isinstance(noise, (int, np.integer)) and not isinstance(noise, bool)
-                                    and noise >= 1)):
-            raise ValueError(f"SDEProblem(noise=...) must be 'diagonal', 'scalar' or a positive int m (general "
-                             f"noise: diffusion returns an (n, m) matrix), got {noise!r}")
+        if not (
+            noise in NOISES or (isinstance(noise, (int, np.integer)) and not isinstance(noise, bool) and noise >= 1)
+        ):
+            raise ValueError(
+                f"SDEProblem(noise=...) must be 'diagonal', 'scalar' or a positive int m (general "
+                f"noise: diffusion returns an (n, m) matrix), got {noise!r}"
+            )
         if calculus not in CALCULI:
             raise ValueError(f"SDEProblem(calculus=...) must be 'ito' or 'stratonovich', got {calculus!r}")
         self.drift, self.diffusion = drift, diffusion
@@ -87,25 +91,32 @@ def check_sde_functions(prob: SDEProblem) -> None:
             leaves = jax.tree.leaves(out)
             if len(leaves) != 1 or tuple(leaves[0].shape) != (n, prob.noise):
                 got = tuple(leaves[0].shape) if len(leaves) == 1 else jax.tree.structure(out)
-                raise ValueError(f"{call} must return one (n, m) = ({n}, {prob.noise}) array for noise={prob.noise} "
-                                 f"(general noise: column j multiplies dW_j), got {got}")
+                raise ValueError(
+                    f"{call} must return one (n, m) = ({n}, {prob.noise}) array for noise={prob.noise} "
+                    f"(general noise: column j multiplies dW_j), got {got}"
+                )
             _check_float(call, leaves[0])
             continue
         if jax.tree.structure(out) != jax.tree.structure(u0):
             kind = "" if name == "drift" else f" for noise={prob.noise!r} (for an (n, m) matrix pass noise=m)"
-            raise ValueError(f"{call} must return u0's structure {jax.tree.structure(u0)}{kind}, got "
-                             f"{jax.tree.structure(out)}")
+            raise ValueError(
+                f"{call} must return u0's structure {jax.tree.structure(u0)}{kind}, got {jax.tree.structure(out)}"
+            )
         for (label, y), (_, u) in zip(leaf_names(out, call), leaf_names(u0, "u0")):
             _check_float(label, y)
             if tuple(y.shape) != tuple(np.shape(u)):
-                raise ValueError(f"{label} returns shape {tuple(y.shape)} but u0{label[len(call):]} has shape "
-                                 f"{tuple(np.shape(u))}: they must match")
+                raise ValueError(
+                    f"{label} returns shape {tuple(y.shape)} but u0{label[len(call) :]} has shape "
+                    f"{tuple(np.shape(u))}: they must match"
+                )
 
 
 def _check_float(label: str, y) -> None:
     if not (hasattr(y, "dtype") and jnp.issubdtype(y.dtype, jnp.inexact)):
-        raise ValueError(f"{label} must return float arrays, got {getattr(y, 'dtype', type(y).__name__)}: "
-                         "return an expression in u, or x.astype(u.dtype)")
+        raise ValueError(
+            f"{label} must return float arrays, got {getattr(y, 'dtype', type(y).__name__)}: "
+            "return an expression in u, or x.astype(u.dtype)"
+        )
 
 
 class SDESolution(eqx.Module):
@@ -127,8 +138,10 @@ def get_sde_solver(solver, calculus: str, noise: Noise) -> AbstractSDESolver:
     if solver is None:
         return default_sde_solver(calculus, noise.kind)
     if isinstance(solver, dfx.AbstractSolver):
-        raise ValueError(f"solver={type(solver).__name__}(): diffrax's solvers are not stepped by sciad's SDE solve "
-                         f"(fixed steps in one scan); pass one of {sorted(SDE_SOLVERS)}")
+        raise ValueError(
+            f"solver={type(solver).__name__}(): diffrax's solvers are not stepped by sciad's SDE solve "
+            f"(fixed steps in one scan); pass one of {sorted(SDE_SOLVERS)}"
+        )
     if isinstance(solver, AbstractSDESolver):
         chosen = solver
     elif solver in SDE_SOLVERS:
@@ -136,8 +149,10 @@ def get_sde_solver(solver, calculus: str, noise: Noise) -> AbstractSDESolver:
     else:
         raise ValueError(f"unknown SDE solver {solver!r}; choose one of {sorted(SDE_SOLVERS)}")
     if noise.kind not in chosen.noises:
-        raise ValueError(f"solver {type(chosen).__name__} does not serve {noise.kind} noise (it needs the iterated "
-                         "integrals of general noise): pass solver='euler' (Itô) or 'heun' (Stratonovich)")
+        raise ValueError(
+            f"solver {type(chosen).__name__} does not serve {noise.kind} noise (it needs the iterated "
+            "integrals of general noise): pass solver='euler' (Itô) or 'heun' (Stratonovich)"
+        )
     return chosen
 
 
@@ -161,8 +176,10 @@ def save_steps(ts, t0: float, dt: float) -> tuple:
     steps = np.rint(position)
     off = np.abs(position - steps) > ON_GRID * np.maximum(1.0, position)
     if np.any(off):
-        raise ValueError(f"saveat time {float(np.asarray(ts)[np.argmax(off)])} is not on the step grid t0 + k dt "
-                         f"(dt = {dt:g}): pass save times on it, or a dt0 that divides them")
+        raise ValueError(
+            f"saveat time {float(np.asarray(ts)[np.argmax(off)])} is not on the step grid t0 + k dt "
+            f"(dt = {dt:g}): pass save times on it, or a dt0 that divides them"
+        )
     return tuple(int(s) for s in steps)
 
 
@@ -172,12 +189,16 @@ def event_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> list:
     events = []
     for i, callback in enumerate(callbacks):
         if any(isinstance(t, jax.core.Tracer) for t in jax.tree.leaves(callback.times)):
-            raise ValueError(f"callbacks[{i}]: the preset times of an SDE solve must be concrete grid times, "
-                             "Python or NumPy numbers (traced times are not differentiated for SDEs yet)")
+            raise ValueError(
+                f"callbacks[{i}]: the preset times of an SDE solve must be concrete grid times, "
+                "Python or NumPy numbers (traced times are not differentiated for SDEs yet)"
+            )
         times = np.atleast_1d(np.asarray(callback.times, float))
         if np.any((times < t0) | (times > t1)):
-            raise ValueError(f"callbacks[{i}]: PresetTimeCallback times {times[(times < t0) | (times > t1)].tolist()} "
-                             f"lie outside tspan ({t0}, {t1}): drop them or widen tspan")
+            raise ValueError(
+                f"callbacks[{i}]: PresetTimeCallback times {times[(times < t0) | (times > t1)].tolist()} "
+                f"lie outside tspan ({t0}, {t1}): drop them or widen tspan"
+            )
         _check_affect(callback.affect, u0, p, jnp.asarray(t0), i)
         events += [(k, callback.affect) for k in save_steps(times, t0, dt)]
     return sorted(events, key=lambda e: e[0])
@@ -201,31 +222,54 @@ def brownian_path(brownian, key, t0: float, dt: float, steps: int, shape: tuple,
     path covering tspan), else a new `BrownianPath` from `key`."""
     if brownian is None:
         if key is None:
-            raise ValueError("an SDE solve draws its Brownian path from a key: pass key=jax.random.key(0) (or "
-                             "brownian=sol.brownian to reuse a path)")
+            raise ValueError(
+                "an SDE solve draws its Brownian path from a key: pass key=jax.random.key(0) (or "
+                "brownian=sol.brownian to reuse a path)"
+            )
         return BrownianPath(key, float(t0), float(dt), int(steps), shape, np.dtype(dtype))
     if key is not None:
         raise ValueError("pass key= or brownian=, not both (a path carries its own key)")
     if isinstance(brownian, BrownianPath):
-        if (brownian.steps, brownian.shape) != (steps, shape) or not np.isclose(brownian.dt, dt) \
-                or not np.isclose(brownian.t0, t0):
-            raise ValueError(f"brownian= is a path on another grid or shape ({brownian.steps} steps of "
-                             f"{brownian.dt:g} from {brownian.t0:g}, shape {brownian.shape}); this solve needs "
-                             f"{steps} steps of {dt:g} from {t0:g}, shape {shape}: pass the same tspan and dt0")
+        if (
+            (brownian.steps, brownian.shape) != (steps, shape)
+            or not np.isclose(brownian.dt, dt)
+            or not np.isclose(brownian.t0, t0)
+        ):
+            raise ValueError(
+                f"brownian= is a path on another grid or shape ({brownian.steps} steps of "
+                f"{brownian.dt:g} from {brownian.t0:g}, shape {brownian.shape}); this solve needs "
+                f"{steps} steps of {dt:g} from {t0:g}, shape {shape}: pass the same tspan and dt0"
+            )
         return brownian
     if isinstance(brownian, dfx.AbstractBrownianPath):
         got = jax.tree.leaves(brownian.shape)
         if len(got) != 1 or tuple(got[0].shape) != shape:
-            raise ValueError(f"brownian= has shape {brownian.shape}; this problem's noise needs one array of "
-                             f"shape {shape}")
+            raise ValueError(
+                f"brownian= has shape {brownian.shape}; this problem's noise needs one array of shape {shape}"
+            )
         return brownian
-    raise TypeError(f"brownian= must be a sciad BrownianPath (Solution.brownian) or a diffrax Brownian path, got "
-                    f"{type(brownian).__name__}")
+    raise TypeError(
+        f"brownian= must be a sciad BrownianPath (Solution.brownian) or a diffrax Brownian path, got "
+        f"{type(brownian).__name__}"
+    )
 
 
 @raising_solve_errors
-def solve(prob: SDEProblem, *, key=None, dt0=None, saveat=None, solver=None, sensealg="auto", u0=None, p=None,
-          integrand=None, brownian=None, tspan=None, callbacks=()) -> SDESolution:
+def solve(
+    prob: SDEProblem,
+    *,
+    key=None,
+    dt0=None,
+    saveat=None,
+    solver=None,
+    sensealg="auto",
+    u0=None,
+    p=None,
+    integrand=None,
+    brownian=None,
+    tspan=None,
+    callbacks=(),
+) -> SDESolution:
     """Solve `prob` on the fixed grid t_k = t0 + k dt (dt = dt0, or the largest step below it that
     divides tspan) along the Brownian path from `key` (`BrownianPath`: exact increments per step,
     reconstructible, flat memory) or `brownian` (a path to reuse, or a `diffrax.VirtualBrownianTree`),
@@ -245,12 +289,16 @@ def solve(prob: SDEProblem, *, key=None, dt0=None, saveat=None, solver=None, sen
     if not isinstance(prob, SDEProblem):
         raise TypeError(f"prob must be a sciad.SDEProblem, got {type(prob).__name__}")
     if not all(isinstance(c, PresetTimeCallback) for c in callbacks):
-        raise ValueError("callbacks of an SDE solve: sciad.PresetTimeCallback only (state-dependent events, "
-                         "ContinuousCallback, are not supported for SDEs yet)")
+        raise ValueError(
+            "callbacks of an SDE solve: sciad.PresetTimeCallback only (state-dependent events, "
+            "ContinuousCallback, are not supported for SDEs yet)"
+        )
     u0, p = check_inputs(prob, u0, p)
     if tspan is not None and any(isinstance(t, jax.core.Tracer) for t in tspan):
-        raise ValueError("tspan of an SDE solve must be concrete (it sets the grid): traced times are not "
-                         "differentiated for SDEs yet")
+        raise ValueError(
+            "tspan of an SDE solve must be concrete (it sets the grid): traced times are not "
+            "differentiated for SDEs yet"
+        )
     t0, t1 = prob.tspan if tspan is None else check_tspan(tspan)
     if t1 < t0:
         raise ValueError(f"tspan=({t0}, {t1}): SDEs run forwards in time here: pass t1 > t0")
@@ -269,8 +317,9 @@ def solve(prob: SDEProblem, *, key=None, dt0=None, saveat=None, solver=None, sen
     noise = noise_of(prob, n)
     solver = get_sde_solver(solver, prob.calculus, noise)
     path = brownian_path(brownian, key, t0, dt, steps, (noise.m,), dtype)
-    theta = jnp.concatenate([jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype),
-                             jnp.asarray(field.held, dtype)])
+    theta = jnp.concatenate(
+        [jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype), jnp.asarray(field.held, dtype)]
+    )
     merged = field.with_closure(field.held, merged=True)
     system = System(merged, noise, entries, prob.calculus).in_calculus(solver.calculus)
     kept, repeats = np.unique(save_steps(ts, t0, dt), return_inverse=True)  # repeated save times: saved once
@@ -315,7 +364,9 @@ def dispatching(ode_solve: Callable) -> Callable:
             return solve(prob, **options)
         return ode_solve(prob, **options)
 
-    entry.__doc__ = (f"{ode_solve.__doc__.rstrip()}\n\n    An `SDEProblem` is solved on a fixed grid along a "
-                     "Brownian path instead: `solve(sde, key=..., dt0=..., saveat=..., solver=..., sensealg=..., "
-                     "integrand=..., brownian=..., callbacks=...)` (`sciad._sde.solve`).\n")
+    entry.__doc__ = (
+        f"{ode_solve.__doc__.rstrip()}\n\n    An `SDEProblem` is solved on a fixed grid along a "
+        "Brownian path instead: `solve(sde, key=..., dt0=..., saveat=..., solver=..., sensealg=..., "
+        "integrand=..., brownian=..., callbacks=...)` (`sciad._sde.solve`).\n"
+    )
     return entry

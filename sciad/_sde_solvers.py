@@ -19,7 +19,8 @@ the closed form on each path, dt from 2⁻⁴ to 2⁻⁸):
   states backwards).
 """
 
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -67,7 +68,8 @@ class Noise(eqx.Module):
 
 class System(eqx.Module):
     """The SDE y = (u, q) (n + k,) on flat vectors: `F(u, θ, t)` = [a; σ; g] (n + d + k,), the
-    `noise`, the problem's `calculus`, and `shift`: +1 or -1 adds or subtracts the Itô–Stratonovich correction to the drift
+    `noise`, the problem's `calculus`, and `shift`: +1 or -1 adds or subtracts the Itô–Stratonovich correction to
+    the drift
     (-1: an Itô problem stepped by a Stratonovich solver; +1: the reverse), 0 none."""
 
     F: Callable
@@ -89,7 +91,7 @@ class System(eqx.Module):
     def sigma(self, u, theta, t):
         """σ (d,) at u (n,)."""
         n = self.n
-        return self.F(u, theta, t)[n: n + self.noise.d]
+        return self.F(u, theta, t)[n : n + self.noise.d]
 
     def rates(self, y, theta, t):
         """(a (n + k,), σ (d,)) at y: the drift (with the integrand's rate, and the calculus
@@ -97,7 +99,7 @@ class System(eqx.Module):
         n, d = self.n, self.noise.d
         u, t = y[:n], jnp.asarray(t, y.dtype)
         out = self.F(u, theta, t)
-        a, sigma = jnp.concatenate([out[:n], out[n + d:]]), out[n: n + d]
+        a, sigma = jnp.concatenate([out[:n], out[n + d :]]), out[n : n + d]
         if self.shift:
             c = self.noise.correction(lambda v: self.sigma(v, theta, t), u, sigma)
             a = a.at[:n].add(self.shift * c)

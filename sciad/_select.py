@@ -8,7 +8,7 @@ import hashlib
 import json
 import pathlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -16,6 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad.ad as ad
+from sciad._auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
+from sciad._auto import features as trace_features
+from sciad._dae import dae_solver
+from sciad._problem import ODEProblem, check_saveat
+from sciad._solve import MASS_MATRIX_SENSEALGS, get_solver, solve
+from sciad._solver_choice import choose
+from sciad._stiff import with_stage_jacobian
+from sciad._timing import compare, fastest
 from sciad.adjoints import (
     AbstractSensitivity,
     BacksolveAdjoint,
@@ -27,25 +35,28 @@ from sciad.adjoints import (
     describe,
     parse,
 )
-from sciad._auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
-from sciad._auto import features as trace_features
-from sciad._dae import dae_solver
 from sciad.adjoints._base import is_implicit
-from sciad._problem import ODEProblem, check_saveat
-from sciad._solve import MASS_MATRIX_SENSEALGS, get_solver, solve
-from sciad._solver_choice import choose
-from sciad._stiff import with_stage_jacobian
-from sciad._timing import compare, fastest
 
 
-def features(prob: ODEProblem, saveat, *, solver="auto", rtol=1e-6, atol=1e-6, max_steps=4096,
-             memory_budget=None) -> Features:
+def features(
+    prob: ODEProblem, saveat, *, solver="auto", rtol=1e-6, atol=1e-6, max_steps=4096, memory_budget=None
+) -> Features:
     """`sciad._auto.features` of `prob` saved at `saveat` with `solver` (a name, a diffrax solver, or
     "auto" as in `sciad.solve`)."""
     solver, why, stiff = _chosen(prob, solver, rtol, atol, "auto")
-    return trace_features(prob.u0, prob.p, check_saveat(saveat, *prob.tspan), solver=_solver(prob, solver),
-                          rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
-                          mass_matrix=prob.mass_matrix is not None, solver_reason=why, stiff=stiff)
+    return trace_features(
+        prob.u0,
+        prob.p,
+        check_saveat(saveat, *prob.tspan),
+        solver=_solver(prob, solver),
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        memory_budget=memory_budget,
+        mass_matrix=prob.mass_matrix is not None,
+        solver_reason=why,
+        stiff=stiff,
+    )
 
 
 def _chosen(prob: ODEProblem, solver, rtol, atol, jacobian) -> tuple:
@@ -53,8 +64,17 @@ def _chosen(prob: ODEProblem, solver, rtol, atol, jacobian) -> tuple:
     problem's values (`sciad._solver_choice.auto_solver`, stage solves by `jacobian`); anything else as
     given; and for an explicit solver whether the problem is stiff for it, as `sciad.solve` estimates it
     (`sciad._solver_choice.stiff_for_explicit`; None: not estimated)."""
-    return choose(prob, solver, prob.u0, prob.p, prob.tspan, rtol=rtol, atol=atol, jacobian=jacobian,
-                  implicit=lambda solver: is_implicit(_solver(prob, solver)))
+    return choose(
+        prob,
+        solver,
+        prob.u0,
+        prob.p,
+        prob.tspan,
+        rtol=rtol,
+        atol=atol,
+        jacobian=jacobian,
+        implicit=lambda solver: is_implicit(_solver(prob, solver)),
+    )
 
 
 def _solver(prob: ODEProblem, solver):
@@ -90,9 +110,21 @@ def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
     return out
 
 
-def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = None, autotune=False,
-                    memory_budget=None, budget=20.0, solver="auto", rtol=1e-6, atol=1e-6, max_steps=4096,
-                    jacobian="auto", cache_dir=None) -> Choice:
+def select_sensealg(
+    prob: ODEProblem,
+    *,
+    saveat=None,
+    loss: Callable | None = None,
+    autotune=False,
+    memory_budget=None,
+    budget=20.0,
+    solver="auto",
+    rtol=1e-6,
+    atol=1e-6,
+    max_steps=4096,
+    jacobian="auto",
+    cache_dir=None,
+) -> Choice:
     """Choose a sensealg (with its engine) for gradients with respect to p (its
     floating-point array leaves: any PyTree, an equinox model) of `loss(us)`
     (a scalar; default: the sum of every saved value) of `prob` saved at `saveat`.
@@ -127,8 +159,17 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     ts = check_saveat(saveat, *prob.tspan)
     solver, why, stiff = _chosen(prob, solver, rtol, atol, jacobian)
     stages = with_stage_jacobian(_solver(prob, solver), jacobian, prob.f, prob.u0, prob.p, prob.tspan[0])[1]
-    kw = dict(solver=_solver(prob, solver), rtol=rtol, atol=atol, max_steps=max_steps, memory_budget=memory_budget,
-              jacobian=stages, mass_matrix=prob.mass_matrix is not None, solver_reason=why, stiff=stiff)
+    kw = dict(
+        solver=_solver(prob, solver),
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        memory_budget=memory_budget,
+        jacobian=stages,
+        mass_matrix=prob.mass_matrix is not None,
+        solver_reason=why,
+        stiff=stiff,
+    )
     if not autotune:
         return auto_sensealg(prob.u0, prob.p, ts, **kw)
     if not budget > 0:
@@ -139,12 +180,21 @@ def select_sensealg(prob: ODEProblem, *, saveat=None, loss: Callable | None = No
     cached = None if path is None else _cached(path)
     if cached is not None:
         return cached
-    choice = _autotune(prob, ts, loss, trace_features(prob.u0, prob.p, ts, **kw), deadline, solver, rtol, atol,
-                       max_steps)
+    choice = _autotune(
+        prob, ts, loss, trace_features(prob.u0, prob.p, ts, **kw), deadline, solver, rtol, atol, max_steps
+    )
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"chosen": choice.name, "features": dataclasses.asdict(choice.features),
-                                    "candidates": choice.candidates}, default=str))
+        path.write_text(
+            json.dumps(
+                {
+                    "chosen": choice.name,
+                    "features": dataclasses.asdict(choice.features),
+                    "candidates": choice.candidates,
+                },
+                default=str,
+            )
+        )
     return choice
 
 
@@ -166,11 +216,19 @@ def _key(prob: ODEProblem, ts, loss, solver, kw, budget) -> str:
     rest by value repr."""
     us = jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(ts), *jnp.shape(x)), jnp.result_type(x)), prob.u0)
     arrays, static = eqx.partition((prob.u0, prob.p, ts), eqx.is_array)
-    parts = [_program(lambda u, p, t: prob.f(u, p, t), prob.u0, prob.p, prob.tspan[0]), _program(loss, us),
-             [np.asarray(x).tobytes() for x in jax.tree.leaves(arrays)],
-             [repr(x) for x in jax.tree.leaves(static) if not callable(x)], jax.tree.structure((prob.u0, prob.p)),
-             prob.tspan, None if prob.mass_matrix is None else np.asarray(prob.mass_matrix).tobytes(),
-             str(solver), sorted((k, str(v)) for k, v in kw.items()), budget, jax.default_backend()]
+    parts = [
+        _program(lambda u, p, t: prob.f(u, p, t), prob.u0, prob.p, prob.tspan[0]),
+        _program(loss, us),
+        [np.asarray(x).tobytes() for x in jax.tree.leaves(arrays)],
+        [repr(x) for x in jax.tree.leaves(static) if not callable(x)],
+        jax.tree.structure((prob.u0, prob.p)),
+        prob.tspan,
+        None if prob.mass_matrix is None else np.asarray(prob.mass_matrix).tobytes(),
+        str(solver),
+        sorted((k, str(v)) for k, v in kw.items()),
+        budget,
+        jax.default_backend(),
+    ]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
@@ -181,9 +239,20 @@ def _program(fn: Callable, *args) -> tuple:
     return str(closed.jaxpr), [(x.dtype.str, x.shape, x.tobytes()) for x in map(np.asarray, closed.consts)]
 
 
-def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float | None = None,
-            deadline: float | None = None, solver="auto", rtol=1e-6, atol=1e-6, max_steps=4096,
-            max_rounds=50) -> list[dict]:
+def measure(
+    prob: ODEProblem,
+    ts,
+    loss: Callable,
+    candidates,
+    *,
+    budget: float | None = None,
+    deadline: float | None = None,
+    solver="auto",
+    rtol=1e-6,
+    atol=1e-6,
+    max_steps=4096,
+    max_rounds=50,
+) -> list[dict]:
     """Time the gradient of `loss(us)` (a scalar) wrt p's floating-point array leaves for each
     `(sensealg, reason)`: one dict per candidate, in their order, `name` (`describe`), `reason` and
     what `sciad.timing.compare` measures.
@@ -203,15 +272,31 @@ def measure(prob: ODEProblem, ts, loss: Callable, candidates, *, budget: float |
 
     def gradient(sensealg):
         def value(params):
-            return loss(solve(prob, p=eqx.combine(params, static), saveat=ts, solver=solver, rtol=rtol, atol=atol,
-                              max_steps=max_steps, sensealg=sensealg).us)
+            return loss(
+                solve(
+                    prob,
+                    p=eqx.combine(params, static),
+                    saveat=ts,
+                    solver=solver,
+                    rtol=rtol,
+                    atol=atol,
+                    max_steps=max_steps,
+                    sensealg=sensealg,
+                ).us
+            )
 
         return lambda: functools.partial(jax.jit(jax.grad(value)), params)
 
     builds = [gradient(s) for s, _ in candidates]
     reference = next((b for (s, _), b in zip(candidates, builds) if s == DiscreteAdjoint()), None)
-    rows = compare(builds, reference or gradient(DiscreteAdjoint()), tolerance=max(1e-4, 1e3 * rtol),
-                   rounds=max_rounds, budget=budget, deadline=deadline)
+    rows = compare(
+        builds,
+        reference or gradient(DiscreteAdjoint()),
+        tolerance=max(1e-4, 1e3 * rtol),
+        rounds=max_rounds,
+        budget=budget,
+        deadline=deadline,
+    )
     return [{"name": describe(s), "reason": why, **row} for (s, why), row in zip(candidates, rows)]
 
 
@@ -229,13 +314,14 @@ def _autotune(prob, ts, loss, feat, deadline, solver, rtol, atol, max_steps) -> 
     trial = sorted(candidates(feat), key=lambda c: c[0] != pick)  # the heuristic's pick first
     if trial[0][0] != pick:
         trial.insert(0, (pick, "the heuristic's pick"))
-    rows = measure(prob, ts, loss, trial, deadline=deadline, solver=solver, rtol=rtol, atol=atol,
-                   max_steps=max_steps)
+    rows = measure(prob, ts, loss, trial, deadline=deadline, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
     best = fastest(rows, prefer=describe(pick))
     if best is None and "median_s" in rows[0]:  # the budget ran out before the reference
         best = rows[0]
     if best is None:
-        raise ValueError("no candidate sensealg produced a correct gradient for this problem (raise budget to "
-                         "measure those not measured):\n" + "\n".join(f"- {r['name']}: {r['ok']}" for r in rows))
+        raise ValueError(
+            "no candidate sensealg produced a correct gradient for this problem (raise budget to "
+            "measure those not measured):\n" + "\n".join(f"- {r['name']}: {r['ok']}" for r in rows)
+        )
     chosen = next(s for (s, _), r in zip(trial, rows) if r is best)
     return Choice(chosen, feat, rows, autotuned=True)

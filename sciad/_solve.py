@@ -11,21 +11,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from sciad import _events as events
-from sciad.adjoints._base import Setup, is_implicit
-from sciad.adjoints._continuous import ContinuousAdjoint
-from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
-from sciad.adjoints._forward import ForwardSensitivity
-from sciad.adjoints._registry import describe, resolve
 from sciad._dae import check_initialization, dae_solver, initialise
 from sciad._dense import DenseOutput
 from sciad._errors import raising_solve_errors
-from sciad._problem import (DEFAULT_TOLERANCE, ODEProblem, check_inputs, check_integrand, check_saveat, check_steps,
-                           check_time_span, check_tolerances)
+from sciad._problem import (
+    DEFAULT_TOLERANCE,
+    ODEProblem,
+    check_inputs,
+    check_integrand,
+    check_saveat,
+    check_steps,
+    check_time_span,
+    check_tolerances,
+)
 from sciad._rosenbrock import Rodas4, Rodas5P
 from sciad._sde import dispatching
 from sciad._solver_choice import choose
 from sciad._stiff import with_stage_jacobian
 from sciad._vector_field import VectorField
+from sciad.adjoints._base import Setup, is_implicit
+from sciad.adjoints._continuous import ContinuousAdjoint
+from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
+from sciad.adjoints._forward import ForwardSensitivity
+from sciad.adjoints._registry import describe, resolve
 
 SOLVERS = {
     "tsit5": dfx.Tsit5,
@@ -66,17 +74,38 @@ def get_solver(solver) -> dfx.AbstractSolver:
     if isinstance(solver, dfx.AbstractSolver):
         return solver
     if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}, \"auto\" (chosen by "
-                         "stiffness) or pass a diffrax solver")
+        raise ValueError(
+            f'unknown solver {solver!r}; choose one of {sorted(SOLVERS)}, "auto" (chosen by '
+            "stiffness) or pass a diffrax solver"
+        )
     return SOLVERS[solver]()
 
 
 @dispatching  # an SDEProblem goes to sciad._sde.solve
 @raising_solve_errors
-def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integrand=None, solver="auto",
-          rtol=DEFAULT_TOLERANCE, atol=DEFAULT_TOLERANCE, sensealg="auto", max_steps=4096, dense=False, jacobian="auto",
-          callbacks=(), max_events=None, adjoint_rtol=None, adjoint_atol=None, initialization=None,
-          stepsize_controller=None, dt0=None) -> Solution:
+def solve(
+    prob: ODEProblem,
+    *,
+    u0=None,
+    p=None,
+    saveat=None,
+    tspan=None,
+    integrand=None,
+    solver="auto",
+    rtol=DEFAULT_TOLERANCE,
+    atol=DEFAULT_TOLERANCE,
+    sensealg="auto",
+    max_steps=4096,
+    dense=False,
+    jacobian="auto",
+    callbacks=(),
+    max_events=None,
+    adjoint_rtol=None,
+    adjoint_atol=None,
+    initialization=None,
+    stepsize_controller=None,
+    dt0=None,
+) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
@@ -122,7 +151,8 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     path (∂f/∂u's pattern from f's jaxpr ∪ M's, coloured JVPs, SciPy's sparse LU on the host), the
     derivatives' linear solves reusing the same factors; or with "matrix-free" by GMRES on
     Jacobian-vector products to a tight tolerance (`sciad.stiff.MatrixFree.stage_rtol`).
-    `initialization` (default: "consistent" where M is singular, else "none"): "consistent" solves u0's algebraic states from its
+    `initialization` (default: "consistent" where M is singular, else "none"): "consistent" solves u0's algebraic
+    states from its
     differential ones (Newton, differentiated by the implicit function theorem: d/du0 of the
     differential part is right; `sciad._dae.initialise`), "check" raises a `SolveError` when u0's
     algebraic states are further from consistency than atol + rtol |u|, "none" takes u0 as it is.
@@ -165,22 +195,34 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     t0, t1, sign = check_time_span(tspan, prob.tspan)
     rtol, atol, stepsize_controller, dt0 = check_steps(stepsize_controller, dt0, rtol, atol, sign)
     check_tolerances(rtol, atol, max_steps)
-    adjoint_rtol, adjoint_atol = (tol if tol is not None else default for tol, default in
-                                  ((adjoint_rtol, rtol), (adjoint_atol, atol)))
+    adjoint_rtol, adjoint_atol = (
+        tol if tol is not None else default for tol, default in ((adjoint_rtol, rtol), (adjoint_atol, atol))
+    )
     check_tolerances(adjoint_rtol, adjoint_atol, max_steps, prefix="adjoint_")
     mass = prob.mass_matrix
     initialization = check_initialization(initialization, mass)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
     auto = sensealg is None or (isinstance(sensealg, str) and sensealg == "auto")
     # concrete values: the problem's where traced; stiffness for auto's sensealg with an explicit solver
-    solver, _, stiff = choose(prob, solver, u0, p, (t0, t1), rtol=rtol, atol=atol, jacobian=jacobian,
-                              implicit=lambda solver: is_implicit(get_solver(solver)), stiffness=auto)
+    solver, _, stiff = choose(
+        prob,
+        solver,
+        u0,
+        p,
+        (t0, t1),
+        rtol=rtol,
+        atol=atol,
+        jacobian=jacobian,
+        implicit=lambda solver: is_implicit(get_solver(solver)),
+        stiffness=auto,
+    )
     solver = dae_solver(get_solver(solver), mass, entries)
     solver, stages = with_stage_jacobian(solver, jacobian, prob.f, u0, p, t0)
     ts = check_saveat(saveat, t0, t1, sign)
     if callbacks and dense:
-        raise ValueError("dense=True with callbacks is not supported: the state jumps at events; save at the "
-                         "times you need (saveat)")
+        raise ValueError(
+            "dense=True with callbacks is not supported: the state jumps at events; save at the times you need (saveat)"
+        )
     # Time runs forward inside: a backward problem in s = -t, u' = -f(u, p, -s), q' = -g(u, p, -s).
     f, g = (prob.f, integrand) if sign > 0 else (_in_reverse(prob.f), integrand and _in_reverse(integrand))
     field = VectorField.of(f, u0, p, sign * t0, host=False, integrand=g)
@@ -188,15 +230,27 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
         from sciad._auto import auto_sensealg
 
         # the parameters: p and the traced values f closes over (a network's weights), both differentiated
-        sensealg = auto_sensealg(u0, (p, field.held), ts, solver=solver, rtol=rtol, atol=atol,
-                                 max_steps=int(max_steps), integral_entries=entries, jacobian=stages,
-                                 mass_matrix=mass is not None, stiff=stiff).sensealg
+        sensealg = auto_sensealg(
+            u0,
+            (p, field.held),
+            ts,
+            solver=solver,
+            rtol=rtol,
+            atol=atol,
+            max_steps=int(max_steps),
+            integral_entries=entries,
+            jacobian=stages,
+            mass_matrix=mass is not None,
+            stiff=stiff,
+        ).sensealg
     sensealg = resolve(sensealg)  # an instance, a name or a `sciad.adjoints.describe` string
     if mass is not None and not isinstance(sensealg, MASS_MATRIX_SENSEALGS):
-        raise ValueError(f"sensealg={describe(sensealg)} cannot differentiate a solve with a mass matrix: pass "
-                         "sensealg=sciad.ForwardDiffSensitivity() or sciad.ForwardSensitivity() (few parameters), "
-                         "sciad.DiscreteAdjoint(), sciad.GaussAdjoint() or sciad.InterpolatingAdjoint() (the adjoint "
-                         "DAE), or \"auto\", which picks one of them")
+        raise ValueError(
+            f"sensealg={describe(sensealg)} cannot differentiate a solve with a mass matrix: pass "
+            "sensealg=sciad.ForwardDiffSensitivity() or sciad.ForwardSensitivity() (few parameters), "
+            "sciad.DiscreteAdjoint(), sciad.GaussAdjoint() or sciad.InterpolatingAdjoint() (the adjoint "
+            'DAE), or "auto", which picks one of them'
+        )
     advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(solver))
     if advice:
         warnings.warn(advice, UserWarning, stacklevel=2)
@@ -207,9 +261,20 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     saves = sign * jnp.asarray(ts, dtype)
     if integrand is not None and not callbacks:  # q(t1) is saved last
         saves = jnp.concatenate([saves, s1[None]])
-    setup = Setup(field, solver, s0, s1, saves, float(rtol), float(atol), int(max_steps), float(adjoint_rtol),
-                  float(adjoint_atol), stepsize_controller=stepsize_controller,
-                  dt0=None if dt0 is None else jnp.asarray(dt0, dtype))
+    setup = Setup(
+        field,
+        solver,
+        s0,
+        s1,
+        saves,
+        float(rtol),
+        float(atol),
+        int(max_steps),
+        float(adjoint_rtol),
+        float(adjoint_atol),
+        stepsize_controller=stepsize_controller,
+        dt0=None if dt0 is None else jnp.asarray(dt0, dtype),
+    )
     u0_flat = jnp.asarray(field.u.ravel(u0), dtype)  # traced leaves checked finite first (check_inputs)
     p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
     if sensealg.initialises and initialization == "consistent" and mass is not None and mass.singular and not callbacks:
@@ -232,12 +297,15 @@ def solve(prob: ODEProblem, *, u0=None, p=None, saveat=None, tspan=None, integra
     evals = _evaluations_per_step(setup.solver)
     steps = stats.astype(jnp.int32)
     solution_stats = {
-        "steps": steps[0], "accepted_steps": steps[1], "rejected_steps": steps[2],
+        "steps": steps[0],
+        "accepted_steps": steps[1],
+        "rejected_steps": steps[2],
         "function_evaluations": steps[0] * evals if evals else None,
     }
     interpolation = DenseOutput.of(setup, sensealg, u0_flat, p_flat, sign) if dense else None
-    return Solution(jnp.asarray(ts, dtype), jax.vmap(field.u.unravel)(us), solution_stats, interpolation, integral,
-                    **extras)
+    return Solution(
+        jnp.asarray(ts, dtype), jax.vmap(field.u.unravel)(us), solution_stats, interpolation, integral, **extras
+    )
 
 
 def _event_record(plan: "events.Plan", happened: "events.Events", sign: int) -> dict:

@@ -44,9 +44,9 @@ import jax.flatten_util as jfu
 import jax.numpy as jnp
 import numpy as np
 
-from sciad._stiff import auto_jacobian
 from sciad._rosenbrock import Rodas5P
 from sciad._stability import STABILITY_STEPS_MIN, power_iterates, ritz_values
+from sciad._stiff import auto_jacobian
 
 STABILITY_INTERVAL = 3.0  # |hλ| an explicit Runge–Kutta method's error control keeps to on a dormant mode
 STIFF_STEPS = 400  # stiff on few states: more steps than this for stability alone
@@ -88,22 +88,28 @@ def auto_solver(prob, u0, p, tspan, *, rtol: float, atol: float, jacobian="auto"
         return SolverPick("rodas5p", f"a mass matrix (M u' = f, {n} states): Rodas5P, a Rosenbrock solver that takes M")
     est, values = estimate(prob, u0, p, tspan, rtol=rtol, atol=atol)
     if isinstance(est, str):
-        return SolverPick("tsit5", f"{est}: Tsit5; pass solver=\"rodas5p\" for a stiff problem")
+        return SolverPick("tsit5", f'{est}: Tsit5; pass solver="rodas5p" for a stiff problem')
     if isinstance(jacobian, str) and jacobian == "auto":
         stages, why = auto_jacobian(Rodas5P(), prob.f, values[0], values[1], values[2][0])
     else:
         stages, why = (jacobian if isinstance(jacobian, str) else jacobian.kind), "given"
     bar = stiff_steps(rtol, n, stages)
-    source = "" if all(v is x for v, x in zip(values, (u0, p, tspan))) else " (the problem's own u0, p, tspan where traced)"
-    measured = (f"ρ(∂f/∂u) ≈ {est.rho:.3g}{source}: an explicit method needs about {est.steps:.3g} steps for "
-                f"stability alone on decayed modes (|λ|(|t1 − t0| − ln(1/rtol)/|Re λ|)/3); stiff beyond "
-                f"{bar:.3g} (rtol {rtol:g}, {n} states, {stages} stage solves" + (f": {why})" if n > SMALL_STATES else ")"))
+    source = (
+        "" if all(v is x for v, x in zip(values, (u0, p, tspan))) else " (the problem's own u0, p, tspan where traced)"
+    )
+    measured = (
+        f"ρ(∂f/∂u) ≈ {est.rho:.3g}{source}: an explicit method needs about {est.steps:.3g} steps for "
+        f"stability alone on decayed modes (|λ|(|t1 − t0| − ln(1/rtol)/|Re λ|)/3); stiff beyond "
+        f"{bar:.3g} (rtol {rtol:g}, {n} states, {stages} stage solves" + (f": {why})" if n > SMALL_STATES else ")")
+    )
     if est.steps <= bar:
         return SolverPick("tsit5", f"not stiff: {measured}: Tsit5, explicit", est)
     return SolverPick("rodas5p", f"stiff: {measured}: Rodas5P, linearly implicit", est)
 
 
-def choose(prob, solver, u0, p, tspan, *, rtol: float, atol: float, jacobian, implicit, stiffness: bool = True) -> tuple:
+def choose(
+    prob, solver, u0, p, tspan, *, rtol: float, atol: float, jacobian, implicit, stiffness: bool = True
+) -> tuple:
     """(the solver: `solver`, or for "auto" (or None) `auto_solver`'s name; why; for an explicit solver
     whether the problem is stiff for it, `stiff_for_explicit`, None where not estimated or where
     `stiffness` is not asked for). `implicit(solver) -> bool` says whether the chosen solver is implicit."""
@@ -128,8 +134,9 @@ def estimate(prob, u0, p, tspan, *, rtol: float, atol: float) -> tuple:
     own, or why none can be made (a str); the values (u0, p, tspan) it was made from)."""
     values = [x if _concrete(x) else own for x, own in zip((u0, p, tspan), (prob.u0, prob.p, prob.tspan))]
     if not all(map(_concrete, values)):
-        return ("nothing concrete to estimate stiffness from (u0, p or the time span traced, the problem's own "
-                "too)"), values
+        return (
+            "nothing concrete to estimate stiffness from (u0, p or the time span traced, the problem's own too)"
+        ), values
     est = stiffness(prob.f, *values, rtol=rtol, atol=atol)
     if est is None:
         return "f closes over traced values, so its Jacobian cannot be estimated while tracing", values
@@ -201,8 +208,9 @@ def _dominant(rate: _Rate, x, dynamic, t0, t1, rtol, atol):
     def rate_at(y, t):
         return rate(y, dynamic, t)
 
-    return jnp.stack([ritz_values(*power_iterates(rate_at, x, t0)),
-                      ritz_values(*power_iterates(rate_at, x + step * dx, t0 + step))])
+    return jnp.stack(
+        [ritz_values(*power_iterates(rate_at, x, t0)), ritz_values(*power_iterates(rate_at, x + step * dx, t0 + step))]
+    )
 
 
 def _concrete(tree) -> bool:

@@ -44,29 +44,131 @@ from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
 # operations whose derivative is zero (their outputs carry no dependence)
-_ZERO = {"eq", "ne", "lt", "le", "gt", "ge", "sign", "floor", "ceil", "round", "is_finite", "stop_gradient",
-         "and", "or", "not", "xor", "argmax", "argmin", "iota", "shift_left", "shift_right_logical",
-         "shift_right_arithmetic", "population_count", "random_bits", "random_seed", "random_wrap",
-         "random_unwrap", "reduce_and", "reduce_or"}
+_ZERO = {
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "is_finite",
+    "stop_gradient",
+    "and",
+    "or",
+    "not",
+    "xor",
+    "argmax",
+    "argmin",
+    "iota",
+    "shift_left",
+    "shift_right_logical",
+    "shift_right_arithmetic",
+    "population_count",
+    "random_bits",
+    "random_seed",
+    "random_wrap",
+    "random_unwrap",
+    "reduce_and",
+    "reduce_or",
+}
 # each output entry depends on the same entry of each operand (rank-0 operands: on their one entry)
-_ELEMENTWISE = {"add", "add_any", "sub", "mul", "div", "neg", "max", "min", "abs", "pow", "integer_pow", "exp",
-                "exp2", "log", "log1p", "expm1", "sqrt", "rsqrt", "cbrt", "sin", "cos", "tan", "asin", "acos",
-                "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "logistic", "erf", "erfc",
-                "erf_inv", "lgamma", "digamma", "square", "convert_element_type", "reduce_precision", "copy",
-                "copy_p", "select_n", "clamp", "rem", "nextafter", "real", "imag", "conj", "complex", "custom_lin",
-                "pjit_identity", "optimization_barrier"}
+_ELEMENTWISE = {
+    "add",
+    "add_any",
+    "sub",
+    "mul",
+    "div",
+    "neg",
+    "max",
+    "min",
+    "abs",
+    "pow",
+    "integer_pow",
+    "exp",
+    "exp2",
+    "log",
+    "log1p",
+    "expm1",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "atan2",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "logistic",
+    "erf",
+    "erfc",
+    "erf_inv",
+    "lgamma",
+    "digamma",
+    "square",
+    "convert_element_type",
+    "reduce_precision",
+    "copy",
+    "copy_p",
+    "select_n",
+    "clamp",
+    "rem",
+    "nextafter",
+    "real",
+    "imag",
+    "conj",
+    "complex",
+    "custom_lin",
+    "pjit_identity",
+    "optimization_barrier",
+}
 # data movement: followed exactly by running the primitive on indices (index operands must be known)
-_MOVES = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "rev", "slice", "concatenate", "pad",
-          "dynamic_slice", "dynamic_update_slice", "gather", "split", "stack", "unstack", "tile"}
+_MOVES = {
+    "reshape",
+    "squeeze",
+    "expand_dims",
+    "broadcast_in_dim",
+    "transpose",
+    "rev",
+    "slice",
+    "concatenate",
+    "pad",
+    "dynamic_slice",
+    "dynamic_update_slice",
+    "gather",
+    "split",
+    "stack",
+    "unstack",
+    "tile",
+}
 # `.at[i].set/add/...`: followed at known indices (`_Propagation.scattered`)
 _SCATTERS = {"scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"}
 _REDUCE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"}
 _CUMULATIVE = {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"}
 _UNROLL = 128  # a scan of at most this many steps is followed step by step; loops settle within as many
 # calls: the jaxpr parameter to enter
-_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
-          "remat": "jaxpr", "checkpoint": "jaxpr", "sciad_linear_map": "callee"}
+_CALLS = {
+    "pjit": "jaxpr",
+    "jit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat": "jaxpr",
+    "checkpoint": "jaxpr",
+    "sciad_linear_map": "callee",
+}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -139,8 +241,11 @@ class Colouring:
             parts.append(jax.vmap(lambda s: jax.jvp(fn, (x,), (s,))[1])(seeds).ravel())
         if len(self.dense):
             _, pullback = jax.vjp(fn, x)
-            unit = jnp.zeros((len(self.dense), self.matrix.shape[0]), x.dtype).at[
-                np.arange(len(self.dense)), self.dense].set(1)
+            unit = (
+                jnp.zeros((len(self.dense), self.matrix.shape[0]), x.dtype)
+                .at[np.arange(len(self.dense)), self.dense]
+                .set(1)
+            )
             parts.append(jax.vmap(lambda w: pullback(w)[0])(unit).ravel())
         return jnp.concatenate(parts)[self.source]
 
@@ -154,7 +259,7 @@ def _greedy_colours(pattern: sp.csr_matrix) -> np.ndarray:
     indptr, indices = conflicts.indptr.tolist(), conflicts.indices.tolist()
     colours = [-1] * n
     for col in np.argsort(-np.diff(conflicts.indptr), kind="stable").tolist():
-        taken = {colours[nb] for nb in indices[indptr[col]:indptr[col + 1]]}
+        taken = {colours[nb] for nb in indices[indptr[col] : indptr[col + 1]]}
         colour = 0
         while colour in taken:
             colour += 1
@@ -176,8 +281,9 @@ class PatternCache:
     def pattern(self, fn, x, *args) -> Pattern:
         """`jacobian_pattern(fn, x, *args)`, found again for a jaxpr seen before."""
         closed = jax.make_jaxpr(fn)(x, *args)
-        return self._remembered((str(closed.jaxpr), *map(_const_key, closed.consts)),
-                                lambda: _propagated(closed, x.size))
+        return self._remembered(
+            (str(closed.jaxpr), *map(_const_key, closed.consts)), lambda: _propagated(closed, x.size)
+        )
 
     def given(self, given: "GivenPattern") -> Pattern:
         """A user's pattern as a `Pattern`: the same one (and its colourings) for equal ones."""
@@ -221,8 +327,9 @@ class GivenPattern:
     def __init__(self, pattern):
         matrix = sp.csr_matrix(pattern, dtype=bool)
         if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
-            raise ValueError(f"pattern: ∂f/∂u's sparsity must be square (n, n) over the flattened state, got shape "
-                             f"{matrix.shape}")
+            raise ValueError(
+                f"pattern: ∂f/∂u's sparsity must be square (n, n) over the flattened state, got shape {matrix.shape}"
+            )
         n = matrix.shape[0]
         symmetric = matrix + matrix.T + sp.identity(n, dtype=bool, format="csr")
         self.matrix = sp.csr_matrix(symmetric, dtype=bool).sorted_indices()
@@ -350,7 +457,7 @@ class _Propagation:
             return _union([None if d is None else _masked(d, which == k) for k, d in enumerate(spread[1:])])
         total = _union(spread)
         if name == "mul" and total is not None:
-            for d, c, var in zip(deps, values, eqn.invars):
+            for d, c in zip(deps, values):
                 if d is None and c is not None:
                     total = _masked(total, np.broadcast_to(np.asarray(c) != 0, shape).ravel())
         return total
@@ -371,10 +478,10 @@ class _Propagation:
         over the steps), named."""
         p = eqn.params
         body, length, n_consts, n_carry = p["jaxpr"], p["length"], p["num_consts"], p["num_carry"]
-        consts, carry, xs = deps[:n_consts], deps[n_consts:n_consts + n_carry], deps[n_consts + n_carry:]
-        const_values, carry_values = values[:n_consts], values[n_consts:n_consts + n_carry]
-        xs_values = values[n_consts + n_carry:]
-        per_x = [_size(v) // max(length, 1) for v in eqn.invars[n_consts + n_carry:]]
+        consts, carry, xs = deps[:n_consts], deps[n_consts : n_consts + n_carry], deps[n_consts + n_carry :]
+        const_values, carry_values = values[:n_consts], values[n_consts : n_consts + n_carry]
+        xs_values = values[n_consts + n_carry :]
+        per_x = [_size(v) // max(length, 1) for v in eqn.invars[n_consts + n_carry :]]
         per_y = [_size(v) // max(length, 1) for v in eqn.outvars[n_carry:]]
         if length > _UNROLL:
             united = [None if d is None else _united_steps(d, length) for d in xs]
@@ -390,16 +497,22 @@ class _Propagation:
         step_values = [[None] * length for _ in per_y]
         for step in range(length):
             k = length - 1 - step if p["reverse"] else step
-            x_k = [None if d is None else d[k * s:(k + 1) * s] for d, s in zip(xs, per_x)]
+            x_k = [None if d is None else d[k * s : (k + 1) * s] for d, s in zip(xs, per_x)]
             x_values = [None if c is None else np.asarray(c)[k] for c in xs_values]
-            out, out_values = self.run(body.jaxpr, body.consts, [*consts, *carry, *x_k],
-                                       [*const_values, *carry_values, *x_values])
+            out, out_values = self.run(
+                body.jaxpr, body.consts, [*consts, *carry, *x_k], [*const_values, *carry_values, *x_values]
+            )
             carry, carry_values = out[:n_carry], out_values[:n_carry]
             for j in range(len(per_y)):
                 steps[j][k], step_values[j][k] = out[n_carry + j], out_values[n_carry + j]
-        ys = [None if all(r is None for r in rows) else
-              sp.csr_matrix(sp.vstack([sp.csr_matrix((s, self.n), dtype=bool) if r is None else r for r in rows]),
-                            dtype=bool) for rows, s in zip(steps, per_y)]
+        ys = [
+            None
+            if all(r is None for r in rows)
+            else sp.csr_matrix(
+                sp.vstack([sp.csr_matrix((s, self.n), dtype=bool) if r is None else r for r in rows]), dtype=bool
+            )
+            for rows, s in zip(steps, per_y)
+        ]
         # outputs known at every step (a counter stacked for the reverse pass) are known
         ys_values = [np.stack(v) if length and all(c is not None for c in v) else None for v in step_values]
         return carry + ys, [*carry_values, *ys_values]
@@ -409,8 +522,9 @@ class _Propagation:
         known here: a superset of a fixed count's), named."""
         p = eqn.params
         start, count = p["cond_nconsts"], p["body_nconsts"]
-        found = self.fixpoint(eqn, p["body_jaxpr"], deps[start:start + count], deps[start + count:], [],
-                              values[start:start + count])
+        found = self.fixpoint(
+            eqn, p["body_jaxpr"], deps[start : start + count], deps[start + count :], [], values[start : start + count]
+        )
         return self.dense(eqn, deps) if found is None else found[0]
 
     def fixpoint(self, eqn, body, consts, carry, xs, const_values):
@@ -423,7 +537,7 @@ class _Propagation:
             out, _ = self.run(body.jaxpr, body.consts, [*consts, *carry, *xs], [*const_values, *unknown])
             steady = all(_same(c, d) for c, d in zip(carry, out)) if steady is None else steady
             grown = [_union([c, d]) for c, d in zip(carry, out)]
-            ys = out[len(carry):] if ys is None else [_union([a, b]) for a, b in zip(ys, out[len(carry):])]
+            ys = out[len(carry) :] if ys is None else [_union([a, b]) for a, b in zip(ys, out[len(carry) :])]
             if all(_nnz(g) == _nnz(c) for g, c in zip(grown, carry)):
                 if not steady:
                     self.conservative.add(f"{eqn.primitive.name} at {self.where(eqn)} (united over its iterations)")
@@ -476,18 +590,24 @@ class _Propagation:
             return None
         dn = eqn.params["dimension_numbers"]
         gathered = jax.lax.GatherDimensionNumbers(
-            offset_dims=dn.update_window_dims, collapsed_slice_dims=dn.inserted_window_dims,
-            start_index_map=dn.scatter_dims_to_operand_dims, operand_batching_dims=dn.operand_batching_dims,
-            start_indices_batching_dims=dn.scatter_indices_batching_dims)
+            offset_dims=dn.update_window_dims,
+            collapsed_slice_dims=dn.inserted_window_dims,
+            start_index_map=dn.scatter_dims_to_operand_dims,
+            operand_batching_dims=dn.operand_batching_dims,
+            start_indices_batching_dims=dn.scatter_indices_batching_dims,
+        )
         window = iter(dn.update_window_dims)
-        slice_sizes = [1 if a in dn.inserted_window_dims or a in dn.operand_batching_dims
-                       else updates.aval.shape[next(window)] for a in range(operand.aval.ndim)]
+        slice_sizes = [
+            1 if a in dn.inserted_window_dims or a in dn.operand_batching_dims else updates.aval.shape[next(window)]
+            for a in range(operand.aval.ndim)
+        ]
         size = _size(operand)
         positions = np.arange(1, size + 1, dtype=np.int32).reshape(operand.aval.shape)
         try:
             with jax.ensure_compile_time_eval():
-                target = jax.lax.gather(positions, np.asarray(indices), gathered, tuple(slice_sizes),
-                                        mode=eqn.params["mode"], fill_value=0)
+                target = jax.lax.gather(
+                    positions, np.asarray(indices), gathered, tuple(slice_sizes), mode=eqn.params["mode"], fill_value=0
+                )
         except Exception:  # noqa: BLE001  (an index form not covered: conservative)
             return None
         target = np.asarray(target).ravel()
@@ -563,7 +683,7 @@ class _Propagation:
         shape = eqn.invars[0].aval.shape
         axis = eqn.params["axis"]
         length = shape[axis]
-        before, after = int(np.prod(shape[:axis], dtype=int)), int(np.prod(shape[axis + 1:], dtype=int))
+        before, after = int(np.prod(shape[:axis], dtype=int)), int(np.prod(shape[axis + 1 :], dtype=int))
         out_at, in_at = np.tril_indices(length)
         if eqn.params.get("reverse", False):
             out_at, in_at = in_at, out_at
@@ -582,8 +702,9 @@ class _Propagation:
         kept = [a for a in range(len(shape)) if a not in axes]
         out_shape = tuple(shape[a] for a in kept)
         groups = np.ravel_multi_index(coords[kept], out_shape) if kept else np.zeros(coords.shape[1], int)
-        g = sp.csr_matrix((np.ones(groups.size, bool), (groups, np.arange(groups.size))),
-                          shape=(int(np.prod(out_shape)), groups.size))
+        g = sp.csr_matrix(
+            (np.ones(groups.size, bool), (groups, np.arange(groups.size))), shape=(int(np.prod(out_shape)), groups.size)
+        )
         return sp.csr_matrix(g @ d, dtype=bool)
 
     def contracted(self, eqn, deps, values):
@@ -617,8 +738,9 @@ def _pad(x, fill, config):
     for axis, (low, high, interior) in enumerate(config):
         low, high, interior = int(low), int(high), int(interior)
         if interior and x.shape[axis] > 1:
-            dilated = np.full((*x.shape[:axis], x.shape[axis] + (x.shape[axis] - 1) * interior, *x.shape[axis + 1:]),
-                              fill, x.dtype)
+            dilated = np.full(
+                (*x.shape[:axis], x.shape[axis] + (x.shape[axis] - 1) * interior, *x.shape[axis + 1 :]), fill, x.dtype
+            )
             dilated[(slice(None),) * axis + (slice(None, None, interior + 1),)] = x
             x = dilated
         widths = [(0, 0)] * x.ndim
@@ -630,8 +752,9 @@ def _pad(x, fill, config):
 
 def _clamped(starts, shape, sizes):
     """dynamic_slice's starts as XLA takes them: clamped so that the window fits."""
-    return tuple(slice(s, s + k) for s, k in
-                 ((int(np.clip(int(s), 0, n - k)), k) for s, n, k in zip(starts, shape, sizes)))
+    return tuple(
+        slice(s, s + k) for s, k in ((int(np.clip(int(s), 0, n - k)), k) for s, n, k in zip(starts, shape, sizes))
+    )
 
 
 def _updated(x, update, *starts):
@@ -643,15 +766,20 @@ def _updated(x, update, *starts):
 # data movement in NumPy, on integer positions (what `_Propagation.moved` runs; the rest by JAX)
 _NUMPY_MOVES = {
     "reshape": lambda x, new_sizes, dimensions, **_: np.reshape(
-        x if dimensions is None else np.transpose(x, dimensions), new_sizes),
-    "broadcast_in_dim": lambda x, shape, broadcast_dimensions, **_: np.broadcast_to(np.reshape(
-        x, [x.shape[broadcast_dimensions.index(a)] if a in broadcast_dimensions else 1 for a in range(len(shape))]),
-        shape),
+        x if dimensions is None else np.transpose(x, dimensions), new_sizes
+    ),
+    "broadcast_in_dim": lambda x, shape, broadcast_dimensions, **_: np.broadcast_to(
+        np.reshape(
+            x, [x.shape[broadcast_dimensions.index(a)] if a in broadcast_dimensions else 1 for a in range(len(shape))]
+        ),
+        shape,
+    ),
     "squeeze": lambda x, dimensions: np.reshape(x, [n for a, n in enumerate(x.shape) if a not in dimensions]),
     "transpose": lambda x, permutation: np.transpose(x, permutation),
     "rev": lambda x, dimensions: np.flip(x, tuple(dimensions)) if dimensions else x,
-    "slice": lambda x, start_indices, limit_indices, strides: x[tuple(
-        slice(s, e, k) for s, e, k in zip(start_indices, limit_indices, strides or (1,) * x.ndim))],
+    "slice": lambda x, start_indices, limit_indices, strides: x[
+        tuple(slice(s, e, k) for s, e, k in zip(start_indices, limit_indices, strides or (1,) * x.ndim))
+    ],
     "concatenate": lambda *xs, dimension: np.concatenate(xs, axis=dimension),
     "stack": lambda *xs, axis: np.stack(xs, axis=axis),
     "unstack": lambda x, axis: [np.take(x, i, axis=axis) for i in range(x.shape[axis])],
@@ -665,9 +793,21 @@ _NUMPY_MOVES = {
 
 # constant sub-expressions (index arithmetic, masks) in NumPy where it agrees with lax
 _NUMPY_ELEMENTWISE = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "neg": np.negative, "max": np.maximum,
-    "min": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-    "eq": np.equal, "ne": np.not_equal, "and": np.bitwise_and, "or": np.bitwise_or, "not": np.invert,
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "neg": np.negative,
+    "max": np.maximum,
+    "min": np.minimum,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "not": np.invert,
     "select_n": lambda which, *cases: np.choose(np.asarray(which, int), cases),
     "convert_element_type": lambda x, new_dtype, **_: np.asarray(x).astype(new_dtype),
 }

@@ -35,7 +35,7 @@ def stability_boundary(solver) -> float | None:
     return _boundary(tuple(tuple(map(float, row)) for row in tableau.a_lower), tuple(map(float, tableau.b_sol)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _boundary(a_lower: tuple, b: tuple) -> float:
     """β for the explicit tableau with strictly lower rows `a_lower` and weights `b` (hashable floats)."""
     s = len(b)

@@ -9,28 +9,34 @@ import jax
 import jax.numpy as jnp
 import optimistix as optx
 
-from sciad.adjoints._base import step_controller
-from sciad.adjoints._registry import refusal
-from sciad.adjoints._steady import SteadyStateAdjoint, is_singular, jacobian_solve
 from sciad._dae import dae_solver, default_solver, initialise
 from sciad._errors import error_if, raising_solve_errors, solver_failure
 from sciad._problem import ODEProblem, check_inputs, check_tolerances
 from sciad._solve import get_solver
 from sciad._vector_field import VectorField
+from sciad.adjoints._base import step_controller
+from sciad.adjoints._registry import refusal
+from sciad.adjoints._steady import SteadyStateAdjoint, is_singular, jacobian_solve
 
 NEWTON_STEPS = 10  # Newton iterations at most after the time stepping (from there it takes 1 to 3)
 
-NO_STEADY_STATE = ("no steady state was found within max_steps={} time steps: the solution of u' = f(u, p, t) "
-                   "did not settle (RMS ‖f(u)‖ ≤ atol + rtol ‖u‖); it may oscillate (a limit cycle), diverge, or "
-                   "approach a steady state that is unstable (time stepping finds stable ones only) or very slowly: "
-                   "pass a larger max_steps or an initial guess u0 nearer the steady state")
-SINGULAR = ("the Jacobian ∂f/∂u is singular at the steady state found, so it is not isolated and neither it nor "
-            "its gradient is defined: a conserved quantity (e.g. a total Σu that f leaves unchanged) makes the "
-            "steady states a family; eliminate one state with it, or replace one equation of f by the constraint "
-            "(e.g. Σu = total). Where f does not change with u (u' = c, drift) there is no steady state at all")
-NO_CONVERGENCE = (f"Newton's method did not converge in {NEWTON_STEPS} iterations from the time-stepped state: "
-                  "∂f/∂u is nearly singular there, or rtol and atol ask for more than the precision allows: pass "
-                  "larger ones")
+NO_STEADY_STATE = (
+    "no steady state was found within max_steps={} time steps: the solution of u' = f(u, p, t) "
+    "did not settle (RMS ‖f(u)‖ ≤ atol + rtol ‖u‖); it may oscillate (a limit cycle), diverge, or "
+    "approach a steady state that is unstable (time stepping finds stable ones only) or very slowly: "
+    "pass a larger max_steps or an initial guess u0 nearer the steady state"
+)
+SINGULAR = (
+    "the Jacobian ∂f/∂u is singular at the steady state found, so it is not isolated and neither it nor "
+    "its gradient is defined: a conserved quantity (e.g. a total Σu that f leaves unchanged) makes the "
+    "steady states a family; eliminate one state with it, or replace one equation of f by the constraint "
+    "(e.g. Σu = total). Where f does not change with u (u' = c, drift) there is no steady state at all"
+)
+NO_CONVERGENCE = (
+    f"Newton's method did not converge in {NEWTON_STEPS} iterations from the time-stepped state: "
+    "∂f/∂u is nearly singular there, or rtol and atol ask for more than the precision allows: pass "
+    "larger ones"
+)
 
 
 class SteadyState(eqx.Module):
@@ -42,8 +48,9 @@ class SteadyState(eqx.Module):
 
 
 @raising_solve_errors
-def steady_state(prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6, atol=1e-6, max_steps=4096,
-                 solver=None) -> SteadyState:
+def steady_state(
+    prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6, atol=1e-6, max_steps=4096, solver=None
+) -> SteadyState:
     """The steady state u* of `prob`'s f: f(u*, p, t) = 0 with t = prob.tspan[1] held fixed (f is
     meant to be autonomous there; SciML's t = ∞ can turn t-dependent terms into NaN), the one
     that u settles into from the initial guess u0 (default prob.u0).
@@ -87,12 +94,12 @@ def steady_state(prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6,
     p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), field.dtype)
     mass = prob.mass_matrix
     solver = dae_solver(get_solver(default_solver(mass, "kvaerno5") if solver is None else solver), mass)
-    find = functools.partial(_find, solver=solver, mass=mass, t=t, rtol=float(rtol), atol=float(atol),
-                             max_steps=int(max_steps))
+    find = functools.partial(
+        _find, solver=solver, mass=mass, t=t, rtol=float(rtol), atol=float(atol), max_steps=int(max_steps)
+    )
     u, stats = sensealg.solve(field, find, u0_flat, p_flat, t=t, rtol=float(rtol), atol=float(atol))
     counts = stats[:2].astype(jnp.int32)
-    return SteadyState(field.u.unravel(u), {"steps": counts[0], "newton_iterations": counts[1],
-                                            "residual": stats[2]})
+    return SteadyState(field.u.unravel(u), {"steps": counts[0], "newton_iterations": counts[1], "residual": stats[2]})
 
 
 def _find(field: VectorField, u0, p, linear, *, solver, mass, t, rtol, atol, max_steps):
@@ -101,8 +108,19 @@ def _find(field: VectorField, u0, p, linear, *, solver, mass, t, rtol, atol, max
     systems solved by `linear` ("dense" or a lineax solver)."""
     u0 = initialise("consistent", field, mass, u0, p, t, rtol, atol)  # u0 itself without a singular M
     term = dfx.ODETerm(lambda tau, u, p: field(u, p, t))
-    sol = dfx.diffeqsolve(term, solver, 0.0, jnp.inf, None, u0, args=p, event=dfx.Event(dfx.steady_state_event()),
-                          stepsize_controller=step_controller(solver, rtol, atol), max_steps=max_steps, throw=False)
+    sol = dfx.diffeqsolve(
+        term,
+        solver,
+        0.0,
+        jnp.inf,
+        None,
+        u0,
+        args=p,
+        event=dfx.Event(dfx.steady_state_event()),
+        stepsize_controller=step_controller(solver, rtol, atol),
+        max_steps=max_steps,
+        throw=False,
+    )
     settled = sol.result == dfx.RESULTS.event_occurred
     unsettled = sol.result == dfx.RESULTS.max_steps_reached
     u = error_if(sol.ys[-1], unsettled, NO_STEADY_STATE.format(max_steps))
@@ -121,7 +139,8 @@ def _find(field: VectorField, u0, p, linear, *, solver, mass, t, rtol, atol, max
         u = u + delta
         return u, k + 1, optx.rms_norm(delta) <= atol + rtol * optx.rms_norm(u)
 
-    u, k, converged = jax.lax.while_loop(lambda c: ~c[2] & (c[1] < NEWTON_STEPS), newton,
-                                         (u, jnp.zeros((), jnp.int32), jnp.zeros((), bool)))
+    u, k, converged = jax.lax.while_loop(
+        lambda c: ~c[2] & (c[1] < NEWTON_STEPS), newton, (u, jnp.zeros((), jnp.int32), jnp.zeros((), bool))
+    )
     u = error_if(u, ~converged, NO_CONVERGENCE)
     return u, jnp.stack([sol.stats["num_steps"], k, optx.rms_norm(residual(u))]).astype(u.dtype)

@@ -39,7 +39,8 @@ suits mild stiffness, the sparse LU the rest.
 """
 
 import abc
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import diffrax as dfx
 import equinox as eqx
@@ -180,8 +181,9 @@ class Sparse(AbstractStageJacobian):
         """A = ∂fn/∂y factorised once on the host and reused by every solve and by their derivatives
         (`HostSparseLU`). A's pattern: `pattern` (given) or detected from fn's jaxpr, ∪ `also`, ∪ I,
         symmetrised; its entries by coloured JVPs of fn."""
-        from sciad import _sparsity as sparsity  # SciPy on first use
         import scipy.sparse as sp
+
+        from sciad import _sparsity as sparsity  # SciPy on first use
 
         n = y.size
         given = self.pattern is not None and self.pattern.matrix.shape[0] == n
@@ -204,15 +206,18 @@ class HostSparseLU(lx.AbstractLinearSolver):
     """A lineax solver over a sparse LU held on the host (`sciad._host_lu`): its state, (entries
     (nnz,), `HostLU` pattern, transposed), comes from `Sparse.factorised`, or from `init` by
     `jacobian` (a `Sparse`) on any square operator over a flat array (an optimistix Newton's: the
-    pattern read off its matrix-vector product). lineax's rules for `linear_solve` then solve the derivatives' systems with the same
+    pattern read off its matrix-vector product). lineax's rules for `linear_solve` then solve the derivatives'
+    systems with the same
     factors, Aᵀ by SuperLU's transposed solve for reverse mode; the LU is never differentiated."""
 
     jacobian: Any = None
 
     def init(self, operator, options):
         if self.jacobian is None:
-            raise ValueError("HostSparseLU(jacobian=None) factorises no operator itself: pass "
-                             "state=Sparse.stage_solver(...)[2] to lineax.linear_solve, or give it a Sparse")
+            raise ValueError(
+                "HostSparseLU(jacobian=None) factorises no operator itself: pass "
+                "state=Sparse.stage_solver(...)[2] to lineax.linear_solve, or give it a Sparse"
+            )
         x = jnp.zeros(operator.in_structure().shape, operator.in_structure().dtype)
         dynamic, static = eqx.partition(operator, eqx.is_array)
         return self.jacobian.stage_solver(lambda v, dynamic: eqx.combine(dynamic, static).mv(v), x, dynamic)[2]
@@ -310,10 +315,14 @@ class StageNewton(optx.AbstractRootFinder):
         if "init_state" in options:
             return options["init_state"]
         diff_dtype = jnp.result_type(*jax.tree.leaves(y))
-        return _ChordState(self.jacobian.linearise(fn, y, args),
-                           jax.tree.map(lambda x: jnp.full(x.shape, jnp.inf, x.dtype), y),
-                           jnp.array(jnp.inf, diff_dtype), jnp.array(1.0, diff_dtype), optx.RESULTS.successful,
-                           jnp.array(0))
+        return _ChordState(
+            self.jacobian.linearise(fn, y, args),
+            jax.tree.map(lambda x: jnp.full(x.shape, jnp.inf, x.dtype), y),
+            jnp.array(jnp.inf, diff_dtype),
+            jnp.array(1.0, diff_dtype),
+            optx.RESULTS.successful,
+            jnp.array(0),
+        )
 
     def step(self, fn, y, args, options, state, tags):
         fx, aux = fn(y, args)
@@ -322,8 +331,9 @@ class StageNewton(optx.AbstractRootFinder):
         with jax.numpy_dtype_promotion("standard"):
             scaled = jax.tree.map(lambda d, a: d / (self.atol + self.rtol * jnp.abs(a)), diff, new_y)
             diffsize = self.norm(scaled)
-        new_state = _ChordState(state.linearisation, diff, diffsize, state.diffsize, optx.RESULTS.promote(result),
-                                state.step + 1)
+        new_state = _ChordState(
+            state.linearisation, diff, diffsize, state.diffsize, optx.RESULTS.promote(result), state.step + 1
+        )
         return new_y, new_state, aux
 
     def terminate(self, fn, y, args, options, state, tags):
@@ -334,8 +344,9 @@ class StageNewton(optx.AbstractRootFinder):
         diverged = ~jnp.isfinite(rate) | (rate > 2)
         converged = (factor > 0) & (factor < self.kappa)
         terminate = at_least_two & (small | diverged | converged)
-        result = optx.RESULTS.where(at_least_two & ~small & (diverged | ~converged),
-                                    optx.RESULTS.nonlinear_divergence, optx.RESULTS.successful)
+        result = optx.RESULTS.where(
+            at_least_two & ~small & (diverged | ~converged), optx.RESULTS.nonlinear_divergence, optx.RESULTS.successful
+        )
         failed = state.result != optx.RESULTS.successful
         return failed | terminate, optx.RESULTS.where(failed, state.result, result)
 
@@ -387,8 +398,10 @@ def with_stage_jacobian(solver: dfx.AbstractSolver, jacobian, f: Callable, u0, p
     states = jfu.ravel_pytree(u0)[0].size
     if jacobian.pattern is not None and jacobian.pattern.matrix.shape[0] != states:
         shape = jacobian.pattern.matrix.shape
-        raise ValueError(f"pattern: ∂f/∂u's sparsity is {shape}, the state has {states} entries: give "
-                         f"it ({states}, {states}) over the flattened state (jax.flatten_util.ravel_pytree's order)")
+        raise ValueError(
+            f"pattern: ∂f/∂u's sparsity is {shape}, the state has {states} entries: give "
+            f"it ({states}, {states}) over the flattened state (jax.flatten_util.ravel_pytree's order)"
+        )
     return solver, (jacobian.kind, "given")
 
 
@@ -401,17 +414,23 @@ def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
     `auto_jacobian` before this)."""
     if isinstance(jacobian, str):
         if jacobian not in JACOBIANS:
-            raise ValueError(f"unknown jacobian {jacobian!r}; choose one of {['auto', *sorted(JACOBIANS)]} or pass "
-                             "a sciad.stiff.Sparse(...) or sciad.stiff.MatrixFree(...)")
+            raise ValueError(
+                f"unknown jacobian {jacobian!r}; choose one of {['auto', *sorted(JACOBIANS)]} or pass "
+                "a sciad.stiff.Sparse(...) or sciad.stiff.MatrixFree(...)"
+            )
         if JACOBIANS[jacobian] is None:
             return solver
         jacobian = JACOBIANS[jacobian]()
     if not isinstance(jacobian, AbstractStageJacobian):
-        raise TypeError(f"jacobian must be one of {['auto', *sorted(JACOBIANS)]}, a sciad.stiff.Sparse or a "
-                        f"sciad.stiff.MatrixFree, got {type(jacobian).__name__}")
+        raise TypeError(
+            f"jacobian must be one of {['auto', *sorted(JACOBIANS)]}, a sciad.stiff.Sparse or a "
+            f"sciad.stiff.MatrixFree, got {type(jacobian).__name__}"
+        )
     if isinstance(solver, AbstractRosenbrock):
         return eqx.tree_at(lambda s: s.stage_jacobian, solver, jacobian, is_leaf=lambda x: x is None)
     if not isinstance(solver, dfx.AbstractImplicitSolver):
-        raise ValueError(f"jacobian={jacobian!r} needs an implicit solver (e.g. solver='kvaerno5'); "
-                         f"{type(solver).__name__} is explicit and solves no linear systems")
+        raise ValueError(
+            f"jacobian={jacobian!r} needs an implicit solver (e.g. solver='kvaerno5'); "
+            f"{type(solver).__name__} is explicit and solves no linear systems"
+        )
     return eqx.tree_at(lambda s: s.root_finder, solver, StageNewton(jacobian))

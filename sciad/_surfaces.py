@@ -32,10 +32,12 @@ def untested(package: str, tested: tuple[str, str]) -> str:
     lowest, first_untested = tested
     pin = f"{package}>={lowest},<{first_untested}"
     where = "lies in that range, yet they differ" if in_range(package, tested) else "is outside that range"
-    return (f"sciad uses private names of {package} (sciad/_{package}_internals.py), tested on {pin}; the "
-            f"installed {package} {installed(package)} {where}. Install a tested version (pip install '{pin}'), "
-            f"or run tests/test_private_surfaces.py on this one and widen that module's TESTED and the {package} pin "
-            "in pyproject.toml")
+    return (
+        f"sciad uses private names of {package} (sciad/_{package}_internals.py), tested on {pin}; the "
+        f"installed {package} {installed(package)} {where}. Install a tested version (pip install '{pin}'), "
+        f"or run tests/test_private_surfaces.py on this one and widen that module's TESTED and the {package} pin "
+        "in pyproject.toml"
+    )
 
 
 @contextlib.contextmanager

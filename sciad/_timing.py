@@ -9,7 +9,8 @@ rounds of the correct ones, and the fastest correct one, with the ties within no
 import functools
 import math
 import time
-from typing import Any, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -25,10 +26,19 @@ SLOW_CALL = 0.1
 Build = Callable[[], Callable[[], Any]]
 
 
-def compare(candidates: Sequence[Build], reference: Build, *, tolerance: float, rounds: int,
-            budget: float | None = None, deadline: float | None = None, slow_call: float | None = SLOW_CALL,
-            baselines: Collection[int] = (), on_compile: Callable[[int], None] | None = None,
-            on_round: Callable[[str, int], None] | None = None) -> list[dict]:
+def compare(
+    candidates: Sequence[Build],
+    reference: Build,
+    *,
+    tolerance: float,
+    rounds: int,
+    budget: float | None = None,
+    deadline: float | None = None,
+    slow_call: float | None = SLOW_CALL,
+    baselines: Collection[int] = (),
+    on_compile: Callable[[int], None] | None = None,
+    on_round: Callable[[str, int], None] | None = None,
+) -> list[dict]:
     """Compile each candidate, check its output against the reference's, then time the correct ones
     against each other: one dict per candidate, in their order.
 
@@ -69,16 +79,22 @@ def compare(candidates: Sequence[Build], reference: Build, *, tolerance: float, 
     tiers = {"fast": runnable}
     if slow_call is not None:
         warm = interleaved([calls[i] for i in runnable], rounds=1)
-        tiers = {"fast": [i for i, (t,) in zip(runnable, warm) if t < slow_call],
-                 "slow": [i for i, (t,) in zip(runnable, warm) if t >= slow_call]}
+        tiers = {
+            "fast": [i for i, (t,) in zip(runnable, warm) if t < slow_call],
+            "slow": [i for i, (t,) in zip(runnable, warm) if t >= slow_call],
+        }
     for tier, members in tiers.items():
         if not members:
             continue
         limit = budget
         if deadline is not None:
             limit = min(math.inf if budget is None else budget, deadline - time.perf_counter())
-        times = interleaved([calls[i] for i in members], rounds=rounds, budget=limit,
-                            on_round=None if on_round is None else functools.partial(on_round, tier))
+        times = interleaved(
+            [calls[i] for i in members],
+            rounds=rounds,
+            budget=limit,
+            on_round=None if on_round is None else functools.partial(on_round, tier),
+        )
         for i, t in zip(members, times):
             q25, _, q75 = quartiles(t)
             median = float(np.median(t))
@@ -86,15 +102,23 @@ def compare(candidates: Sequence[Build], reference: Build, *, tolerance: float, 
     return rows
 
 
-def _compile(candidates: Sequence[Build], reference: Build, rows: list[dict], deadline: float | None,
-             on_compile: Callable[[int], None] | None) -> tuple[dict, dict, Any]:
+def _compile(
+    candidates: Sequence[Build],
+    reference: Build,
+    rows: list[dict],
+    deadline: float | None,
+    on_compile: Callable[[int], None] | None,
+) -> tuple[dict, dict, Any]:
     """`compare`'s compilations, in its order, with `compile_s` and the `ok` of those not compiled written
     into `rows`: (candidate index → call, candidate index → first output, the reference's output or None)."""
     if not candidates:
         return {}, {}, None
     at = next((i for i, build in enumerate(candidates) if build is reference), None)
-    order = [(0, candidates[0])] + ([] if at == 0 else [(at, reference)]) + [
-        (i, build) for i, build in enumerate(candidates) if i not in (0, at)]
+    order = (
+        [(0, candidates[0])]
+        + ([] if at == 0 else [(at, reference)])
+        + [(i, build) for i, build in enumerate(candidates) if i not in (0, at)]
+    )
     calls, outs, ref = {}, {}, None
     for k, (i, build) in enumerate(order):
         if deadline is not None and k > 0 and time.perf_counter() > deadline:
@@ -139,8 +163,13 @@ def _first_call(build: Build) -> tuple[Callable[[], Any], Any]:
     return call, call()
 
 
-def interleaved(fns: Sequence[Callable[[], Any]], *, rounds: int, budget: float | None = None,
-                on_round: Callable[[int], None] | None = None) -> list[list[float]]:
+def interleaved(
+    fns: Sequence[Callable[[], Any]],
+    *,
+    rounds: int,
+    budget: float | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> list[list[float]]:
     """Seconds per call of each of `fns` (called with no arguments and waited on), len(fns) lists.
 
     Each round calls every fn once in turn, so drifts in machine load hit all

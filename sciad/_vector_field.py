@@ -2,15 +2,16 @@
 (with an integrand g(u, p, t), the two side by side: F = (f, g))."""
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from sciad._pytrees import Layout
 from sciad.ad import namespace
 from sciad.ad._trees import check_host
-from sciad._pytrees import Layout
 
 
 def _traced_float(x) -> bool:
@@ -59,8 +60,7 @@ class VectorField(eqx.Module):
             _check_host(p, closure)
         fn = f if host or not jax.tree.leaves(closure) else rest
         c = Layout.of(closure, dtype, keep_dtypes=True)
-        return cls(fn, u_layout, p_layout, c, q, static_p,
-                   jnp.asarray(c.ravel(closure), dtype), dtype)
+        return cls(fn, u_layout, p_layout, c, q, static_p, jnp.asarray(c.ravel(closure), dtype), dtype)
 
     @property
     def integrand_size(self) -> int:
@@ -78,8 +78,17 @@ class VectorField(eqx.Module):
     def open(self) -> Callable:
         """`g(u, p, c, t)`: f with the closure values as an argument (an engine sees no traced value
         it closes over); merged, c is empty and p = [p; c]."""
-        return functools.partial(_evaluate, self.fn, self.u, self.p, self.c, self.q, self.static_p, self.dtype,
-                                 self.p.size if self.merged else None)
+        return functools.partial(
+            _evaluate,
+            self.fn,
+            self.u,
+            self.p,
+            self.c,
+            self.q,
+            self.static_p,
+            self.dtype,
+            self.p.size if self.merged else None,
+        )
 
 
 def _side_by_side(f: Callable, g: Callable) -> Callable:
@@ -101,7 +110,9 @@ def _evaluate(fn, u_layout, p_layout, c_layout, q_layout, static_p, dtype, m, u,
 
 def _check_host(p, closure) -> None:
     if jax.tree.leaves(closure):
-        raise ValueError("f closes over traced values (e.g. parameters being differentiated), which a host "
-                         "engine (torch, autograd, finite-differences) cannot see: pass them in p, or use a "
-                         "JAX engine (jax-reverse, jax-forward, jax-transpose)")
+        raise ValueError(
+            "f closes over traced values (e.g. parameters being differentiated), which a host "
+            "engine (torch, autograd, finite-differences) cannot see: pass them in p, or use a "
+            "JAX engine (jax-reverse, jax-forward, jax-transpose)"
+        )
     check_host(p, "p")

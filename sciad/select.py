@@ -5,5 +5,15 @@ autotuner times. Exposed whole so that a benchmark can validate the rule out of 
 from sciad._auto import RULES, THRESHOLDS, Choice, Features, Thresholds, heuristic
 from sciad._select import candidates, features, measure, select_sensealg
 
-__all__ = ["RULES", "THRESHOLDS", "Choice", "Features", "Thresholds", "candidates", "features", "heuristic", "measure",
-           "select_sensealg"]
+__all__ = [
+    "RULES",
+    "THRESHOLDS",
+    "Choice",
+    "Features",
+    "Thresholds",
+    "candidates",
+    "features",
+    "heuristic",
+    "measure",
+    "select_sensealg",
+]

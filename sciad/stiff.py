@@ -4,7 +4,7 @@
 
 from sciad._stiff import MatrixFree, Sparse
 
-__all__ = ["LU_COUNTS", "MatrixFree", "Sparse"]
+__all__ = ["LU_COUNTS", "MatrixFree", "Sparse"]  # noqa: F822 (LU_COUNTS: the module __getattr__ below)
 
 
 def __getattr__(name: str):

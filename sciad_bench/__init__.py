@@ -8,3 +8,16 @@ from sciad_bench.experiments import PLANS, run_experiment
 from sciad_bench.harness import Combination, forward_solve, reference_gradient, run, sciad_combination
 from sciad_bench.peers import peers
 from sciad_bench.tables import markdown_table
+
+__all__ = [
+    "PLANS",
+    "Combination",
+    "claims_table",
+    "forward_solve",
+    "markdown_table",
+    "peers",
+    "reference_gradient",
+    "run",
+    "run_experiment",
+    "sciad_combination",
+]

@@ -74,30 +74,59 @@ S_N0, S_P0 = 29866.0 / CMAX_N, 17038.0 / CMAX_P
 def _jax():
     import jax.numpy as jnp
 
-    return types.SimpleNamespace(exp=jnp.exp, log=jnp.log, tanh=jnp.tanh, sqrt=jnp.sqrt, sinh=jnp.sinh,
-                                 arcsinh=jnp.arcsinh, concat=jnp.concatenate, stack=jnp.stack, cumsum=jnp.cumsum,
-                                 sum=jnp.sum, const=jnp.asarray)
+    return types.SimpleNamespace(
+        exp=jnp.exp,
+        log=jnp.log,
+        tanh=jnp.tanh,
+        sqrt=jnp.sqrt,
+        sinh=jnp.sinh,
+        arcsinh=jnp.arcsinh,
+        concat=jnp.concatenate,
+        stack=jnp.stack,
+        cumsum=jnp.cumsum,
+        sum=jnp.sum,
+        const=jnp.asarray,
+    )
 
 
 def _casadi():
     import casadi as ca
 
-    return types.SimpleNamespace(exp=ca.exp, log=ca.log, tanh=ca.tanh, sqrt=ca.sqrt, sinh=ca.sinh,
-                                 arcsinh=ca.asinh, concat=lambda vs: ca.vertcat(*vs), stack=lambda vs: ca.vertcat(*vs),
-                                 cumsum=ca.cumsum,
-                                 sum=ca.sum1, const=lambda a: ca.DM(np.asarray(a, float)))
+    return types.SimpleNamespace(
+        exp=ca.exp,
+        log=ca.log,
+        tanh=ca.tanh,
+        sqrt=ca.sqrt,
+        sinh=ca.sinh,
+        arcsinh=ca.asinh,
+        concat=lambda vs: ca.vertcat(*vs),
+        stack=lambda vs: ca.vertcat(*vs),
+        cumsum=ca.cumsum,
+        sum=ca.sum1,
+        const=lambda a: ca.DM(np.asarray(a, float)),
+    )
 
 
 def graphite_ocp(s, xp):
     """U_n(s), V (Chen 2020)."""
-    return (1.9793 * xp.exp(-39.3631 * s) + 0.2482 - 0.0909 * xp.tanh(29.8538 * (s - 0.1234))
-            - 0.04478 * xp.tanh(14.9159 * (s - 0.2769)) - 0.0205 * xp.tanh(30.4444 * (s - 0.6103)))
+    return (
+        1.9793 * xp.exp(-39.3631 * s)
+        + 0.2482
+        - 0.0909 * xp.tanh(29.8538 * (s - 0.1234))
+        - 0.04478 * xp.tanh(14.9159 * (s - 0.2769))
+        - 0.0205 * xp.tanh(30.4444 * (s - 0.6103))
+    )
 
 
 def nmc_ocp(s, xp):
     """U_p(s), V (Chen 2020)."""
-    return (-0.8090 * s + 4.4875 - 0.0428 * xp.tanh(18.5138 * (s - 0.5542))
-            - 17.7326 * xp.tanh(15.7890 * (s - 0.3117)) + 17.5842 * xp.tanh(15.9308 * (s - 0.3120)))
+    return (
+        -0.8090 * s
+        + 4.4875
+        - 0.0428 * xp.tanh(18.5138 * (s - 0.5542))
+        - 17.7326 * xp.tanh(15.7890 * (s - 0.3117))
+        + 17.5842 * xp.tanh(15.9308 * (s - 0.3120))
+    )
 
 
 def electrolyte_diffusivity(c):
@@ -164,7 +193,7 @@ class SPMe:
 
     def _split(self, x):
         n, m = self.shells, self.cells
-        return x[:n], x[n:2 * n], x[2 * n:2 * n + 3 * m]
+        return x[:n], x[n : 2 * n], x[2 * n : 2 * n + 3 * m]
 
     def _particle(self, s, D, radius, active, cmax, sign, xp):
         """(s_t, the surface concentration) of one particle: the molar flux out of its surface is
@@ -193,8 +222,9 @@ class SPMe:
         _, _, resistance, current, _ = self._cells()
         face = (c[1:] + c[:-1]) / 2
         logc = xp.log(c)
-        return (2 * THERMAL * (1 - T_PLUS) * (logc[1:] - logc[:-1])
-                - self.current * xp.const(current * resistance) / electrolyte_conductivity(face))
+        return 2 * THERMAL * (1 - T_PLUS) * (logc[1:] - logc[:-1]) - self.current * xp.const(
+            current * resistance
+        ) / electrolyte_conductivity(face)
 
     def _kinetics(self, c_mean, s_surf, m, cmax, active, radius, length, xp):
         """The Butler–Volmer ratio I / (a L) / (2 j₀) of one electrode (its sign left to the caller)."""
@@ -207,24 +237,35 @@ class SPMe:
         sn_t, sn_surf = self._particle(s_n, D_n, R_N, ACTIVE_N, CMAX_N, 1.0, xp)
         sp_t, sp_surf = self._particle(s_p, D_p, R_P, ACTIVE_P, CMAX_P, -1.0, xp)
         m = self.cells
-        c_n, c_p = xp.sum(c[:m]) / m, xp.sum(c[2 * m:]) / m
+        c_n, c_p = xp.sum(c[:m]) / m, xp.sum(c[2 * m :]) / m
         return dict(
             rates=xp.concat([sn_t, sp_t, self._electrolyte(c, De_factor, xp)]),
             steps=self._potential_steps(c, xp),
             ground=-self.current * L_N / (3 * SIGMA_N) - graphite_ocp(sn_surf, xp),
             positive=nmc_ocp(sp_surf, xp) - self.current * L_P / (3 * SIGMA_P),
             ratio_n=self._kinetics(c_n, sn_surf, m_n, CMAX_N, ACTIVE_N, R_N, L_N, xp),
-            ratio_p=self._kinetics(c_p, sp_surf, m_p, CMAX_P, ACTIVE_P, R_P, L_P, xp))
+            ratio_p=self._kinetics(c_p, sp_surf, m_p, CMAX_P, ACTIVE_P, R_P, L_P, xp),
+        )
 
     def equations(self, x, z, theta, xp):
         """(the differential states' rates, the algebraic residuals) in namespace `xp`; x, z, theta vectors."""
         q = self._common(x, theta, xp)
         m = 3 * self.cells
         phi, eta_n, eta_p, V = z[:m], z[m], z[m + 1], z[m + 2]
-        mean_n, mean_p = xp.sum(phi[:self.cells]) / self.cells, xp.sum(phi[2 * self.cells:]) / self.cells
-        alg = xp.concat([phi[1:] - phi[:-1] - q["steps"],
-                         xp.stack([mean_n + eta_n - q["ground"], xp.sinh(eta_n / (2 * THERMAL)) - q["ratio_n"],
-                                   xp.sinh(eta_p / (2 * THERMAL)) + q["ratio_p"], V - q["positive"] - eta_p - mean_p])])
+        mean_n, mean_p = xp.sum(phi[: self.cells]) / self.cells, xp.sum(phi[2 * self.cells :]) / self.cells
+        alg = xp.concat(
+            [
+                phi[1:] - phi[:-1] - q["steps"],
+                xp.stack(
+                    [
+                        mean_n + eta_n - q["ground"],
+                        xp.sinh(eta_n / (2 * THERMAL)) - q["ratio_n"],
+                        xp.sinh(eta_p / (2 * THERMAL)) + q["ratio_p"],
+                        V - q["positive"] - eta_p - mean_p,
+                    ]
+                ),
+            ]
+        )
         return q["rates"], alg
 
     def consistent(self, x, theta, xp):
@@ -235,13 +276,13 @@ class SPMe:
         eta_p = -2 * THERMAL * xp.arcsinh(q["ratio_p"])
         rise = xp.concat([xp.const(np.zeros(1)), xp.cumsum(q["steps"])])
         phi = rise + (q["ground"] - eta_n - xp.sum(rise[:n]) / n)
-        V = q["positive"] + eta_p + xp.sum(phi[2 * n:]) / n
+        V = q["positive"] + eta_p + xp.sum(phi[2 * n :]) / n
         return xp.concat([phi, xp.stack([eta_n, eta_p, V])])
 
     def rhs(self, u, theta, t):
         """sciad's f(u, θ, t) = (rates, residuals) for M u' = f."""
         xp = namespace("jax")
-        rates, alg = self.equations(u[:self.differential], u[self.differential:], theta, xp)
+        rates, alg = self.equations(u[: self.differential], u[self.differential :], theta, xp)
         return xp.concat([rates, alg])
 
 

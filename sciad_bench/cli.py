@@ -16,18 +16,34 @@ def main(argv=None) -> None:
     bench = commands.add_parser("bench", help="time ODE gradients over every sensealg × engine and peers")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("--quick", action="store_true", help="fewer combinations and repeats (a few minutes)")
-    bench.add_argument("--repeats", type=int, default=None, help=(
-        f"timed rounds of the calls under {SLOW_CALL:g} s and of the slower ones, per problem (default "
-        f"{ROUNDS[False][0]}; quick: {ROUNDS[True][0]}, each within {ROUNDS[True][1]:g} s; suite quick: "
-        f"{SUITE_ROUNDS[True][0]}, each within {SUITE_ROUNDS[True][1]:g} s; ensemble: rounds of all calls, 3 quick)"))
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=(
+            f"timed rounds of the calls under {SLOW_CALL:g} s and of the slower ones, per problem (default "
+            f"{ROUNDS[False][0]}; quick: {ROUNDS[True][0]}, each within {ROUNDS[True][1]:g} s; suite quick: "
+            f"{SUITE_ROUNDS[True][0]}, each within {SUITE_ROUNDS[True][1]:g} s; ensemble: rounds of all calls, 3 quick)"
+        ),
+    )
     bench.add_argument("--engines", default=None, help="comma-separated sciad.ad engines (default: all installed)")
     bench.add_argument("--out", default=None, help="output folder (default results/NAME)")
-    bench.add_argument("--family", action="append", choices=FAMILIES, default=None, help=(
-        "suite: run only this family of the suite (repeatable; default all: "
-        f"{', '.join(FAMILIES)})"))
-    bench.add_argument("--devices", type=int, default=None,
-                       help="ensemble: simulate N CPU devices (sets XLA_FLAGS before JAX starts its backend)")
-    reproduce = commands.add_parser("reproduce", help="run every benchmark and regenerate paper/figures and paper/tables")
+    bench.add_argument(
+        "--family",
+        action="append",
+        choices=FAMILIES,
+        default=None,
+        help=(f"suite: run only this family of the suite (repeatable; default all: {', '.join(FAMILIES)})"),
+    )
+    bench.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="ensemble: simulate N CPU devices (sets XLA_FLAGS before JAX starts its backend)",
+    )
+    reproduce = commands.add_parser(
+        "reproduce", help="run every benchmark and regenerate paper/figures and paper/tables"
+    )
     reproduce.add_argument("--repeats", type=int, default=5, help="timed calls per combination (default 5)")
     reproduce.add_argument("--quick", action="store_true", help="quick variants of every benchmark (a smoke test)")
     args = parser.parse_args(argv)

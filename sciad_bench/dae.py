@@ -41,7 +41,8 @@ one, 40-370 ms) against 3.6-5.7 s dense and IDAS's 8-16 ms; DiscreteAdjoint's gr
 sparse (89-440 ms with the dense initialisation), 7.3-10 s dense, IDAS's adjoint (per interval)
 77 ms. Its gradients by ForwardDiffSensitivity, DiscreteAdjoint, GaussAdjoint (up to `GAUSS_UP_TO`
 states) and "auto" (DiscreteAdjoint but on Robertson, `Choice.report()`), and ForwardDiffSensitivity from the
-consistent u0 with `initialization="none"` ("u0 consistent", the initialisation's own cost left out: the same gradient, since
+consistent u0 with `initialization="none"` ("u0 consistent", the initialisation's own cost left out: the same
+gradient, since
 Rodas's first step re-solves the algebraic states by a Newton step whose derivative in them vanishes at
 consistency, and on the reaction–diffusion their initial values do not depend on p at all). A call left out
 at a size is recorded with the reason. IDAS (`casadi.integrator(..., "idas", {"x": ..., "z": ..., "ode": ...,
@@ -75,7 +76,7 @@ import functools
 import json
 import pathlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +87,8 @@ import scipy.sparse.linalg
 import sciad
 from sciad.timing import compare
 from sciad_bench import plots
-from sciad_bench.battery import SPMe, THETA as BATTERY_THETA, namespace
+from sciad_bench.battery import THETA as BATTERY_THETA
+from sciad_bench.battery import SPMe, namespace
 from sciad_bench.peers import casadi_call
 from sciad_bench.tables import seconds
 
@@ -141,30 +143,50 @@ ROBERTSON_WEIGHTS = np.array([1.0, 1e4, 1.0])
 
 def _robertson_f(u, theta, t):
     k1, k2, k3 = jnp.exp(theta)
-    return jnp.stack([-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k3 * u[1] * u[2] - k2 * u[1] ** 2,
-                      u[0] + u[1] + u[2] - 1])
+    return jnp.stack(
+        [-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k3 * u[1] * u[2] - k2 * u[1] ** 2, u[0] + u[1] + u[2] - 1]
+    )
 
 
 def robertson() -> DAEBench:
     import casadi as ca
 
     saveat = np.array([0.4, 4.0, 40.0])
-    problem = sciad.ODEProblem(_robertson_f, np.array([1.0, 0.0, 0.0]), (0.0, float(saveat[-1])),
-                               np.log([0.04, 3e7, 1e4]), mass_matrix=np.array([1.0, 1.0, 0.0]))
+    problem = sciad.ODEProblem(
+        _robertson_f,
+        np.array([1.0, 0.0, 0.0]),
+        (0.0, float(saveat[-1])),
+        np.log([0.04, 3e7, 1e4]),
+        mass_matrix=np.array([1.0, 1.0, 0.0]),
+    )
 
     def casadi_dae(P):
         x, z = ca.SX.sym("x", 2), ca.SX.sym("z", 1)
         k = ca.exp(P)
-        return {"x": x, "z": z, "p": P, "ode": ca.vertcat(-k[0] * x[0] + k[2] * x[1] * z,
-                                                          k[0] * x[0] - k[2] * x[1] * z - k[1] * x[1] ** 2),
-                "alg": x[0] + x[1] + z - 1}
+        return {
+            "x": x,
+            "z": z,
+            "p": P,
+            "ode": ca.vertcat(-k[0] * x[0] + k[2] * x[1] * z, k[0] * x[0] - k[2] * x[1] * z - k[1] * x[1] ** 2),
+            "alg": x[0] + x[1] + z - 1,
+        }
 
     w = ROBERTSON_WEIGHTS
-    return DAEBench("Robertson", None, problem, saveat, lambda us: jnp.sum(us @ w), 1e-6, 1e-10, casadi_dae,
-                    np.array([1.0, 0.0]), np.zeros(1),
-                    lambda xf, zf, P: ca.sum2(ca.DM(w[:2]).T @ xf + w[2] * zf),
-                    lambda xf, zf, P: ca.sum2(ca.DM(w[:2] - w[2]).T @ xf + w[2]),  # y3 = 1 − y1 − y2
-                    problem.u0)
+    return DAEBench(
+        "Robertson",
+        None,
+        problem,
+        saveat,
+        lambda us: jnp.sum(us @ w),
+        1e-6,
+        1e-10,
+        casadi_dae,
+        np.array([1.0, 0.0]),
+        np.zeros(1),
+        lambda xf, zf, P: ca.sum2(ca.DM(w[:2]).T @ xf + w[2] * zf),
+        lambda xf, zf, P: ca.sum2(ca.DM(w[:2] - w[2]).T @ xf + w[2]),  # y3 = 1 − y1 − y2
+        problem.u0,
+    )
 
 
 # --- reaction–diffusion with an algebraic potential ----------------------------------------------
@@ -197,18 +219,29 @@ def reaction_diffusion(n: int) -> DAEBench:
     def f(y, p, t):
         D, a, b = p
         u, phi = y[:n], y[n:]
-        return jnp.concatenate([D * _laplacian(u, h, True) + a * u * (1 - u) - b * u * phi,
-                                _laplacian(phi, h, False) - KAPPA**2 * phi + u])
+        return jnp.concatenate(
+            [D * _laplacian(u, h, True) + a * u * (1 - u) - b * u * phi, _laplacian(phi, h, False) - KAPPA**2 * phi + u]
+        )
 
     saveat = np.arange(1.0, 6.0)
-    problem = sciad.ODEProblem(f, u0, (0.0, float(saveat[-1])), np.array([0.01, 1.0, 20.0]),
-                               mass_matrix=np.concatenate([np.ones(n), np.zeros(n)]))
+    problem = sciad.ODEProblem(
+        f,
+        u0,
+        (0.0, float(saveat[-1])),
+        np.array([0.01, 1.0, 20.0]),
+        mass_matrix=np.concatenate([np.ones(n), np.zeros(n)]),
+    )
     lap_u, lap_phi = ca.DM(_laplacian_matrix(n, h, True)), ca.DM(_laplacian_matrix(n, h, False))
 
     def casadi_dae(P):
         u, phi = ca.SX.sym("u", n), ca.SX.sym("phi", n)
-        return {"x": u, "z": phi, "p": P, "ode": P[0] * (lap_u @ u) + P[1] * u * (1 - u) - P[2] * u * phi,
-                "alg": lap_phi @ phi - KAPPA**2 * phi + u}
+        return {
+            "x": u,
+            "z": phi,
+            "p": P,
+            "ode": P[0] * (lap_u @ u) + P[1] * u * (1 - u) - P[2] * u * phi,
+            "alg": lap_phi @ phi - KAPPA**2 * phi + u,
+        }
 
     def loss(us):
         return jnp.sum(jnp.mean(us[:, :n] ** 2, axis=1) + jnp.mean(us[:, n:], axis=1))
@@ -223,9 +256,21 @@ def reaction_diffusion(n: int) -> DAEBench:
     def casadi_loss_differential(uf, phif, P):
         return ca.sum2(ca.sum1(uf**2) / n + w.T @ uf)
 
-    return DAEBench("reaction-diffusion", n, problem, saveat, loss, 1e-6, 1e-8, casadi_dae, u0[:n], np.zeros(n),
-                    casadi_loss, casadi_loss_differential,
-                    np.concatenate([u0[:n], scipy.sparse.linalg.spsolve(A, u0[:n])]))
+    return DAEBench(
+        "reaction-diffusion",
+        n,
+        problem,
+        saveat,
+        loss,
+        1e-6,
+        1e-8,
+        casadi_dae,
+        u0[:n],
+        np.zeros(n),
+        casadi_loss,
+        casadi_loss_differential,
+        np.concatenate([u0[:n], scipy.sparse.linalg.spsolve(A, u0[:n])]),
+    )
 
 
 # --- a lithium-ion cell: the single-particle model with electrolyte ---------------------------------
@@ -255,12 +300,25 @@ def battery(shells: int = 40, cells: int = 30) -> DAEBench:
     def casadi_loss_differential(xf, zf, P):
         return sum(model.consistent(xf[:, i], P, xp)[-1] for i in range(xf.shape[1]))
 
-    return DAEBench("SPMe battery", None, problem, BATTERY_SAVEAT, lambda us: jnp.sum(us[:, -1]), 1e-6, 1e-8,
-                    casadi_dae, model.x0, z0, lambda xf, zf, P: ca.sum2(zf[-1, :]), casadi_loss_differential,
-                    np.concatenate([model.x0, z0]))
+    return DAEBench(
+        "SPMe battery",
+        None,
+        problem,
+        BATTERY_SAVEAT,
+        lambda us: jnp.sum(us[:, -1]),
+        1e-6,
+        1e-8,
+        casadi_dae,
+        model.x0,
+        z0,
+        lambda xf, zf, P: ca.sum2(zf[-1, :]),
+        casadi_loss_differential,
+        np.concatenate([model.x0, z0]),
+    )
 
 
 # --- the calls -----------------------------------------------------------------------------------
+
 
 def _compiled(jitted, *args):
     compiled = jitted.lower(*args).compile()
@@ -270,14 +328,32 @@ def _compiled(jitted, *args):
 def sciad_forward(b: DAEBench, rtol=None, atol=None, initialization=None):
     """jit of the saved states; with `initialization="none"` from `u0_consistent`."""
     u0 = b.u0_consistent if initialization == "none" else b.problem.u0
-    return _compiled(jax.jit(lambda p: sciad.solve(b.problem, u0=u0, p=p, saveat=b.saveat, solver="rodas5p",
-                                                   jacobian="auto", rtol=rtol or b.rtol, atol=atol or b.atol,
-                                                   initialization=initialization).us), b.problem.p)
+    return _compiled(
+        jax.jit(
+            lambda p: (
+                sciad.solve(
+                    b.problem,
+                    u0=u0,
+                    p=p,
+                    saveat=b.saveat,
+                    solver="rodas5p",
+                    jacobian="auto",
+                    rtol=rtol or b.rtol,
+                    atol=atol or b.atol,
+                    initialization=initialization,
+                ).us
+            )
+        ),
+        b.problem.p,
+    )
 
 
 def sciad_steps(b: DAEBench) -> int:
-    sol = jax.jit(lambda p: sciad.solve(b.problem, p=p, saveat=b.saveat, solver="rodas5p", rtol=b.rtol,
-                                        atol=b.atol, jacobian="auto"))(b.problem.p)
+    sol = jax.jit(
+        lambda p: sciad.solve(
+            b.problem, p=p, saveat=b.saveat, solver="rodas5p", rtol=b.rtol, atol=b.atol, jacobian="auto"
+        )
+    )(b.problem.p)
     return int(sol.stats["steps"])
 
 
@@ -286,9 +362,21 @@ def sciad_gradient(b: DAEBench, sensealg, rtol=None, atol=None, initialization=N
     u0 = b.u0_consistent if initialization == "none" else b.problem.u0
 
     def loss(p):
-        return b.loss(sciad.solve(b.problem, u0=u0, p=p, saveat=b.saveat, solver="rodas5p", rtol=rtol or b.rtol,
-                                  atol=atol or b.atol, jacobian="auto", sensealg=sensealg,
-                                  initialization=initialization, max_steps=MAX_STEPS).us)
+        return b.loss(
+            sciad.solve(
+                b.problem,
+                u0=u0,
+                p=p,
+                saveat=b.saveat,
+                solver="rodas5p",
+                rtol=rtol or b.rtol,
+                atol=atol or b.atol,
+                jacobian="auto",
+                sensealg=sensealg,
+                initialization=initialization,
+                max_steps=MAX_STEPS,
+            ).us
+        )
 
     return _compiled(jax.jit(jax.grad(loss)), b.problem.p)
 
@@ -303,8 +391,14 @@ def reference(b: DAEBench, what: str):
 def _integrator(b: DAEBench, P, grid, t0=0.0, tighter: float = 1.0):
     import casadi as ca
 
-    return ca.integrator("F", "idas", b.casadi_dae(P), t0, [float(t) for t in grid],
-                         {"abstol": b.atol / tighter, "reltol": b.rtol / tighter, "max_num_steps": 100_000})
+    return ca.integrator(
+        "F",
+        "idas",
+        b.casadi_dae(P),
+        t0,
+        [float(t) for t in grid],
+        {"abstol": b.atol / tighter, "reltol": b.rtol / tighter, "max_num_steps": 100_000},
+    )
 
 
 def idas_forward(b: DAEBench, stats: dict | None = None):
@@ -322,6 +416,7 @@ def idas_forward(b: DAEBench, stats: dict | None = None):
         if stats is not None:
             stats.update(F.stats())
         return np.vstack([np.asarray(out["xf"]), np.asarray(out["zf"])]).T
+
     return call
 
 
@@ -346,8 +441,7 @@ def idas_gradient(b: DAEBench, mode: str, tighter: float = 1.0):
         F = _integrator(b, ca.SX.sym("P", k), b.saveat)
         out = F(x0=b.x0, z0=b.z0, p=P)
         loss = b.casadi_loss(out["xf"], out["zf"], P)
-        grad = (ca.jtimes(loss, P, ca.DM.eye(k), False) if mode == "forward"
-                else ca.jtimes(loss, P, ca.DM.ones(1), True))
+        grad = ca.jtimes(loss, P, ca.DM.eye(k), False) if mode == "forward" else ca.jtimes(loss, P, ca.DM.ones(1), True)
     fn = ca.Function("gradient", [P], [grad])
     call = casadi_call(fn, np.asarray(b.problem.p))
     return lambda: np.asarray(call()).ravel()
@@ -367,13 +461,15 @@ def gradient_plan(b: DAEBench) -> dict:
         else:
             plan[f"sciad {s}"] = (lambda s: lambda stats: sciad_gradient(b, s))(s)
     plan["sciad ForwardDiffSensitivity, u0 consistent"] = lambda stats: sciad_gradient(
-        b, "ForwardDiffSensitivity", initialization="none")
+        b, "ForwardDiffSensitivity", initialization="none"
+    )
     plan[f"{IDAS} forward sensitivities"] = lambda stats: idas_gradient(b, "forward")
     plan[f"{IDAS} adjoint (output grid)"] = lambda stats: idas_gradient(b, "adjoint")
     plan[f"{IDAS} adjoint (per interval)"] = lambda stats: idas_gradient(b, "adjoint per interval")
     if b.states > IDAS_TIGHTER_FROM:
         plan[f"{IDAS} adjoint (per interval), tolerances / {IDAS_TIGHTER:g}"] = lambda stats: idas_gradient(
-            b, "adjoint per interval", IDAS_TIGHTER)
+            b, "adjoint per interval", IDAS_TIGHTER
+        )
     return plan
 
 
@@ -382,14 +478,29 @@ def _measure(b: DAEBench, what: str, plan: dict, rounds: int, log) -> list[dict]
     names = [name for name in plan if name not in skipped]
     stats = {name: {} for name in names}
     builds = [functools.partial(plan[name], stats[name]) for name in names]
-    rows = compare(builds, functools.partial(reference, b, what), tolerance=AGREEMENT[what], rounds=rounds,
-                   on_compile=lambda i: log(f"  {b.name} {b.states} states, {what}: compiling {names[i]}"))
+    rows = compare(
+        builds,
+        functools.partial(reference, b, what),
+        tolerance=AGREEMENT[what],
+        rounds=rounds,
+        on_compile=lambda i: log(f"  {b.name} {b.states} states, {what}: compiling {names[i]}"),
+    )
     rows = dict(zip(names, rows))
     steps = {"sciad Rodas5P": sciad_steps(b)} if what == "forward" else {}
     if stats.get(IDAS):
         steps[IDAS] = stats[IDAS].get("nsteps")
-    return [{"problem": b.name, "grid": b.grid, "states": b.states, "what": what, "name": name,
-             "steps": steps.get(name), **rows.get(name, {"ok": skipped.get(name), "times_s": []})} for name in plan]
+    return [
+        {
+            "problem": b.name,
+            "grid": b.grid,
+            "states": b.states,
+            "what": what,
+            "name": name,
+            "steps": steps.get(name),
+            **rows.get(name, {"ok": skipped.get(name), "times_s": []}),
+        }
+        for name in plan
+    ]
 
 
 def problems(quick: bool, sizes=None, with_battery: bool | None = None):
@@ -407,13 +518,22 @@ def voltage_curve(b: DAEBench, points: int = 61) -> dict:
     tolerances): {"t_s", "sciad", "IDAS"}."""
     ts = np.linspace(0.0, float(b.saveat[-1]), points)
     curve = dataclasses.replace(b, saveat=ts[1:])
-    V = [np.concatenate([[b.u0_consistent[-1]], np.asarray(call())[:, -1]])
-         for call in (sciad_forward(curve), idas_forward(curve))]
+    V = [
+        np.concatenate([[b.u0_consistent[-1]], np.asarray(call())[:, -1]])
+        for call in (sciad_forward(curve), idas_forward(curve))
+    ]
     return {"t_s": ts.tolist(), "sciad": V[0].tolist(), "IDAS": V[1].tolist()}
 
 
-def run_dae(*, quick: bool = False, repeats: int | None = None, out=None, verbose: bool = True,
-            sizes=None, with_battery: bool | None = None) -> list[dict]:
+def run_dae(
+    *,
+    quick: bool = False,
+    repeats: int | None = None,
+    out=None,
+    verbose: bool = True,
+    sizes=None,
+    with_battery: bool | None = None,
+) -> list[dict]:
     """Robertson, the battery (`with_battery`, default: the full run) and reaction–diffusion at every N of `sizes`
     (default `SIZES[quick]`), forward then gradient; records.json, dae.png, table.md (and the battery's
     discharge curve, dae-battery.png) in `out` (default results/dae)."""
@@ -428,8 +548,10 @@ def run_dae(*, quick: bool = False, repeats: int | None = None, out=None, verbos
             rows = _measure(b, what, plan, rounds, log)
             records += rows
             for r in rows:
-                log(f"  {r['problem']:18s} {r['states']:5d} states {what:8s} {r['name']:42s} "
-                    f"{seconds(r.get('median_s'))} s (first {seconds(r.get('compile_s'))}) ok={r.get('ok')}")
+                log(
+                    f"  {r['problem']:18s} {r['states']:5d} states {what:8s} {r['name']:42s} "
+                    f"{seconds(r.get('median_s'))} s (first {seconds(r.get('compile_s'))}) ok={r.get('ok')}"
+                )
         if make is battery:
             curve = voltage_curve(b)
     table = write(records, out, quick, curve)
@@ -443,16 +565,25 @@ def write(records, out, quick: bool, curve: dict | None = None) -> str:
     records.json and dae-battery.png); the table."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps({"experiment": "dae", "quick": quick, "records": records,
-                                                  "battery_voltage": curve}, indent=1, default=float))
+    (out / "records.json").write_text(
+        json.dumps(
+            {"experiment": "dae", "quick": quick, "records": records, "battery_voltage": curve}, indent=1, default=float
+        )
+    )
     panels = {}
     for r in records:
         if r["problem"] == "reaction-diffusion" and r.get("ok") is True and r.get("median_s") is not None:
             panels.setdefault(f"reaction–diffusion, {r['what']}", {}).setdefault(r["name"], []).append(
-                (r["states"], r["median_s"], not r["name"].startswith("sciad")))
-    plots.panels_log_log(panels, out / "dae.png",
-                         f"index-1 DAE, sciad Rodas5P (sparse LU from 256 states) vs SUNDIALS IDAS (sparse), rtol 1e-6"
-                         f"{' (quick)' if quick else ''}", xlabel="states", ylabel="median seconds per call")
+                (r["states"], r["median_s"], not r["name"].startswith("sciad"))
+            )
+    plots.panels_log_log(
+        panels,
+        out / "dae.png",
+        f"index-1 DAE, sciad Rodas5P (sparse LU from 256 states) vs SUNDIALS IDAS (sparse), rtol 1e-6"
+        f"{' (quick)' if quick else ''}",
+        xlabel="states",
+        ylabel="median seconds per call",
+    )
     if curve is not None:
         _voltage_plot(curve, out / "dae-battery.png")
     table = f"# DAEs: sciad against SUNDIALS IDAS{' (quick)' if quick else ''}\n\n{markdown(records)}"
@@ -479,8 +610,10 @@ def markdown(records) -> str:
     """One row per problem, size, call and method: median, first call, steps, error against the reference,
     ok, and the median over IDAS's (forward: IDAS's forward solve; gradient: IDAS's fastest correct gradient);
     the fastest correct median of each group in bold."""
-    rows = ["| problem | states | call | method | median (s) | first call (s) | steps | rel. error | ok | / IDAS |",
-            "|---|---:|---|---|---:|---:|---:|---:|---|---:|"]
+    rows = [
+        "| problem | states | call | method | median (s) | first call (s) | steps | rel. error | ok | / IDAS |",
+        "|---|---:|---|---|---:|---:|---:|---:|---|---:|",
+    ]
     groups = {}
     for r in records:
         groups.setdefault((r["problem"], r["states"], r["what"]), []).append(r)
@@ -496,7 +629,9 @@ def markdown(records) -> str:
             ratio = "–" if base is None or not r.get("median_s") else f"{r['median_s'] / base:.2f}×"
             ok = r.get("ok")
             ok = ok if ok in (True, False) else str(ok).replace("|", "/")[:100]
-            rows.append(f"| {problem} | {states} | {what} | {r['name']} | {median} | {seconds(r.get('compile_s'))} "
-                        f"| {r.get('steps') or '–'} | "
-                        f"{'–' if r.get('rel_error') is None else format(r['rel_error'], '.1e')} | {ok} | {ratio} |")
+            rows.append(
+                f"| {problem} | {states} | {what} | {r['name']} | {median} | {seconds(r.get('compile_s'))} "
+                f"| {r.get('steps') or '–'} | "
+                f"{'–' if r.get('rel_error') is None else format(r['rel_error'], '.1e')} | {ok} | {ratio} |"
+            )
     return "\n".join(rows) + "\n"

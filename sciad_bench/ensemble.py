@@ -25,7 +25,6 @@ from sciad.adjoints import describe
 from sciad.errors import summary
 from sciad.problems import lotka_volterra, spiral_node
 from sciad.timing import interleaved, timed
-
 from sciad_bench.harness import Progress, device_name
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -40,11 +39,15 @@ def simulate_cpu_devices(count: int) -> None:
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_FLAG)]
     os.environ["XLA_FLAGS"] = " ".join([*flags, f"{DEVICE_FLAG}={count}"])
     if jax.default_backend() != "cpu":
-        raise ValueError(f"--devices simulates CPU devices, but JAX runs on {jax.default_backend()} here "
-                         f"({jax.device_count()} devices): leave --devices out")
+        raise ValueError(
+            f"--devices simulates CPU devices, but JAX runs on {jax.default_backend()} here "
+            f"({jax.device_count()} devices): leave --devices out"
+        )
     if jax.device_count() != count:
-        raise ValueError(f"--devices {count}: JAX had already started with {jax.device_count()} CPU devices; "
-                         f"start Python with XLA_FLAGS={DEVICE_FLAG}={count} instead")
+        raise ValueError(
+            f"--devices {count}: JAX had already started with {jax.device_count()} CPU devices; "
+            f"start Python with XLA_FLAGS={DEVICE_FLAG}={count} instead"
+        )
 
 
 def members(bench, batch: int, seed: int = 0) -> np.ndarray:
@@ -61,8 +64,14 @@ def _mesh(count: int):
 def gradient(bench, sensealg, method: str, count: int):
     """The batched gradient `ps (B, m) -> (B, m)` of `method` on `count` devices (jitted), and how
     to place its input."""
-    options = dict(saveat=bench.saveat, solver=bench.solver, rtol=bench.rtol, atol=bench.atol,
-                   max_steps=bench.max_steps, sensealg=sensealg)
+    options = dict(
+        saveat=bench.saveat,
+        solver=bench.solver,
+        rtol=bench.rtol,
+        atol=bench.atol,
+        max_steps=bench.max_steps,
+        sensealg=sensealg,
+    )
 
     def losses(ps, mesh=None):  # (B,) member losses
         return jax.vmap(bench.loss)(sciad.ensemble(bench.problem, ps=ps, mesh=mesh, **options).us)
@@ -76,8 +85,9 @@ def gradient(bench, sensealg, method: str, count: int):
     place = lambda ps: jax.device_put(ps, NamedSharding(mesh, PartitionSpec("batch")))  # noqa: E731
     if method == "sharded":
         return jax.jit(jax.grad(lambda ps: losses(ps, mesh).sum())), place
-    per_device = jax.shard_map(losses, mesh=mesh, in_specs=PartitionSpec("batch"),
-                               out_specs=PartitionSpec("batch"), check_vma=False)
+    per_device = jax.shard_map(
+        losses, mesh=mesh, in_specs=PartitionSpec("batch"), out_specs=PartitionSpec("batch"), check_vma=False
+    )
     return jax.jit(jax.grad(lambda ps: per_device(ps).sum())), place
 
 
@@ -93,16 +103,34 @@ def configurations(batch: int, counts: list[int], *, largest: bool, quick: bool)
 def measure(bench, batch: int, configs, *, repeats: int, progress: Progress) -> list[dict]:
     """Records of `configs` at `batch`: compiled, checked against the loop (relative error within
     100 × the benchmark's rtol), then timed together in `repeats` interleaved rounds."""
-    sensealg = sciad.select_sensealg(bench.problem, saveat=bench.saveat, solver=bench.solver, rtol=bench.rtol,
-                                     atol=bench.atol, max_steps=bench.max_steps).sensealg
+    sensealg = sciad.select_sensealg(
+        bench.problem,
+        saveat=bench.saveat,
+        solver=bench.solver,
+        rtol=bench.rtol,
+        atol=bench.atol,
+        max_steps=bench.max_steps,
+    ).sensealg
     ps = members(bench, batch)
     records, calls, reference = [], [], None
     for method, count in configs:
         progress.step(f"{bench.name} B={batch}: {method} ×{count} (compiling)")
-        record = {"problem": bench.name, "size": bench.size, "sensealg": describe(sensealg), "batch": batch,
-                  "method": method, "devices": count, "device": device_name(jax.devices()[0]), "times": [],
-                  "median_s": None, "grads_per_s": None, "compile_time": None, "rel_error": None, "ok": False,
-                  "error": None}
+        record = {
+            "problem": bench.name,
+            "size": bench.size,
+            "sensealg": describe(sensealg),
+            "batch": batch,
+            "method": method,
+            "devices": count,
+            "device": device_name(jax.devices()[0]),
+            "times": [],
+            "median_s": None,
+            "grads_per_s": None,
+            "compile_time": None,
+            "rel_error": None,
+            "ok": False,
+            "error": None,
+        }
         try:
             fn, place = gradient(bench, sensealg, method, count)
             x = place(ps)
@@ -121,9 +149,11 @@ def measure(bench, batch: int, configs, *, repeats: int, progress: Progress) -> 
             record["error"] = f"{type(e).__name__}: {summary(e)[:300]}"
         records.append(record)
     interleaved([call for _, call in calls], rounds=1)  # warm-up
-    times = interleaved([call for _, call in calls], rounds=repeats,
-                        on_round=lambda i: progress.show(f"{bench.name} B={batch}: timing ({repeats} rounds)",
-                                                         f"round {i + 1}"))
+    times = interleaved(
+        [call for _, call in calls],
+        rounds=repeats,
+        on_round=lambda i: progress.show(f"{bench.name} B={batch}: timing ({repeats} rounds)", f"round {i + 1}"),
+    )
     for (record, _), t in zip(calls, times):
         record["times"], record["median_s"] = t, float(np.median(t))
         record["grads_per_s"] = batch / record["median_s"]
@@ -136,16 +166,19 @@ def label(record: dict) -> str:
 
 def labels(records: list[dict]) -> list[str]:
     """Every record's label, by method (as in METHODS), then device count."""
-    return sorted({label(r) for r in records}, key=lambda c: (METHODS.index(c.split(" ×")[0]),
-                                                              int(c.partition("×")[2] or 1)))
+    return sorted(
+        {label(r) for r in records}, key=lambda c: (METHODS.index(c.split(" ×")[0]), int(c.partition("×")[2] or 1))
+    )
 
 
 def table(records: list[dict]) -> str:
     """Gradients per second per problem and batch (columns: loop, vmap, sharded ×d, shard_map ×d)
     and the best batched method's speed-up over the loop."""
     columns = labels(records)
-    lines = ["| problem (sensealg) | batch | " + " | ".join(f"{c} (grads/s)" for c in columns) + " | best / loop |",
-             "|---|---|" + "---|" * (len(columns) + 1)]
+    lines = [
+        "| problem (sensealg) | batch | " + " | ".join(f"{c} (grads/s)" for c in columns) + " | best / loop |",
+        "|---|---|" + "---|" * (len(columns) + 1),
+    ]
     groups = {}
     for r in records:
         groups.setdefault((r["problem"], r["sensealg"], r["batch"]), {})[label(r)] = r
@@ -153,8 +186,15 @@ def table(records: list[dict]) -> str:
         cells = []
         for c in columns:
             r = row.get(c)
-            cells.append("" if r is None else f"{r['grads_per_s']:.4g}" if r["ok"] else
-                         "wrong" if r["error"] and r["error"].startswith("gradient off") else "failed")
+            cells.append(
+                ""
+                if r is None
+                else f"{r['grads_per_s']:.4g}"
+                if r["ok"]
+                else "wrong"
+                if r["error"] and r["error"].startswith("gradient off")
+                else "failed"
+            )
         rates = [r["grads_per_s"] for c, r in row.items() if r["ok"] and c != "loop"]
         loop = row.get("loop")
         ratio = f"{max(rates) / loop['grads_per_s']:.2f}" if rates and loop and loop["ok"] else ""
@@ -175,8 +215,11 @@ def plot(records: list[dict], path: pathlib.Path, title: str) -> None:
     fig, axes = plt.subplots(1, len(problems), figsize=(6 * len(problems), 4.5), squeeze=False)
     for ax, problem in zip(axes[0], problems):
         for name in colors:
-            points = sorted((r["batch"], r["grads_per_s"]) for r in records
-                            if r["problem"] == problem and r["ok"] and label(r) == name)
+            points = sorted(
+                (r["batch"], r["grads_per_s"])
+                for r in records
+                if r["problem"] == problem and r["ok"] and label(r) == name
+            )
             if points:
                 ax.plot(*zip(*points), "--" if name == "loop" else "-", marker="o", color=colors[name], label=name)
         ax.set_xscale("log", base=2)
@@ -191,8 +234,9 @@ def plot(records: list[dict], path: pathlib.Path, title: str) -> None:
     plt.close(fig)
 
 
-def run_ensemble(*, quick: bool = False, repeats: int | None = None, devices: int | None = None, out=None,
-                 benches=None, batches=None) -> list[dict]:
+def run_ensemble(
+    *, quick: bool = False, repeats: int | None = None, devices: int | None = None, out=None, benches=None, batches=None
+) -> list[dict]:
     """Measure every problem (default Lotka–Volterra and the spiral) at every batch size (quick 8, 64;
     full 1 to 1024) on 1 and all of JAX's devices (full: powers of two between); `devices`
     simulates that many CPU devices first. Writes records.json, table.md and ensemble.png to `out`
@@ -207,9 +251,12 @@ def run_ensemble(*, quick: bool = False, repeats: int | None = None, devices: in
     benches = benches or [lotka_volterra(), spiral_node()]
     batches = batches or ((8, 64) if quick else (1, 8, 64, 256, 1024))
     n = jax.device_count()
-    counts = sorted({1, n} | (set() if quick else {2 ** k for k in range(n.bit_length()) if 2 ** k <= n}))
-    plan = [(bench, b, configurations(b, counts, largest=b == max(batches), quick=quick))
-            for bench in benches for b in batches]
+    counts = sorted({1, n} | (set() if quick else {2**k for k in range(n.bit_length()) if 2**k <= n}))
+    plan = [
+        (bench, b, configurations(b, counts, largest=b == max(batches), quick=quick))
+        for bench in benches
+        for b in batches
+    ]
     progress = Progress(sum(len(c) for _, _, c in plan))
     start = time.perf_counter()
     records = []
@@ -217,8 +264,11 @@ def run_ensemble(*, quick: bool = False, repeats: int | None = None, devices: in
         records += measure(bench, batch, configs, repeats=repeats, progress=progress)
     progress.close()
     device = device_name(jax.devices()[0])
-    (out / "records.json").write_text(json.dumps({"experiment": "ensemble", "quick": quick, "devices": n,
-                                                  "device": device, "records": records}, indent=1))
+    (out / "records.json").write_text(
+        json.dumps(
+            {"experiment": "ensemble", "quick": quick, "devices": n, "device": device, "records": records}, indent=1
+        )
+    )
     title = f"ensemble{' (quick)' if quick else ''}, {n} × {device}"
     md = f"# {title}: gradients per second\n\n" + table(records)
     (out / "table.md").write_text(md)

@@ -24,20 +24,25 @@ import pathlib
 import time
 
 import diffrax as dfx
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
 import sciad
-from sciad.adjoints import engine_option
-from sciad.adjoints import step_controller
 from sciad import get_solver
-
+from sciad.adjoints import engine_option, step_controller
 from sciad_bench import plots, tables
 from sciad_bench.harness import sciad_combination
-from sciad_bench.losses import ENGINES, QUICK_SENSEALGS, SENSEALGS, LossCase, auto_combination, diffrax_combination, \
-    ratio_table, time_cases
+from sciad_bench.losses import (
+    ENGINES,
+    QUICK_SENSEALGS,
+    SENSEALGS,
+    LossCase,
+    auto_combination,
+    diffrax_combination,
+    ratio_table,
+    time_cases,
+)
 
 DOSES = 12.0 * np.arange(6)
 G = 9.81
@@ -49,9 +54,20 @@ def _diffrax_segment(vector_field, y0, args, t0, t1, adjoint, rtol, atol, cond=N
     # Newton to 1e-10: at 1e-12 it could stall in roundoff on a spike's steep upstroke (max_steps reached, now and
     # then), and 1e-10 is far below the gradient check's tolerance
     event = None if cond is None else dfx.Event(lambda t, y, args, **kw: cond(y), optx.Newton(1e-10, 1e-10))
-    sol = dfx.diffeqsolve(dfx.ODETerm(vector_field), solver, t0, t1, None, y0, args=args, saveat=dfx.SaveAt(t1=True),
-                          stepsize_controller=step_controller(solver, rtol, atol), max_steps=4096, adjoint=adjoint,
-                          event=event)
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(vector_field),
+        solver,
+        t0,
+        t1,
+        None,
+        y0,
+        args=args,
+        saveat=dfx.SaveAt(t1=True),
+        stepsize_controller=step_controller(solver, rtol, atol),
+        max_steps=4096,
+        adjoint=adjoint,
+        event=event,
+    )
     return sol.ts[-1], sol.ys[-1]
 
 
@@ -62,8 +78,9 @@ def multi_dose() -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         dose = sciad.PresetTimeCallback(DOSES, lambda u, p, t: u + x[1])
-        sol = sciad.solve(prob, p=x[:1], saveat=saves, callbacks=[dose],
-                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg)
+        sol = sciad.solve(
+            prob, p=x[:1], saveat=saves, callbacks=[dose], solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg
+        )
         return jnp.sum((sol.us[:, 0] - data) ** 2)
 
     def diffrax_loss(x, adjoint, rtol, atol):
@@ -86,24 +103,26 @@ def _falling_height(u):
 def bouncing_ball(bounces: int = 3) -> LossCase:
     """(h(2)² + v(2)²) in (h0, e) after `bounces` bounces (0: the same solve without its event). Each
     call makes its own vector field, as after an edit (the first-gradient suite times fresh functions)."""
+
     def fall(u, p, t):
         return jnp.stack([u[1], -G + 0.0 * u[1]])
 
     prob = sciad.ODEProblem(fall, np.array([1.0, 0.0]), (0.0, 2.0))
 
     def sciad_loss(x, sensealg, rtol, atol):
-        bounce = sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: jnp.stack([u[0], -x[1] * u[1]]),
-                                          "down")
+        bounce = sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: jnp.stack([u[0], -x[1] * u[1]]), "down")
         events = dict(callbacks=[bounce], max_events=bounces + 1) if bounces else {}
-        sol = sciad.solve(prob, u0=jnp.stack([x[0], 0.0 * x[0]]),
-                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, **events)
+        sol = sciad.solve(
+            prob, u0=jnp.stack([x[0], 0.0 * x[0]]), solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, **events
+        )
         return jnp.sum(sol.us[-1] ** 2)
 
     def diffrax_loss(x, adjoint, rtol, atol):
         t, u = 0.0, jnp.stack([x[0], 0.0 * x[0]])
         for _ in range(bounces):
-            t, u = _diffrax_segment(lambda t, u, p: fall(u, p, t), u, None, t, 2.0, adjoint, rtol, atol,
-                                    cond=_falling_height)
+            t, u = _diffrax_segment(
+                lambda t, u, p: fall(u, p, t), u, None, t, 2.0, adjoint, rtol, atol, cond=_falling_height
+            )
             u = jnp.stack([u[0], -x[1] * u[1]])
         _, u = _diffrax_segment(lambda t, u, p: fall(u, p, t), u, None, t, 2.0, adjoint, rtol, atol)
         return jnp.sum(u**2)
@@ -117,15 +136,17 @@ def integrate_and_fire() -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         spike = sciad.ContinuousCallback(lambda u, p, t: u[0] - 1.0, lambda u, p, t: jnp.zeros_like(u), "up")
-        sol = sciad.solve(prob, p=x, callbacks=[spike],
-                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, max_events=8)
+        sol = sciad.solve(
+            prob, p=x, callbacks=[spike], solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, max_events=8
+        )
         return jnp.sum((sol.event_times[0][:4] - targets) ** 2)
 
     def diffrax_loss(x, adjoint, rtol, atol):
         t, u, loss = 0.0, jnp.zeros(1, x.dtype), 0.0
         for target in targets:
-            t, u = _diffrax_segment(lambda t, u, p: (p[0] - u) / p[1], u, x, t, 3.0, adjoint, rtol, atol,
-                                    cond=lambda u: u[0] - 1.0)
+            t, u = _diffrax_segment(
+                lambda t, u, p: (p[0] - u) / p[1], u, x, t, 3.0, adjoint, rtol, atol, cond=lambda u: u[0] - 1.0
+            )
             loss, u = loss + (t - target) ** 2, jnp.zeros_like(u)
         return loss
 
@@ -142,28 +163,39 @@ def _spike_reset(u, p, t):
 
 
 def spike_times() -> LossCase:
-    prob = sciad.ODEProblem(_izhikevich, np.array([-65.0, -13.0]), (0.0, 100.0),
-                            np.array([0.02, 0.2, -65.0, 8.0, 10.0]))
+    prob = sciad.ODEProblem(
+        _izhikevich, np.array([-65.0, -13.0]), (0.0, 100.0), np.array([0.02, 0.2, -65.0, 8.0, 10.0])
+    )
     targets = np.array([3.0, 25.0, 70.0])
 
     def sciad_loss(x, sensealg, rtol, atol):
         spike = sciad.ContinuousCallback(lambda u, p, t: u[0] - 30.0, _spike_reset, "up")
-        sol = sciad.solve(prob, p=x, callbacks=[spike],
-                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, max_events=4)
+        sol = sciad.solve(
+            prob, p=x, callbacks=[spike], solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, max_events=4
+        )
         return jnp.sum((sol.event_times[0][:3] - targets) ** 2)
 
     def diffrax_loss(x, adjoint, rtol, atol):
         t, u, loss = 0.0, jnp.asarray(prob.u0, x.dtype), 0.0
         for target in targets:
-            t, u = _diffrax_segment(lambda t, u, p: _izhikevich(u, p, t), u, x, t, 100.0, adjoint, rtol, atol,
-                                    cond=lambda u: u[0] - 30.0)
+            t, u = _diffrax_segment(
+                lambda t, u, p: _izhikevich(u, p, t), u, x, t, 100.0, adjoint, rtol, atol, cond=lambda u: u[0] - 30.0
+            )
             loss, u = loss + (t - target) ** 2, _spike_reset(u, x, t)
         return loss
 
     # Spike times amplify a continuous adjoint's error: InterpolatingAdjoint errs by 2.4e-6 and GaussAdjoint by
     # 1.7e-6 at rtol 1e-8 (DiscreteAdjoint 2.3e-7), past the harness's 100 × rtol.
-    return LossCase("spike times", np.array([0.02, 0.2, -65.0, 8.0, 10.0]), 2, sciad_loss, diffrax_loss, rtol=1e-8,
-                    atol=1e-8, tolerance=1e-5)
+    return LossCase(
+        "spike times",
+        np.array([0.02, 0.2, -65.0, 8.0, 10.0]),
+        2,
+        sciad_loss,
+        diffrax_loss,
+        rtol=1e-8,
+        atol=1e-8,
+        tolerance=1e-5,
+    )
 
 
 def _drag(u, p, t):
@@ -179,15 +211,17 @@ def landing() -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         lands = sciad.ContinuousCallback(lambda u, p, t: u[1], None, "down")
-        sol = sciad.solve(prob, u0=launch(x), p=x[:1], callbacks=[lands],
-                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg)
+        sol = sciad.solve(
+            prob, u0=launch(x), p=x[:1], callbacks=[lands], solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg
+        )
         return (sol.us[-1, 0] - 10.0) ** 2
 
     def diffrax_loss(x, adjoint, rtol, atol):
         # from just after the launch, where the height is already positive (diffrax's event would fire at t0)
         _, u = _diffrax_segment(lambda t, u, p: _drag(u, p, t), launch(x), x[:1], 0.0, 0.1, adjoint, rtol, atol)
-        _, u = _diffrax_segment(lambda t, u, p: _drag(u, p, t), u, x[:1], 0.1, 10.0, adjoint, rtol, atol,
-                                cond=lambda u: u[1])
+        _, u = _diffrax_segment(
+            lambda t, u, p: _drag(u, p, t), u, x[:1], 0.1, 10.0, adjoint, rtol, atol, cond=lambda u: u[1]
+        )
         return (u[0] - 10.0) ** 2
 
     return LossCase("landing", np.array([0.05, 11.0, 0.8]), 4, sciad_loss, diffrax_loss)
@@ -207,10 +241,12 @@ def run_events(*, quick: bool = False, repeats: int | None = None, out=None, ver
     start = time.perf_counter()
     records = time_cases(plan(quick), quick=quick, repeats=repeats)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps({"experiment": "events", "quick": quick, "records": records},
-                                                 indent=1))
-    plots.violin_plot(records, out / "events.png", f"events{' (quick)' if quick else ''}: gradient time, "
-                      f"{records[0]['device']}")
+    (out / "records.json").write_text(
+        json.dumps({"experiment": "events", "quick": quick, "records": records}, indent=1)
+    )
+    plots.violin_plot(
+        records, out / "events.png", f"events{' (quick)' if quick else ''}: gradient time, {records[0]['device']}"
+    )
     table = f"# events{' (quick)' if quick else ''}\n\n{ratio_table(records)}\n{tables.markdown_table(records)}"
     (out / "table.md").write_text(table)
     if verbose:

@@ -9,7 +9,6 @@ import jax
 import sciad.ad as ad
 from sciad.adjoints import engine_option
 from sciad.problems import brusselator, brusselator_pde, lotka_volterra, oregonator, spiral_node
-
 from sciad_bench import claims, harness, plots, tables
 from sciad_bench.harness import VARIANTS, sciad_combination
 from sciad_bench.peers import diffrax_peer, peers
@@ -30,9 +29,11 @@ def _sensealg_matrix(engines, *, quick: bool):
         combos += [sciad_combination(sensealg, e) for e in chosen]
         if len(chosen) < len(engines):
             rest = ", ".join(e for e in engines if e not in chosen)
-            why = ("quick mode: host engines take seconds per gradient; "
-                   f"{tape[0]} stands for the tape engines" if tape and sensealg == claims.PAPER_SENSEALG
-                   else "quick mode")
+            why = (
+                f"quick mode: host engines take seconds per gradient; {tape[0]} stands for the tape engines"
+                if tape and sensealg == claims.PAPER_SENSEALG
+                else "quick mode"
+            )
             skipped.append(f"{sensealg} {f'with {rest} ' if chosen else ''}({why})")
     combos += [sciad_combination(v) for v in VARIANTS if not engine_option(v)]
     return combos, skipped
@@ -50,8 +51,10 @@ def paper_plan(make_bench):
         combos, skipped = _sensealg_matrix(engines, quick=quick)
         if bench.size > HOST_FORWARD_LIMIT:
             combos = [c for c in combos if not (c.sensealg == "ForwardSensitivity" and c.engine in HOST_ENGINES)]
-            skipped.append(f"ForwardSensitivity with {', '.join(HOST_ENGINES)} above {HOST_FORWARD_LIMIT} "
-                           "states+parameters (one host callback per sensitivity column per step)")
+            skipped.append(
+                f"ForwardSensitivity with {', '.join(HOST_ENGINES)} above {HOST_FORWARD_LIMIT} "
+                "states+parameters (one host callback per sensitivity column per step)"
+            )
         peer_combos, peer_skipped = peers(quick=quick)
         return [(bench, combos + peer_combos)], skipped + peer_skipped
 
@@ -70,17 +73,25 @@ def scaling_plan(engines, quick):
     for bench in map(brusselator, grid):
         combos = [sciad_combination("DiscreteAdjoint")]
         if bench.size <= FORWARD_LIMIT:
-            combos += [sciad_combination("ForwardDiffSensitivity"), sciad_combination("ForwardSensitivity", "jax-forward")]
-        combos += [sciad_combination(claims.PAPER_SENSEALG, e) for e in vjp_engines
-                   if not (e == "finite-differences" and bench.size > FINITE_DIFFERENCES_LIMIT)
-                   and not (e == "jax-forward" and bench.size > FORWARD_LIMIT)]
+            combos += [
+                sciad_combination("ForwardDiffSensitivity"),
+                sciad_combination("ForwardSensitivity", "jax-forward"),
+            ]
+        combos += [
+            sciad_combination(claims.PAPER_SENSEALG, e)
+            for e in vjp_engines
+            if not (e == "finite-differences" and bench.size > FINITE_DIFFERENCES_LIMIT)
+            and not (e == "jax-forward" and bench.size > FORWARD_LIMIT)
+        ]
         if not quick:
             combos += [sciad_combination(s, "jax-reverse") for s in ("BacksolveAdjoint", "QuadratureAdjoint")]
         plan.append((bench, combos))
-    skipped = ["peers (the sweep compares sciad's own sensealgs)",
-               f"ForwardSensitivity and ForwardDiffSensitivity above {FORWARD_LIMIT} states+parameters (quadratic memory)",
-               f"finite-differences VJPs above {FINITE_DIFFERENCES_LIMIT} states+parameters",
-               f"jax-forward VJPs above {FORWARD_LIMIT} states+parameters (n + m pushforwards per product)"]
+    skipped = [
+        "peers (the sweep compares sciad's own sensealgs)",
+        f"ForwardSensitivity and ForwardDiffSensitivity above {FORWARD_LIMIT} states+parameters (quadratic memory)",
+        f"finite-differences VJPs above {FINITE_DIFFERENCES_LIMIT} states+parameters",
+        f"jax-forward VJPs above {FORWARD_LIMIT} states+parameters (n + m pushforwards per product)",
+    ]
     if quick:
         skipped.append("engines other than jax-reverse and torch, BacksolveAdjoint, QuadratureAdjoint (quick mode)")
     return plan, skipped
@@ -90,8 +101,13 @@ def gpu_crossover_plan(engines, quick):
     """The spiral at growing hidden size, on every JAX device present."""
     hidden = (50, 500) if quick else (50, 200, 1000, 2500, 5000, 7500, 10000)
     vjp = [e for e in engines if e in ("jax-reverse", "enzyme", "torch")]
-    plan = [(spiral_node(h), [sciad_combination(claims.PAPER_SENSEALG, e) for e in vjp]
-             + [sciad_combination("DiscreteAdjoint")]) for h in hidden]
+    plan = [
+        (
+            spiral_node(h),
+            [sciad_combination(claims.PAPER_SENSEALG, e) for e in vjp] + [sciad_combination("DiscreteAdjoint")],
+        )
+        for h in hidden
+    ]
     return plan, [f"engines other than {', '.join(vjp)} (the crossover compares devices, not engines)"]
 
 
@@ -108,10 +124,13 @@ def stiff_plan(engines, quick):
         combos = [c for c in combos if c.engine in (None, keep.get(c.sensealg, "jax-reverse"))]
         skipped.append("engines other than jax-reverse (jax-forward for ForwardSensitivity) (quick mode)")
     combos += [diffrax_peer(a) for a in STIFF_PEERS]
-    skipped += [f"{e} (host engine: one callback per product inside every Newton iteration)"
-                for e in engines if e not in traced]
-    skipped.append("diffrax BacksolveAdjoint, torchdiffeq and jax.experimental.ode (unstable backwards "
-                   "or explicit solvers on stiff problems)")
+    skipped += [
+        f"{e} (host engine: one callback per product inside every Newton iteration)" for e in engines if e not in traced
+    ]
+    skipped.append(
+        "diffrax BacksolveAdjoint, torchdiffeq and jax.experimental.ode (unstable backwards "
+        "or explicit solvers on stiff problems)"
+    )
     benches = [oregonator(), brusselator_pde(6 if quick else 16)]
     return [(bench, combos) for bench in benches], skipped
 
@@ -152,10 +171,12 @@ def load_results(root: pathlib.Path) -> dict[str, list[dict]]:
 
 
 def write_outputs(name: str, records: list[dict], skipped: list[str], out: pathlib.Path, *, quick: bool) -> str:
-    """records.json, the figure, table.md and claims.md (over every experiment under out's parent); returns the table."""
+    """records.json, the figure, table.md and claims.md (over every experiment under out's parent); returns the
+    table."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps(
-        {"experiment": name, "quick": quick, "skipped": skipped, "records": records}, indent=1))
+    (out / "records.json").write_text(
+        json.dumps({"experiment": name, "quick": quick, "skipped": skipped, "records": records}, indent=1)
+    )
     title = f"{name}{' (quick)' if quick else ''}: gradient time, {records[0]['device']}"
     if name in ("lotka-volterra", "spiral-node", "stiff"):
         plots.violin_plot(records, out / f"{name}.png", title)
@@ -166,12 +187,15 @@ def write_outputs(name: str, records: list[dict], skipped: list[str], out: pathl
     (out / "table.md").write_text(f"# {name}{' (quick)' if quick else ''}\n\n{table}")
     results = load_results(out.parent)
     results[name] = records
-    (out / "claims.md").write_text("# The paper's Appendix B claims against this run\n\n" + claims.claims_table(results))
+    (out / "claims.md").write_text(
+        "# The paper's Appendix B claims against this run\n\n" + claims.claims_table(results)
+    )
     return table
 
 
-def run_experiment(name: str, *, quick: bool = False, repeats: int | None = None, engines=None,
-                   out=None, verbose: bool = True) -> list[dict]:
+def run_experiment(
+    name: str, *, quick: bool = False, repeats: int | None = None, engines=None, out=None, verbose: bool = True
+) -> list[dict]:
     """Run experiment `name` (one of `PLANS`), write its outputs to `out` (default results/NAME)
     and print the summary table and the claims table. `engines` restricts the `sciad.ad` engines."""
     if name not in PLANS:
@@ -195,8 +219,10 @@ def run_experiment(name: str, *, quick: bool = False, repeats: int | None = None
     records = []
     for bench, combos in plan:
         pick = harness.auto_pick(bench)
-        records += [{**r, "auto_pick": pick} for r in
-                    harness.run(bench, combos, repeats=repeats, budget=budget, devices=devices, progress=progress)]
+        records += [
+            {**r, "auto_pick": pick}
+            for r in harness.run(bench, combos, repeats=repeats, budget=budget, devices=devices, progress=progress)
+        ]
     progress.close()
     table = write_outputs(name, records, skipped, out, quick=quick)
     if verbose:

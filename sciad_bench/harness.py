@@ -14,7 +14,7 @@ spinning and fast calls get many rounds cheaply. Checking and timing are
 import dataclasses
 import functools
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -53,15 +53,22 @@ def sciad_combination(sensealg: str, engine: str | None = None) -> Combination:
     if (engine is None) == (option is not None):
         raise ValueError(f"{sensealg} {'needs' if engine is None else 'takes no'} engine")
     alg = parse(sensealg, **({option: engine} if option else {}))
-    return Combination(describe(alg, engine=False), engine,
-                       lambda bench: jax.jit(jax.grad(lambda p: bench.objective(p, alg))))
+    return Combination(
+        describe(alg, engine=False), engine, lambda bench: jax.jit(jax.grad(lambda p: bench.objective(p, alg)))
+    )
 
 
 def auto_pick(bench: Benchmark) -> str:
     """The label of the combination `sensealg="auto"` runs on `bench` (`sciad.select_sensealg`'s choice),
     as `sciad_combination` labels it."""
-    alg = sciad.select_sensealg(bench.problem, saveat=bench.saveat, solver=bench.solver, rtol=bench.rtol,
-                                atol=bench.atol, max_steps=bench.max_steps).sensealg
+    alg = sciad.select_sensealg(
+        bench.problem,
+        saveat=bench.saveat,
+        solver=bench.solver,
+        rtol=bench.rtol,
+        atol=bench.atol,
+        max_steps=bench.max_steps,
+    ).sensealg
     option = engine_option(alg)
     return Combination(describe(alg, engine=False), getattr(alg, option).name if option else None, None).label
 
@@ -131,8 +138,9 @@ def peak_bytes(fn: Callable) -> int | None:
     stats = fn.memory_analysis() if hasattr(fn, "memory_analysis") else None
     if stats is None:
         return None
-    return int(stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes
-               - stats.alias_size_in_bytes)
+    return int(
+        stats.temp_size_in_bytes + stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+    )
 
 
 def temp_bytes(fn: Callable) -> int | None:
@@ -142,8 +150,16 @@ def temp_bytes(fn: Callable) -> int | None:
     return None if stats is None else int(stats.temp_size_in_bytes)
 
 
-def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10, budget: float | None = None,
-        devices=None, tolerance: float | None = None, progress: Progress | None = None) -> list[dict]:
+def run(
+    bench: Benchmark,
+    combinations: list[Combination],
+    *,
+    repeats: int = 10,
+    budget: float | None = None,
+    devices=None,
+    tolerance: float | None = None,
+    progress: Progress | None = None,
+) -> list[dict]:
     """Records for `combinations` (plus the forward-solve baseline) on each of `devices` (default: JAX's first).
 
     Each is compiled (`compile_time`: trace, compile, first call; XLA's `peak_bytes` of the correct
@@ -173,14 +189,23 @@ def run(bench: Benchmark, combinations: list[Combination], *, repeats: int = 10,
 
         most = f"{repeats} rounds" if budget is None else f"≤ {repeats} rounds, ≤ {budget:g} s"
         with jax.default_device(device):
-            rows = compare([build(i, c) for i, c in enumerate(combinations)], lambda: lambda: reference,
-                           tolerance=tolerance, rounds=repeats, budget=budget, slow_call=SLOW_CALL, baselines=[0],
-                           on_compile=lambda i: progress.step(f"{bench.name}: {combinations[i].label} (compiling)"),
-                           on_round=lambda tier, i: progress.show(
-                               f"{bench.name}: timing the calls {'<' if tier == 'fast' else '≥'} {SLOW_CALL:g} s ({most})",
-                               f"round {i + 1}"))
-        records += [_record(c, bench, device, row, tolerance, fns.get(i))
-                    for i, (c, row) in enumerate(zip(combinations, rows))]
+            rows = compare(
+                [build(i, c) for i, c in enumerate(combinations)],
+                lambda: lambda: reference,
+                tolerance=tolerance,
+                rounds=repeats,
+                budget=budget,
+                slow_call=SLOW_CALL,
+                baselines=[0],
+                on_compile=lambda i: progress.step(f"{bench.name}: {combinations[i].label} (compiling)"),
+                on_round=lambda tier, i: progress.show(
+                    f"{bench.name}: timing the calls {'<' if tier == 'fast' else '≥'} {SLOW_CALL:g} s ({most})",
+                    f"round {i + 1}",
+                ),
+            )
+        records += [
+            _record(c, bench, device, row, tolerance, fns.get(i)) for i, (c, row) in enumerate(zip(combinations, rows))
+        ]
     if own:
         progress.close()
     return records
@@ -190,13 +215,28 @@ def _record(combo: Combination, bench: Benchmark, device, row: dict, tolerance: 
     """The benchmark's record of `combo` from its `sciad.timing.compare` row (`fn`: its compiled call)."""
     error = None
     if row["ok"] is False:
-        error = ("gradient off: relative error "
-                 f"{row['rel_error']:.2e} > {tolerance:.0e}" if "rel_error" in row else "not finite")
+        error = (
+            f"gradient off: relative error {row['rel_error']:.2e} > {tolerance:.0e}"
+            if "rel_error" in row
+            else "not finite"
+        )
     elif row["ok"] is not True:
         error = row["ok"].removeprefix("failed: ")
-    return {"problem": bench.name, "size": bench.size, "sensealg": combo.sensealg, "engine": combo.engine,
-            "label": combo.label, "kind": combo.kind, "is_peer": combo.kind == "peer",
-            "device": device_name(device), "times": row["times_s"], "median_s": row.get("median_s"),
-            "compile_time": row.get("compile_s"), "rel_error": row.get("rel_error"), "ok": row["ok"] is True,
-            "error": error, "peak_bytes": peak_bytes(fn) if row["ok"] is True else None,
-            "temp_bytes": temp_bytes(fn) if row["ok"] is True else None}
+    return {
+        "problem": bench.name,
+        "size": bench.size,
+        "sensealg": combo.sensealg,
+        "engine": combo.engine,
+        "label": combo.label,
+        "kind": combo.kind,
+        "is_peer": combo.kind == "peer",
+        "device": device_name(device),
+        "times": row["times_s"],
+        "median_s": row.get("median_s"),
+        "compile_time": row.get("compile_s"),
+        "rel_error": row.get("rel_error"),
+        "ok": row["ok"] is True,
+        "error": error,
+        "peak_bytes": peak_bytes(fn) if row["ok"] is True else None,
+        "temp_bytes": temp_bytes(fn) if row["ok"] is True else None,
+    }

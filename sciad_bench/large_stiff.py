@@ -29,14 +29,14 @@ import numpy as np
 import scipy.integrate
 
 import sciad
-from sciad.stiff import LU_COUNTS
 from sciad.problems import brusselator_pde
 from sciad.sparsity import jacobian_pattern
+from sciad.stiff import LU_COUNTS
 from sciad.timing import compare
 from sciad_bench import plots
-from sciad_bench.tables import seconds
 from sciad_bench.harness import peak_bytes
 from sciad_bench.peers import casadi_call
+from sciad_bench.tables import seconds
 
 TOL = 1e-6
 REFERENCE = "sciad InterpolatingAdjoint (Kvaerno5, sparse)"  # the gradients' reference: another solver and adjoint
@@ -54,9 +54,14 @@ def _compiled(jitted, *args):
 
 
 def sciad_forward(b, jacobian, solver="auto"):
-    call, memory = _compiled(jax.jit(lambda p: (lambda sol: (sol.us, sol.stats["steps"]))(
-        sciad.solve(b.problem, p=p, saveat=b.saveat, solver=solver, rtol=TOL, atol=TOL, jacobian=jacobian))),
-        b.problem.p)
+    call, memory = _compiled(
+        jax.jit(
+            lambda p: (lambda sol: (sol.us, sol.stats["steps"]))(
+                sciad.solve(b.problem, p=p, saveat=b.saveat, solver=solver, rtol=TOL, atol=TOL, jacobian=jacobian)
+            )
+        ),
+        b.problem.p,
+    )
     return lambda: (lambda us, steps: (us, int(steps)))(*call()), memory
 
 
@@ -64,9 +69,18 @@ def diffrax_forward(b):
     term = dfx.ODETerm(lambda t, u, p: b.problem.f(u, p, t))
 
     def solve(p):
-        sol = dfx.diffeqsolve(term, dfx.Kvaerno5(), 0.0, 1.0, None, jnp.asarray(b.problem.u0), args=p,
-                              saveat=dfx.SaveAt(ts=jnp.asarray(b.saveat)),
-                              stepsize_controller=dfx.PIDController(rtol=TOL, atol=TOL), max_steps=4096)
+        sol = dfx.diffeqsolve(
+            term,
+            dfx.Kvaerno5(),
+            0.0,
+            1.0,
+            None,
+            jnp.asarray(b.problem.u0),
+            args=p,
+            saveat=dfx.SaveAt(ts=jnp.asarray(b.saveat)),
+            stepsize_controller=dfx.PIDController(rtol=TOL, atol=TOL),
+            max_steps=4096,
+        )
         return sol.ys, sol.stats["num_steps"]
 
     call, memory = _compiled(jax.jit(solve), b.problem.p)
@@ -80,10 +94,19 @@ def scipy_forward(b):
     pattern = jacobian_pattern(lambda u, p: b.problem.f(u, p, 0.0), jnp.asarray(u0), p).matrix
 
     def run():
-        sol = scipy.integrate.solve_ivp(lambda t, u: b.problem.f(u, p, t), (0.0, 1.0), u0, method="BDF",
-                                        t_eval=np.asarray(b.saveat), rtol=TOL, atol=TOL, jac_sparsity=pattern)
+        sol = scipy.integrate.solve_ivp(
+            lambda t, u: b.problem.f(u, p, t),
+            (0.0, 1.0),
+            u0,
+            method="BDF",
+            t_eval=np.asarray(b.saveat),
+            rtol=TOL,
+            atol=TOL,
+            jac_sparsity=pattern,
+        )
         LU_COUNTS.add("factorisations", sol.nlu)  # BDF does not count its steps nor its solves
         return sol.y.T, None
+
     return run, None
 
 
@@ -107,11 +130,14 @@ def _casadi_brusselator(b):
     def laplacian(w):
         return sum(w[k] for k in neighbours) - 4 * w
 
-    u, v = x[: n * n], x[n * n:]
+    u, v = x[: n * n], x[n * n :]
     alpha = p[2] / rhs.dx**2
     u2v = u * u * v
-    return {"x": x, "p": p, "ode": ca.vertcat(p[1] + u2v - (p[0] + 1) * u + alpha * laplacian(u),
-                                              p[0] * u - u2v + alpha * laplacian(v))}
+    return {
+        "x": x,
+        "p": p,
+        "ode": ca.vertcat(p[1] + u2v - (p[0] + 1) * u + alpha * laplacian(u), p[0] * u - u2v + alpha * laplacian(v)),
+    }
 
 
 def _cvodes(b):
@@ -130,6 +156,7 @@ def cvodes_forward(b):
     def run():
         out = solve()
         return np.vstack([u0, np.asarray(out["xf"]).T]), F.stats().get("nsteps")
+
     return run, None
 
 
@@ -148,8 +175,11 @@ def cvodes_gradient(b):
 
 def sciad_gradient(b, sensealg, jacobian="auto", solver="auto"):
     def loss(p):
-        return b.loss(sciad.solve(b.problem, p=p, saveat=b.saveat, solver=solver, rtol=TOL, atol=TOL,
-                                  sensealg=sensealg, jacobian=jacobian).us)
+        return b.loss(
+            sciad.solve(
+                b.problem, p=p, saveat=b.saveat, solver=solver, rtol=TOL, atol=TOL, sensealg=sensealg, jacobian=jacobian
+            ).us
+        )
 
     return _compiled(jax.jit(jax.grad(loss)), b.problem.p)
 
@@ -158,18 +188,29 @@ def diffrax_gradient(b):
     term = dfx.ODETerm(lambda t, u, p: b.problem.f(u, p, t))
 
     def loss(p):
-        sol = dfx.diffeqsolve(term, dfx.Kvaerno5(), 0.0, 1.0, None, jnp.asarray(b.problem.u0), args=p,
-                              saveat=dfx.SaveAt(ts=jnp.asarray(b.saveat)),
-                              stepsize_controller=dfx.PIDController(rtol=TOL, atol=TOL), adjoint=dfx.ForwardMode())
+        sol = dfx.diffeqsolve(
+            term,
+            dfx.Kvaerno5(),
+            0.0,
+            1.0,
+            None,
+            jnp.asarray(b.problem.u0),
+            args=p,
+            saveat=dfx.SaveAt(ts=jnp.asarray(b.saveat)),
+            stepsize_controller=dfx.PIDController(rtol=TOL, atol=TOL),
+            adjoint=dfx.ForwardMode(),
+        )
         return b.loss(sol.ys)
 
     return _compiled(jax.jit(jax.jacfwd(loss)), b.problem.p)  # ForwardMode: forward mode only
 
 
 def forward_plan(n):
-    plan = {"sciad auto (Rodas5P, sparse)": lambda b: sciad_forward(b, "auto"),
-            "sciad Kvaerno5 (sparse)": lambda b: sciad_forward(b, "sparse", "kvaerno5"),
-            "SciPy BDF (sparse)": scipy_forward}
+    plan = {
+        "sciad auto (Rodas5P, sparse)": lambda b: sciad_forward(b, "auto"),
+        "sciad Kvaerno5 (sparse)": lambda b: sciad_forward(b, "sparse", "kvaerno5"),
+        "SciPy BDF (sparse)": scipy_forward,
+    }
     if n <= CVODES_UP_TO:
         plan[CVODES] = cvodes_forward
     if n <= MATRIX_FREE_UP_TO:
@@ -181,16 +222,18 @@ def forward_plan(n):
 
 
 def gradient_plan(n):
-    plan = {"sciad auto (Rodas5P, sparse)": lambda b: sciad_gradient(b, "auto"),
-            "sciad DiscreteAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "DiscreteAdjoint", "sparse",
-                                                                               "rodas5p"),
-            "sciad GaussAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "GaussAdjoint", "sparse", "rodas5p"),
-            REFERENCE: lambda b: sciad_gradient(b, "InterpolatingAdjoint", "sparse", "kvaerno5")}
+    plan = {
+        "sciad auto (Rodas5P, sparse)": lambda b: sciad_gradient(b, "auto"),
+        "sciad DiscreteAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "DiscreteAdjoint", "sparse", "rodas5p"),
+        "sciad GaussAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "GaussAdjoint", "sparse", "rodas5p"),
+        REFERENCE: lambda b: sciad_gradient(b, "InterpolatingAdjoint", "sparse", "kvaerno5"),
+    }
     if n <= CVODES_GRADIENT_UP_TO:
         plan[f"{CVODES} adjoint"] = cvodes_gradient
     if n <= DIFFRAX_GRADIENT_UP_TO:  # each stage strategy under one sensealg; diffrax's fastest adjoint
-        plan["sciad GaussAdjoint (Kvaerno5, matrix-free)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "matrix-free",
-                                                                                     "kvaerno5")
+        plan["sciad GaussAdjoint (Kvaerno5, matrix-free)"] = lambda b: sciad_gradient(
+            b, "GaussAdjoint", "matrix-free", "kvaerno5"
+        )
         plan["sciad GaussAdjoint (Rodas5P, dense)"] = lambda b: sciad_gradient(b, "GaussAdjoint", "dense", "rodas5p")
         plan["diffrax ForwardMode (dense)"] = diffrax_gradient
     return plan
@@ -211,20 +254,39 @@ def _measure(b, n, what, plan, reference, rounds, log):
                 return out
             us, steps[name] = out
             return us
+
         return counted
 
     builds = [functools.partial(build, name) for name in names]
-    rows = compare(builds, builds[names.index(reference)], tolerance=AGREEMENT[what], rounds=rounds, slow_call=None,
-                   budget=BUDGET,
-                   on_compile=lambda i: log(f"  {what} N = {n}: compiling {names[i]}"))
-    return [{"grid": n, "states": 2 * n * n, "what": what, "name": name, "steps": steps.get(name),
-             "factorisations": counts.get(name, {}).get("factorisations"),
-             "linear_solves": counts.get(name, {}).get("solves"), "peak_bytes": memory.get(name),
-             "factor_bytes": counts.get(name, {}).get("factor_bytes"), **row} for name, row in zip(names, rows)]
+    rows = compare(
+        builds,
+        builds[names.index(reference)],
+        tolerance=AGREEMENT[what],
+        rounds=rounds,
+        slow_call=None,
+        budget=BUDGET,
+        on_compile=lambda i: log(f"  {what} N = {n}: compiling {names[i]}"),
+    )
+    return [
+        {
+            "grid": n,
+            "states": 2 * n * n,
+            "what": what,
+            "name": name,
+            "steps": steps.get(name),
+            "factorisations": counts.get(name, {}).get("factorisations"),
+            "linear_solves": counts.get(name, {}).get("solves"),
+            "peak_bytes": memory.get(name),
+            "factor_bytes": counts.get(name, {}).get("factor_bytes"),
+            **row,
+        }
+        for name, row in zip(names, rows)
+    ]
 
 
-def run_large_stiff(*, quick: bool = False, repeats: int | None = None, out=None, verbose: bool = True,
-                    grids=None) -> list[dict]:
+def run_large_stiff(
+    *, quick: bool = False, repeats: int | None = None, out=None, verbose: bool = True, grids=None
+) -> list[dict]:
     """Every grid of `grids` (default `GRIDS[quick]`), forward then gradient; records.json,
     large-stiff.png and table.md in `out` (default results/large-stiff)."""
     out = pathlib.Path(out or "results/large-stiff")
@@ -236,9 +298,11 @@ def run_large_stiff(*, quick: bool = False, repeats: int | None = None, out=None
         b = brusselator_pde(n)
         records += _measure(b, n, "forward", forward_plan(n), "SciPy BDF (sparse)", rounds, log)
         records += _measure(b, n, "gradient", gradient_plan(n), REFERENCE, rounds, log)
-        for r in records[-len(forward_plan(n)) - len(gradient_plan(n)):]:
-            log(f"  {r['what']:8s} {r['states']:6d} states  {r['name']:38s} "
-                f"{seconds(r.get('median_s'))} (first {seconds(r.get('compile_s'))}) ok={r.get('ok')}")
+        for r in records[-len(forward_plan(n)) - len(gradient_plan(n)) :]:
+            log(
+                f"  {r['what']:8s} {r['states']:6d} states  {r['name']:38s} "
+                f"{seconds(r.get('median_s'))} (first {seconds(r.get('compile_s'))}) ok={r.get('ok')}"
+            )
     table = write(records, out, quick)
     log(table)
     log(f"large-stiff: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
@@ -249,16 +313,23 @@ def write(records, out, quick: bool) -> str:
     """records.json, large-stiff.png and table.md of `records` in `out`; the table."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps({"experiment": "large-stiff", "quick": quick, "records": records},
-                                                 indent=1, default=float))
+    (out / "records.json").write_text(
+        json.dumps({"experiment": "large-stiff", "quick": quick, "records": records}, indent=1, default=float)
+    )
     lines = {(r["what"], r["name"]): [] for r in records}
     for r in records:
         if r.get("median_s") is not None:
             lines[(r["what"], r["name"])].append((r["states"], r["median_s"]))
-    plots.panels_log_log({what: {name: pts for (w, name), pts in lines.items() if w == what and pts}
-                          for what in ("forward", "gradient")}, out / "large-stiff.png",
-                         f"2-D Brusselator, rtol = atol = {TOL:g}{' (quick)' if quick else ''}",
-                         xlabel="states", ylabel="seconds per call")
+    plots.panels_log_log(
+        {
+            what: {name: pts for (w, name), pts in lines.items() if w == what and pts}
+            for what in ("forward", "gradient")
+        },
+        out / "large-stiff.png",
+        f"2-D Brusselator, rtol = atol = {TOL:g}{' (quick)' if quick else ''}",
+        xlabel="states",
+        ylabel="seconds per call",
+    )
     table = f"# large stiff problems{' (quick)' if quick else ''}\n\n{markdown(records)}"
     (out / "table.md").write_text(table)
     return table
@@ -268,16 +339,21 @@ def markdown(records) -> str:
     """One row per grid, call and method: median, first call, steps, LU factorisations and linear solves
     (Newton iterations) on the host, memory (XLA's peak + host LU factors), error against the reference,
     and the ratio of the fastest other method's median to sciad auto's."""
-    rows = ["| states | call | method | median (s) | first call (s) | steps | LUs | linear solves | memory (MB) "
-            "| rel. error | ok |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = [
+        "| states | call | method | median (s) | first call (s) | steps | LUs | linear solves | memory (MB) "
+        "| rel. error | ok |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in records:
         megabytes = None if r.get("peak_bytes") is None else (r["peak_bytes"] + (r.get("factor_bytes") or 0)) / 1e6
-        rows.append(f"| {r['states']} | {r['what']} | {r['name']} | {seconds(r.get('median_s'))} | "
-                    f"{seconds(r.get('compile_s'))} | {r.get('steps') or '–'} | {r.get('factorisations') or '–'} | "
-                    f"{r.get('linear_solves') or '–'} | {seconds(megabytes)} | "
-                    f"{'–' if r.get('rel_error') is None else format(r['rel_error'], '.1e')} | {r.get('ok')} |")
+        rows.append(
+            f"| {r['states']} | {r['what']} | {r['name']} | {seconds(r.get('median_s'))} | "
+            f"{seconds(r.get('compile_s'))} | {r.get('steps') or '–'} | {r.get('factorisations') or '–'} | "
+            f"{r.get('linear_solves') or '–'} | {seconds(megabytes)} | "
+            f"{'–' if r.get('rel_error') is None else format(r['rel_error'], '.1e')} | {r.get('ok')} |"
+        )
     ratios = ["", "| states | call | fastest other | its median / sciad auto's |", "|---:|---|---|---:|"]
-    for (states, what) in sorted({(r["states"], r["what"]) for r in records}):
+    for states, what in sorted({(r["states"], r["what"]) for r in records}):
         group = [r for r in records if (r["states"], r["what"]) == (states, what) and r.get("median_s")]
         auto = next((r for r in group if r["name"].startswith("sciad auto")), None)
         others = [r for r in group if not r["name"].startswith("sciad")]

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import pathlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import diffrax as dfx
 import jax
@@ -26,17 +26,21 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad
-from sciad.adjoints import engine_option
-from sciad.adjoints import step_controller
 from sciad import get_solver
-
+from sciad.adjoints import engine_option, step_controller
 from sciad_bench import harness, plots, tables
 from sciad_bench.harness import Combination, sciad_combination
 from sciad_bench.steady import induced_circuit, steady_state_cases, time_steady_state
 
 ROUNDS = {False: (15, None), True: (5, 10.0)}  # (rounds, seconds of rounds per tier) by quick
-SENSEALGS = ("InterpolatingAdjoint", "GaussAdjoint", "BacksolveAdjoint", "DiscreteAdjoint",
-             "ForwardDiffSensitivity", "ForwardSensitivity")
+SENSEALGS = (
+    "InterpolatingAdjoint",
+    "GaussAdjoint",
+    "BacksolveAdjoint",
+    "DiscreteAdjoint",
+    "ForwardDiffSensitivity",
+    "ForwardSensitivity",
+)
 QUICK_SENSEALGS = ("InterpolatingAdjoint", "DiscreteAdjoint")
 ENGINES = {"vjp": "jax-reverse", "jvp": "jax-forward", None: None}  # by the sensealg's engine option
 
@@ -86,8 +90,9 @@ def control_cost() -> LossCase:
     prob = sciad.ODEProblem(_van_der_pol, u0, (0.0, 10.0), np.zeros(16))
 
     def sciad_loss(theta, sensealg, rtol, atol):
-        return sciad.solve(prob, p=theta, integrand=_running_cost,
-                           solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg).integral
+        return sciad.solve(
+            prob, p=theta, integrand=_running_cost, solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg
+        ).integral
 
     def augmented(t, y, theta):
         return jnp.concatenate([_van_der_pol(y[:2], theta, t), _running_cost(y[:2], theta, t)[None]])
@@ -118,8 +123,9 @@ def time_of_flight() -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         u0, p = _launch(x)
-        sol = sciad.solve(prob, u0=u0, p=p, tspan=(0.0, x[3]), saveat=x[3:],
-                          solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg)
+        sol = sciad.solve(
+            prob, u0=u0, p=p, tspan=(0.0, x[3]), saveat=x[3:], solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg
+        )
         return _miss(sol.us[-1])
 
     def diffrax_loss(x, adjoint, rtol, atol):
@@ -132,8 +138,19 @@ def time_of_flight() -> LossCase:
 def _diffrax_solve(vector_field, y0, args, t1, adjoint, rtol, atol):
     """y(t1) by diffrax's Tsit5 with sciad's step-size controller."""
     solver = get_solver("tsit5")
-    sol = dfx.diffeqsolve(dfx.ODETerm(vector_field), solver, 0.0, t1, None, y0, args=args, saveat=dfx.SaveAt(t1=True),
-                          stepsize_controller=step_controller(solver, rtol, atol), max_steps=4096, adjoint=adjoint)
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(vector_field),
+        solver,
+        0.0,
+        t1,
+        None,
+        y0,
+        args=args,
+        saveat=dfx.SaveAt(t1=True),
+        stepsize_controller=step_controller(solver, rtol, atol),
+        max_steps=4096,
+        adjoint=adjoint,
+    )
     return sol.ys[-1]
 
 
@@ -162,8 +179,10 @@ def plan(quick: bool) -> list[tuple[LossCase, list[Combination]]]:
 
 def ratio_table(records) -> str:
     """Per case: auto's and sciad's fastest median against diffrax's fastest correct adjoint."""
-    lines = ["| case | auto (ms) | fastest sciad (ms) | fastest diffrax (ms) | diffrax / auto | diffrax / fastest sciad |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| case | auto (ms) | fastest sciad (ms) | fastest diffrax (ms) | diffrax / auto | diffrax / fastest sciad |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for case in dict.fromkeys(r["problem"] for r in records):
         group = [r for r in records if r["problem"] == case]
         auto = next((r for r in group if r["sensealg"] == "auto" and r["ok"]), None)
@@ -176,8 +195,10 @@ def ratio_table(records) -> str:
 
 def steady_table(rows) -> str:
     """Steady-state fits: sciad's `SteadyStateAdjoint` against diffrax's `ImplicitAdjoint`."""
-    lines = ["| steady-state fit | sciad (ms) | diffrax ImplicitAdjoint (ms) | diffrax / sciad | rel. error | ok |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| steady-state fit | sciad (ms) | diffrax ImplicitAdjoint (ms) | diffrax / sciad | rel. error | ok |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         ms = [f"{r[k] * 1e3:.3g}" if r[k] else "–" for k in ("sciad_s", "diffrax_s")]
         speedup = f"{1 / r['ratio']:.2f}" if r["ratio"] else "–"
@@ -191,8 +212,9 @@ def time_cases(cases, *, quick: bool, repeats: int | None) -> list[dict]:
     progress = harness.Progress(sum(len(c) + 1 for _, c in cases))
     records = []
     for case, combos in cases:
-        records += harness.run(case, combos, repeats=repeats or rounds, budget=budget, progress=progress,
-                               tolerance=case.tolerance)
+        records += harness.run(
+            case, combos, repeats=repeats or rounds, budget=budget, progress=progress, tolerance=case.tolerance
+        )
     progress.close()
     return records
 
@@ -205,12 +227,16 @@ def run_losses(*, quick: bool = False, repeats: int | None = None, out=None, ver
     records = time_cases(plan(quick), quick=quick, repeats=repeats)
     steady = time_steady_state(repeats or rounds, [induced_circuit(10, 8)] if quick else steady_state_cases())
     out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps({"experiment": "losses", "quick": quick, "records": records,
-                                                  "steady_state": steady}, indent=1))
-    plots.violin_plot(records, out / "losses.png", f"losses{' (quick)' if quick else ''}: gradient time, "
-                      f"{records[0]['device']}")
-    table = (f"# losses{' (quick)' if quick else ''}\n\n{ratio_table(records)}\n{steady_table(steady)}\n"
-             f"{tables.markdown_table(records)}")
+    (out / "records.json").write_text(
+        json.dumps({"experiment": "losses", "quick": quick, "records": records, "steady_state": steady}, indent=1)
+    )
+    plots.violin_plot(
+        records, out / "losses.png", f"losses{' (quick)' if quick else ''}: gradient time, {records[0]['device']}"
+    )
+    table = (
+        f"# losses{' (quick)' if quick else ''}\n\n{ratio_table(records)}\n{steady_table(steady)}\n"
+        f"{tables.markdown_table(records)}"
+    )
     (out / "table.md").write_text(table)
     if verbose:
         print(table)

@@ -15,10 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sciad import get_solver
 from sciad.adjoints import step_controller
 from sciad.problems import Benchmark
-from sciad import get_solver
-
 from sciad_bench.harness import Combination
 
 
@@ -31,12 +30,14 @@ def _quiet():
 
 def casadi_call(fn, p):
     """() -> fn(p), quiet, a failure raised as SUNDIALS' own last message (e.g. "IDASolveB returned ...")."""
+
     def call():
         with _quiet():
             try:
                 return fn(p)
             except RuntimeError as e:
                 raise RuntimeError(str(e).strip().splitlines()[-1].split(": ", 1)[-1]) from None
+
     return call
 
 
@@ -48,10 +49,19 @@ def _diffrax_objective(bench: Benchmark, adjoint):
     def objective(p):
         u0 = jnp.asarray(prob.u0, p.dtype)
         solver = get_solver(bench.solver)
-        sol = dfx.diffeqsolve(term, solver, t0, t1, None, u0, args=p,
-                              saveat=dfx.SaveAt(ts=jnp.asarray(bench.saveat, p.dtype)),
-                              stepsize_controller=step_controller(solver, bench.rtol, bench.atol),
-                              max_steps=bench.max_steps, adjoint=adjoint)
+        sol = dfx.diffeqsolve(
+            term,
+            solver,
+            t0,
+            t1,
+            None,
+            u0,
+            args=p,
+            saveat=dfx.SaveAt(ts=jnp.asarray(bench.saveat, p.dtype)),
+            stepsize_controller=step_controller(solver, bench.rtol, bench.atol),
+            max_steps=bench.max_steps,
+            adjoint=adjoint,
+        )
         return bench.loss(sol.ys)
 
     return objective
@@ -78,8 +88,15 @@ def jax_odeint_peer() -> Combination:
 
         def objective(p):
             ts = jnp.asarray(bench.saveat, p.dtype)
-            us = odeint(lambda u, t, p: prob.f(u, p, t), jnp.asarray(prob.u0, p.dtype), ts, p,
-                        rtol=bench.rtol, atol=bench.atol, mxstep=100_000)
+            us = odeint(
+                lambda u, t, p: prob.f(u, p, t),
+                jnp.asarray(prob.u0, p.dtype),
+                ts,
+                p,
+                rtol=bench.rtol,
+                atol=bench.atol,
+                mxstep=100_000,
+            )
             return bench.loss(us)
 
         return jax.jit(jax.grad(objective))

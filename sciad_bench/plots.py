@@ -34,22 +34,35 @@ def violin_plot(records, path, title: str):
     for r in records:
         problems.setdefault(r["problem"], []).append(r)
     heights = [len(group) for group in problems.values()]
-    fig, axes = plt.subplots(len(problems), 1, figsize=(10, 2.6 + 0.34 * sum(heights) + 0.6 * (len(problems) - 1)),
-                             height_ratios=heights, squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        len(problems),
+        1,
+        figsize=(10, 2.6 + 0.34 * sum(heights) + 0.6 * (len(problems) - 1)),
+        height_ratios=heights,
+        squeeze=False,
+        layout="constrained",
+    )
     for ax, (problem, group) in zip(axes[:, 0], problems.items()):
         _violins(ax, ordered(group))
         ax.set_title(title if len(problems) == 1 else f"{title}: {problem}")
-    handles = [Patch(color=COLORS[k], alpha=0.6, label=label) for k, label in KINDS.items()
-               if any(r["kind"] == k and r["ok"] for r in records)]
+    handles = [
+        Patch(color=COLORS[k], alpha=0.6, label=label)
+        for k, label in KINDS.items()
+        if any(r["kind"] == k and r["ok"] for r in records)
+    ]
     if any(is_auto_pick(r) for r in records):
-        handles.append(Patch(facecolor="white", edgecolor=AUTO_EDGE, linewidth=2,
-                             label='auto\'s pick (what sensealg="auto" runs)'))
+        handles.append(
+            Patch(facecolor="white", edgecolor=AUTO_EDGE, linewidth=2, label='auto\'s pick (what sensealg="auto" runs)')
+        )
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=8, frameon=False)
     low, high = WHISKERS
     axes[-1, 0].set_xlabel("time per gradient (log scale)")
-    fig.supxlabel(f"Violin and whiskers: {low}th–{high}th percentile of the n timed repeats (every time is in "
-                  "records.json); bar: median.\nBold: the fastest sciad combination whose gradient passed the "
-                  "check. ✗ in red: failed the check or raised, not timed.", fontsize=8)
+    fig.supxlabel(
+        f"Violin and whiskers: {low}th–{high}th percentile of the n timed repeats (every time is in "
+        "records.json); bar: median.\nBold: the fastest sciad combination whose gradient passed the "
+        "check. ✗ in red: failed the check or raised, not timed.",
+        fontsize=8,
+    )
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return fig
@@ -65,8 +78,14 @@ def violin_stats(times) -> dict:
     when the times are all alike)."""
     times = np.asarray(times, float)
     low, high = np.percentile(times, WHISKERS)
-    stats = {"min": low, "max": high, "median": float(np.median(times)), "mean": float(np.mean(times)),
-             "coords": np.geomspace(low, high, 100), "vals": None}
+    stats = {
+        "min": low,
+        "max": high,
+        "median": float(np.median(times)),
+        "mean": float(np.mean(times)),
+        "coords": np.geomspace(low, high, 100),
+        "vals": None,
+    }
     if times.size >= 2 and high > low:
         stats["vals"] = _density(np.log10(times), np.log10(stats["coords"]))
     return stats
@@ -80,10 +99,20 @@ def _violins(ax, records) -> None:
         times = np.asarray(r["times"])
         if not r["ok"]:
             error = r["error"] or "not finite"
-            why = (f"failed the gradient check ({error.removeprefix('gradient off: ')})" if error.startswith(
-                "gradient off") else f"raised {error if len(error) <= 60 else error[:59] + '…'}")
-            ax.text(0.01, i, f"✗ {why}: not timed", transform=ax.get_yaxis_transform(), color=FAILED,
-                    fontsize=8, va="center")
+            why = (
+                f"failed the gradient check ({error.removeprefix('gradient off: ')})"
+                if error.startswith("gradient off")
+                else f"raised {error if len(error) <= 60 else error[:59] + '…'}"
+            )
+            ax.text(
+                0.01,
+                i,
+                f"✗ {why}: not timed",
+                transform=ax.get_yaxis_transform(),
+                color=FAILED,
+                fontsize=8,
+                va="center",
+            )
             continue
         if not times.size:
             continue
@@ -100,10 +129,17 @@ def _violins(ax, records) -> None:
             for name in ("cmedians", "cmins", "cmaxes", "cbars"):
                 parts[name].set_color(color)
         else:
-            ax.plot([stats["median"]], [i], "o", color=color, markeredgecolor=AUTO_EDGE if is_auto_pick(r) else color,
-                    markeredgewidth=2)
-        ax.text(stats["max"] * 1.1, i, f"{_seconds(stats['median'])}  n={times.size}", fontsize=7, va="center",
-                color="0.25")
+            ax.plot(
+                [stats["median"]],
+                [i],
+                "o",
+                color=color,
+                markeredgecolor=AUTO_EDGE if is_auto_pick(r) else color,
+                markeredgewidth=2,
+            )
+        ax.text(
+            stats["max"] * 1.1, i, f"{_seconds(stats['median'])}  n={times.size}", fontsize=7, va="center", color="0.25"
+        )
         ends.append((stats["min"], stats["max"]))
     ax.set_yticks(range(len(records)))
     ax.set_yticklabels([_row_label(r, r is winner) for r in records], fontsize=8)
@@ -115,7 +151,7 @@ def _violins(ax, records) -> None:
     if ends:  # room on the right for the labels, none for the times beyond the whiskers
         low, high = min(lo for lo, _ in ends), max(hi for _, hi in ends)
         span = max(high / low, 10.0)
-        ax.set_xlim(low / span ** 0.04, high * span ** 0.2)
+        ax.set_xlim(low / span**0.04, high * span**0.2)
     low, high = ax.get_xlim()
     ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5) if math.log10(high / low) <= 3 else (1,)))
     ax.xaxis.set_major_formatter(ticker.FuncFormatter(_seconds))
@@ -168,8 +204,13 @@ def panels_log_log(panels: dict, path, title: str | None, xlabel: str, ylabel: s
     for ax, (name, lines) in zip(axes[0], panels.items()):
         for key, points in sorted(lines.items()):
             points = sorted((*pt, False)[:3] for pt in points)
-            ax.plot([x for x, _, _ in points], [y for _, y, _ in points], "--" if points[0][2] else "-", marker="o",
-                    label=key)
+            ax.plot(
+                [x for x, _, _ in points],
+                [y for _, y, _ in points],
+                "--" if points[0][2] else "-",
+                marker="o",
+                label=key,
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)
@@ -190,8 +231,9 @@ def bar_panels(panels: dict, path, title: str, xlabels: dict, *, log: bool = Fal
     name (a kind of `COLORS`, else the next of matplotlib's cycle), in a legend when there are several;
     `xlabels[title]` under each panel; `log`: log x axes; `reference`: a dashed line at that x."""
     rows = max(len(r) for r in panels.values())
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 + 4 * len(panels), 1.5 + 0.28 * rows), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(5 + 4 * len(panels), 1.5 + 0.28 * rows), squeeze=False, layout="constrained"
+    )
     names = list(dict.fromkeys(name for r in panels.values() for _, segments in r for name in segments))
     cycle = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
     colors = {name: COLORS.get(name) or next(cycle) for name in names}
@@ -215,8 +257,13 @@ def bar_panels(panels: dict, path, title: str, xlabels: dict, *, log: bool = Fal
         ax.set_xlabel(xlabels[panel], fontsize=8)
         ax.grid(axis="x", alpha=0.3, which="both")
     if len(names) > 1:
-        fig.legend(handles=[Patch(color=colors[n], alpha=0.75, label=KINDS.get(n, n)) for n in names],
-                   loc="outside lower center", ncol=len(names), fontsize=8, frameon=False)
+        fig.legend(
+            handles=[Patch(color=colors[n], alpha=0.75, label=KINDS.get(n, n)) for n in names],
+            loc="outside lower center",
+            ncol=len(names),
+            fontsize=8,
+            frameon=False,
+        )
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)

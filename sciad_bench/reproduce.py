@@ -4,8 +4,8 @@ import pathlib
 import shutil
 
 from sciad_bench.dae import run_dae
-from sciad_bench.experiments import PLANS, run_experiment
 from sciad_bench.events import run_events
+from sciad_bench.experiments import PLANS, run_experiment
 from sciad_bench.large_stiff import run_large_stiff
 from sciad_bench.losses import run_losses
 from sciad_bench.sde import run_sde
@@ -28,8 +28,13 @@ def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool
     run_selection(quick=quick, out=results / "selection")
     shutil.copy(results / "selection" / "table.md", paper / "tables" / "selection.md")
     shutil.copy(results / "selection" / "selection.json", paper / "tables" / "selection.json")
-    for name, run in (("losses", run_losses), ("events", run_events), ("large-stiff", run_large_stiff),
-                      ("dae", run_dae), ("sde", run_sde)):
+    for name, run in (
+        ("losses", run_losses),
+        ("events", run_events),
+        ("large-stiff", run_large_stiff),
+        ("dae", run_dae),
+        ("sde", run_sde),
+    ):
         run(quick=quick, repeats=repeats, out=results / name)
         shutil.copy(results / name / f"{name}.png", paper / "figures" / f"{name}.png")
         shutil.copy(results / name / "table.md", paper / "tables" / f"{name}.md")

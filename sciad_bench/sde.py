@@ -50,7 +50,8 @@ adjoint SDE) are the exact gradient only as dt → 0: they are checked against t
 
 Timing: the JAX rows in interleaved rounds (calls of `SLOW`s or more in rounds of their own; each set's rounds
 stop past `BUDGET` seconds), then the torch rows in rounds of their own (a JAX call right after torch's is
-slowed while its threads spin); the ratios are to the floor's median in the same process. Memory: JAX rows, XLA's temporaries of the compiled gradient
+slowed while its threads spin); the ratios are to the floor's median in the same process. Memory: JAX rows, XLA's
+temporaries of the compiled gradient
 (`memory_analysis()`); torchsde rows, how far a fresh process' peak RSS rises over one gradient (full runs).
 A sweep compiles the neural SDE's gradients at 100, 1,000 and 10,000 steps: XLA's temporaries against the
 number of steps (ReversibleAdjoint's: flat).
@@ -67,7 +68,7 @@ import multiprocessing
 import os
 import pathlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import diffrax as dfx
 import jax
@@ -87,13 +88,24 @@ SLOW = 1.0  # s: JAX calls at least this slow (forward mode over hundreds of par
 FORWARD_MODE_UP_TO = 1000  # parameters: forward-mode rows (one tangent each) beyond take tens of seconds
 MEMORY_STEPS = {True: (20, 200), False: (100, 1000, 10000)}
 ROUNDS = {True: (3, 1), False: (20, 3)}  # (JAX rounds, torch rounds)
-BUDGET = 240.0  # s: a tier's rounds stop after the round that ends past it (16 states: continuous adjoints take seconds)
-SENSEALGS = ("ForwardDiffSensitivity", "DiscreteAdjoint", "BacksolveAdjoint", "InterpolatingAdjoint",
-             "GaussAdjoint", "auto")
+BUDGET = (
+    240.0  # s: a tier's rounds stop after the round that ends past it (16 states: continuous adjoints take seconds)
+)
+SENSEALGS = (
+    "ForwardDiffSensitivity",
+    "DiscreteAdjoint",
+    "BacksolveAdjoint",
+    "InterpolatingAdjoint",
+    "GaussAdjoint",
+    "auto",
+)
 CONTINUOUS_SENSEALGS = ("BacksolveAdjoint", "InterpolatingAdjoint", "GaussAdjoint")
 FLOOR = "hand-written lax.scan Euler (floor)"
-SCHEMES = {"euler": "Itô Euler", "heun": "Heun, Stratonovich form", "reversible_heun":
-           "reversible Heun, Stratonovich form"}
+SCHEMES = {
+    "euler": "Itô Euler",
+    "heun": "Heun, Stratonovich form",
+    "reversible_heun": "reversible Heun, Stratonovich form",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +162,10 @@ SIGMA = 0.5  # the neural SDE's largest diffusion
 def _mlp(p, u, n, xp):
     """The MLP n → WIDTH → n of the flat weights p: (output, hidden activations, W1, W2)."""
     h = WIDTH
-    w1 = p[:h * n].reshape(h, n)
-    b1 = p[h * n:h * n + h]
-    w2 = p[h * n + h:2 * h * n + h].reshape(n, h)
-    b2 = p[2 * h * n + h:2 * h * n + h + n]
+    w1 = p[: h * n].reshape(h, n)
+    b1 = p[h * n : h * n + h]
+    w2 = p[h * n + h : 2 * h * n + h].reshape(n, h)
+    b2 = p[2 * h * n + h : 2 * h * n + h + n]
     hidden = xp.tanh(u @ w1.T + b1)
     return hidden @ w2.T + b2, hidden, w1, w2
 
@@ -163,18 +175,18 @@ def _mlp_size(n: int) -> int:
 
 
 def _neural_drift(u, p, t, xp=jnp):
-    return _mlp(p[:_mlp_size(u.shape[-1])], u, u.shape[-1], xp)[0]
+    return _mlp(p[: _mlp_size(u.shape[-1])], u, u.shape[-1], xp)[0]
 
 
 def _neural_diffusion(u, p, t, xp=jnp):
-    z = _mlp(p[_mlp_size(u.shape[-1]):], u, u.shape[-1], xp)[0]
+    z = _mlp(p[_mlp_size(u.shape[-1]) :], u, u.shape[-1], xp)[0]
     return SIGMA / (1 + xp.exp(-z))
 
 
 def _neural_stratonovich_drift(u, p, t, xp=jnp):
     """drift − ½ g ∘ diag(∂g/∂u): g = SIGMA s(z), ∂g_i/∂u_i = SIGMA s(1 − s) Σ_k W2[i, k] (1 − h_k²) W1[k, i]."""
     n = u.shape[-1]
-    z, hidden, w1, w2 = _mlp(p[_mlp_size(n):], u, n, xp)
+    z, hidden, w1, w2 = _mlp(p[_mlp_size(n) :], u, n, xp)
     s = 1 / (1 + xp.exp(-z))
     dz = (1 - hidden**2) @ (w2 * w1.T).T
     g = SIGMA * s
@@ -196,10 +208,22 @@ def neural_sde(states: int = 4, paths: int = 64, steps: int = 100) -> SDEBench:
         w2 = rng.normal(size=(states, WIDTH)) / np.sqrt(WIDTH)
         return np.concatenate([w1.ravel(), np.zeros(WIDTH), w2.ravel(), np.zeros(states)])
 
-    return SDEBench("neural SDE", states, paths, steps, 1.0, (1.0,), np.linspace(-0.5, 0.5, states),
-                    np.concatenate([mlp_weights(), mlp_weights()]), _neural_drift, _neural_diffusion,
-                    _neural_stratonovich_drift, _neural_loss, neural_sde,
-                    {"states": states, "paths": paths, "steps": steps})
+    return SDEBench(
+        "neural SDE",
+        states,
+        paths,
+        steps,
+        1.0,
+        (1.0,),
+        np.linspace(-0.5, 0.5, states),
+        np.concatenate([mlp_weights(), mlp_weights()]),
+        _neural_drift,
+        _neural_diffusion,
+        _neural_stratonovich_drift,
+        _neural_loss,
+        neural_sde,
+        {"states": states, "paths": paths, "steps": steps},
+    )
 
 
 OMEGA = 100.0  # the Lotka–Volterra system size: noise ~ 1/√Ω
@@ -235,19 +259,36 @@ def _lv_loss(us, xp=jnp):
 
 
 def lotka_volterra(paths: int = 128, steps: int = 256) -> SDEBench:
-    return SDEBench("stochastic Lotka–Volterra", 2, paths, steps, 4.0, (1.0, 2.0, 3.0, 4.0), np.array([3.0, 2.0]),
-                    np.array([1.5, 1.0, 1.0, 3.0]), _lv_drift, _lv_diffusion, _lv_stratonovich_drift, _lv_loss,
-                    lotka_volterra, {"paths": paths, "steps": steps})
+    return SDEBench(
+        "stochastic Lotka–Volterra",
+        2,
+        paths,
+        steps,
+        4.0,
+        (1.0, 2.0, 3.0, 4.0),
+        np.array([3.0, 2.0]),
+        np.array([1.5, 1.0, 1.0, 3.0]),
+        _lv_drift,
+        _lv_diffusion,
+        _lv_stratonovich_drift,
+        _lv_loss,
+        lotka_volterra,
+        {"paths": paths, "steps": steps},
+    )
 
 
 def problems(quick: bool):
     if quick:
         return [functools.partial(neural_sde, 4, 16, 20), functools.partial(lotka_volterra, 16, 256)]
-    return [functools.partial(neural_sde, 4, 64, 100), functools.partial(neural_sde, 16, 256, 100),
-            functools.partial(lotka_volterra, 128, 256)]
+    return [
+        functools.partial(neural_sde, 4, 64, 100),
+        functools.partial(neural_sde, 16, 256, 100),
+        functools.partial(lotka_volterra, 128, 256),
+    ]
 
 
 # --- the floor: the steps written by hand over given increments --------------------------------------------------
+
 
 def _scan_path(b: SDEBench, scheme: str, p, dw, ts):
     """One path's saved states (saves, n): `scheme`'s steps over the increments dw (steps, n) at the times ts."""
@@ -256,24 +297,30 @@ def _scan_path(b: SDEBench, scheme: str, p, dw, ts):
     u0 = jnp.asarray(b.u0, dw.dtype)
 
     if scheme == "euler":
+
         def step(u, x):
             t, t1, w = x
             return u + f(u, p, t) * (t1 - t) + g(u, p, t) * w
+
         init, state = u0, lambda c: c
     elif scheme == "heun":
+
         def step(u, x):
             t, t1, w = x
             fu, gu = f(u, p, t), g(u, p, t)
             v = u + fu * (t1 - t) + gu * w
             return u + 0.5 * (fu + f(v, p, t1)) * (t1 - t) + 0.5 * (gu + g(v, p, t1)) * w
+
         init, state = u0, lambda c: c
     else:  # reversible Heun: carry (u, z, f(z), g(z))
+
         def step(c, x):
             u, z, fz, gz = c
             t, t1, w = x
             z1 = 2 * u - z + fz * (t1 - t) + gz * w
             fz1, gz1 = f(z1, p, t1), g(z1, p, t1)
             return u + 0.5 * (fz + fz1) * (t1 - t) + 0.5 * (gz + gz1) * w, z1, fz1, gz1
+
         init, state = (u0, u0, f(u0, p, ts[0]), g(u0, p, ts[0])), lambda c: c[0]
 
     xs = (ts[:-1], ts[1:], dw)
@@ -301,6 +348,7 @@ def predrawn(b: SDEBench):
 
 # --- the rows -------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Row:
     """One way to compute the gradient. `build(b)` returns (call, check, memory): `call()` the gradient (timed),
@@ -318,7 +366,10 @@ class Row:
 def _compiled(jitted, *args):
     compiled = jitted.lower(*args).compile()
     stats = compiled.memory_analysis()
-    memory = {"temp_bytes": None if stats is None else int(stats.temp_size_in_bytes), "peak_bytes": peak_bytes(compiled)}
+    memory = {
+        "temp_bytes": None if stats is None else int(stats.temp_size_in_bytes),
+        "peak_bytes": peak_bytes(compiled),
+    }
     return functools.partial(compiled, *args), memory
 
 
@@ -327,13 +378,16 @@ def floor_row() -> Row:
         dws, ts = predrawn(b), jnp.asarray(b.grid)
         call, memory = _compiled(scan_gradient(b), jnp.asarray(b.p), dws, ts)
         return call, lambda: (call(), dws, ts, "euler"), memory
+
     return Row(FLOOR, "floor", "euler", "increments drawn beforehand", True, build)
 
 
 def _diffrax_terms(b: SDEBench, scheme: str, bm):
     f = b.drift if scheme == "euler" else b.stratonovich_drift
-    return dfx.MultiTerm(dfx.ODETerm(lambda t, u, p: f(u, p, t)),
-                         dfx.ControlTerm(lambda t, u, p: lx.DiagonalLinearOperator(b.diffusion(u, p, t)), bm))
+    return dfx.MultiTerm(
+        dfx.ODETerm(lambda t, u, p: f(u, p, t)),
+        dfx.ControlTerm(lambda t, u, p: lx.DiagonalLinearOperator(b.diffusion(u, p, t)), bm),
+    )
 
 
 DIFFRAX_SOLVERS = {"euler": dfx.Euler, "heun": dfx.Heun, "reversible_heun": dfx.ReversibleHeun}
@@ -346,9 +400,18 @@ def _diffrax_path(b: SDEBench, key, unsafe: bool):
 
 
 def _diffrax_solve(b: SDEBench, scheme, adjoint, unsafe, key, p, saveat):
-    return dfx.diffeqsolve(_diffrax_terms(b, scheme, _diffrax_path(b, key, unsafe)), DIFFRAX_SOLVERS[scheme](),
-                           b.t0, b.t1, b.dt, jnp.asarray(b.u0, p.dtype), args=p, saveat=saveat, adjoint=adjoint,
-                           max_steps=b.steps + 1)
+    return dfx.diffeqsolve(
+        _diffrax_terms(b, scheme, _diffrax_path(b, key, unsafe)),
+        DIFFRAX_SOLVERS[scheme](),
+        b.t0,
+        b.t1,
+        b.dt,
+        jnp.asarray(b.u0, p.dtype),
+        args=p,
+        saveat=saveat,
+        adjoint=adjoint,
+        max_steps=b.steps + 1,
+    )
 
 
 def diffrax_increments(b: SDEBench, scheme: str, unsafe: bool = False):
@@ -357,11 +420,12 @@ def diffrax_increments(b: SDEBench, scheme: str, unsafe: bool = False):
     p = jnp.asarray(b.p)
     adjoint = dfx.ForwardMode() if unsafe else dfx.RecursiveCheckpointAdjoint()  # an unsafe path refuses the other
     sol = _diffrax_solve(b, scheme, adjoint, unsafe, b.keys()[0], p, dfx.SaveAt(steps=True))
-    ts = jnp.concatenate([jnp.asarray([b.t0]), sol.ts[:b.steps]])
+    ts = jnp.concatenate([jnp.asarray([b.t0]), sol.ts[: b.steps]])
 
     def path(key):
         bm = _diffrax_path(b, key, unsafe)
         return jax.vmap(bm.evaluate)(ts[:-1], ts[1:])
+
     return jax.jit(jax.vmap(path))(b.keys()), ts
 
 
@@ -376,7 +440,8 @@ def diffrax_row(scheme: str, adjoint: str, unsafe: bool = False) -> Row:
 
         def loss(p):
             us = jax.vmap(lambda key: _diffrax_solve(b, scheme, getattr(dfx, adjoint)(), unsafe, key, p, saveat).ys)(
-                b.keys())
+                b.keys()
+            )
             return b.loss(us, jnp)
 
         call, memory = _compiled(jax.jit(jax.jacfwd(loss) if adjoint == "ForwardMode" else jax.grad(loss)), p)
@@ -384,8 +449,14 @@ def diffrax_row(scheme: str, adjoint: str, unsafe: bool = False) -> Row:
 
     form = "" if scheme == "euler" else ", Stratonovich form"
     path = "UnsafeBrownianPath" if unsafe else "VirtualBrownianTree"
-    return Row(f"diffrax {solver} {adjoint}{form}{' (UnsafeBrownianPath)' if unsafe else ''}", "peer", scheme, path,
-               adjoint != "BacksolveAdjoint", build)
+    return Row(
+        f"diffrax {solver} {adjoint}{form}{' (UnsafeBrownianPath)' if unsafe else ''}",
+        "peer",
+        scheme,
+        path,
+        adjoint != "BacksolveAdjoint",
+        build,
+    )
 
 
 def has_sdes() -> bool:
@@ -394,8 +465,15 @@ def has_sdes() -> bool:
 
 
 def sciad_problem(b: SDEBench, stratonovich: bool = False):
-    return sciad.SDEProblem(b.stratonovich_drift if stratonovich else b.drift, b.diffusion, b.u0, (b.t0, b.t1), b.p,
-                            noise="diagonal", calculus="stratonovich" if stratonovich else "ito")
+    return sciad.SDEProblem(
+        b.stratonovich_drift if stratonovich else b.drift,
+        b.diffusion,
+        b.u0,
+        (b.t0, b.t1),
+        b.p,
+        noise="diagonal",
+        calculus="stratonovich" if stratonovich else "ito",
+    )
 
 
 def sciad_solve(b: SDEBench, problem, solver, sensealg, key, p):
@@ -413,6 +491,7 @@ def sciad_increments(b: SDEBench, problem, solver):
         if hasattr(brownian, "increments"):
             return brownian.increments()
         return jax.vmap(brownian.evaluate)(ts[:-1], ts[1:])
+
     return jax.jit(jax.vmap(path))(b.keys()), ts
 
 
@@ -478,9 +557,17 @@ TORCHSDE = {  # name: (scheme, adjoint, sdeint's keywords, torch threads: None f
     "torchsde sdeint (Euler, backpropagation)": ("euler", False, {"method": "euler"}, 1),
     "torchsde sdeint_adjoint (Euler; Milstein adjoint)": ("euler", True, {"method": "euler"}, 1),
     "torchsde sdeint_adjoint (reversible Heun, Stratonovich form)": (
-        "reversible_heun", True, {"method": "reversible_heun", "adjoint_method": "adjoint_reversible_heun"}, 1),
+        "reversible_heun",
+        True,
+        {"method": "reversible_heun", "adjoint_method": "adjoint_reversible_heun"},
+        1,
+    ),
     "torchsde sdeint_adjoint (Euler; Milstein adjoint), torch's default threads": (
-        "euler", True, {"method": "euler"}, None),
+        "euler",
+        True,
+        {"method": "euler"},
+        None,
+    ),
 }
 DEFAULT_THREADS = "torchsde sdeint_adjoint (Euler; Milstein adjoint), torch's default threads"  # full, neural SDE
 
@@ -523,6 +610,7 @@ def torchsde_gradient(b: SDEBench, name: str):
             return sde.p.grad.numpy().copy()
         finally:
             torch.set_num_threads(default)
+
     return gradient
 
 
@@ -537,8 +625,14 @@ def torchsde_row(name: str) -> Row:
         bm = _increments_brownian(torch.as_tensor(np.asarray(dws).transpose(1, 0, 2).copy()), b.t0, b.dt)
         return gradient, lambda: (gradient(bm), dws, jnp.asarray(b.grid), scheme), {}
 
-    return Row(name, "peer", scheme, "BrownianInterval (checked on the floor's increments)",
-               not adjoint or scheme == "reversible_heun", build)
+    return Row(
+        name,
+        "peer",
+        scheme,
+        "BrownianInterval (checked on the floor's increments)",
+        not adjoint or scheme == "reversible_heun",
+        build,
+    )
 
 
 def plan(b: SDEBench, quick: bool = True) -> tuple[list[Row], list[Row]]:
@@ -548,12 +642,19 @@ def plan(b: SDEBench, quick: bool = True) -> tuple[list[Row], list[Row]]:
     jax_rows = [floor_row()]
     jax_rows += [sciad_row(s) for s in SENSEALGS if forward_ok or s != "ForwardDiffSensitivity"]
     jax_rows.append(sciad_row("ReversibleAdjoint"))
-    jax_rows += [diffrax_row("euler", "RecursiveCheckpointAdjoint"), diffrax_row("euler", "BacksolveAdjoint"),
-                 diffrax_row("heun", "BacksolveAdjoint"), diffrax_row("reversible_heun", "RecursiveCheckpointAdjoint")]
+    jax_rows += [
+        diffrax_row("euler", "RecursiveCheckpointAdjoint"),
+        diffrax_row("euler", "BacksolveAdjoint"),
+        diffrax_row("heun", "BacksolveAdjoint"),
+        diffrax_row("reversible_heun", "RecursiveCheckpointAdjoint"),
+    ]
     if forward_ok:
         jax_rows.append(diffrax_row("euler", "ForwardMode", unsafe=True))
-    torch_rows = [torchsde_row(name) for name in TORCHSDE if name != DEFAULT_THREADS or (
-        not quick and b.factory is neural_sde)] if _has_torchsde() else []
+    torch_rows = (
+        [torchsde_row(name) for name in TORCHSDE if name != DEFAULT_THREADS or (not quick and b.factory is neural_sde)]
+        if _has_torchsde()
+        else []
+    )
     return jax_rows, torch_rows
 
 
@@ -564,6 +665,7 @@ def _has_torchsde() -> bool:
 
 
 # --- checking and timing --------------------------------------------------------------------------------------
+
 
 def _tolerance(row: Row) -> float:
     return EXACT if row.exact else CONTINUOUS
@@ -586,6 +688,7 @@ def _checked(row: Row, b: SDEBench, references: _References, memory: dict):
     its known path against the reference on that path (max norm) over the row's tolerance, as an array of the
     gradient's shape whose largest entry is that ratio (`compare` measures it against zeros with tolerance 1);
     later calls return the gradient."""
+
     def prepare():
         call, check, memory[row.name] = row.build(b)
         first = [True]
@@ -598,7 +701,9 @@ def _checked(row: Row, b: SDEBench, references: _References, memory: dict):
             reference = references(scheme, dws, ts)
             scale = float(np.max(np.abs(reference))) or 1.0
             return (np.asarray(gradient) - reference) / scale / _tolerance(row)
+
         return run
+
     return prepare
 
 
@@ -606,19 +711,38 @@ def measure(b: SDEBench, rows: list[Row], rounds: int, slow_call, log) -> list[d
     """Records of `rows` on `b`: compiled and checked (`_checked`), then timed in interleaved rounds."""
     references, memory = _References(b), {}
     zeros = np.zeros(b.p.shape)
-    results = compare([_checked(row, b, references, memory) for row in rows], lambda: lambda: zeros, tolerance=1.0,
-                      rounds=rounds, budget=BUDGET, slow_call=slow_call,
-                      on_compile=lambda i: log(f"  {b.label}: compiling and checking {rows[i].name}"),
-                      on_round=lambda tier, i: log(f"  {b.label}: timing ({tier} calls), round {i + 1}/{rounds}"))
+    results = compare(
+        [_checked(row, b, references, memory) for row in rows],
+        lambda: lambda: zeros,
+        tolerance=1.0,
+        rounds=rounds,
+        budget=BUDGET,
+        slow_call=slow_call,
+        on_compile=lambda i: log(f"  {b.label}: compiling and checking {rows[i].name}"),
+        on_round=lambda tier, i: log(f"  {b.label}: timing ({tier} calls), round {i + 1}/{rounds}"),
+    )
     records = []
     for row, result in zip(rows, results):
         error = result.pop("rel_error", None)
         ok = result.pop("ok")
-        records.append({"problem": b.name, "states": b.states, "paths": b.paths, "steps": b.steps,
-                        "params": int(b.p.size), "name": row.name, "kind": row.kind, "scheme": row.scheme,
-                        "path": row.path, "rel_error": None if error is None else error * _tolerance(row),
-                        "tolerance": _tolerance(row), "ok": ok, **result,
-                        **memory.get(row.name, {})})
+        records.append(
+            {
+                "problem": b.name,
+                "states": b.states,
+                "paths": b.paths,
+                "steps": b.steps,
+                "params": int(b.p.size),
+                "name": row.name,
+                "kind": row.kind,
+                "scheme": row.scheme,
+                "path": row.path,
+                "rel_error": None if error is None else error * _tolerance(row),
+                "tolerance": _tolerance(row),
+                "ok": ok,
+                **result,
+                **memory.get(row.name, {}),
+            }
+        )
     return records
 
 
@@ -653,8 +777,11 @@ def memory_sweep(quick: bool, log) -> list[dict]:
     """XLA's temporaries of the neural SDE's gradient (4 states, 64 paths; quick: 16) at `MEMORY_STEPS` steps:
     the floor, sciad's ReversibleAdjoint, DiscreteAdjoint and "auto", diffrax's RecursiveCheckpointAdjoint (Euler
     and reversible Heun). Compiled only."""
-    rows = [floor_row(), diffrax_row("euler", "RecursiveCheckpointAdjoint"),
-            diffrax_row("reversible_heun", "RecursiveCheckpointAdjoint")]
+    rows = [
+        floor_row(),
+        diffrax_row("euler", "RecursiveCheckpointAdjoint"),
+        diffrax_row("reversible_heun", "RecursiveCheckpointAdjoint"),
+    ]
     if has_sdes():
         rows += [sciad_row("ReversibleAdjoint"), sciad_row("DiscreteAdjoint"), sciad_row("auto")]
     records = []
@@ -680,8 +807,10 @@ def run_sde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
     log = print if verbose else (lambda *_: None)
     start = time.perf_counter()
     load = os.getloadavg()
-    log(f"sde: load average {load[0]:.2f} on {os.cpu_count()} cores; sciad SDEs: "
-        f"{'yes' if has_sdes() else 'pending (no sciad.SDEProblem)'}; torchsde: {'yes' if _has_torchsde() else 'no'}")
+    log(
+        f"sde: load average {load[0]:.2f} on {os.cpu_count()} cores; sciad SDEs: "
+        f"{'yes' if has_sdes() else 'pending (no sciad.SDEProblem)'}; torchsde: {'yes' if _has_torchsde() else 'no'}"
+    )
     records, during = [], []
     for make in problems(quick):
         b = make()
@@ -695,14 +824,22 @@ def run_sde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
                         log(f"  {b.label}: peak RSS of {r['name']} (a fresh process)")
                         r["rss_bytes"] = torch_memory(b, r["name"])
         for r in rows:
-            log(f"  {b.label}: {r['name']:66s} {seconds(r.get('median_s'))} s (first {seconds(r.get('compile_s'))}) "
-                f"error {r['rel_error'] if r['rel_error'] is None else format(r['rel_error'], '.1e')} ok={r['ok']}")
+            log(
+                f"  {b.label}: {r['name']:66s} {seconds(r.get('median_s'))} s (first {seconds(r.get('compile_s'))}) "
+                f"error {r['rel_error'] if r['rel_error'] is None else format(r['rel_error'], '.1e')} ok={r['ok']}"
+            )
         records += rows
         during.append(os.getloadavg()[0])
     sweep = memory_sweep(quick, log)
-    result = {"experiment": "sde", "quick": quick,
-              "load_average": {"start": load, "after each problem": during, "end": os.getloadavg()},
-              "cores": os.cpu_count(), "sciad_sdes": has_sdes(), "records": records, "memory": sweep}
+    result = {
+        "experiment": "sde",
+        "quick": quick,
+        "load_average": {"start": load, "after each problem": during, "end": os.getloadavg()},
+        "cores": os.cpu_count(),
+        "sciad_sdes": has_sdes(),
+        "records": records,
+        "memory": sweep,
+    }
     table = write(result, out)
     log(table)
     log(f"sde: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
@@ -710,6 +847,7 @@ def run_sde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
 
 
 # --- outputs --------------------------------------------------------------------------------------------------
+
 
 def write(result: dict, out) -> str:
     """records.json, sde.png and table.md of `result` in `out`; the table."""
@@ -753,36 +891,54 @@ def markdown(result: dict) -> str:
     records = result["records"]
     load = result["load_average"]
     during = "".join(f", {x:.1f}" for x in load.get("after each problem", []))
-    lines = [f"# SDEs: pathwise gradients, sciad against a hand-written scan, diffrax and torchsde"
-             f"{' (quick)' if result['quick'] else ''}", "",
-             f"Measured on a shared {result['cores']}-core CPU with other sessions running (1-minute load average "
-             f"{load['start'][0]:.1f} at the start{during and f', after each problem{during}'}, {load['end'][0]:.1f} at "
-             "the end); times are medians of interleaved rounds in one process, and the ratios to the hand-written "
-             "scan were measured side by side. float64 throughout."
-             + ("" if result["sciad_sdes"] else " **sciad's rows are pending**: this sciad has no `sciad.SDEProblem` "
-                "yet (issue 35); they are wired to the API the issue spells."), "", *(x for note in result.get("notes", []) for x in (note, ""))]
+    lines = [
+        f"# SDEs: pathwise gradients, sciad against a hand-written scan, diffrax and torchsde"
+        f"{' (quick)' if result['quick'] else ''}",
+        "",
+        f"Measured on a shared {result['cores']}-core CPU with other sessions running (1-minute load average "
+        f"{load['start'][0]:.1f} at the start{during and f', after each problem{during}'}, {load['end'][0]:.1f} at "
+        "the end); times are medians of interleaved rounds in one process, and the ratios to the hand-written "
+        "scan were measured side by side. float64 throughout."
+        + (
+            ""
+            if result["sciad_sdes"]
+            else " **sciad's rows are pending**: this sciad has no `sciad.SDEProblem` "
+            "yet (issue 35); they are wired to the API the issue spells."
+        ),
+        "",
+        *(x for note in result.get("notes", []) for x in (note, "")),
+    ]
     for (problem, states, paths, steps), group in _groups(records).items():
         floor = _floor(group)
-        lines += [f"## {problem}: {states} states, {paths} paths, {steps} steps, {group[0]['params']} parameters", "",
-                  "| method | scheme | Brownian path | median (ms) | rounds | × scan | first call (s) | memory (MB) "
-                  "| rel. error | tolerance | status |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            f"## {problem}: {states} states, {paths} paths, {steps} steps, {group[0]['params']} parameters",
+            "",
+            "| method | scheme | Brownian path | median (ms) | rounds | × scan | first call (s) | memory (MB) "
+            "| rel. error | tolerance | status |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for r in group:
             median = r.get("median_s")
             ratio = "–" if not (median and floor) else f"{median / floor['median_s']:.3g}×"
-            lines.append(f"| {r['name']} | {SCHEMES[r['scheme']]} | {r['path']} | "
-                         f"{'–' if median is None else format(1e3 * median, '.3g')} | {len(r.get('times_s', []))} | "
-                         f"{ratio} | "
-                         f"{seconds(r.get('compile_s'))} | {_megabytes(r)} | "
-                         f"{'–' if r.get('rel_error') is None else format(r['rel_error'], '.1e')} | "
-                         f"{r['tolerance']:.0e} | {_status(r)} |")
+            lines.append(
+                f"| {r['name']} | {SCHEMES[r['scheme']]} | {r['path']} | "
+                f"{'–' if median is None else format(1e3 * median, '.3g')} | {len(r.get('times_s', []))} | "
+                f"{ratio} | "
+                f"{seconds(r.get('compile_s'))} | {_megabytes(r)} | "
+                f"{'–' if r.get('rel_error') is None else format(r['rel_error'], '.1e')} | "
+                f"{r['tolerance']:.0e} | {_status(r)} |"
+            )
         lines += ["", *_targets(group, floor), ""]
-    lines += ["Checks: each gradient on a Brownian path with known increments against the hand-written scan of the "
-              "same scheme on those increments (sciad's from `Solution.brownian`, diffrax's from its "
-              "`VirtualBrownianTree` at its step times; torchsde's own `BrownianInterval` is drawn inside each call, "
-              "so its check runs the same gradient on a Brownian motion returning the scan's increments). Discrete "
-              f"gradients agree to {EXACT:.0e}; continuous adjoints (the exact gradient only as dt → 0) to "
-              f"{CONTINUOUS:g} of the discrete one. Memory: XLA's temporaries of the compiled gradient (JAX rows); "
-              "torchsde: how far a fresh process' peak RSS rises over one gradient (RSS).", ""]
+    lines += [
+        "Checks: each gradient on a Brownian path with known increments against the hand-written scan of the "
+        "same scheme on those increments (sciad's from `Solution.brownian`, diffrax's from its "
+        "`VirtualBrownianTree` at its step times; torchsde's own `BrownianInterval` is drawn inside each call, "
+        "so its check runs the same gradient on a Brownian motion returning the scan's increments). Discrete "
+        f"gradients agree to {EXACT:.0e}; continuous adjoints (the exact gradient only as dt → 0) to "
+        f"{CONTINUOUS:g} of the discrete one. Memory: XLA's temporaries of the compiled gradient (JAX rows); "
+        "torchsde: how far a fresh process' peak RSS rises over one gradient (RSS).",
+        "",
+    ]
     lines += _memory_table(result["memory"])
     return "\n".join(lines) + "\n"
 
@@ -801,8 +957,10 @@ def _targets(group, floor) -> list[str]:
     if floor and diffrax:
         said.append(f"diffrax's fastest ({diffrax['name']}): {diffrax['median_s'] / floor['median_s']:.1f}× the scan")
     if torch and auto:
-        said.append(f"torchsde's fastest ({torch['name']}) / sciad auto: {torch['median_s'] / auto['median_s']:.0f}× "
-                    "(target ≥ 100×)")
+        said.append(
+            f"torchsde's fastest ({torch['name']}) / sciad auto: {torch['median_s'] / auto['median_s']:.0f}× "
+            "(target ≥ 100×)"
+        )
     elif torch and floor:
         said.append(f"torchsde's fastest ({torch['name']}): {torch['median_s'] / floor['median_s']:.0f}× the scan")
     return ["Targets (issue 35): " + "; ".join(said) + "."] if said else []
@@ -812,14 +970,21 @@ def _memory_table(sweep) -> list[str]:
     if not sweep:
         return []
     steps = sorted({r["steps"] for r in sweep})
-    lines = ["## Memory against the number of steps (neural SDE, 4 states; XLA temporaries of the gradient, MB)", "",
-             "| method | " + " | ".join(f"{s:,} steps" for s in steps) + " |", "|---|" + "---:|" * len(steps)]
+    lines = [
+        "## Memory against the number of steps (neural SDE, 4 states; XLA temporaries of the gradient, MB)",
+        "",
+        "| method | " + " | ".join(f"{s:,} steps" for s in steps) + " |",
+        "|---|" + "---:|" * len(steps),
+    ]
     for name in dict.fromkeys(r["name"] for r in sweep):
         cells = []
         for s in steps:
             r = next((r for r in sweep if r["name"] == name and r["steps"] == s), None)
-            cells.append("–" if r is None or r.get("temp_bytes") is None else
-                         (f"{r['temp_bytes'] / 1e6:.3g}" if not r.get("error") else "failed"))
+            cells.append(
+                "–"
+                if r is None or r.get("temp_bytes") is None
+                else (f"{r['temp_bytes'] / 1e6:.3g}" if not r.get("error") else "failed")
+            )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -840,11 +1005,26 @@ def figure(result: dict, path) -> None:
 
     groups = _groups(result["records"])
     heights = [len(g) for g in groups.values()] + [6]
-    fig, axes = plt.subplots(len(heights), 1, figsize=(11, 2.5 + 0.34 * sum(heights)), height_ratios=heights,
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        len(heights),
+        1,
+        figsize=(11, 2.5 + 0.34 * sum(heights)),
+        height_ratios=heights,
+        squeeze=False,
+        layout="constrained",
+    )
     for ax, ((problem, states, paths, steps), group) in zip(axes[:, 0], groups.items()):
-        rows = [{"label": r["name"], "kind": "baseline" if r["kind"] == "floor" else r["kind"], "ok": r["ok"] is True,
-                 "times": r.get("times_s", []), "median_s": r.get("median_s"), "error": _error(r)} for r in group]
+        rows = [
+            {
+                "label": r["name"],
+                "kind": "baseline" if r["kind"] == "floor" else r["kind"],
+                "ok": r["ok"] is True,
+                "times": r.get("times_s", []),
+                "median_s": r.get("median_s"),
+                "error": _error(r),
+            }
+            for r in group
+        ]
         rows = sorted(rows, key=lambda r: (r["median_s"] is None, r["median_s"] or 0.0))
         plots._violins(ax, rows)
         ax.set_title(f"{problem}: {states} states, {paths} paths, {steps} steps (time per gradient)", fontsize=9)
@@ -855,8 +1035,13 @@ def figure(result: dict, path) -> None:
             lines.setdefault(r["name"], []).append((r["steps"], r["temp_bytes"] / 2**20))
     for i, (name, points) in enumerate(lines.items()):  # lines that coincide stay visible: markers and dashes differ
         points = sorted(points)
-        ax.plot([x for x, _ in points], [y for _, y in points], marker="os^vDx"[i % 6], linestyle=("-", "--", ":")[i % 3],
-                label=name)
+        ax.plot(
+            [x for x, _ in points],
+            [y for _, y in points],
+            marker="os^vDx"[i % 6],
+            linestyle=("-", "--", ":")[i % 3],
+            label=name,
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("steps")
@@ -864,7 +1049,10 @@ def figure(result: dict, path) -> None:
     ax.set_title("neural SDE gradient's memory against the number of steps", fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.suptitle(f"SDE gradients: sciad vs a hand-written lax.scan (grey), diffrax and torchsde (orange)"
-                 f"{' (quick)' if result['quick'] else ''}", fontsize=10)
+    fig.suptitle(
+        f"SDE gradients: sciad vs a hand-written lax.scan (grey), diffrax and torchsde (orange)"
+        f"{' (quick)' if result['quick'] else ''}",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -30,17 +30,18 @@ import sys
 import sciad
 from sciad import problems
 from sciad.adjoints import describe
-from sciad.select import THRESHOLDS, Features, Thresholds, heuristic
-from sciad.select import candidates, measure
+from sciad.select import THRESHOLDS, Features, Thresholds, candidates, heuristic, measure
 from sciad.select import features as problem_features
 from sciad.timing import fastest
 
 PAPER_CASES = ("lotka-volterra", "spiral-node")
 HELD_OUT = ("hamiltonian-node", "brusselator-pde")
 # Threshold values the calibration tries (each holds the committed one).
-GRID = {"forward_mode_parameters": (0, 2, 4, 8, 16, 32, 64, 128, 256),
-        "dense_saves": (2, 3, 5, 10, 20, 50, 100),
-        "parameters_per_state": (0.5, 1, 2, 4, 8, 16, 32, 64)}
+GRID = {
+    "forward_mode_parameters": (0, 2, 4, 8, 16, 32, 64, 128, 256),
+    "dense_saves": (2, 3, 5, 10, 20, 50, 100),
+    "parameters_per_state": (0.5, 1, 2, 4, 8, 16, 32, 64),
+}
 MISSING_RATIO = 10.0  # the score of a pick that was not measured or gave a wrong gradient
 
 
@@ -55,7 +56,7 @@ def cases(quick: bool):
 
 
 def subset(case: str) -> str:
-    """"paper", "held out" or "calibration" (see the module's docstring)."""
+    """ "paper", "held out" or "calibration" (see the module's docstring)."""
     if case in PAPER_CASES:
         return "paper"
     return "held out" if case.startswith(HELD_OUT) else "calibration"
@@ -63,8 +64,9 @@ def subset(case: str) -> str:
 
 def features(bench) -> Features:
     """`sciad.select.features` of a `Benchmark` with its solver, tolerances and max_steps."""
-    return problem_features(bench.problem, bench.saveat, solver=bench.solver, rtol=bench.rtol, atol=bench.atol,
-                            max_steps=bench.max_steps)
+    return problem_features(
+        bench.problem, bench.saveat, solver=bench.solver, rtol=bench.rtol, atol=bench.atol, max_steps=bench.max_steps
+    )
 
 
 def validate(bench, budget: float, tune_budget: float) -> dict:
@@ -74,31 +76,44 @@ def validate(bench, budget: float, tune_budget: float) -> dict:
     best = fastest(rows)
     by_name = {r["name"]: r for r in rows}
     pick = describe(heuristic(feat).sensealg)
-    tuned = sciad.select_sensealg(prob, saveat=bench.saveat, loss=bench.loss, autotune=True,
-                                  budget=tune_budget, **kw)
+    tuned = sciad.select_sensealg(prob, saveat=bench.saveat, loss=bench.loss, autotune=True, budget=tune_budget, **kw)
     tuned_pick = describe(tuned.sensealg)
 
     def ratio(name):
         row = by_name.get(name)
         return row["median_s"] / best["median_s"] if row and "median_s" in row else None
 
-    return {"case": bench.name, "size": bench.size, "features": feat, "best": best["name"],
-            "best_s": best["median_s"], "heuristic": pick, "heuristic_ratio": ratio(pick),
-            "autotuned": tuned_pick, "autotuned_ratio": ratio(tuned_pick), "rows": rows}
+    return {
+        "case": bench.name,
+        "size": bench.size,
+        "features": feat,
+        "best": best["name"],
+        "best_s": best["median_s"],
+        "heuristic": pick,
+        "heuristic_ratio": ratio(pick),
+        "autotuned": tuned_pick,
+        "autotuned_ratio": ratio(tuned_pick),
+        "rows": rows,
+    }
 
 
 def case(name: str, feat: Features, rows) -> dict:
     """A calibration case: its `features` and the median time of each correct sensealg, by the
     name `describe` writes (`rows`: dicts with name, ok, median_s, as `sciad.select.measure` gives)."""
-    return {"case": name, "features": feat,
-            "times": {r["name"]: r["median_s"] for r in rows if r.get("ok") is True and r.get("median_s")}}
+    return {
+        "case": name,
+        "features": feat,
+        "times": {r["name"]: r["median_s"] for r in rows if r.get("ok") is True and r.get("median_s")},
+    }
 
 
 def cases_from_records(records, features_by_problem: dict) -> list[dict]:
     """Cases from benchmark records that carry `name` (the sensealg as `describe` writes it; None for
     peers and baselines), one per problem in `features_by_problem`."""
-    return [case(problem, feat, [r for r in records if r["problem"] == problem and r.get("name")])
-            for problem, feat in features_by_problem.items()]
+    return [
+        case(problem, feat, [r for r in records if r["problem"] == problem and r.get("name")])
+        for problem, feat in features_by_problem.items()
+    ]
 
 
 def pick_ratio(c: dict, thresholds: Thresholds) -> tuple[str, str, float | None]:
@@ -140,41 +155,62 @@ def out_of_sample(cs: list[dict]) -> dict:
         rows = []
         for c in members:
             best = min(c["times"], key=c["times"].get)
-            rows.append({"case": c["case"], "best": best,
-                         **{f"{label} {k}": v for label, t in (("committed", THRESHOLDS), ("fitted", fitted))
-                            for k, v in zip(("pick", "rule", "ratio"), pick_ratio(c, t))}})
+            rows.append(
+                {
+                    "case": c["case"],
+                    "best": best,
+                    **{
+                        f"{label} {k}": v
+                        for label, t in (("committed", THRESHOLDS), ("fitted", fitted))
+                        for k, v in zip(("pick", "rule", "ratio"), pick_ratio(c, t))
+                    },
+                }
+            )
         sets[name] = {"rows": rows, "committed": score(members, THRESHOLDS), "fitted": score(members, fitted)}
     return {"committed": dataclasses.asdict(THRESHOLDS), "fitted": dataclasses.asdict(fitted), "sets": sets}
 
 
 def out_of_sample_table(result: dict) -> str:
-    lines = ["| set | case | best (measured) | committed pick (rule) | ratio | fitted pick (rule) | ratio |",
-             "|---|---|---|---|---:|---|---:|"]
+    lines = [
+        "| set | case | best (measured) | committed pick (rule) | ratio | fitted pick (rule) | ratio |",
+        "|---|---|---|---|---:|---|---:|",
+    ]
 
     def fmt(x):
         return "–" if x is None else f"{x:.2f}"
 
     for name, s in result["sets"].items():
         for r in s["rows"]:
-            lines.append(f"| {name} | {r['case']} | {r['best']} | {r['committed pick']} ({r['committed rule']}) | "
-                         f"{fmt(r['committed ratio'])} | {r['fitted pick']} ({r['fitted rule']}) | "
-                         f"{fmt(r['fitted ratio'])} |")
-    summary = [f"- {name}: geometric-mean ratio to the measured best {s['committed']:.2f} (committed), "
-               f"{s['fitted']:.2f} (fitted) over {len(s['rows'])} case{'' if len(s['rows']) == 1 else 's'}"
-               for name, s in result["sets"].items()]
-    return ("\n".join(lines) + "\n\n" + "\n".join(summary) + f"\n\nThresholds committed {result['committed']}; "
-            f"fitted on the calibration set {result['fitted']} (a pick not measured scores {MISSING_RATIO:g}).\n")
+            lines.append(
+                f"| {name} | {r['case']} | {r['best']} | {r['committed pick']} ({r['committed rule']}) | "
+                f"{fmt(r['committed ratio'])} | {r['fitted pick']} ({r['fitted rule']}) | "
+                f"{fmt(r['fitted ratio'])} |"
+            )
+    summary = [
+        f"- {name}: geometric-mean ratio to the measured best {s['committed']:.2f} (committed), "
+        f"{s['fitted']:.2f} (fitted) over {len(s['rows'])} case{'' if len(s['rows']) == 1 else 's'}"
+        for name, s in result["sets"].items()
+    ]
+    return (
+        "\n".join(lines) + "\n\n" + "\n".join(summary) + f"\n\nThresholds committed {result['committed']}; "
+        f"fitted on the calibration set {result['fitted']} (a pick not measured scores {MISSING_RATIO:g}).\n"
+    )
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| case | states+params | best (measured) | best median (s) | heuristic pick | ratio | "
-             "autotuned pick | ratio | targets (≤1.5, ≤1.1) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| case | states+params | best (measured) | best median (s) | heuristic pick | ratio | "
+        "autotuned pick | ratio | targets (≤1.5, ≤1.1) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         h, a = r["heuristic_ratio"], r["autotuned_ratio"]
         hit = "yes" if (h is not None and h <= 1.5 and a is not None and a <= 1.1) else "**miss**"
-        lines.append(f"| {r['case']} | {r['size']} | {r['best']} | {r['best_s']:.3g} | {r['heuristic']} | "
-                     f"{'–' if h is None else f'{h:.2f}'} | {r['autotuned']} | "
-                     f"{'–' if a is None else f'{a:.2f}'} | {hit} |")
+        lines.append(
+            f"| {r['case']} | {r['size']} | {r['best']} | {r['best_s']:.3g} | {r['heuristic']} | "
+            f"{'–' if h is None else f'{h:.2f}'} | {r['autotuned']} | "
+            f"{'–' if a is None else f'{a:.2f}'} | {hit} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -193,8 +229,12 @@ def run_selection(*, quick: bool = False, out=None) -> list[dict]:
     held = out_of_sample([case(r["case"], r["features"], r["rows"]) for r in results])
     records = [{**r, "features": dataclasses.asdict(r["features"])} for r in results]
     (out / "selection.json").write_text(json.dumps({"cases": records, "out of sample": held}, indent=1, default=str))
-    md = (f"# selection{' (quick)' if quick else ''}: picks against the measured best\n\n" + table(results)
-          + "\n## Out of sample\n\n" + out_of_sample_table(held))
+    md = (
+        f"# selection{' (quick)' if quick else ''}: picks against the measured best\n\n"
+        + table(results)
+        + "\n## Out of sample\n\n"
+        + out_of_sample_table(held)
+    )
     (out / "table.md").write_text(md)
     print(md)
     return results

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import sciad
+from sciad import get_solver
 from sciad.adjoints import step_controller
 from sciad.problems import GeneCircuitRHS
-from sciad import get_solver
 from sciad.timing import compare
 
 TOLERANCE = 1e-8  # rtol = atol of both solves
@@ -64,10 +64,18 @@ class SteadyCase:
         term = dfx.ODETerm(lambda t, u, p: f(u, p, t))
 
         def steady(dose):
-            sol = dfx.diffeqsolve(term, solver, 0.0, jnp.inf, None, jnp.asarray(self.problem.u0),
-                                  args={"circuit": circuit, "dose": dose},
-                                  stepsize_controller=step_controller(solver, TOLERANCE, TOLERANCE),
-                                  event=dfx.Event(dfx.steady_state_event()), adjoint=dfx.ImplicitAdjoint())
+            sol = dfx.diffeqsolve(
+                term,
+                solver,
+                0.0,
+                jnp.inf,
+                None,
+                jnp.asarray(self.problem.u0),
+                args={"circuit": circuit, "dose": dose},
+                stepsize_controller=step_controller(solver, TOLERANCE, TOLERANCE),
+                event=dfx.Event(dfx.steady_state_event()),
+                adjoint=dfx.ImplicitAdjoint(),
+            )
             return sol.ys[-1]
 
         return self.loss(jax.vmap(steady)(jnp.asarray(self.doses)))
@@ -82,8 +90,9 @@ def induced_circuit(n: int, doses: int, seed: int = 0) -> SteadyCase:
     dose_range = np.geomspace(0.1, 10.0, doses)
     problem = sciad.ODEProblem(InducedCircuit(n), np.zeros(n), (0.0, 1.0), {"circuit": truth, "dose": np.array(1.0)})
     case = SteadyCase(f"induced-gene-circuit-{n} ({doses} doses)", problem, dose_range, np.zeros((doses, n)))
-    data = jax.jit(jax.vmap(lambda d: sciad.steady_state(problem, p={"circuit": truth, "dose": d},
-                                                           rtol=1e-12, atol=1e-12).u))(dose_range)
+    data = jax.jit(
+        jax.vmap(lambda d: sciad.steady_state(problem, p={"circuit": truth, "dose": d}, rtol=1e-12, atol=1e-12).u)
+    )(dose_range)
     perturbed = truth * (1 + 0.1 * rng.standard_normal(truth.shape))
     problem = sciad.ODEProblem(problem.f, problem.u0, problem.tspan, {"circuit": perturbed, "dose": np.array(1.0)})
     return dataclasses.replace(case, problem=problem, data=np.asarray(data))
@@ -103,14 +112,24 @@ def time_steady_state(repeats: int, cases=None) -> list[dict]:
     rows = []
     for case in steady_state_cases() if cases is None else cases:
         p = jnp.asarray(case.problem.p["circuit"])
-        builds = [functools.partial(_gradient_call, objective, p) for objective in (case.sciad_objective,
-                                                                                   case.diffrax_objective)]
-        sciad_row, diffrax_row = compare(builds, reference=builds[1], tolerance=AGREEMENT, rounds=repeats,
-                                         slow_call=None)
+        builds = [
+            functools.partial(_gradient_call, objective, p)
+            for objective in (case.sciad_objective, case.diffrax_objective)
+        ]
+        sciad_row, diffrax_row = compare(
+            builds, reference=builds[1], tolerance=AGREEMENT, rounds=repeats, slow_call=None
+        )
         sciad_s, diffrax_s = sciad_row.get("median_s"), diffrax_row.get("median_s")
-        rows.append({"name": case.name, "sciad_s": sciad_s, "diffrax_s": diffrax_s,
-                     "ratio": sciad_s / diffrax_s if sciad_s and diffrax_s else None,
-                     "rel_error": sciad_row["rel_error"], "ok": sciad_row["ok"]})
+        rows.append(
+            {
+                "name": case.name,
+                "sciad_s": sciad_s,
+                "diffrax_s": diffrax_s,
+                "ratio": sciad_s / diffrax_s if sciad_s and diffrax_s else None,
+                "rel_error": sciad_row["rel_error"],
+                "ok": sciad_row["ok"],
+            }
+        )
     return rows
 
 

@@ -33,7 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import diffrax as dfx
 import equinox as eqx
@@ -45,7 +46,6 @@ import sciad
 import sciad.ad as ad
 from sciad import get_solver
 from sciad.adjoints import describe, engine_option, parse, step_controller
-from sciad.select import heuristic
 from sciad.problems import (
     Benchmark,
     brusselator_pde,
@@ -56,8 +56,8 @@ from sciad.problems import (
     spiral_data,
     spiral_node,
 )
+from sciad.select import heuristic
 from sciad.timing import fastest, relative_error
-
 from sciad_bench import claims, harness, plots, selection, tables
 from sciad_bench.events import bouncing_ball
 from sciad_bench.experiments import _sensealg_matrix
@@ -95,8 +95,14 @@ def problems(quick: bool) -> list[tuple[str, Benchmark]]:
     """(class, benchmark) for every problem of the suite, the same in both modes. The Brusselator PDE
     is 6×6 (72 states): ForwardSensitivity, auto's pick there, takes tens of seconds per gradient
     with Kvaerno5 already, and a 16×16 grid would take a full run hours."""
-    return [(PAPER, lotka_volterra()), (PAPER, spiral_node()), (LONG_HORIZON, hamiltonian_node()),
-            (STIFF, oregonator()), (STIFF, brusselator_pde(6)), (DENSE, gene_circuit())]
+    return [
+        (PAPER, lotka_volterra()),
+        (PAPER, spiral_node()),
+        (LONG_HORIZON, hamiltonian_node()),
+        (STIFF, oregonator()),
+        (STIFF, brusselator_pde(6)),
+        (DENSE, gene_circuit()),
+    ]
 
 
 def _exponent(x: float) -> str:
@@ -109,31 +115,46 @@ def user_settings(bench: Benchmark) -> list[tuple[str, Benchmark]]:
     "lotka-volterra (max_steps=100000)", "lotka-volterra (rtol=1e-8, atol=1e-8)"."""
     factor = TIGHTER if np.asarray(bench.problem.p).dtype.itemsize >= 8 else 10
     rtol, atol = bench.rtol / factor, bench.atol / factor
-    settings = [] if bench.max_steps == USER_MAX_STEPS else [
-        (f"max_steps={USER_MAX_STEPS}", dict(max_steps=USER_MAX_STEPS))]
+    settings = (
+        [] if bench.max_steps == USER_MAX_STEPS else [(f"max_steps={USER_MAX_STEPS}", dict(max_steps=USER_MAX_STEPS))]
+    )
     settings.append((f"rtol={_exponent(rtol)}, atol={_exponent(atol)}", dict(rtol=rtol, atol=atol)))
-    return [(label, dataclasses.replace(bench, name=f"{bench.name} ({label})", **changes))
-            for label, changes in settings]
+    return [
+        (label, dataclasses.replace(bench, name=f"{bench.name} ({label})", **changes)) for label, changes in settings
+    ]
 
 
 def auto_combination(bench: Benchmark) -> Combination:
     """`sensealg="auto"` in `bench.objective`, labelled with what it picks here: `auto → Name / engine`."""
     pick = heuristic(selection.features(bench)).sensealg
     option = engine_option(pick)
-    return Combination(f"{AUTO} {describe(pick, engine=False)}", getattr(pick, option).name if option else None,
-                       lambda bench: jax.jit(jax.grad(lambda p: bench.objective(p, "auto"))))
+    return Combination(
+        f"{AUTO} {describe(pick, engine=False)}",
+        getattr(pick, option).name if option else None,
+        lambda bench: jax.jit(jax.grad(lambda p: bench.objective(p, "auto"))),
+    )
 
 
 def combinations(bench: Benchmark, category: str, engines, *, quick: bool) -> list[Combination]:
-    """"auto", in full mode every sensealg × engine but auto's own pick (with an implicit solver, no
+    """ "auto", in full mode every sensealg × engine but auto's own pick (with an implicit solver, no
     BacksolveAdjoint and ForwardSensitivity with jax-forward only), and `diffrax_adjoints`."""
     implicit = selection.features(bench).implicit_solver
     auto = auto_combination(bench)
     combos = [auto]
     if not quick:
         matrix, _ = _sensealg_matrix(engines, quick=False)
-        combos += [c for c in matrix if sensealg_name(c) != sensealg_name(auto) and not (implicit and (
-            c.sensealg == "BacksolveAdjoint" or (c.sensealg == "ForwardSensitivity" and c.engine != "jax-forward")))]
+        combos += [
+            c
+            for c in matrix
+            if sensealg_name(c) != sensealg_name(auto)
+            and not (
+                implicit
+                and (
+                    c.sensealg == "BacksolveAdjoint"
+                    or (c.sensealg == "ForwardSensitivity" and c.engine != "jax-forward")
+                )
+            )
+        ]
     return combos + diffrax_adjoints(bench, category, quick=quick)
 
 
@@ -141,35 +162,51 @@ def diffrax_adjoints(bench: Benchmark, category: str, *, quick: bool) -> list[Co
     """diffrax's adjoints: BacksolveAdjoint only with an explicit solver, and in quick mode only on
     the long-horizon problem; quick: not DirectAdjoint."""
     backsolve = not selection.features(bench).implicit_solver and (not quick or category == LONG_HORIZON)
-    return [diffrax_peer(a) for a in PEERS if (backsolve or a != "BacksolveAdjoint")
-            and not (quick and a == "DirectAdjoint")]
+    return [
+        diffrax_peer(a)
+        for a in PEERS
+        if (backsolve or a != "BacksolveAdjoint") and not (quick and a == "DirectAdjoint")
+    ]
 
 
 def plan(engines, *, quick: bool) -> list[tuple[str, str | None, Benchmark, list[Combination]]]:
     """(class, setting, benchmark, combinations) for every problem at its own settings (setting None,
     `combinations`), then at each of its `user_settings` with auto and `diffrax_adjoints` only
     (quick: the `QUICK_SETTINGS_PROBLEMS` only)."""
-    own = [(category, None, bench, combinations(bench, category, engines, quick=quick))
-           for category, bench in problems(quick)]
-    varied = [(category, setting, variant,
-               [auto_combination(variant), *diffrax_adjoints(variant, category, quick=quick)])
-              for category, _, bench, _ in own if not quick or bench.name in QUICK_SETTINGS_PROBLEMS
-              for setting, variant in user_settings(bench)]
+    own = [
+        (category, None, bench, combinations(bench, category, engines, quick=quick))
+        for category, bench in problems(quick)
+    ]
+    varied = [
+        (category, setting, variant, [auto_combination(variant), *diffrax_adjoints(variant, category, quick=quick)])
+        for category, _, bench, _ in own
+        if not quick or bench.name in QUICK_SETTINGS_PROBLEMS
+        for setting, variant in user_settings(bench)
+    ]
     return own + varied
 
 
 def skipped_combinations(engines, *, quick: bool) -> list[str]:
-    skipped = [f"{e} ({'not chosen' if ad.BACKENDS[e].traced else 'host engine: a host round trip per product'})"
-               for e in ad.available() if e not in engines]
+    skipped = [
+        f"{e} ({'not chosen' if ad.BACKENDS[e].traced else 'host engine: a host round trip per product'})"
+        for e in ad.available()
+        if e not in engines
+    ]
     skipped.append("BacksolveAdjoint, sciad's and diffrax's, on the stiff problems (unstable backwards)")
-    skipped.append("ForwardSensitivity on the stiff problems with engines other than jax-forward (tens of "
-                   "seconds per gradient with any engine)")
-    skipped.append(f"every sensealg but auto's pick at a user's settings (max_steps={USER_MAX_STEPS}, "
-                   "tighter tolerances: what they change is auto against diffrax)")
+    skipped.append(
+        "ForwardSensitivity on the stiff problems with engines other than jax-forward (tens of "
+        "seconds per gradient with any engine)"
+    )
+    skipped.append(
+        f"every sensealg but auto's pick at a user's settings (max_steps={USER_MAX_STEPS}, "
+        "tighter tolerances: what they change is auto against diffrax)"
+    )
     if quick:
-        skipped.append("every sensealg but auto's pick, diffrax DirectAdjoint (RecursiveCheckpointAdjoint's "
-                       "slower forward-mode-capable variant) and diffrax BacksolveAdjoint but on the long-horizon "
-                       "problem (quick mode)")
+        skipped.append(
+            "every sensealg but auto's pick, diffrax DirectAdjoint (RecursiveCheckpointAdjoint's "
+            "slower forward-mode-capable variant) and diffrax BacksolveAdjoint but on the long-horizon "
+            "problem (quick mode)"
+        )
         skipped.append(f"a user's settings but on {', '.join(QUICK_SETTINGS_PROBLEMS)} (quick mode)")
     return skipped
 
@@ -183,14 +220,21 @@ def sensealg_name(combo: Combination) -> str | None:
     return describe(parse(text, **({engine_option(text): combo.engine} if combo.engine else {})))
 
 
-def run_problem(bench: Benchmark, category: str, combos, *, repeats: int, budget: float | None,
-                progress, setting: str | None = None) -> list[dict]:
+def run_problem(
+    bench: Benchmark, category: str, combos, *, repeats: int, budget: float | None, progress, setting: str | None = None
+) -> list[dict]:
     """`harness.run` records (gradients checked to `GRADIENT_TOLERANCE` at least) with the problem's
     class, its `setting` (None: its own) and max_steps, rtol, atol, the sensealg's `name`
     (`sensealg_name`) and auto's heuristic `rule`."""
     names = {c.label: sensealg_name(c) for c in combos}
-    records = harness.run(bench, combos, repeats=repeats, budget=budget, progress=progress,
-                          tolerance=max(100 * bench.rtol, GRADIENT_TOLERANCE))
+    records = harness.run(
+        bench,
+        combos,
+        repeats=repeats,
+        budget=budget,
+        progress=progress,
+        tolerance=max(100 * bench.rtol, GRADIENT_TOLERANCE),
+    )
     rule = heuristic(selection.features(bench)).rule
     for r in records:
         r["class"], r["name"] = category, names.get(r["label"])
@@ -204,8 +248,11 @@ def horizon_benchmark(horizon: float) -> Benchmark:
     the least that solves it (its step count + 5%, rounded up to 100), as a user would set it:
     XLA's buffers are sized by it."""
     bench = hamiltonian_node(t1=horizon)
-    steps = int(sciad.solve(bench.problem, saveat=bench.saveat, rtol=bench.rtol, atol=bench.atol,
-                            max_steps=10**7).stats["steps"])
+    steps = int(
+        sciad.solve(bench.problem, saveat=bench.saveat, rtol=bench.rtol, atol=bench.atol, max_steps=10**7).stats[
+            "steps"
+        ]
+    )
     return dataclasses.replace(bench, name=f"{bench.name}-T{horizon:g}", max_steps=100 * math.ceil(1.05 * steps / 100))
 
 
@@ -218,9 +265,15 @@ def memory_sweep(horizons, combos: list[Combination], progress=None) -> list[dic
         for combo in combos:
             if progress is not None:
                 progress.step(f"memory: {combo.label} at T = {horizon:g} (compiling)")
-            rows.append({"label": combo.label, "sensealg": combo.sensealg, "horizon": float(horizon),
-                         "max_steps": bench.max_steps,
-                         "peak_bytes": harness.peak_bytes(harness.compiled(combo.build(bench), p))})
+            rows.append(
+                {
+                    "label": combo.label,
+                    "sensealg": combo.sensealg,
+                    "horizon": float(horizon),
+                    "max_steps": bench.max_steps,
+                    "peak_bytes": harness.peak_bytes(harness.compiled(combo.build(bench), p)),
+                }
+            )
     return rows
 
 
@@ -254,8 +307,15 @@ def _better(group, key: str, peer: dict) -> str:
 def _target(target, problem, bound, ratio, measured, why) -> dict:
     met = ratio is not None and ratio <= bound
     miss = "" if met else ("not measurable" if ratio is None else f"missed by {ratio / bound:.2f}×")
-    return {"target": target, "problem": problem, "bound": bound, "ratio": ratio, "met": met,
-            "measured": measured, "note": "" if met else f"{miss}; {why}"}
+    return {
+        "target": target,
+        "problem": problem,
+        "bound": bound,
+        "ratio": ratio,
+        "met": met,
+        "measured": measured,
+        "note": "" if met else f"{miss}; {why}",
+    }
 
 
 def auto_against_diffrax(group) -> tuple[dict | None, dict | None, float | None]:
@@ -271,11 +331,16 @@ def speed_targets(records) -> list[dict]:
     for problem, group in _by_problem(records).items():
         auto, peer, ratio = auto_against_diffrax(group)
         bound = SPEED_TARGET[group[0]["class"]]
-        measured = (f"{auto['label']} {1e3 * auto['median_s']:.3g} ms vs {peer['label']} "
-                    f"{1e3 * peer['median_s']:.3g} ms" if ratio is not None
-                    else f"auto: {tables.status(auto) if auto else 'absent'}")
-        why = (f"auto's pick by rule `{auto['rule'] if auto else '–'}`; {_better(group, 'median_s', peer)}"
-               if peer else "no diffrax adjoint gave a correct gradient")
+        measured = (
+            f"{auto['label']} {1e3 * auto['median_s']:.3g} ms vs {peer['label']} {1e3 * peer['median_s']:.3g} ms"
+            if ratio is not None
+            else f"auto: {tables.status(auto) if auto else 'absent'}"
+        )
+        why = (
+            f"auto's pick by rule `{auto['rule'] if auto else '–'}`; {_better(group, 'median_s', peer)}"
+            if peer
+            else "no diffrax adjoint gave a correct gradient"
+        )
         out.append(_target("auto ≤ fastest diffrax adjoint", problem, bound, ratio, measured, why))
     return out
 
@@ -287,11 +352,15 @@ def first_gradient_targets(records) -> list[dict]:
         auto = _auto(group)
         peer = next((r for r in group if r["sensealg"] == FIRST_GRADIENT_PEER and r["ok"]), None)
         ratio = auto["compile_time"] / peer["compile_time"] if auto and auto["ok"] and peer else None
-        measured = (f"{auto['compile_time']:.1f} s vs {peer['compile_time']:.1f} s" if ratio is not None
-                    else "auto or RecursiveCheckpointAdjoint gave no correct gradient")
+        measured = (
+            f"{auto['compile_time']:.1f} s vs {peer['compile_time']:.1f} s"
+            if ratio is not None
+            else "auto or RecursiveCheckpointAdjoint gave no correct gradient"
+        )
         why = _better(group, "compile_time", peer) if peer else "no correct RecursiveCheckpointAdjoint gradient"
-        out.append(_target("auto's time to first gradient ≤ RecursiveCheckpointAdjoint's", problem, 1.0, ratio,
-                           measured, why))
+        out.append(
+            _target("auto's time to first gradient ≤ RecursiveCheckpointAdjoint's", problem, 1.0, ratio, measured, why)
+        )
     return out
 
 
@@ -303,12 +372,23 @@ def memory_targets(sweep: list[dict]) -> list[dict]:
         short, long = rows[0], rows[-1]
         growth = long["peak_bytes"] / short["peak_bytes"] if short["peak_bytes"] and long["peak_bytes"] else None
         span = long["horizon"] / short["horizon"]
-        measured = ("memory analysis unavailable" if growth is None else
-                    f"{short['peak_bytes'] / 2**20:.3g} → {long['peak_bytes'] / 2**20:.3g} MiB from T = "
-                    f"{short['horizon']:g} to {long['horizon']:g} (∝ T^{math.log(growth) / math.log(span):.2f})")
+        measured = (
+            "memory analysis unavailable"
+            if growth is None
+            else f"{short['peak_bytes'] / 2**20:.3g} → {long['peak_bytes'] / 2**20:.3g} MiB from T = "
+            f"{short['horizon']:g} to {long['horizon']:g} (∝ T^{math.log(growth) / math.log(span):.2f})"
+        )
         why = f"max_steps grows {long['max_steps'] / short['max_steps']:.1f}×: buffers sized by max_steps"
-        out.append(_target(f"peak memory flat in the horizon (≤ {FLAT_GROWTH}× over {span:g}×)", label,
-                           FLAT_GROWTH, growth, measured, why))
+        out.append(
+            _target(
+                f"peak memory flat in the horizon (≤ {FLAT_GROWTH}× over {span:g}×)",
+                label,
+                FLAT_GROWTH,
+                growth,
+                measured,
+                why,
+            )
+        )
     return out
 
 
@@ -323,8 +403,10 @@ def targets_table(targets: list[dict]) -> str:
     lines = ["| target | problem | bound | ratio | verdict | measured | note |", "|---|---|---:|---:|---|---|---|"]
     for t in targets:
         ratio = "–" if t["ratio"] is None else f"{t['ratio']:.2f}"
-        lines.append(f"| {t['target']} | {t['problem']} | ≤ {t['bound']:g} | {ratio} | "
-                     f"{'met' if t['met'] else '**missed**'} | {t['measured']} | {t['note']} |")
+        lines.append(
+            f"| {t['target']} | {t['problem']} | ≤ {t['bound']:g} | {ratio} | "
+            f"{'met' if t['met'] else '**missed**'} | {t['measured']} | {t['note']} |"
+        )
     met = sum(t["met"] for t in targets)
     return "\n".join(lines) + f"\n\n{met} of {len(targets)} targets met.\n"
 
@@ -332,12 +414,15 @@ def targets_table(targets: list[dict]) -> str:
 def settings_table(records) -> str:
     """auto against diffrax's fastest adjoint for each problem timed at `user_settings`, at its own
     settings and at each of those."""
+
     def own_name(r):
         return r["problem"].removesuffix(f" ({r['setting']})") if r["setting"] else r["problem"]
 
     varied = {own_name(r) for r in records if r["setting"]}
-    lines = ["| problem | max_steps | rtol | atol | auto | auto (ms) | fastest diffrax adjoint (ms) | auto / diffrax |",
-             "|---|---:|---:|---:|---|---:|---|---:|"]
+    lines = [
+        "| problem | max_steps | rtol | atol | auto | auto (ms) | fastest diffrax adjoint (ms) | auto / diffrax |",
+        "|---|---:|---:|---:|---|---:|---|---:|",
+    ]
     for group in _by_problem(records).values():
         first = group[0]
         if own_name(first) not in varied:
@@ -345,17 +430,20 @@ def settings_table(records) -> str:
         auto, peer, ratio = auto_against_diffrax(group)
         auto_ms = "–" if ratio is None else f"{1e3 * auto['median_s']:.3g}"
         fastest_peer = "–" if peer is None else f"{peer['label']} {1e3 * peer['median_s']:.3g}"
-        lines.append(f"| {own_name(first)} | {first['max_steps']} | {first['rtol']:g} | {first['atol']:g} | "
-                     f"{auto['label'] if auto else '–'} | {auto_ms} | {fastest_peer} | "
-                     f"{'–' if ratio is None else format(ratio, '.2f')} |")
+        lines.append(
+            f"| {own_name(first)} | {first['max_steps']} | {first['rtol']:g} | {first['atol']:g} | "
+            f"{auto['label'] if auto else '–'} | {auto_ms} | {fastest_peer} | "
+            f"{'–' if ratio is None else format(ratio, '.2f')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def resources_table(records) -> str:
     """Time to the first gradient and peak memory of each checked combination, apart from the run time."""
     lines = ["| problem | combination | time to first gradient (s) | peak memory (MiB) |", "|---|---|---:|---:|"]
-    for r in sorted((r for r in records if r["ok"] and r["kind"] != "baseline"),
-                    key=lambda r: (r["problem"], r["compile_time"])):
+    for r in sorted(
+        (r for r in records if r["ok"] and r["kind"] != "baseline"), key=lambda r: (r["problem"], r["compile_time"])
+    ):
         memory = "–" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.3g}"
         lines.append(f"| {r['problem']} | {r['label']} | {r['compile_time']:.2f} | {memory} |")
     return "\n".join(lines) + "\n"
@@ -363,8 +451,11 @@ def resources_table(records) -> str:
 
 def sweep_table(sweep: list[dict]) -> str:
     lines = ["| combination | horizon T | max_steps | peak memory (MiB) |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['label']} | {r['horizon']:g} | {r['max_steps']} | "
-              f"{'–' if r['peak_bytes'] is None else format(r['peak_bytes'] / 2**20, '.3g')} |" for r in sweep]
+    lines += [
+        f"| {r['label']} | {r['horizon']:g} | {r['max_steps']} | "
+        f"{'–' if r['peak_bytes'] is None else format(r['peak_bytes'] / 2**20, '.3g')} |"
+        for r in sweep
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -380,18 +471,28 @@ def write_outputs(result: dict, out: pathlib.Path) -> str:
     (out / "suite.json").write_text(json.dumps(result, indent=1, default=str))
     mode, device = " (quick)" if result["quick"] else "", result["records"][0]["device"]
     for category, name in class_figures(result["records"]).items():
-        plots.violin_plot([r for r in result["records"] if r["class"] == category], out / name,
-                          f"suite{mode}, {category}: gradient time, {device}")
-    plots.memory_plot(result["memory"], out / MEMORY_FIGURE,
-                      f"suite{mode}: peak memory of the gradient, long-horizon neural ODE, {device}")
-    parts = [f"# suite{mode}\n",
-             tables.markdown_table(result["records"], result["skipped"]),
-             f"## auto against diffrax's adjoints at a user's settings (max_steps={USER_MAX_STEPS}, tighter "
-             "tolerances)\n", settings_table(result["records"]),
-             "## Time to first gradient and peak memory\n", resources_table(result["records"]),
-             "## Peak memory against the horizon (the long-horizon neural ODE, two save points)\n",
-             sweep_table(result["memory"]),
-             "## Targets\n", targets_table(result["targets"])]
+        plots.violin_plot(
+            [r for r in result["records"] if r["class"] == category],
+            out / name,
+            f"suite{mode}, {category}: gradient time, {device}",
+        )
+    plots.memory_plot(
+        result["memory"],
+        out / MEMORY_FIGURE,
+        f"suite{mode}: peak memory of the gradient, long-horizon neural ODE, {device}",
+    )
+    parts = [
+        f"# suite{mode}\n",
+        tables.markdown_table(result["records"], result["skipped"]),
+        f"## auto against diffrax's adjoints at a user's settings (max_steps={USER_MAX_STEPS}, tighter tolerances)\n",
+        settings_table(result["records"]),
+        "## Time to first gradient and peak memory\n",
+        resources_table(result["records"]),
+        "## Peak memory against the horizon (the long-horizon neural ODE, two save points)\n",
+        sweep_table(result["memory"]),
+        "## Targets\n",
+        targets_table(result["targets"]),
+    ]
     if result["selection"] is not None:
         parts += ["## Selection out of sample\n", selection.out_of_sample_table(result["selection"])]
     md = "\n".join(parts)
@@ -422,23 +523,44 @@ def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, 
     start = time.perf_counter()
     problems_plan = plan(engines, quick=quick) if PROBLEMS in families else []
     horizons, sweep_combos = SWEEP_HORIZONS[quick], sweep_combinations(quick) if PROBLEMS in families else []
-    progress = harness.Progress(sum(len(c) + 1 for *_, c in problems_plan) + len(horizons) * len(sweep_combos)
-                                + (LARGE_NONSTIFF in families) * sum(len(large_nonstiff_combinations(b)) + 1
-                                                                     for b in large_nonstiff_plan(quick))
-                                + (FIRST_GRADIENT in families) * len(first_gradient_cases()))
+    progress = harness.Progress(
+        sum(len(c) + 1 for *_, c in problems_plan)
+        + len(horizons) * len(sweep_combos)
+        + (LARGE_NONSTIFF in families)
+        * sum(len(large_nonstiff_combinations(b)) + 1 for b in large_nonstiff_plan(quick))
+        + (FIRST_GRADIENT in families) * len(first_gradient_cases())
+    )
     result = {"suite": "sciad bench suite", "quick": quick, "families": list(families)}
     if PROBLEMS in families:
         records = []
         for category, setting, bench, combos in problems_plan:
-            records += run_problem(bench, category, combos, repeats=repeats or rounds, budget=budget,
-                                   progress=progress, setting=setting)
+            records += run_problem(
+                bench, category, combos, repeats=repeats or rounds, budget=budget, progress=progress, setting=setting
+            )
         sweep = memory_sweep(horizons, sweep_combos, progress)
         own = [r for r in records if r["setting"] is None]
         targets = speed_targets(own) + first_gradient_targets(own) + memory_targets(sweep)
-        held = None if quick else selection.out_of_sample(selection.cases_from_records(records, {
-            bench.name: selection.features(bench) for _, setting, bench, _ in problems_plan if setting is None}))
-        result.update(skipped=skipped_combinations(engines, quick=quick), records=records, memory=sweep,
-                      targets=targets, selection=held)
+        held = (
+            None
+            if quick
+            else selection.out_of_sample(
+                selection.cases_from_records(
+                    records,
+                    {
+                        bench.name: selection.features(bench)
+                        for _, setting, bench, _ in problems_plan
+                        if setting is None
+                    },
+                )
+            )
+        )
+        result.update(
+            skipped=skipped_combinations(engines, quick=quick),
+            records=records,
+            memory=sweep,
+            targets=targets,
+            selection=held,
+        )
     for family, run in ((LARGE_NONSTIFF, run_large_nonstiff), (FIRST_GRADIENT, run_first_gradient)):
         if family in families:
             result[family] = run(quick=quick, repeats=repeats, progress=progress)
@@ -451,6 +573,7 @@ def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, 
             print(write_family(result[family], out))
     print(f"suite ({', '.join(families)}): {result['seconds']:.0f} s -> {out}/", file=sys.stderr)
     return result
+
 
 # The family "large non-stiff" (`run_large_nonstiff`): do the stored adjoints cost what the solve takes?
 
@@ -487,8 +610,13 @@ def large_nonstiff(states: int, max_steps: int = 4096) -> Benchmark:
 def large_nonstiff_combinations(bench: Benchmark) -> list[Combination]:
     """The stored GaussAdjoint and InterpolatingAdjoint, DiscreteAdjoint, "auto", diffrax's
     RecursiveCheckpointAdjoint and BacksolveAdjoint."""
-    return [*(sciad_combination(s, "jax-reverse") for s in STORED), sciad_combination("DiscreteAdjoint"),
-            auto_combination(bench), diffrax_peer("RecursiveCheckpointAdjoint"), diffrax_peer("BacksolveAdjoint")]
+    return [
+        *(sciad_combination(s, "jax-reverse") for s in STORED),
+        sciad_combination("DiscreteAdjoint"),
+        auto_combination(bench),
+        diffrax_peer("RecursiveCheckpointAdjoint"),
+        diffrax_peer("BacksolveAdjoint"),
+    ]
 
 
 def large_nonstiff_plan(quick: bool) -> list[Benchmark]:
@@ -503,9 +631,13 @@ def with_large_ratios(records) -> list[dict]:
         peer = fastest([r for r in group if r["is_peer"]])
         rca = next((r for r in group if r["label"] == RCA and r["temp_bytes"]), None)
         for r in group:
-            rows.append({**r, "vs_fastest_diffrax": r["median_s"] / peer["median_s"] if r["median_s"] and peer else None,
-                         "vs_rca_temp": r["temp_bytes"] / rca["temp_bytes"] if r["temp_bytes"] is not None and rca
-                         else None})
+            rows.append(
+                {
+                    **r,
+                    "vs_fastest_diffrax": r["median_s"] / peer["median_s"] if r["median_s"] and peer else None,
+                    "vs_rca_temp": r["temp_bytes"] / rca["temp_bytes"] if r["temp_bytes"] is not None and rca else None,
+                }
+            )
     return rows
 
 
@@ -516,30 +648,51 @@ def large_nonstiff_targets(records) -> list[dict]:
     for r in with_large_ratios(records):
         stored = r["sensealg"] in STORED
         if stored or r["sensealg"].startswith(AUTO):
-            measured = (f"{1e3 * r['median_s']:.3g} ms, {r['temp_bytes'] / 2**20:.3g} MiB" if r["ok"]
-                        else tables.status(r))
+            measured = (
+                f"{1e3 * r['median_s']:.3g} ms, {r['temp_bytes'] / 2**20:.3g} MiB" if r["ok"] else tables.status(r)
+            )
             name = "stored " + r["sensealg"] if stored else "auto"
-            out.append(_target(f"{name} ≤ {STORED_SPEED if stored else LARGE_AUTO_SPEED:g}× diffrax's fastest",
-                               r["problem"], STORED_SPEED if stored else LARGE_AUTO_SPEED, r["vs_fastest_diffrax"],
-                               measured, "issue 33, item 1"))
+            out.append(
+                _target(
+                    f"{name} ≤ {STORED_SPEED if stored else LARGE_AUTO_SPEED:g}× diffrax's fastest",
+                    r["problem"],
+                    STORED_SPEED if stored else LARGE_AUTO_SPEED,
+                    r["vs_fastest_diffrax"],
+                    measured,
+                    "issue 33, item 1",
+                )
+            )
             if stored:
-                out.append(_target(f"stored {r['sensealg']} ≤ {STORED_MEMORY:g}× RCA's temporaries", r["problem"],
-                                   STORED_MEMORY, r["vs_rca_temp"], measured, "issue 33, item 1"))
+                out.append(
+                    _target(
+                        f"stored {r['sensealg']} ≤ {STORED_MEMORY:g}× RCA's temporaries",
+                        r["problem"],
+                        STORED_MEMORY,
+                        r["vs_rca_temp"],
+                        measured,
+                        "issue 33, item 1",
+                    )
+                )
     return out
 
 
 def large_nonstiff_table(records) -> str:
-    lines = ["| problem | combination | median (ms) | / diffrax's fastest | XLA temporaries (MiB) | / RCA's | "
-             "first gradient (s) | rel. error | status |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| problem | combination | median (ms) | / diffrax's fastest | XLA temporaries (MiB) | / RCA's | "
+        "first gradient (s) | rel. error | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in with_large_ratios(records):
         if r["kind"] == "baseline":
             continue
         temp = None if r["temp_bytes"] is None else r["temp_bytes"] / 2**20
-        lines.append(f"| {r['problem']} | {r['label']}{' (peer)' if r['is_peer'] else ''} | "
-                     f"{tables.seconds(r['median_s'] and 1e3 * r['median_s'])} | "
-                     f"{_ratio(r['vs_fastest_diffrax'])} | {tables.seconds(temp)} | {_ratio(r['vs_rca_temp'])} | "
-                     f"{tables.seconds(r['compile_time'])} | "
-                     f"{'–' if r['rel_error'] is None else format(r['rel_error'], '.1e')} | {tables.status(r)} |")
+        lines.append(
+            f"| {r['problem']} | {r['label']}{' (peer)' if r['is_peer'] else ''} | "
+            f"{tables.seconds(r['median_s'] and 1e3 * r['median_s'])} | "
+            f"{_ratio(r['vs_fastest_diffrax'])} | {tables.seconds(temp)} | {_ratio(r['vs_rca_temp'])} | "
+            f"{tables.seconds(r['compile_time'])} | "
+            f"{'–' if r['rel_error'] is None else format(r['rel_error'], '.1e')} | {tables.status(r)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -556,11 +709,22 @@ def run_large_nonstiff(*, quick: bool, repeats: int | None = None, progress=None
     load = [_load()]
     records = []
     for bench in benches:
-        records += run_problem(bench, LARGE_NONSTIFF, large_nonstiff_combinations(bench), repeats=repeats or rounds,
-                               budget=budget, progress=progress)
+        records += run_problem(
+            bench,
+            LARGE_NONSTIFF,
+            large_nonstiff_combinations(bench),
+            repeats=repeats or rounds,
+            budget=budget,
+            progress=progress,
+        )
     load.append(_load())
-    return {"family": LARGE_NONSTIFF, "quick": quick, "records": records, "targets": large_nonstiff_targets(records),
-            "load": load}
+    return {
+        "family": LARGE_NONSTIFF,
+        "quick": quick,
+        "records": records,
+        "targets": large_nonstiff_targets(records),
+        "load": load,
+    }
 
 
 def _load() -> list[float]:
@@ -596,27 +760,31 @@ class FirstGradientCase:
 def _fresh(bench: Benchmark) -> Benchmark:
     """`bench` with its problem made again around a new function calling its f."""
     f, prob = bench.problem.f, bench.problem
-    return dataclasses.replace(bench, problem=sciad.ODEProblem(lambda u, p, t: f(u, p, t), prob.u0, prob.tspan,
-                                                               prob.p))
+    return dataclasses.replace(bench, problem=sciad.ODEProblem(lambda u, p, t: f(u, p, t), prob.u0, prob.tspan, prob.p))
 
 
 def benchmark_case(bench: Benchmark) -> FirstGradientCase:
     """A `Benchmark`'s objective by "auto" and by `diffrax_peer`'s RecursiveCheckpointAdjoint."""
+
     def gradient(side):
         fresh = _fresh(bench)
         if side == SIDES[0]:
             return jax.jit(jax.grad(lambda p: fresh.objective(p, "auto")))
         return diffrax_peer("RecursiveCheckpointAdjoint").build(fresh)
 
-    return FirstGradientCase(bench.name, jnp.asarray(bench.inputs), gradient,
-                             max(100 * bench.rtol, GRADIENT_TOLERANCE), lambda: harness.auto_pick(bench))
+    return FirstGradientCase(
+        bench.name,
+        jnp.asarray(bench.inputs),
+        gradient,
+        max(100 * bench.rtol, GRADIENT_TOLERANCE),
+        lambda: harness.auto_pick(bench),
+    )
 
 
 def mlp_node_case() -> FirstGradientCase:
     """A neural ODE u' = MLP(u) in float32 with an equinox MLP as p (2 → 48 tanh → 2, no final bias:
     240 parameters), u0 = (2, 0), t ≤ 1.5, 10 save points, squared error to the true spiral."""
-    mlp = eqx.nn.MLP(2, 2, 48, 1, activation=jnp.tanh, use_final_bias=False, key=jax.random.key(0),
-                     dtype=jnp.float32)
+    mlp = eqx.nn.MLP(2, 2, 48, 1, activation=jnp.tanh, use_final_bias=False, key=jax.random.key(0), dtype=jnp.float32)
     params, static = eqx.partition(mlp, eqx.is_array)
     u0, ts, tol = np.array([2.0, 0.0], np.float32), np.linspace(0.0, 1.5, 10), 1e-5
     data = jnp.asarray(spiral_data(u0, ts))
@@ -634,11 +802,21 @@ def mlp_node_case() -> FirstGradientCase:
             solver, term = get_solver("tsit5"), dfx.ODETerm(lambda t, u, p: eqx.combine(p, static)(u))
 
             def loss(p):
-                sol = dfx.diffeqsolve(term, solver, 0.0, 1.5, None, jnp.asarray(u0), args=p,
-                                      saveat=dfx.SaveAt(ts=jnp.asarray(ts, jnp.float32)),
-                                      stepsize_controller=step_controller(solver, tol, tol), max_steps=4096,
-                                      adjoint=dfx.RecursiveCheckpointAdjoint())
+                sol = dfx.diffeqsolve(
+                    term,
+                    solver,
+                    0.0,
+                    1.5,
+                    None,
+                    jnp.asarray(u0),
+                    args=p,
+                    saveat=dfx.SaveAt(ts=jnp.asarray(ts, jnp.float32)),
+                    stepsize_controller=step_controller(solver, tol, tol),
+                    max_steps=4096,
+                    adjoint=dfx.RecursiveCheckpointAdjoint(),
+                )
                 return jnp.sum((sol.ys - data) ** 2)
+
         return jax.jit(jax.grad(loss))
 
     def pick():
@@ -652,24 +830,36 @@ def bouncing_ball_case(events: bool) -> FirstGradientCase:
     """`sciad_bench.events`' bouncing ball, (h(2)² + v(2)²) in (h0, e): with its event (a
     `ContinuousCallback` with a restitution affect, at most 4; diffrax: a loop of 4 solves, 3 stopped
     by an `Event`, as `sciad bench events` writes it), or the same solve without it (one solve)."""
+
     def gradient(side):
         case = bouncing_ball(3 if events else 0)  # its own functions, each repeat
         if side == SIDES[0]:
             return jax.jit(jax.grad(lambda x: case.objective(x)))
-        return jax.jit(jax.grad(lambda x: case.diffrax_loss(x, dfx.RecursiveCheckpointAdjoint(), case.rtol,
-                                                            case.atol)))
+        return jax.jit(jax.grad(lambda x: case.diffrax_loss(x, dfx.RecursiveCheckpointAdjoint(), case.rtol, case.atol)))
 
     name = "bouncing-ball" + ("" if events else " (no events)")
-    return FirstGradientCase(name, jnp.array([1.0, 0.9]), gradient, 100 * bouncing_ball().rtol, lambda: None,
-                             without="bouncing-ball (no events)" if events else None)
+    return FirstGradientCase(
+        name,
+        jnp.array([1.0, 0.9]),
+        gradient,
+        100 * bouncing_ball().rtol,
+        lambda: None,
+        without="bouncing-ball (no events)" if events else None,
+    )
 
 
 def first_gradient_cases() -> list[FirstGradientCase]:
     """Lotka–Volterra, the MLP neural ODE, the Oregonator (Kvaerno5), the suite's spiral and
     long-horizon neural ODEs, the bouncing ball with and without its event."""
-    return [benchmark_case(lotka_volterra()), mlp_node_case(), benchmark_case(oregonator()),
-            benchmark_case(spiral_node()), benchmark_case(hamiltonian_node()), bouncing_ball_case(True),
-            bouncing_ball_case(False)]
+    return [
+        benchmark_case(lotka_volterra()),
+        mlp_node_case(),
+        benchmark_case(oregonator()),
+        benchmark_case(spiral_node()),
+        benchmark_case(hamiltonian_node()),
+        bouncing_ball_case(True),
+        bouncing_ball_case(False),
+    ]
 
 
 def stages(jitted, inputs) -> tuple[dict, Any, tuple]:
@@ -707,9 +897,13 @@ def program_size(traced, lowered) -> dict:
     (while), `conds` (case and if) and `callbacks` (custom calls to a host callback: equinox's checks,
     sciad's warnings)."""
     text = lowered.as_text()
-    return {"equations": _equations(traced.jaxpr), "hlo_lines": len(text.splitlines()),
-            "loops": text.count("stablehlo.while"), "conds": text.count("stablehlo.case") + text.count("stablehlo.if"),
-            "callbacks": len(re.findall(r"custom_call @\w*callback", text))}
+    return {
+        "equations": _equations(traced.jaxpr),
+        "hlo_lines": len(text.splitlines()),
+        "loops": text.count("stablehlo.while"),
+        "conds": text.count("stablehlo.case") + text.count("stablehlo.if"),
+        "callbacks": len(re.findall(r"custom_call @\w*callback", text)),
+    }
 
 
 def first_gradient(case: FirstGradientCase, repeats: int = FIRST_GRADIENT_REPEATS, progress=None) -> list[dict]:
@@ -728,11 +922,21 @@ def first_gradient(case: FirstGradientCase, repeats: int = FIRST_GRADIENT_REPEAT
                 outs[side], sizes[side] = out, program_size(*programs)
     error = relative_error(outs[SIDES[0]], outs[SIDES[1]])
     pick = case.pick()
-    return [{"problem": case.name, "side": side, "label": (f"{AUTO} {pick}" if pick else "auto") if side == SIDES[0] else side,
-             "stages_s": {s: float(np.median([t[s] for t in runs[side]])) for s in STAGES},
-             "total_s": float(np.median([t["total"] for t in runs[side]])), "repeats": runs[side],
-             **sizes[side], "rel_error": error, "ok": bool(error <= case.tolerance), "without": case.without}
-            for side in SIDES]
+    return [
+        {
+            "problem": case.name,
+            "side": side,
+            "label": (f"{AUTO} {pick}" if pick else "auto") if side == SIDES[0] else side,
+            "stages_s": {s: float(np.median([t[s] for t in runs[side]])) for s in STAGES},
+            "total_s": float(np.median([t["total"] for t in runs[side]])),
+            "repeats": runs[side],
+            **sizes[side],
+            "rel_error": error,
+            "ok": bool(error <= case.tolerance),
+            "without": case.without,
+        }
+        for side in SIDES
+    ]
 
 
 def first_gradient_family_targets(records) -> list[dict]:
@@ -743,35 +947,58 @@ def first_gradient_family_targets(records) -> list[dict]:
         auto, peer = by[(problem, SIDES[0])], by[(problem, SIDES[1])]
         ratio = auto["total_s"] / peer["total_s"] if auto["ok"] else None
         why = _where(auto, peer) if auto["ok"] else f"gradients differ: relative error {auto['rel_error']:.1e}"
-        out.append(_target(f"first gradient ≤ {FIRST_GRADIENT_TARGET:g}× diffrax RCA's", problem,
-                           FIRST_GRADIENT_TARGET, ratio, f"{auto['total_s']:.2f} s vs {peer['total_s']:.2f} s", why))
+        out.append(
+            _target(
+                f"first gradient ≤ {FIRST_GRADIENT_TARGET:g}× diffrax RCA's",
+                problem,
+                FIRST_GRADIENT_TARGET,
+                ratio,
+                f"{auto['total_s']:.2f} s vs {peer['total_s']:.2f} s",
+                why,
+            )
+        )
         if auto["without"]:
             for side in SIDES:
                 with_, without = by[(problem, side)], by[(auto["without"], side)]
-                out.append(_target(f"{side}: events ≤ {EVENT_TARGET:g}× without", problem, EVENT_TARGET,
-                                   with_["total_s"] / without["total_s"],
-                                   f"{with_['total_s']:.2f} s vs {without['total_s']:.2f} s", _where(with_, without)))
+                out.append(
+                    _target(
+                        f"{side}: events ≤ {EVENT_TARGET:g}× without",
+                        problem,
+                        EVENT_TARGET,
+                        with_["total_s"] / without["total_s"],
+                        f"{with_['total_s']:.2f} s vs {without['total_s']:.2f} s",
+                        _where(with_, without),
+                    )
+                )
     return out
 
 
 def _where(slow: dict, fast: dict) -> str:
     """Where `slow`'s first gradient spends more than `fast`'s, stage by stage."""
-    return "; ".join(f"{s} {slow['stages_s'][s]:.2f} vs {fast['stages_s'][s]:.2f} s" for s in STAGES
-                     if s != "run" or slow["stages_s"][s] > 0.05)
+    return "; ".join(
+        f"{s} {slow['stages_s'][s]:.2f} vs {fast['stages_s'][s]:.2f} s"
+        for s in STAGES
+        if s != "run" or slow["stages_s"][s] > 0.05
+    )
 
 
 def first_gradient_table(records) -> str:
-    lines = ["| problem | side | trace (s) | lower (s) | compile (s) | run (s) | total (s) | auto / RCA | "
-             "jaxpr equations | StableHLO lines | loops / conds / callbacks | rel. error |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| problem | side | trace (s) | lower (s) | compile (s) | run (s) | total (s) | auto / RCA | "
+        "jaxpr equations | StableHLO lines | loops / conds / callbacks | rel. error |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     by = {(r["problem"], r["side"]): r for r in records}
     for r in records:
         peer = by[(r["problem"], SIDES[1])]
         ratio = f"**{r['total_s'] / peer['total_s']:.2f}**" if r["side"] == SIDES[0] else ""
-        lines.append(f"| {r['problem']} | {r['label']} | " + " | ".join(f"{r['stages_s'][s]:.3g}" for s in STAGES)
-                     + f" | {r['total_s']:.3g} | {ratio} | {r['equations']} | {r['hlo_lines']} | "
-                     f"{r.get('loops', '–')} / {r.get('conds', '–')} / {r.get('callbacks', '–')} | "
-                     f"{r['rel_error']:.1e}{'' if r['ok'] else ' WRONG'} |")
+        lines.append(
+            f"| {r['problem']} | {r['label']} | "
+            + " | ".join(f"{r['stages_s'][s]:.3g}" for s in STAGES)
+            + f" | {r['total_s']:.3g} | {ratio} | {r['equations']} | {r['hlo_lines']} | "
+            f"{r.get('loops', '–')} / {r.get('conds', '–')} / {r.get('callbacks', '–')} | "
+            f"{r['rel_error']:.1e}{'' if r['ok'] else ' WRONG'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -791,35 +1018,62 @@ def persistent_cache_example(name: str = CACHE_EXAMPLE, progress=None) -> list[d
     unset: host callbacks, which JAX does not cache) and as NaN (`EQX_ON_ERROR=nan`); `stages`, the
     process's wall time and the bytes the cache holds after it."""
     rows = []
-    script = ("import json, sys, jax; jax.config.update('jax_enable_x64', True); "
-              "from sciad_bench.suite import _cache_probe; print(json.dumps(_cache_probe(*sys.argv[1:])))")
+    script = (
+        "import json, sys, jax; jax.config.update('jax_enable_x64', True); "
+        "from sciad_bench.suite import _cache_probe; print(json.dumps(_cache_probe(*sys.argv[1:])))"
+    )
     with tempfile.TemporaryDirectory() as cache:
         for side in SIDES:
-            runs = [("no cache", "", None)] + [(f"cache {state}{'' if on_error is None else ', EQX_ON_ERROR=nan'}",
-                                                f"{cache}/{SIDES.index(side)}-{on_error}", on_error)
-                                               for on_error in (None, "nan") for state in ("cold", "warm")]
+            runs = [("no cache", "", None)] + [
+                (
+                    f"cache {state}{'' if on_error is None else ', EQX_ON_ERROR=nan'}",
+                    f"{cache}/{SIDES.index(side)}-{on_error}",
+                    on_error,
+                )
+                for on_error in (None, "nan")
+                for state in ("cold", "warm")
+            ]
             for setting, folder, on_error in runs:
                 if progress is not None:
                     progress.show(f"persistent cache: {name}", f"{side}, {setting}")
                 env = {k: v for k, v in os.environ.items() if k != "EQX_ON_ERROR"}
                 env.update({} if on_error is None else {"EQX_ON_ERROR": on_error})
                 start = time.perf_counter()
-                done = subprocess.run([sys.executable, "-c", script, name, side, folder], capture_output=True,
-                                      text=True, check=True, env=env)
-                rows.append({"problem": name, "side": side, "setting": setting,
-                             "process_s": time.perf_counter() - start,
-                             "stages_s": json.loads(done.stdout.strip().splitlines()[-1]),
-                             "cache_bytes": sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*")
-                                                if f.is_file()) if folder else None})
+                done = subprocess.run(
+                    [sys.executable, "-c", script, name, side, folder],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    env=env,
+                )
+                rows.append(
+                    {
+                        "problem": name,
+                        "side": side,
+                        "setting": setting,
+                        "process_s": time.perf_counter() - start,
+                        "stages_s": json.loads(done.stdout.strip().splitlines()[-1]),
+                        "cache_bytes": sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*") if f.is_file())
+                        if folder
+                        else None,
+                    }
+                )
     return rows
 
 
 def cache_table(rows) -> str:
-    lines = ["| side | setting | trace (s) | lower (s) | compile (s) | run (s) | first gradient (s) | process (s) | "
-             "cache (KiB) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['side']} | {r['setting']} | " + " | ".join(f"{r['stages_s'][s]:.3g}" for s in STAGES)
-              + f" | {r['stages_s']['total']:.3g} | {r['process_s']:.3g} | "
-              f"{'–' if r['cache_bytes'] is None else format(r['cache_bytes'] / 1024, '.0f')} |" for r in rows]
+    lines = [
+        "| side | setting | trace (s) | lower (s) | compile (s) | run (s) | first gradient (s) | process (s) | "
+        "cache (KiB) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['side']} | {r['setting']} | "
+        + " | ".join(f"{r['stages_s'][s]:.3g}" for s in STAGES)
+        + f" | {r['stages_s']['total']:.3g} | {r['process_s']:.3g} | "
+        f"{'–' if r['cache_bytes'] is None else format(r['cache_bytes'] / 1024, '.0f')} |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -839,8 +1093,14 @@ def run_first_gradient(*, quick: bool, repeats: int | None = None, progress=None
             progress.step(f"first gradient: {case.name}")
     cache = [] if quick else persistent_cache_example(progress=progress)
     load.append(_load())
-    return {"family": FIRST_GRADIENT, "quick": quick, "records": records, "targets": first_gradient_family_targets(records),
-            "cache": cache, "load": load}
+    return {
+        "family": FIRST_GRADIENT,
+        "quick": quick,
+        "records": records,
+        "targets": first_gradient_family_targets(records),
+        "cache": cache,
+        "load": load,
+    }
 
 
 # The families together: `run_suite(families=...)`, `sciad bench suite --family NAME`.
@@ -856,25 +1116,32 @@ def family_outputs(family: str) -> tuple[str, ...]:
 
 def _machine(result) -> str:
     before, after = result["load"]
-    return (f"{os.cpu_count()}-core {jax.devices()[0].platform.upper()}, load averages (1, 5, 15 min; `uptime`) "
-            f"{', '.join(map(str, before))} before and {', '.join(map(str, after))} after")
+    return (
+        f"{os.cpu_count()}-core {jax.devices()[0].platform.upper()}, load averages (1, 5, 15 min; `uptime`) "
+        f"{', '.join(map(str, before))} before and {', '.join(map(str, after))} after"
+    )
 
 
 def large_nonstiff_markdown(result) -> str:
-    return "\n".join([
-        f"# suite: large non-stiff{' (quick)' if result['quick'] else ''}\n",
-        f"u' = −p ⊙ u + 0.3 sin t (1 + u/(1 + u²)), n states and n parameters, float64, Tsit5 at rtol = atol = "
-        "1e-6, saved at t = 0.5 and 1 (a handful of steps), gradient of Σ u(1)² in p. Each gradient checked "
-        "against a float64 DiscreteAdjoint at rtol = 1e-10, then timed in interleaved rounds in one process "
-        "(medians); XLA's temporaries from `memory_analysis()` of the compiled gradient; first gradient: trace, "
-        f"compile and first call. Machine: {_machine(result)}.\n",
-        large_nonstiff_table(result["records"]), "## Targets (issue 33)\n", targets_table(result["targets"])])
+    return "\n".join(
+        [
+            f"# suite: large non-stiff{' (quick)' if result['quick'] else ''}\n",
+            f"u' = −p ⊙ u + 0.3 sin t (1 + u/(1 + u²)), n states and n parameters, float64, Tsit5 at rtol = atol = "
+            "1e-6, saved at t = 0.5 and 1 (a handful of steps), gradient of Σ u(1)² in p. Each gradient checked "
+            "against a float64 DiscreteAdjoint at rtol = 1e-10, then timed in interleaved rounds in one process "
+            "(medians); XLA's temporaries from `memory_analysis()` of the compiled gradient; first gradient: trace, "
+            f"compile and first call. Machine: {_machine(result)}.\n",
+            large_nonstiff_table(result["records"]),
+            "## Targets (issue 33)\n",
+            targets_table(result["targets"]),
+        ]
+    )
 
 
 def first_gradient_markdown(result) -> str:
     parts = [
         f"# suite: first gradient{' (quick)' if result['quick'] else ''}\n",
-        "Time to the first gradient of `sensealg=\"auto\"` against diffrax's RecursiveCheckpointAdjoint with the "
+        'Time to the first gradient of `sensealg="auto"` against diffrax\'s RecursiveCheckpointAdjoint with the '
         "same loss, split by `jax.stages`: trace (`jax.jit(f).trace`), lower, compile, first call. Fresh "
         f"functions each repeat (a new f, as after an edit), the two sides interleaved (their order alternating), "
         f"medians of {max(len(r['repeats']) for r in result['records'])}, after one unrecorded first gradient of "
@@ -884,16 +1151,21 @@ def first_gradient_markdown(result) -> str:
         "up); program sizes: equations of the traced jaxpr (nested ones included), and of the lowered StableHLO "
         "its lines, while loops, conds (case, if) and host callbacks (equinox's checks, sciad's warnings). "
         f"Machine: {_machine(result)}.\n",
-        first_gradient_table(result["records"]), "## Targets (issue 33)\n", targets_table(result["targets"])]
+        first_gradient_table(result["records"]),
+        "## Targets (issue 33)\n",
+        targets_table(result["targets"]),
+    ]
     if result["cache"]:
-        parts += [f"## JAX's persistent compilation cache ({CACHE_EXAMPLE}, fresh processes)\n",
-                  "`jax_compilation_cache_dir` set, `jax_persistent_cache_min_compile_time_secs` 0; each row its "
-                  "own process (`process`: its wall time, imports included); warm: the cold row's cache; cache: "
-                  "what it holds after the run. JAX does not write a program with host callbacks to the cache: "
-                  "equinox's `error_if` raising (`EQX_ON_ERROR` unset) is one, and so is sciad's warning "
-                  "(`warn_if`, e.g. of a chaotic gradient), which sciad leaves out with `EQX_ON_ERROR` nan or "
-                  "off, as equinox does its checks.\n",
-                  cache_table(result["cache"])]
+        parts += [
+            f"## JAX's persistent compilation cache ({CACHE_EXAMPLE}, fresh processes)\n",
+            "`jax_compilation_cache_dir` set, `jax_persistent_cache_min_compile_time_secs` 0; each row its "
+            "own process (`process`: its wall time, imports included); warm: the cold row's cache; cache: "
+            "what it holds after the run. JAX does not write a program with host callbacks to the cache: "
+            "equinox's `error_if` raising (`EQX_ON_ERROR` unset) is one, and so is sciad's warning "
+            "(`warn_if`, e.g. of a chaotic gradient), which sciad leaves out with `EQX_ON_ERROR` nan or "
+            "off, as equinox does its checks.\n",
+            cache_table(result["cache"]),
+        ]
     return "\n".join(parts)
 
 
@@ -904,15 +1176,26 @@ def family_figure(result, path) -> None:
     if result["family"] == LARGE_NONSTIFF:
         rows = [r for r in with_large_ratios(result["records"]) if r["kind"] != "baseline"]
         time_panel, memory_panel = "time per gradient / diffrax's fastest", "XLA temporaries / diffrax RCA's"
-        plots.bar_panels({panel: [(f"{r['problem']}: {r['label']}", {r["kind"]: r[key]}) for r in rows]
-                          for panel, key in ((time_panel, "vs_fastest_diffrax"), (memory_panel, "vs_rca_temp"))},
-                         path, f"suite{mode}, large non-stiff (Tsit5, 2 save times)",
-                         {time_panel: "ratio (log scale)", memory_panel: "ratio (log scale)"}, log=True, reference=1.0)
+        plots.bar_panels(
+            {
+                panel: [(f"{r['problem']}: {r['label']}", {r["kind"]: r[key]}) for r in rows]
+                for panel, key in ((time_panel, "vs_fastest_diffrax"), (memory_panel, "vs_rca_temp"))
+            },
+            path,
+            f"suite{mode}, large non-stiff (Tsit5, 2 save times)",
+            {time_panel: "ratio (log scale)", memory_panel: "ratio (log scale)"},
+            log=True,
+            reference=1.0,
+        )
     else:
         panel = "time to the first gradient"
-        plots.bar_panels({panel: [(f"{r['problem']}: {r['label']}", r["stages_s"]) for r in result["records"]]},
-                         path, f"suite{mode}, first gradient: where the time goes (median of "
-                         f"{max(len(r['repeats']) for r in result['records'])})", {panel: "seconds"})
+        plots.bar_panels(
+            {panel: [(f"{r['problem']}: {r['label']}", r["stages_s"]) for r in result["records"]]},
+            path,
+            f"suite{mode}, first gradient: where the time goes (median of "
+            f"{max(len(r['repeats']) for r in result['records'])})",
+            {panel: "seconds"},
+        )
 
 
 def write_family(result, out: pathlib.Path) -> str:

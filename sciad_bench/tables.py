@@ -1,7 +1,6 @@
 """Markdown tables of benchmark records: median time and its ratios to the forward solve and the best peer."""
 
 from sciad.timing import fastest
-
 from sciad_bench.harness import FORWARD_SOLVE
 
 
@@ -29,8 +28,13 @@ def with_ratios(records) -> list[dict]:
         peer = fastest([r for r in group if r["is_peer"]])
         for r in group:
             m = r["median_s"]
-            rows.append({**r, "vs_forward": m / base["median_s"] if m and base else None,
-                         "vs_best_peer": m / peer["median_s"] if m and peer else None})
+            rows.append(
+                {
+                    **r,
+                    "vs_forward": m / base["median_s"] if m and base else None,
+                    "vs_best_peer": m / peer["median_s"] if m and peer else None,
+                }
+            )
     return rows
 
 
@@ -58,12 +62,17 @@ def markdown_table(records, skipped=()) -> str:
     """One row per record, sorted by problem, device and median time; the fastest correct sciad
     combination per problem in bold and auto's pick (`is_auto_pick`) marked, as a sentence under the
     table says; skipped combinations listed below."""
-    lines = ["| problem | combination | device | median (ms) | × forward solve | × best peer | compile (s) | rel. error | status |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| problem | combination | device | median (ms) | × forward solve | × best peer | compile (s) | rel. error "
+        "| status |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
     picks = {}
     for (problem, device), group in _group(with_ratios(records)).items():
         winner = best(group, kind="sciad")
-        picks.update({problem: r["auto_pick"] for r in group if r.get("auto_pick")})
+        for r in group:
+            if r.get("auto_pick"):
+                picks[problem] = r["auto_pick"]
         for r in ordered(group):
             label = r["label"] + (" (peer)" if r["is_peer"] else "")
             if winner is not None and r["label"] == winner["label"] and r["kind"] == "sciad":
@@ -73,16 +82,27 @@ def markdown_table(records, skipped=()) -> str:
             lines.append(
                 f"| {problem} | {label} | {device} | {_fmt(r['median_s'] and 1e3 * r['median_s'], '.3g')} | "
                 f"{_fmt(r['vs_forward'], '.3g')} | {_fmt(r['vs_best_peer'], '.3g')} | "
-                f"{_fmt(r['compile_time'], '.2f')} | {_fmt(r['rel_error'], '.1e')} | {status(r).replace('|', '/')} |")
-    lines += ["", "**Bold**: the fastest sciad combination whose gradient passed the check (relative error to a "
-              "float64 reference, `DiscreteAdjoint` at rtol = atol = 1e-10, within the check's tolerance; peers "
-              "and the forward solve do not compete). Median: of the timed repeats (all of them in records.json); "
-              "a WRONG or failed combination is not timed."]
+                f"{_fmt(r['compile_time'], '.2f')} | {_fmt(r['rel_error'], '.1e')} | {status(r).replace('|', '/')} |"
+            )
+    lines += [
+        "",
+        "**Bold**: the fastest sciad combination whose gradient passed the check (relative error to a "
+        "float64 reference, `DiscreteAdjoint` at rtol = atol = 1e-10, within the check's tolerance; peers "
+        "and the forward solve do not compete). Median: of the timed repeats (all of them in records.json); "
+        "a WRONG or failed combination is not timed.",
+    ]
     if picks:
         timed = {r["problem"] for r in records if is_auto_pick(r)}
-        lines += ["", "← auto's pick: what `sensealg=\"auto\"` runs on the problem (`sciad.select_sensealg`)"
-                  + "".join(f"; on {problem} {pick} is not among the combinations timed"
-                            for problem, pick in picks.items() if problem not in timed) + "."]
+        lines += [
+            "",
+            '← auto\'s pick: what `sensealg="auto"` runs on the problem (`sciad.select_sensealg`)'
+            + "".join(
+                f"; on {problem} {pick} is not among the combinations timed"
+                for problem, pick in picks.items()
+                if problem not in timed
+            )
+            + ".",
+        ]
     if skipped:
         lines += ["", "Skipped: " + "; ".join(skipped) + "."]
     return "\n".join(lines) + "\n"

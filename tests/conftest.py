@@ -1,5 +1,5 @@
 """Shared test set-up: float64 in JAX, the parametrization over AD engines, fixtures and hooks
-(what tests share besides: tests/helpers.py).
+(what tests share besides: the tests/helpers package).
 
 The library leaves JAX's precision alone; the tests compare derivatives at
 1e-10 relative and so switch on float64 here.

@@ -11,8 +11,8 @@ import pytest
 
 import sciad
 import sciad.ad as ad
-from sciad.ad import namespace
 from helpers import HOST_ENGINES, engine_params
+from sciad.ad import namespace
 
 US = np.array([1.0, 0.5]) + np.linspace(-0.5, 0.5, 4)[:, None]  # (4, 2)
 PS = np.array([1.5, 1.0, 3.0, 1.0]) + np.linspace(-0.3, 0.3, 3)[:, None]  # (3, 4)
@@ -62,8 +62,7 @@ def test_vmap_equals_members(engine, transform):
         size = max(len(x) for x, a in zip((us, ps), in_axes) if a == 0)
         members = [one(us[i] if in_axes[0] == 0 else us, ps[i] if in_axes[1] == 0 else ps) for i in range(size)]
         _assert_close(batched, _stacked(members), _tolerance(engine))
-        _assert_close(batched, jax.jit(jax.vmap(t(lotka_volterra), in_axes=in_axes))(us, ps),
-                      _tolerance(engine))
+        _assert_close(batched, jax.jit(jax.vmap(t(lotka_volterra), in_axes=in_axes))(us, ps), _tolerance(engine))
 
 
 @pytest.mark.parametrize("engine", engine_params(HOST_ENGINES))
@@ -92,8 +91,7 @@ def test_one_callback_per_product_whatever_the_batch(engine, monkeypatch):
     cls = ad.BACKENDS[engine]
     map_batch = cls.map_batch
     monkeypatch.setattr(cls, "map_batch", lambda self, *args: calls.append(1) or map_batch(self, *args))
-    fn = jax.jit(jax.vmap(TRANSFORMS["grad"](ad.differentiate_with(lotka_volterra, engine)),
-                          in_axes=(0, None)))
+    fn = jax.jit(jax.vmap(TRANSFORMS["grad"](ad.differentiate_with(lotka_volterra, engine)), in_axes=(0, None)))
     counts = []
     for size in (4, 8):
         calls.clear()

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import sciad.ad as ad
-from sciad.ad import _errors as errors, namespace
-
+from sciad.ad import _errors as errors
+from sciad.ad import namespace
 
 
 def _sum_of_squares(x):
@@ -40,9 +40,7 @@ def test_get_returns_backends_and_settings():
 )
 def test_missing_engine_names_the_extra(monkeypatch, name, package, extra):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        errors.importlib.util, "find_spec", lambda p, *a: None if p == package else find_spec(p, *a)
-    )
+    monkeypatch.setattr(errors.importlib.util, "find_spec", lambda p, *a: None if p == package else find_spec(p, *a))
     with pytest.raises(ad.MissingEngineError, match=rf"pip install 'sciad\[{extra}\]'") as info:
         ad.get(name)
     assert isinstance(info.value, ImportError)

@@ -9,7 +9,6 @@ import pytest
 import sciad.ad as ad
 from sciad.ad import namespace
 
-
 U = np.array([1.0, 0.5])
 P = np.array([1.5, 1.0, 3.0, 1.0])
 DU = np.array([0.3, -0.7])

@@ -15,7 +15,6 @@ import pytest
 import sciad.ad as ad
 from sciad.ad._linear import HigherOrderError, accumulate_pullback, linear_map
 
-
 X = jnp.array([0.3, -0.5, 0.7])
 Y = jnp.array([1.1, 0.9, 1.3])
 
@@ -98,8 +97,7 @@ def test_linear_map_closing_over_a_traced_value():
         return jnp.sum(linear_map(lambda _, v: k * jnp.sin(k) * v, lambda _, w: k * jnp.sin(k) * w, (), X))
 
     np.testing.assert_allclose(jax.grad(h)(0.7), jnp.sum(X) * (jnp.sin(0.7) + 0.7 * jnp.cos(0.7)), rtol=1e-12)
-    np.testing.assert_allclose(jax.hessian(h)(0.7), jax.hessian(lambda k: jnp.sum(k * jnp.sin(k) * X))(0.7),
-                               rtol=1e-12)
+    np.testing.assert_allclose(jax.hessian(h)(0.7), jax.hessian(lambda k: jnp.sum(k * jnp.sin(k) * X))(0.7), rtol=1e-12)
 
 
 def test_each_direction_is_traced_only_when_used():
@@ -158,7 +156,8 @@ def test_accumulate_pullback_batched_and_differentiated():
     rules = ad.custom_linear_rules(
         lambda x, p, active: (jnp.tanh(p[:3] * x) * p[3], (x, p)),
         lambda res, vs: jax.jvp(lambda x, p: jnp.tanh(p[:3] * x) * p[3], res, vs)[1],
-        lambda res, w: _accumulated(*res, w, jnp.zeros_like(res[1])))
+        lambda res, w: _accumulated(*res, w, jnp.zeros_like(res[1])),
+    )
     got = jax.grad(lambda p: jnp.sum(jax.vmap(rules, (0, None))(xs, p) * ws))(p)
     want = sum(_plain(x, p, w, jnp.zeros_like(p))[1] for x, w in zip(xs, ws))
     np.testing.assert_allclose(got, want, rtol=1e-12)

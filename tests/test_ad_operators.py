@@ -10,16 +10,14 @@ ValueError; eager ones must differentiate them.
 """
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import sciad.ad as ad
-from sciad.ad import namespace
-
 from helpers import assert_close
-
+from sciad.ad import namespace
 
 # -- scenarios ----------------------------------------------------------------
 
@@ -348,10 +346,17 @@ def _cases(ops):
     the engine's `default_covers` names (taken along diagonals, operator i with scenario i + k first
     for the k-th engine, so that operators meet different scenarios) are fast, the others marked slow."""
     for k, engine in enumerate(ENGINES):
-        cases = [(s, op) for s in SCENARIOS for op in ops if (s.branches or not engine.branches_only)
-                 and _applies(op, s) and (op in SECOND_ORDER or not engine.second_order_only)]
-        diagonals = sorted(cases, key=lambda c: ((ops.index(c[1]) + k - SCENARIOS.index(c[0])) % len(SCENARIOS),
-                                                 ops.index(c[1])))
+        cases = [
+            (s, op)
+            for s in SCENARIOS
+            for op in ops
+            if (s.branches or not engine.branches_only)
+            and _applies(op, s)
+            and (op in SECOND_ORDER or not engine.second_order_only)
+        ]
+        diagonals = sorted(
+            cases, key=lambda c: ((ops.index(c[1]) + k - SCENARIOS.index(c[0])) % len(SCENARIOS), ops.index(c[1]))
+        )
         fast, covered = set(), set()
         for s, op in diagonals:
             keys = {key for key in (("operator", op), ("scenario", s.name)) if key[0] in engine.default_covers}
@@ -359,8 +364,9 @@ def _cases(ops):
                 fast.add((s.name, op))
                 covered |= keys
         for s, op in cases:
-            yield pytest.param(engine, s, op, id=f"{engine.id}-{s.name}-{op}",
-                               marks=() if (s.name, op) in fast else pytest.mark.slow)
+            yield pytest.param(
+                engine, s, op, id=f"{engine.id}-{s.name}-{op}", marks=() if (s.name, op) in fast else pytest.mark.slow
+            )
 
 
 @pytest.fixture
@@ -412,9 +418,7 @@ ENGINE_ARRAYS = {
 }
 
 
-@pytest.mark.parametrize(
-    "engine", [e for e in ENGINES if e.id in ENGINE_ARRAYS], ids=lambda e: e.id
-)
+@pytest.mark.parametrize("engine", [e for e in ENGINES if e.id in ENGINE_ARRAYS], ids=lambda e: e.id)
 def test_outputs_are_engine_arrays(backend, engine):
     """Inputs may be NumPy arrays; outputs are the engine's own arrays."""
     s = SCENARIOS[1]

@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 
 import sciad.ad as ad
-from sciad.ad import namespace
-
 from helpers import assert_close
-
+from sciad.ad import namespace
 
 TREE = {"a": np.array([0.3, 0.4]), "b": [np.array([1.0, 2.0]), np.array([0.5])]}
 TREE_NEW = {"a": np.array([-0.6, 1.1]), "b": [np.array([0.2, -1.5]), np.array([0.9])]}
@@ -38,8 +36,11 @@ def _tree_to_tree(d):
 def _several_to_tree(d, p):
     """A dict of lists and an array in, a dict holding a scalar, a vector and a tuple out."""
     xp = namespace(p)
-    return {"s": xp.sum(d["a"] ** 2) * d["b"][0][1] * p[0], "v": d["a"] * d["b"][0] + p[1],
-            "t": (xp.sin(d["b"][1]) * p,)}
+    return {
+        "s": xp.sum(d["a"] ** 2) * d["b"][0][1] * p[0],
+        "v": d["a"] * d["b"][0] + p[1],
+        "t": (xp.sin(d["b"][1]) * p,),
+    }
 
 
 def _several_to_scalar(d, p):
@@ -110,8 +111,7 @@ def test_derivative_of_pytree_output(engine_name):
 def _hessian_references(x, v):
     """`(f, ∇f, ∇²f, ∇²f v)` of `_several_to_scalar` at `x` by JAX: blocks [i][j] as jax.hessian."""
     grad = jax.grad(_several_to_scalar, (0, 1))
-    return (_several_to_scalar(*x), grad(*x), jax.hessian(_several_to_scalar, (0, 1))(*x),
-            jax.jvp(grad, x, v)[1])
+    return (_several_to_scalar(*x), grad(*x), jax.hessian(_several_to_scalar, (0, 1))(*x), jax.jvp(grad, x, v)[1])
 
 
 def test_hessian_of_pytrees(engine_name):
@@ -124,9 +124,14 @@ def test_hessian_of_pytrees(engine_name):
     _check(b, ad.prepare(b, ad.hvp, _several_to_scalar, X, v)(X_NEW, v), _hessian_references(X_NEW, v)[3], rtol)
 
 
-@pytest.mark.parametrize("backend", [ad.HigherOrder(ad.JaxReverse(), ad.JaxReverse()),
-                                     ad.HigherOrder(ad.FiniteDifferences(), ad.JaxReverse(jit=False))],
-                         ids=["reverse-over-reverse", "finite-differences-over-reverse"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        ad.HigherOrder(ad.JaxReverse(), ad.JaxReverse()),
+        ad.HigherOrder(ad.FiniteDifferences(), ad.JaxReverse(jit=False)),
+    ],
+    ids=["reverse-over-reverse", "finite-differences-over-reverse"],
+)
 def test_hessian_of_pytrees_by_composed_engines(backend):
     """The outer engine's pullback (H is symmetric) and a numerical outer engine, on blocks."""
     rtol = 1e-10 if backend.outer.traced else 1e-4

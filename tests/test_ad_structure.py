@@ -49,9 +49,22 @@ def test_capabilities():
     assert composed.host and not composed.traced and not composed.compiled and composed.vmappable
 
 
-OPERATORS = ["derivative", "gradient", "jacobian", "hessian", "hvp", "jvp", "vjp", "value_and_derivative",
-             "value_and_gradient", "value_and_jacobian", "value_and_hessian", "value_gradient_and_hessian",
-             "value_and_jvp", "value_and_vjp"]
+OPERATORS = [
+    "derivative",
+    "gradient",
+    "jacobian",
+    "hessian",
+    "hvp",
+    "jvp",
+    "vjp",
+    "value_and_derivative",
+    "value_and_gradient",
+    "value_and_jacobian",
+    "value_and_hessian",
+    "value_gradient_and_hessian",
+    "value_and_jvp",
+    "value_and_vjp",
+]
 
 
 def test_operators_are_functions_with_their_signatures():

@@ -40,10 +40,12 @@ def pushforward(self, f, xs):
     return f(*xs), lambda vs: jax.jvp(f, xs, tuple(vs))[1]
 
 
-OnlyPullback = backend_class(name="only-pullback", mode="reverse", primitives=frozenset({"pullback"}),
-                             value_and_pullback=pullback)
-OnlyPushforward = backend_class(name="only-pushforward", mode="forward", primitives=frozenset({"pushforward"}),
-                                value_and_pushforward=pushforward)
+OnlyPullback = backend_class(
+    name="only-pullback", mode="reverse", primitives=frozenset({"pullback"}), value_and_pullback=pullback
+)
+OnlyPushforward = backend_class(
+    name="only-pushforward", mode="forward", primitives=frozenset({"pushforward"}), value_and_pushforward=pushforward
+)
 
 
 def f(x):
@@ -69,24 +71,48 @@ def test_one_primitive_gives_every_operator(backend):
     close(ad.hvp(backend, f, X, V), hessian @ V)
     close(ad.derivative(backend, lambda t: jnp.sin(t) * t, 0.4), np.cos(0.4) * 0.4 + np.sin(0.4))
     close(ad.differentiate_with(g, backend)(X), g(X))
-    close(jax.grad(lambda x: jnp.sum(ad.differentiate_with(g, backend)(x) ** 2))(X),
-          jax.grad(lambda x: jnp.sum(g(x) ** 2))(X))
+    close(
+        jax.grad(lambda x: jnp.sum(ad.differentiate_with(g, backend)(x) ** 2))(X),
+        jax.grad(lambda x: jnp.sum(g(x) ** 2))(X),
+    )
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"mode": "reverse", "primitives": frozenset()}, "Engine cannot be created: it declares primitives=set()"),
-    ({"mode": "reverse"}, "Engine cannot be created: declare primitives"),
-    ({"mode": "reverse", "primitives": frozenset({"pullback"})},
-     "Engine cannot be created: it declares the pullback but does not implement it: implement value_and_pullback"),
-    ({"mode": "forward", "primitives": frozenset({"pushforward"}), "value_and_pullback": pullback},
-     "it implements the pullback but does not declare it: add 'pullback' to its primitives"),
-    ({"mode": "forward", "primitives": frozenset({"pullback"}), "value_and_pullback": pullback},
-     "its mode 'forward' must name a primitive it implements"),
-    ({"primitives": frozenset({"pullback"}), "value_and_pullback": pullback}, "Engine cannot be created: declare mode"),
-    ({"mode": "reverse", "primitives": frozenset({"jacobian"})}, "'pullback' \\(value_and_pullback\\), 'pushforward'"),
-    ({"mode": "reverse", "primitives": property(lambda self: frozenset({"pullback"})), "value_and_pullback": pullback},
-     "Engine.primitives must be a class attribute, not a property"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"mode": "reverse", "primitives": frozenset()}, "Engine cannot be created: it declares primitives=set()"),
+        ({"mode": "reverse"}, "Engine cannot be created: declare primitives"),
+        (
+            {"mode": "reverse", "primitives": frozenset({"pullback"})},
+            "Engine cannot be created: it declares the pullback but does not implement it: "
+            "implement value_and_pullback",
+        ),
+        (
+            {"mode": "forward", "primitives": frozenset({"pushforward"}), "value_and_pullback": pullback},
+            "it implements the pullback but does not declare it: add 'pullback' to its primitives",
+        ),
+        (
+            {"mode": "forward", "primitives": frozenset({"pullback"}), "value_and_pullback": pullback},
+            "its mode 'forward' must name a primitive it implements",
+        ),
+        (
+            {"primitives": frozenset({"pullback"}), "value_and_pullback": pullback},
+            "Engine cannot be created: declare mode",
+        ),
+        (
+            {"mode": "reverse", "primitives": frozenset({"jacobian"})},
+            "'pullback' \\(value_and_pullback\\), 'pushforward'",
+        ),
+        (
+            {
+                "mode": "reverse",
+                "primitives": property(lambda self: frozenset({"pullback"})),
+                "value_and_pullback": pullback,
+            },
+            "Engine.primitives must be a class attribute, not a property",
+        ),
+    ],
+)
 def test_a_backend_missing_a_declaration_cannot_be_created(body, message):
     engine = backend_class(**body)
     with pytest.raises(TypeError, match=message):

@@ -11,14 +11,11 @@ experiments/backsolve_calibration.py prints both corpora's margins at once.
 """
 
 import jax
-import numpy as np
 import pytest
 
 import sciad
 import sciad.adjoints._continuous as continuous
-
 from helpers import backsolve_corpus, backsolve_heldout, slow_except
-
 
 CALIBRATION = {case.name: case for case in backsolve_corpus.cases()}
 HELDOUT = {case.name: case for case in backsolve_heldout.cases()}
@@ -31,8 +28,10 @@ FAST_HELDOUT = ["van der Pol, μ 1, t ≤ 20, rtol 1e-6"]  # the rest in the slo
 def assert_judged_right(case):
     judged = backsolve_corpus.judged(case)
     drift, limit = judged["drift"], continuous.DRIFT_TOLERANCE
-    print(f"{case.name}: relative error {judged['error']:.2g}, drift {drift:.3g} per forward step, "
-          f"margin {(drift / limit if case.wrong else limit / drift):.3g}")
+    print(
+        f"{case.name}: relative error {judged['error']:.2g}, drift {drift:.3g} per forward step, "
+        f"margin {(drift / limit if case.wrong else limit / drift):.3g}"
+    )
     assert judged["right"] != case.wrong, f"the corpus says {case.name!r} is {'wrong' if case.wrong else 'right'}"
     if case.wrong:
         assert drift > limit

@@ -14,9 +14,15 @@ U0S = jnp.array([[1.0, 0.5], [-0.4, 1.2], [0.3, -0.8]])
 P = jnp.array([0.9, -1.4, 1.1, 0.2, 0.1, -0.3])
 SAVES = jnp.array([0.4, 1.0, 1.5])
 SENSEALGS = ["DiscreteAdjoint()", "GaussAdjoint()", "InterpolatingAdjoint()"] + [
-    pytest.param(name, marks=pytest.mark.slow) for name in (
-        "ForwardDiffSensitivity()", "ForwardSensitivity()", "InterpolatingAdjoint(checkpointing=True)",
-        "QuadratureAdjoint()", "BacksolveAdjoint()")]
+    pytest.param(name, marks=pytest.mark.slow)
+    for name in (
+        "ForwardDiffSensitivity()",
+        "ForwardSensitivity()",
+        "InterpolatingAdjoint(checkpointing=True)",
+        "QuadratureAdjoint()",
+        "BacksolveAdjoint()",
+    )
+]
 
 
 def _loss(sensealg):
@@ -32,8 +38,9 @@ def _loss(sensealg):
 def test_vmap_equals_members(name):
     grad = jax.jit(jax.grad(_loss(sciad.adjoints.parse(name)), argnums=(0, 1)))
     members = [grad(u0, P) for u0 in U0S]
-    g_u0, g_p = jax.jit(jax.grad(lambda u0s, p: jnp.sum(jax.vmap(_loss(sciad.adjoints.parse(name)), (0, None))(u0s, p)),
-                                 argnums=(0, 1)))(U0S, P)
+    g_u0, g_p = jax.jit(
+        jax.grad(lambda u0s, p: jnp.sum(jax.vmap(_loss(sciad.adjoints.parse(name)), (0, None))(u0s, p)), argnums=(0, 1))
+    )(U0S, P)
     np.testing.assert_allclose(g_u0, jnp.stack([m[0] for m in members]), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(g_p, sum(m[1] for m in members), rtol=1e-10, atol=1e-12)
 
@@ -50,10 +57,16 @@ def test_gradient_of_a_jitted_batch(name):
 @pytest.mark.parametrize("name", ["DiscreteAdjoint()", "GaussAdjoint()"])
 def test_vmap_with_a_differentiated_closure_equals_members(name):
     """f closing over the differentiated weights (no p): the batch's gradient is the members' sum."""
+
     def loss(w, u0):
         prob = sciad.ODEProblem(lambda u, p, t: jnp.tanh(w[:4].reshape(2, 2) @ u + w[4:]), u0, (0.0, 1.5))
-        return jnp.sum(jnp.sin(sciad.solve(prob, saveat=SAVES, solver="tsit5", rtol=1e-8, atol=1e-8,
-                                           sensealg=sciad.adjoints.parse(name)).us))
+        return jnp.sum(
+            jnp.sin(
+                sciad.solve(
+                    prob, saveat=SAVES, solver="tsit5", rtol=1e-8, atol=1e-8, sensealg=sciad.adjoints.parse(name)
+                ).us
+            )
+        )
 
     batch = jax.jit(jax.grad(lambda w: jnp.sum(jax.vmap(loss, (None, 0))(w, U0S))))(P)
     member = jax.jit(jax.grad(loss))
@@ -75,13 +88,22 @@ def test_vmap_with_batched_p_equals_members():
 def test_vmap_over_members_of_several_segments():
     """DiscreteAdjoint's solve in segments (`SEGMENT_STEPS` steps each) under vmap, the members taking
     different numbers of segments (their own frequencies ω in the state): the members' gradients, p's summed."""
+
     def f(u, p, t):
         x, v, omega = u
-        return jnp.stack([v, -omega**2 * x - p[0] * v + p[1] * jnp.sin(t), 0.0 * omega])
+        return jnp.stack([v, -(omega**2) * x - p[0] * v + p[1] * jnp.sin(t), 0.0 * omega])
 
     def solve(u0, p):
-        return sciad.solve(sciad.ODEProblem(f, u0, (0.0, 6.0), p), u0=u0, p=p, saveat=jnp.array([2.0, 6.0]),
-                           solver="tsit5", rtol=1e-6, atol=1e-6, sensealg=sciad.DiscreteAdjoint())
+        return sciad.solve(
+            sciad.ODEProblem(f, u0, (0.0, 6.0), p),
+            u0=u0,
+            p=p,
+            saveat=jnp.array([2.0, 6.0]),
+            solver="tsit5",
+            rtol=1e-6,
+            atol=1e-6,
+            sensealg=sciad.DiscreteAdjoint(),
+        )
 
     def loss(u0, p):
         return jnp.sum(solve(u0, p).us[:, :2] ** 2)

@@ -10,7 +10,8 @@ import numpy as np
 import scipy.sparse as sp
 
 import sciad
-from sciad import _host_lu as host_lu, _sparsity as sparsity
+from sciad import _host_lu as host_lu
+from sciad import _sparsity as sparsity
 from sciad._auto import Choice
 
 TS = np.array([0.5, 1.0])
@@ -36,8 +37,12 @@ def test_autotune_cache_tells_two_lambdas_apart(monkeypatch, tmp_path):
         return sciad.select_sensealg(prob, saveat=TS, autotune=True, cache_dir=tmp_path).name
 
     weights = jnp.array([1.0, 2.0])
-    problems = [decay(lambda u, p, t: -p * u), decay(lambda u, p, t: -2 * p * u),
-                decay(lambda u, p, t: -p * u * weights), decay(lambda u, p, t: -p * u * jnp.array([1.0, 3.0]))]
+    problems = [
+        decay(lambda u, p, t: -p * u),
+        decay(lambda u, p, t: -2 * p * u),
+        decay(lambda u, p, t: -p * u * weights),
+        decay(lambda u, p, t: -p * u * jnp.array([1.0, 3.0])),
+    ]
     first = [choose(prob) for prob in problems]
     assert measured == problems and first == ["DiscreteAdjoint", "ForwardDiffSensitivity"] * 2
     assert len(list(tmp_path.glob("*.json"))) == 4

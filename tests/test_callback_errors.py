@@ -17,7 +17,6 @@ from sciad._errors import carried
 from sciad.ad import namespace
 
 
-
 def inverse_sum(x):
     """Singular at x = (-1, 0, 0, -1): NumPy's inverse raises there (JAX's gives inf)."""
     xp = namespace(x)
@@ -25,9 +24,11 @@ def inverse_sum(x):
 
 
 SINGULAR = jnp.array([-1.0, 0.0, 0.0, -1.0])
-HOST_FAILURE = (r"f raised LinAlgError on the host \(the 'finite-differences' engine, called from JAX\): Singular "
-                r"matrix; where f itself fails at these inputs, fix f, else differentiate it with another engine, "
-                r"e\.g\. 'jax-reverse'")
+HOST_FAILURE = (
+    r"f raised LinAlgError on the host \(the 'finite-differences' engine, called from JAX\): Singular "
+    r"matrix; where f itself fails at these inputs, fix f, else differentiate it with another engine, "
+    r"e\.g\. 'jax-reverse'"
+)
 
 
 def under_jit(fn, *args) -> jax.errors.JaxRuntimeError:
@@ -68,8 +69,10 @@ def test_host_engine_failure_in_the_pullback_names_it():
     g = ad.differentiate_with(lambda x: namespace(x).sum(namespace(x).copysign(x, x - 0.4)), "autograd")
     x = jnp.array([0.1, 0.7])
     np.testing.assert_allclose(g(x), -0.1 + 0.7)
-    pattern = (r"^the pullback of f raised NotImplementedError on the host \(the 'autograd' engine, called from JAX\): "
-               r"autograd cannot differentiate `copysign`")
+    pattern = (
+        r"^the pullback of f raised NotImplementedError on the host \(the 'autograd' engine, called from JAX\): "
+        r"autograd cannot differentiate `copysign`"
+    )
     with pytest.raises(sciad.SolveError, match=pattern):
         jax.grad(g)(x)
     assert_carried(under_jit(jax.grad(g), x), pattern)
@@ -80,8 +83,9 @@ ENZYME_NAN = r"^the 'enzyme' engine's derivative is NaN or infinite where f and 
 
 def robertson(u, p, t):
     k1, k2, k3 = p
-    return namespace(u).stack([-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k2 * u[1] ** 2 - k3 * u[1] * u[2],
-                               k2 * u[1] ** 2])
+    return namespace(u).stack(
+        [-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k2 * u[1] ** 2 - k3 * u[1] * u[2], k2 * u[1] ** 2]
+    )
 
 
 def test_enzyme_refusal_in_differentiate_with_under_jit():
@@ -99,8 +103,9 @@ def test_enzyme_refusal_in_an_implicit_adjoint_under_jit():
     prob = sciad.ODEProblem(robertson, np.array([1.0, 0.0, 0.0]), (0.0, 1.0), np.array([0.04, 3e7, 1e4]))
 
     def loss(p):
-        return jnp.sum(sciad.solve(prob, p=p, solver="kvaerno5", sensealg=sciad.GaussAdjoint(vjp="enzyme"),
-                                   saveat=[1.0]).us)
+        return jnp.sum(
+            sciad.solve(prob, p=p, solver="kvaerno5", sensealg=sciad.GaussAdjoint(vjp="enzyme"), saveat=[1.0]).us
+        )
 
     with pytest.raises(sciad.SolveError, match=ENZYME_NAN):
         jax.grad(loss)(prob.p)
@@ -117,6 +122,8 @@ def test_host_lu_failure_under_jit_ends_with_the_solve_error(monkeypatch):
         raise MemoryError("no memory for the factors")
 
     monkeypatch.setattr(HostLU, "solve", out_of_memory)
-    assert_carried(under_jit(lambda v, b: lu_solve(lu, v, b), jnp.ones(2), jnp.ones(2)),
-                   r"^the sparse LU solve on the host \(HostLU\(n=2, nnz=2, kept=1\)\) raised MemoryError: no memory "
-                   r"for the factors; pass jacobian='dense' or jacobian='matrix-free' to sciad.solve")
+    assert_carried(
+        under_jit(lambda v, b: lu_solve(lu, v, b), jnp.ones(2), jnp.ones(2)),
+        r"^the sparse LU solve on the host \(HostLU\(n=2, nnz=2, kept=1\)\) raised MemoryError: no memory "
+        r"for the factors; pass jacobian='dense' or jacobian='matrix-free' to sciad.solve",
+    )

@@ -28,8 +28,9 @@ def warnings_of(prob, sensealg, loss=lambda us: jnp.mean(us[:, -1]), batch=None)
     ts = np.linspace(*prob.tspan, 101)
 
     def objective(u0, p):
-        return loss(sciad.solve(prob, u0=u0, p=p, saveat=ts, rtol=1e-6, atol=1e-6, sensealg=sensealg,
-                                max_steps=20_000).us)
+        return loss(
+            sciad.solve(prob, u0=u0, p=p, saveat=ts, rtol=1e-6, atol=1e-6, sensealg=sensealg, max_steps=20_000).us
+        )
 
     grad = jax.grad(objective, argnums=(0, 1))
     if batch is not None:
@@ -44,10 +45,12 @@ def warnings_of(prob, sensealg, loss=lambda us: jnp.mean(us[:, -1]), batch=None)
 LORENZ = sciad.ODEProblem(lorenz, np.array([1.0, 0.0, 0.0]), (0.0, 40.0), np.array([10.0, 28.0, 8 / 3]))
 
 
-
-
-@pytest.mark.parametrize("sensealg", slow_except(["InterpolatingAdjoint()", "DiscreteAdjoint()",
-                                                  "ForwardDiffSensitivity()"], fast=["ForwardDiffSensitivity()"]))
+@pytest.mark.parametrize(
+    "sensealg",
+    slow_except(
+        ["InterpolatingAdjoint()", "DiscreteAdjoint()", "ForwardDiffSensitivity()"], fast=["ForwardDiffSensitivity()"]
+    ),
+)
 def test_a_chaotic_long_horizon_warns_and_names_shadowing(sensealg):
     caught, _ = warnings_of(LORENZ, sensealg)
     assert len(caught) == 1 and "shadowing" in caught[0]
@@ -58,12 +61,17 @@ def test_a_batch_warns_once():
     assert len(caught) == 1 and g[1].shape == (2, 3)
 
 
-@pytest.mark.parametrize("name, prob", [
-    ("Lorenz, short horizon", sciad.ODEProblem(lorenz, LORENZ.u0, (0.0, 3.0), LORENZ.p)),
-    ("unstable linear, growing 2e8-fold", sciad.ODEProblem(linear, np.array([1.0]), (0.0, 19.0), np.array([1.0]))),
-    ("Lotka-Volterra, long horizon", sciad.ODEProblem(lotka_volterra_rhs, np.array([1.0, 1.0]), (0.0, 200.0),
-                                                      np.array([1.5, 1.0, 3.0, 1.0]))),
-])
+@pytest.mark.parametrize(
+    "name, prob",
+    [
+        ("Lorenz, short horizon", sciad.ODEProblem(lorenz, LORENZ.u0, (0.0, 3.0), LORENZ.p)),
+        ("unstable linear, growing 2e8-fold", sciad.ODEProblem(linear, np.array([1.0]), (0.0, 19.0), np.array([1.0]))),
+        (
+            "Lotka-Volterra, long horizon",
+            sciad.ODEProblem(lotka_volterra_rhs, np.array([1.0, 1.0]), (0.0, 200.0), np.array([1.5, 1.0, 3.0, 1.0])),
+        ),
+    ],
+)
 def test_meaningful_gradients_stay_quiet(name, prob):
     caught, _ = warnings_of(prob, "ForwardDiffSensitivity()", loss=lambda us: jnp.sum(us[-1] ** 2))
     assert not caught, name

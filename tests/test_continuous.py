@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.adjoints._continuous import (Backsolved, Checkpointed, ContinuousAdjoint, LambdaGauss, LambdaMu,
-                                        Stored)
+from sciad.adjoints._continuous import Backsolved, Checkpointed, ContinuousAdjoint, LambdaGauss, LambdaMu, Stored
 from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
-
 
 CONSTRUCTORS = (sciad.InterpolatingAdjoint, sciad.GaussAdjoint, sciad.BacksolveAdjoint)
 
@@ -26,8 +24,13 @@ def test_sensealgs_are_constructors_of_one_class(cls):
 def test_options_read_the_pieces():
     stored = sciad.InterpolatingAdjoint(interval_max_steps=40, seminorm=True)
     assert stored.source == Stored(Checkpointed(None, 40)) and stored.backward == LambdaMu(True)
-    assert (stored.checkpointing, stored.checkpoints, stored.interval_max_steps, stored.seminorm,
-            stored.stores_interpolation) == (False, None, 40, True, True)
+    assert (
+        stored.checkpointing,
+        stored.checkpoints,
+        stored.interval_max_steps,
+        stored.seminorm,
+        stored.stores_interpolation,
+    ) == (False, None, 40, True, True)
     checkpointed = sciad.GaussAdjoint(checkpointing=True, checkpoints=[0.5])
     assert checkpointed.source == Checkpointed((0.5,), None) and checkpointed.backward == LambdaGauss()
     assert not checkpointed.stores_interpolation and not hasattr(checkpointed, "seminorm")
@@ -64,8 +67,15 @@ def _large(n, t1=1.0):
 
 def _gradient(prob, sensealg, max_steps=4096):
     def loss(p):
-        us = sciad.solve(prob, p=p, saveat=np.array([0.5 * prob.tspan[1], prob.tspan[1]]), sensealg=sensealg,
-                         rtol=1e-6, atol=1e-6, max_steps=max_steps).us
+        us = sciad.solve(
+            prob,
+            p=p,
+            saveat=np.array([0.5 * prob.tspan[1], prob.tspan[1]]),
+            sensealg=sensealg,
+            rtol=1e-6,
+            atol=1e-6,
+            max_steps=max_steps,
+        ).us
         return jnp.sum(us[-1] ** 2)
 
     return jax.jit(jax.grad(loss))
@@ -88,17 +98,31 @@ def test_stored_cost_follows_the_steps_not_max_steps():
 
     def rca_loss(p):
         solver = sciad.get_solver("tsit5")
-        sol = dfx.diffeqsolve(dfx.ODETerm(lambda t, u, p: prob.f(u, p, t)), solver, 0.0, 1.0, None, prob.u0, p,
-                              saveat=dfx.SaveAt(ts=np.array([0.5, 1.0])),
-                              stepsize_controller=sciad.step_controller(solver, 1e-6, 1e-6), max_steps=4096)
+        sol = dfx.diffeqsolve(
+            dfx.ODETerm(lambda t, u, p: prob.f(u, p, t)),
+            solver,
+            0.0,
+            1.0,
+            None,
+            prob.u0,
+            p,
+            saveat=dfx.SaveAt(ts=np.array([0.5, 1.0])),
+            stepsize_controller=sciad.step_controller(solver, 1e-6, 1e-6),
+            max_steps=4096,
+        )
         return jnp.sum(sol.ys[-1] ** 2)
 
     assert small <= 4 * _temporaries(jax.jit(jax.grad(rca_loss)), p)
 
 
-@pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), pytest.param(sciad.InterpolatingAdjoint(), marks=pytest.mark.slow),
-                                      pytest.param(sciad.InterpolatingAdjoint(checkpointing=True, interval_max_steps=16),
-                                                   marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sensealg",
+    [
+        sciad.GaussAdjoint(),
+        pytest.param(sciad.InterpolatingAdjoint(), marks=pytest.mark.slow),
+        pytest.param(sciad.InterpolatingAdjoint(checkpointing=True, interval_max_steps=16), marks=pytest.mark.slow),
+    ],
+)
 def test_past_the_stored_steps_the_sweep_recheckpoints(sensealg):
     """A solve of more steps than the stored budget (2,000 states: 16 steps) falls back on checkpoints in
     levels (checkpointing=True, interval_max_steps=16 with max_steps 40,000: three), alone and under vmap."""

@@ -1,6 +1,7 @@
 """Mass-matrix problems M u' = f through `sciad.solve` (`sciad._dae`): Robertson as a DAE against its
 ODE form, a linear index-1 DAE with closed-form solution and gradients (every sensealg, in p and u0),
-consistent initialisation (diagonal and full singular M, gradients by the implicit function theorem), "check" and "none", the boundary's refusals, jit / vmap / float32,
+consistent initialisation (diagonal and full singular M, gradients by the implicit function theorem), "check" and
+"none", the boundary's refusals, jit / vmap / float32,
 a PyTree state, a Hessian, `"auto"`, and Rodas's sparse stages (`jacobian="sparse"`) against its
 dense ones."""
 
@@ -13,18 +14,38 @@ import scipy.sparse
 from scipy.integrate import solve_ivp
 
 import sciad
+from helpers.dae import (
+    P0,
+    R_INV,
+    ROBERTSON_P,
+    ROBERTSON_TS,
+    TOL,
+    TS,
+    Q,
+    R,
+    exact,
+    exact_gradients,
+    linear,
+    linear_loss,
+    linear_problem,
+    robertson,
+    robertson_dae,
+)
 from sciad._auto import auto_sensealg
 from sciad._solve import MASS_MATRIX_SENSEALGS
 
-from helpers.dae import (P0, Q, R, R_INV, ROBERTSON_P, ROBERTSON_TS, TOL, TS, exact, exact_gradients, linear, linear_loss,
-                         linear_problem, robertson, robertson_dae)
-
-
 # Every sensealg: through the solver's steps, the sensitivity DAE, the adjoint DAE (tests/test_dae_adjoints.py).
-SENSEALGS = [sciad.ForwardDiffSensitivity(), sciad.DiscreteAdjoint(), sciad.ForwardSensitivity(),
-             sciad.InterpolatingAdjoint(), sciad.GaussAdjoint(), sciad.QuadratureAdjoint(),
-             sciad.GaussAdjoint(checkpointing=True), sciad.BacksolveAdjoint(),
-             pytest.param(sciad.InterpolatingAdjoint(checkpointing=True), marks=pytest.mark.slow)]
+SENSEALGS = [
+    sciad.ForwardDiffSensitivity(),
+    sciad.DiscreteAdjoint(),
+    sciad.ForwardSensitivity(),
+    sciad.InterpolatingAdjoint(),
+    sciad.GaussAdjoint(),
+    sciad.QuadratureAdjoint(),
+    sciad.GaussAdjoint(checkpointing=True),
+    sciad.BacksolveAdjoint(),
+    pytest.param(sciad.InterpolatingAdjoint(checkpointing=True), marks=pytest.mark.slow),
+]
 
 
 def test_linear_dae_closed_form_from_an_inconsistent_u0():
@@ -73,7 +94,6 @@ def test_hessian_through_forward_diff():
 # --- a full singular M: the orthogonal split ----------------------------------------------------------
 
 
-
 def rotated(u, p, t):
     """The linear DAE in u = R w, each equation mixed by Q: (Q diag(1, 0) R⁻¹) u' = Q f(R⁻¹ u)."""
     return jnp.asarray(Q) @ linear(jnp.asarray(R_INV) @ u, p, t)
@@ -83,8 +103,10 @@ M_FULL = Q @ np.diag([1.0, 0.0]) @ R_INV
 
 
 # The default run: ForwardDiffSensitivity and GaussAdjoint with a full M (the rest in the slow run, CI).
-FULL_M = [s if i in (0, 4) or not isinstance(s, sciad.AbstractSensitivity) else pytest.param(s, marks=pytest.mark.slow)
-          for i, s in enumerate(SENSEALGS)]
+FULL_M = [
+    s if i in (0, 4) or not isinstance(s, sciad.AbstractSensitivity) else pytest.param(s, marks=pytest.mark.slow)
+    for i, s in enumerate(SENSEALGS)
+]
 
 
 @pytest.mark.parametrize("sensealg", FULL_M, ids=sciad.adjoints.describe)
@@ -109,13 +131,22 @@ def test_full_mass_matrix_consistent_initialisation(sensealg):
 
 # --- Robertson: the DAE against its ODE form ------------------------------------------------------
 
+
 def test_robertson_dae_against_the_ode_form():
     """Against SciPy's Radau on the ODE at 1e-10 (relative 1e-5 at every save), from an inconsistent
     u0 (y3 = 0.5 is reset to 0 by the conservation law)."""
-    ref = solve_ivp(lambda t, y: np.asarray(robertson(y, ROBERTSON_P, t)), (0.0, 1e3), [1.0, 0.0, 0.0],
-                    method="Radau", rtol=1e-10, atol=1e-12, t_eval=ROBERTSON_TS).y.T
-    prob = sciad.ODEProblem(robertson_dae, np.array([1.0, 0.0, 0.5]), (0.0, 1e3), ROBERTSON_P,
-                            mass_matrix=np.array([1.0, 1.0, 0.0]))
+    ref = solve_ivp(
+        lambda t, y: np.asarray(robertson(y, ROBERTSON_P, t)),
+        (0.0, 1e3),
+        [1.0, 0.0, 0.0],
+        method="Radau",
+        rtol=1e-10,
+        atol=1e-12,
+        t_eval=ROBERTSON_TS,
+    ).y.T
+    prob = sciad.ODEProblem(
+        robertson_dae, np.array([1.0, 0.0, 0.5]), (0.0, 1e3), ROBERTSON_P, mass_matrix=np.array([1.0, 1.0, 0.0])
+    )
     sol = sciad.solve(prob, saveat=ROBERTSON_TS, rtol=1e-8, atol=1e-10, max_steps=10_000)
     np.testing.assert_allclose(sol.us, ref, rtol=1e-5, atol=1e-12)
 
@@ -124,16 +155,26 @@ def test_robertson_dae_against_the_ode_form():
 def test_robertson_gradient_against_the_ode_form():
     """∂ y2(t) / ∂ log k over three rates (DiscreteAdjoint through Rodas5P on the DAE) against the ODE
     form through Kvaerno5 at tight tolerances."""
+
     def loss(prob, solver):
         def value(log_k):
-            us = sciad.solve(prob, p=jnp.exp(log_k), saveat=ROBERTSON_TS[:4], solver=solver, rtol=1e-9, atol=1e-12,
-                             max_steps=20_000, sensealg=sciad.DiscreteAdjoint()).us
+            us = sciad.solve(
+                prob,
+                p=jnp.exp(log_k),
+                saveat=ROBERTSON_TS[:4],
+                solver=solver,
+                rtol=1e-9,
+                atol=1e-12,
+                max_steps=20_000,
+                sensealg=sciad.DiscreteAdjoint(),
+            ).us
             return jnp.sum(us[:, 1] * 1e4)
 
         return value
 
-    dae = sciad.ODEProblem(robertson_dae, np.array([1.0, 0.0, 0.0]), (0.0, 100.0), ROBERTSON_P,
-                           mass_matrix=np.array([1.0, 1.0, 0.0]))
+    dae = sciad.ODEProblem(
+        robertson_dae, np.array([1.0, 0.0, 0.0]), (0.0, 100.0), ROBERTSON_P, mass_matrix=np.array([1.0, 1.0, 0.0])
+    )
     ode = sciad.ODEProblem(robertson, np.array([1.0, 0.0, 0.0]), (0.0, 100.0), ROBERTSON_P)
     log_k = np.log(ROBERTSON_P)
     g_dae = jax.grad(loss(dae, None))(log_k)
@@ -142,6 +183,7 @@ def test_robertson_gradient_against_the_ode_form():
 
 
 # --- initialisation options ---------------------------------------------------------------------------
+
 
 def test_check_refuses_an_inconsistent_u0_and_passes_a_consistent_one():
     prob = linear_problem()
@@ -162,13 +204,18 @@ def test_none_leaves_u0():
 
 def test_consistent_initialisation_failure_is_a_solve_error():
     """0 = z² + 1 has no real root: Newton does not converge."""
-    prob = sciad.ODEProblem(lambda u, p, t: jnp.stack([-u[0], u[1] ** 2 + 1]), np.array([1.0, 0.5]), (0.0, 1.0),
-                            mass_matrix=np.array([1.0, 0.0]))
+    prob = sciad.ODEProblem(
+        lambda u, p, t: jnp.stack([-u[0], u[1] ** 2 + 1]),
+        np.array([1.0, 0.5]),
+        (0.0, 1.0),
+        mass_matrix=np.array([1.0, 0.0]),
+    )
     with pytest.raises(sciad.SolveError, match="initialization='consistent': Newton"):
         sciad.solve(prob)
 
 
 # --- the boundary -----------------------------------------------------------------------------------
+
 
 def test_mass_matrix_checked_at_the_problem():
     u0 = np.array([1.5, 0.0])
@@ -189,8 +236,11 @@ def test_mass_matrix_checked_at_the_problem():
 
 def test_solve_refuses_what_a_mass_matrix_cannot_take():
     prob = linear_problem()
-    with pytest.raises(ValueError, match=r"singular mass matrix \(a DAE with 1 algebraic equation\(s\)\) needs a "
-                                         r"solver that takes one: solver='rodas5p' or 'rodas4'"):
+    with pytest.raises(
+        ValueError,
+        match=r"singular mass matrix \(a DAE with 1 algebraic equation\(s\)\) needs a "
+        r"solver that takes one: solver='rodas5p' or 'rodas4'",
+    ):
         sciad.solve(prob, solver="kvaerno5")
     with pytest.raises(ValueError, match="holds a mass matrix other than the problem's"):
         sciad.solve(prob, solver=sciad.Rodas5P(mass_matrix=np.array([1.0, 1.0])))
@@ -210,6 +260,7 @@ def test_solvers_by_name_and_given_without_mass_matrix():
 
 # --- composition ------------------------------------------------------------------------------------
 
+
 def test_jit_and_vmap_over_parameters():
     prob = linear_problem()
 
@@ -225,23 +276,31 @@ def test_jit_and_vmap_over_parameters():
 
 @pytest.mark.slow
 def test_float32():
-    prob = sciad.ODEProblem(linear, np.array([1.5, 0.0], np.float32), (0.0, 2.0), P0.astype(np.float32),
-                            mass_matrix=np.array([1.0, 0.0]))
+    prob = sciad.ODEProblem(
+        linear, np.array([1.5, 0.0], np.float32), (0.0, 2.0), P0.astype(np.float32), mass_matrix=np.array([1.0, 0.0])
+    )
     sol = sciad.solve(prob, saveat=TS, rtol=1e-5, atol=1e-6)
     assert sol.us.dtype == jnp.float32
     np.testing.assert_allclose(sol.us, exact(1.5, P0), rtol=1e-4, atol=1e-5)
     grad = jax.grad(lambda p: linear_loss(sciad.solve(prob, p=p, saveat=TS, rtol=1e-5, atol=1e-6).us))(
-        P0.astype(np.float32))
+        P0.astype(np.float32)
+    )
     np.testing.assert_allclose(grad, exact_gradients(1.5, P0)[1:], rtol=1e-3)
 
 
 def test_pytree_state_with_a_diagonal_over_the_flattened_state():
     """u0 = {"x": (2,), "z": ()}: raveled in key order x0, x1, z; z = x0 + x1 algebraically."""
+
     def f(u, p, t):
         return {"x": -p * u["x"], "z": u["z"] - u["x"].sum()}
 
-    prob = sciad.ODEProblem(f, {"x": np.array([1.0, 2.0]), "z": np.array(0.0)}, (0.0, 1.0), np.array(0.5),
-                            mass_matrix=np.array([1.0, 1.0, 0.0]))
+    prob = sciad.ODEProblem(
+        f,
+        {"x": np.array([1.0, 2.0]), "z": np.array(0.0)},
+        (0.0, 1.0),
+        np.array(0.5),
+        mass_matrix=np.array([1.0, 1.0, 0.0]),
+    )
     sol = sciad.solve(prob, saveat=TS[:3], **TOL)
     decay = np.exp(-0.5 * TS[:3])
     np.testing.assert_allclose(sol.us["x"], np.outer(decay, [1.0, 2.0]), rtol=1e-7)
@@ -260,8 +319,9 @@ def test_integrand_rides_with_the_mass_matrix():
 
 def test_auto_picks_a_sensealg_that_serves_a_mass_matrix():
     for m, expected in ((2, sciad.ForwardDiffSensitivity), (40, sciad.DiscreteAdjoint)):
-        choice = auto_sensealg(np.ones(3), np.ones(m), np.ones(4), solver=sciad.Rodas5P(), rtol=1e-6, atol=1e-6,
-                               mass_matrix=True)
+        choice = auto_sensealg(
+            np.ones(3), np.ones(m), np.ones(4), solver=sciad.Rodas5P(), rtol=1e-6, atol=1e-6, mass_matrix=True
+        )
         assert isinstance(choice.sensealg, expected) and choice.heuristic_pick.rule == "mass-matrix"
         assert "heuristic rule `mass-matrix`" in choice.report()
 
@@ -286,8 +346,10 @@ def test_rosenbrock_solvers_count_as_implicit():
 
 def test_rosenbrock_ode_with_a_continuous_adjoint():
     prob = sciad.ODEProblem(linear, np.array([1.0, 0.3]), (0.0, 2.0), P0)
-    grads = [jax.grad(lambda p: sciad.solve(prob, p=p, solver="rodas5p", sensealg=s, **TOL).us.sum())(P0)
-             for s in (sciad.InterpolatingAdjoint(), sciad.DiscreteAdjoint())]
+    grads = [
+        jax.grad(lambda p: sciad.solve(prob, p=p, solver="rodas5p", sensealg=s, **TOL).us.sum())(P0)
+        for s in (sciad.InterpolatingAdjoint(), sciad.DiscreteAdjoint())
+    ]
     np.testing.assert_allclose(*grads, rtol=1e-6)
 
 
@@ -310,15 +372,17 @@ def _laplacian(v, mirror):
 def reaction_diffusion(y, p, t):
     D, a, b = p
     u, phi = jnp.split(y, 2)
-    return jnp.concatenate([D * _laplacian(u, True) + a * u * (1 - u) - b * u * phi,
-                            _laplacian(phi, False) - 25.0 * phi + u])
+    return jnp.concatenate(
+        [D * _laplacian(u, True) + a * u * (1 - u) - b * u * phi, _laplacian(phi, False) - 25.0 * phi + u]
+    )
 
 
 def reaction_diffusion_problem(cells=RD_CELLS):
     x = (np.arange(cells) + 0.5) / cells
     u0 = np.concatenate([0.1 + 0.8 * np.exp(-(((x - 0.3) / 0.1) ** 2)), np.zeros(cells)])
-    return sciad.ODEProblem(reaction_diffusion, u0, (0.0, 2.0), RD_P,
-                            mass_matrix=np.concatenate([np.ones(cells), np.zeros(cells)]))
+    return sciad.ODEProblem(
+        reaction_diffusion, u0, (0.0, 2.0), RD_P, mass_matrix=np.concatenate([np.ones(cells), np.zeros(cells)])
+    )
 
 
 def rd_loss(us):
@@ -351,8 +415,9 @@ def test_sparse_rodas_gradients_equal_dense_under_jit_and_vmap():
     dense = jax.jit(jax.vmap(jax.grad(lambda p: loss(p, "dense", sciad.DiscreteAdjoint()))))(ps)
     values, grads = jax.jit(jax.vmap(jax.value_and_grad(lambda p: loss(p, "sparse", sciad.DiscreteAdjoint()))))(ps)
     np.testing.assert_allclose(grads, dense, rtol=1e-9)
-    np.testing.assert_allclose(values[0], rd_loss(sciad.solve(prob, saveat=RD_TS, jacobian="dense", **RD_TOL).us),
-                               rtol=1e-10)
+    np.testing.assert_allclose(
+        values[0], rd_loss(sciad.solve(prob, saveat=RD_TS, jacobian="dense", **RD_TOL).us), rtol=1e-10
+    )
     sciad.stiff.LU_COUNTS.clear()
     forward = jax.grad(loss)(RD_P, "sparse", sciad.ForwardDiffSensitivity())
     factorisations = sciad.stiff.LU_COUNTS["factorisations"]
@@ -363,10 +428,15 @@ def test_sparse_rodas_gradients_equal_dense_under_jit_and_vmap():
 
 def test_sparse_rodas_on_an_ode_and_with_a_full_mass_matrix():
     """Without M (the identity: Rodas4 on the reaction part alone), and with a full singular M."""
-    prob = sciad.ODEProblem(lambda u, p, t: p[0] * _laplacian(u, True) + p[1] * u * (1 - u),
-                            reaction_diffusion_problem().u0[:RD_CELLS], (0.0, 2.0), RD_P[:2])
-    dense, sparse = (sciad.solve(prob, saveat=RD_TS, solver="rodas4", jacobian=j, **RD_TOL).us
-                     for j in ("dense", "sparse"))
+    prob = sciad.ODEProblem(
+        lambda u, p, t: p[0] * _laplacian(u, True) + p[1] * u * (1 - u),
+        reaction_diffusion_problem().u0[:RD_CELLS],
+        (0.0, 2.0),
+        RD_P[:2],
+    )
+    dense, sparse = (
+        sciad.solve(prob, saveat=RD_TS, solver="rodas4", jacobian=j, **RD_TOL).us for j in ("dense", "sparse")
+    )
     np.testing.assert_allclose(sparse, dense, rtol=0, atol=1e-9)
     full = sciad.ODEProblem(rotated, R @ np.array([1.5, 0.0]), (0.0, 2.0), P0, mass_matrix=M_FULL)
     dense, sparse = (sciad.solve(full, saveat=TS, jacobian=j, **TOL).us for j in ("dense", "sparse"))
@@ -393,14 +463,25 @@ def test_consistent_initialisation_of_a_large_sparse_algebraic_block():
     ts = np.array([0.0, 0.01])
 
     def loss(p, u0, initialization):
-        return rd_loss(sciad.solve(prob, u0=u0, p=p, saveat=ts, jacobian="sparse", initialization=initialization,
-                                   sensealg=sciad.DiscreteAdjoint(), **RD_TOL).us)
+        return rd_loss(
+            sciad.solve(
+                prob,
+                u0=u0,
+                p=p,
+                saveat=ts,
+                jacobian="sparse",
+                initialization=initialization,
+                sensealg=sciad.DiscreteAdjoint(),
+                **RD_TOL,
+            ).us
+        )
 
     sol = sciad.solve(prob, saveat=ts, jacobian="sparse", **RD_TOL)
     np.testing.assert_allclose(sol.us[0, cells:], phi, rtol=1e-10, atol=1e-13)
     consistent = np.concatenate([u, phi])  # φ(0) does not depend on p: the same gradient
-    np.testing.assert_allclose(jax.grad(loss)(RD_P, prob.u0, "consistent"), jax.grad(loss)(RD_P, consistent, "none"),
-                               rtol=1e-9)
+    np.testing.assert_allclose(
+        jax.grad(loss)(RD_P, prob.u0, "consistent"), jax.grad(loss)(RD_P, consistent, "none"), rtol=1e-9
+    )
 
 
 def test_the_initialisation_newton_solves_with_the_algebraic_blocks_own_sparse_pattern():
@@ -415,7 +496,9 @@ def test_the_initialisation_newton_solves_with_the_algebraic_blocks_own_sparse_p
     assert solver.jacobian.pattern.matrix.nnz <= 3 * cells
 
 
-@pytest.mark.parametrize("sensealg", ["ForwardDiffSensitivity", pytest.param("ForwardSensitivity", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sensealg", ["ForwardDiffSensitivity", pytest.param("ForwardSensitivity", marks=pytest.mark.slow)]
+)
 def test_forward_mode_tangents_pass_through_the_initialisation(sensealg):
     """The forward-mode sensealgs solve the consistent initialisation inside their rule (`Setup.consistent`): a
     gradient in p from an inconsistent u0 carries m tangents, as from a consistent one, not n more for a u0
@@ -445,5 +528,15 @@ def test_forward_mode_gradients_through_the_initialisation_in_u0_and_p(sensealg)
 
 
 def _rd_loss_from(prob, u0, p, sensealg, initialization):
-    return rd_loss(sciad.solve(prob, u0=u0, p=p, saveat=RD_TS, jacobian="sparse", sensealg=sensealg,
-                               initialization=initialization, **RD_TOL).us)
+    return rd_loss(
+        sciad.solve(
+            prob,
+            u0=u0,
+            p=p,
+            saveat=RD_TS,
+            jacobian="sparse",
+            sensealg=sensealg,
+            initialization=initialization,
+            **RD_TOL,
+        ).us
+    )

@@ -12,9 +12,19 @@ import numpy as np
 import pytest
 
 import sciad
-
-from helpers.dae import (P0, ROBERTSON_P, ROBERTSON_TS, TOL, TS, exact, exact_gradients, linear_loss, linear_problem,
-                         robertson, robertson_dae)
+from helpers.dae import (
+    P0,
+    ROBERTSON_P,
+    ROBERTSON_TS,
+    TOL,
+    TS,
+    exact,
+    exact_gradients,
+    linear_loss,
+    linear_problem,
+    robertson,
+    robertson_dae,
+)
 
 slow = pytest.mark.slow
 
@@ -37,8 +47,10 @@ def finite_differences(fn, x, step=1e-5):
 
 # --- (a) the linear index-1 DAE (its closed form for every sensealg: tests/test_dae.py) --------------
 
-@pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), sciad.InterpolatingAdjoint(), sciad.ForwardSensitivity()],
-                         ids=name)
+
+@pytest.mark.parametrize(
+    "sensealg", [sciad.GaussAdjoint(), sciad.InterpolatingAdjoint(), sciad.ForwardSensitivity()], ids=name
+)
 def test_jit_and_vmap(sensealg):
     """jax.jit(jax.vmap(jax.grad)) over parameters and u0 together, against the closed form."""
     prob = linear_problem()
@@ -57,6 +69,7 @@ def test_jit_and_vmap(sensealg):
 
 # --- (d, e) a nonlinear DAE: a loss on the algebraic state at save times, an integrand ------------------
 # x' = -a x z, 0 = z³ + z - b x (∂/∂z = 3z² + 1 ≠ 0: index 1), the loss nonlinear in z.
+
 
 def cubic(u, p, t):
     a, b = p
@@ -77,8 +90,9 @@ def cubic_loss(sensealg, integrand=False):
 
     def loss(u0, p):
         if integrand:
-            sol = sciad.solve(prob, u0=u0, p=p, integrand=lambda u, p, t: u[1] ** 2 + u[0] * u[1],
-                              sensealg=sensealg, **TOL)
+            sol = sciad.solve(
+                prob, u0=u0, p=p, integrand=lambda u, p, t: u[1] ** 2 + u[0] * u[1], sensealg=sensealg, **TOL
+            )
             return sol.integral
         us = sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us
         return jnp.sum(jnp.sin(us[:, 1]) + us[:, 1] ** 2 * us[:, 0])
@@ -100,10 +114,18 @@ def cubic_references():
 
 
 @pytest.mark.parametrize("integrand", [False, True], ids=["algebraic-saves", "integrand"])
-@pytest.mark.parametrize("sensealg", [sciad.GaussAdjoint(), sciad.InterpolatingAdjoint(), sciad.ForwardSensitivity(),
-                                      pytest.param(sciad.QuadratureAdjoint(), marks=slow),
-                                      pytest.param(sciad.GaussAdjoint(checkpointing=True), marks=slow),
-                                      pytest.param(sciad.BacksolveAdjoint(), marks=slow)], ids=name)
+@pytest.mark.parametrize(
+    "sensealg",
+    [
+        sciad.GaussAdjoint(),
+        sciad.InterpolatingAdjoint(),
+        sciad.ForwardSensitivity(),
+        pytest.param(sciad.QuadratureAdjoint(), marks=slow),
+        pytest.param(sciad.GaussAdjoint(checkpointing=True), marks=slow),
+        pytest.param(sciad.BacksolveAdjoint(), marks=slow),
+    ],
+    ids=name,
+)
 def test_nonlinear_loss_on_the_algebraic_state(sensealg, integrand, cubic_references):
     """∂L/∂(u0, p) against DiscreteAdjoint (to 1e-6) and central differences of the loss (to 1e-5)."""
     g_u0, g_p = jax.jit(jax.grad(cubic_loss(sensealg, integrand), argnums=(0, 1)))(CUBIC_U0, CUBIC_P)
@@ -117,18 +139,34 @@ def test_nonlinear_loss_on_the_algebraic_state(sensealg, integrand, cubic_refere
 
 # --- (b) Robertson: the DAE against its ODE form ------------------------------------------------------
 
+
 def robertson_gradient(prob, solver, sensealg):
     """∂/∂(u0, log k) of Σ_t 10⁴ y2 + y3 (y3 algebraic in the DAE) at three save times up to t = 100."""
+
     def value(u0, log_k):
-        us = sciad.solve(prob, u0=u0, p=jnp.exp(log_k), saveat=ROBERTSON_TS[:4], solver=solver, rtol=1e-9,
-                         atol=1e-12, max_steps=20_000, sensealg=sensealg).us
+        us = sciad.solve(
+            prob,
+            u0=u0,
+            p=jnp.exp(log_k),
+            saveat=ROBERTSON_TS[:4],
+            solver=solver,
+            rtol=1e-9,
+            atol=1e-12,
+            max_steps=20_000,
+            sensealg=sensealg,
+        ).us
         return jnp.sum(us[:, 1] * 1e4 + us[:, 2])
 
     return jax.jit(jax.grad(value, argnums=(0, 1)))(np.array([1.0, 0.0, 0.0]), np.log(ROBERTSON_P))
 
 
-ROBERTSON_DAE = dict(f=robertson_dae, u0=np.array([1.0, 0.0, 0.0]), tspan=(0.0, 100.0), p=ROBERTSON_P,
-                     mass_matrix=np.array([1.0, 1.0, 0.0]))
+ROBERTSON_DAE = dict(
+    f=robertson_dae,
+    u0=np.array([1.0, 0.0, 0.0]),
+    tspan=(0.0, 100.0),
+    p=ROBERTSON_P,
+    mass_matrix=np.array([1.0, 1.0, 0.0]),
+)
 
 
 @pytest.fixture(scope="module")
@@ -139,11 +177,17 @@ def robertson_ode_gradient():
     return np.array([g_u0[0] - g_u0[2], g_u0[1] - g_u0[2], 0.0]), g_p
 
 
-@pytest.mark.parametrize("sensealg", [pytest.param(sciad.GaussAdjoint(), marks=slow),
-                                      pytest.param(sciad.InterpolatingAdjoint(), marks=slow),
-                                      pytest.param(sciad.QuadratureAdjoint(), marks=slow),
-                                      pytest.param(sciad.GaussAdjoint(checkpointing=True), marks=slow),
-                                      pytest.param(sciad.ForwardSensitivity(), marks=slow)], ids=name)
+@pytest.mark.parametrize(
+    "sensealg",
+    [
+        pytest.param(sciad.GaussAdjoint(), marks=slow),
+        pytest.param(sciad.InterpolatingAdjoint(), marks=slow),
+        pytest.param(sciad.QuadratureAdjoint(), marks=slow),
+        pytest.param(sciad.GaussAdjoint(checkpointing=True), marks=slow),
+        pytest.param(sciad.ForwardSensitivity(), marks=slow),
+    ],
+    ids=name,
+)
 def test_robertson_against_the_ode_form(sensealg, robertson_ode_gradient):
     """∂/∂log k to 1e-6 of the ODE form's, ∂/∂u0 to 1e-5 of its largest entry (its y2 entry is a
     difference of two entries 3000 times larger)."""
@@ -164,20 +208,31 @@ def test_robertson_with_a_full_mass_matrix():
     def f(u, p, t):
         return jnp.asarray(Q) @ robertson_dae(jnp.asarray(R_inv) @ u, p, t)
 
-    full = sciad.ODEProblem(f, R @ np.array([1.0, 0.0, 0.0]), (0.0, 100.0), ROBERTSON_P,
-                            mass_matrix=Q @ np.diag([1.0, 1.0, 0.0]) @ R_inv)
+    full = sciad.ODEProblem(
+        f, R @ np.array([1.0, 0.0, 0.0]), (0.0, 100.0), ROBERTSON_P, mass_matrix=Q @ np.diag([1.0, 1.0, 0.0]) @ R_inv
+    )
 
     def gradient(prob, sensealg, rotate):
         def value(log_k):
-            us = sciad.solve(prob, p=jnp.exp(log_k), saveat=ROBERTSON_TS[:4], rtol=1e-9, atol=1e-12,
-                             max_steps=20_000, sensealg=sensealg).us
+            us = sciad.solve(
+                prob,
+                p=jnp.exp(log_k),
+                saveat=ROBERTSON_TS[:4],
+                rtol=1e-9,
+                atol=1e-12,
+                max_steps=20_000,
+                sensealg=sensealg,
+            ).us
             w = us @ jnp.asarray(R_inv).T if rotate else us
             return jnp.sum(w[:, 1] * 1e4 + w[:, 2])
 
         return jax.jit(jax.grad(value))(np.log(ROBERTSON_P))
 
-    np.testing.assert_allclose(gradient(full, sciad.GaussAdjoint(), True),
-                               gradient(sciad.ODEProblem(**ROBERTSON_DAE), sciad.DiscreteAdjoint(), False), rtol=1e-6)
+    np.testing.assert_allclose(
+        gradient(full, sciad.GaussAdjoint(), True),
+        gradient(sciad.ODEProblem(**ROBERTSON_DAE), sciad.DiscreteAdjoint(), False),
+        rtol=1e-6,
+    )
 
 
 @slow
@@ -197,8 +252,9 @@ def test_hessian_forward_over_reverse():
         return jnp.sum(sciad.solve(prob, p=p, saveat=TS, sensealg=sciad.GaussAdjoint(), **TOL).us[:, 0])
 
     x = exact(1.5, P0)[:, 0]
-    np.testing.assert_allclose(jax.hessian(loss)(P0), np.sum(TS**2 * x) * np.array([[1.0, -1.0], [-1.0, 1.0]]),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.hessian(loss)(P0), np.sum(TS**2 * x) * np.array([[1.0, -1.0], [-1.0, 1.0]]), rtol=1e-6
+    )
 
 
 def test_nonsingular_mass_matrix_against_the_ode():
@@ -216,16 +272,24 @@ def test_nonsingular_mass_matrix_against_the_ode():
         return jax.grad(loss, argnums=(0, 1))(np.array([1.0, 0.5]), P0)
 
     dae = gradient(sciad.ODEProblem(f, np.ones(2), (0.0, 2.0), P0, mass_matrix=M), sciad.GaussAdjoint(), None)
-    ode = gradient(sciad.ODEProblem(lambda u, p, t: jnp.linalg.solve(jnp.asarray(M), f(u, p, t)), np.ones(2),
-                                    (0.0, 2.0), P0), sciad.DiscreteAdjoint(), "tsit5")
+    ode = gradient(
+        sciad.ODEProblem(lambda u, p, t: jnp.linalg.solve(jnp.asarray(M), f(u, p, t)), np.ones(2), (0.0, 2.0), P0),
+        sciad.DiscreteAdjoint(),
+        "tsit5",
+    )
     for g, r in zip(dae, ode):
         np.testing.assert_allclose(g, r, rtol=1e-6)
 
 
 def test_float32():
     """GaussAdjoint on the linear DAE in float32: the closed form to 1e-3."""
-    prob = sciad.ODEProblem(linear_problem().f, np.array([1.5, 0.0], np.float32), (0.0, 2.0), P0.astype(np.float32),
-                            mass_matrix=np.array([1.0, 0.0]))
+    prob = sciad.ODEProblem(
+        linear_problem().f,
+        np.array([1.5, 0.0], np.float32),
+        (0.0, 2.0),
+        P0.astype(np.float32),
+        mass_matrix=np.array([1.0, 0.0]),
+    )
 
     def loss(p):
         return linear_loss(sciad.solve(prob, p=p, saveat=TS, rtol=1e-5, atol=1e-6, sensealg=sciad.GaussAdjoint()).us)

@@ -15,10 +15,8 @@ import numpy as np
 import pytest
 
 import sciad
-
 from helpers import central_differences
 from helpers.dae import R_INV, ROBERTSON_P, Q, R, robertson, robertson_dae
-
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 AGREEMENT = 1e-7
@@ -28,6 +26,7 @@ slow = pytest.mark.slow
 
 
 # --- x' = -a x + z, 0 = z - b x - sin t: x' = c x + sin t (c = b - a), z = b x + sin t ----------------
+
 
 def forced(u, p, t):
     a, b = p
@@ -67,8 +66,15 @@ def solve_loss(sensealg=None, prob=None):
 
     def loss(x):
         t0, s, t1 = x[0], x[1], x[2]
-        sol = sciad.solve(prob, p=x[3:], tspan=(t0, t1), saveat=jnp.stack([t0, s, t1]), sensealg=sensealg,
-                          integrand=lambda u, p, t: u[1], **TOL)
+        sol = sciad.solve(
+            prob,
+            p=x[3:],
+            tspan=(t0, t1),
+            saveat=jnp.stack([t0, s, t1]),
+            sensealg=sensealg,
+            integrand=lambda u, p, t: u[1],
+            **TOL,
+        )
         return jnp.sum(WEIGHTS * sol.us) + sol.integral
 
     return loss
@@ -91,12 +97,18 @@ def test_closed_form_and_central_differences(closed_gradient):
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(X), closed_gradient, rtol=AGREEMENT)
 
 
-@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), pytest.param(sciad.GaussAdjoint(), marks=slow),
-                                      pytest.param(sciad.ForwardDiffSensitivity(), marks=slow),
-                                      pytest.param(sciad.ForwardSensitivity(), marks=slow),
-                                      pytest.param(sciad.InterpolatingAdjoint(), marks=slow),
-                                      pytest.param(sciad.InterpolatingAdjoint(checkpointing=True), marks=slow)],
-                         ids=sciad.adjoints.describe)
+@pytest.mark.parametrize(
+    "sensealg",
+    [
+        sciad.DiscreteAdjoint(),
+        pytest.param(sciad.GaussAdjoint(), marks=slow),
+        pytest.param(sciad.ForwardDiffSensitivity(), marks=slow),
+        pytest.param(sciad.ForwardSensitivity(), marks=slow),
+        pytest.param(sciad.InterpolatingAdjoint(), marks=slow),
+        pytest.param(sciad.InterpolatingAdjoint(checkpointing=True), marks=slow),
+    ],
+    ids=sciad.adjoints.describe,
+)
 def test_gradient_in_the_times(sensealg, closed_gradient):
     """∂L/∂(t0, s, t1, a, b): a save at t0 (z(t0) moves with t0 through the consistent initialisation),
     one inside, one at t1, and ∫ z dt (its t1 derivative is z(t1))."""
@@ -118,17 +130,22 @@ def test_jvp_in_the_save_times_under_vmap():
 
 # --- a full singular M: u = R w, (Q diag(1, 0) R⁻¹) u' = Q f(R⁻¹ u) ------------------------------------
 
+
 def rotated(u, p, t):
     return jnp.asarray(Q) @ forced(jnp.asarray(R_INV) @ u, p, t)
 
 
-@pytest.mark.parametrize("sensealg", [sciad.ForwardDiffSensitivity(), pytest.param(sciad.GaussAdjoint(), marks=slow)],
-                         ids=sciad.adjoints.describe)
+@pytest.mark.parametrize(
+    "sensealg",
+    [sciad.ForwardDiffSensitivity(), pytest.param(sciad.GaussAdjoint(), marks=slow)],
+    ids=sciad.adjoints.describe,
+)
 def test_full_mass_matrix(sensealg):
     """Along a full singular M (its null space not a coordinate), the time derivatives of u = R w are R
     times the closed form's; u0 = R (x0, 0) is initialised along M's split to the same solution."""
-    prob = sciad.ODEProblem(rotated, R @ np.array([X0, 0.0]), (0.0, 2.0), P0,
-                            mass_matrix=Q @ np.diag([1.0, 0.0]) @ R_INV)
+    prob = sciad.ODEProblem(
+        rotated, R @ np.array([X0, 0.0]), (0.0, 2.0), P0, mass_matrix=Q @ np.diag([1.0, 0.0]) @ R_INV
+    )
 
     def states(x):
         t0, s, t1 = x
@@ -149,8 +166,7 @@ def test_backwards_in_time():
 
     def states(x):
         t0, s, t1 = x
-        return sciad.solve(prob, tspan=(t0, t1), saveat=jnp.stack([s, t1]), sensealg=sciad.DiscreteAdjoint(),
-                           **TOL).us
+        return sciad.solve(prob, tspan=(t0, t1), saveat=jnp.stack([s, t1]), sensealg=sciad.DiscreteAdjoint(), **TOL).us
 
     x = np.array([2.0, 1.1, 0.4])
     expected = jax.jacrev(lambda x: closed(X0, P0, x[0], x[1:])[0])(x)
@@ -159,9 +175,16 @@ def test_backwards_in_time():
 
 # --- dense output ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sensealg", [pytest.param(sciad.ForwardDiffSensitivity(), marks=slow),
-                                      pytest.param(sciad.DiscreteAdjoint(), marks=slow),
-                                      pytest.param(sciad.GaussAdjoint(), marks=slow)], ids=sciad.adjoints.describe)
+
+@pytest.mark.parametrize(
+    "sensealg",
+    [
+        pytest.param(sciad.ForwardDiffSensitivity(), marks=slow),
+        pytest.param(sciad.DiscreteAdjoint(), marks=slow),
+        pytest.param(sciad.GaussAdjoint(), marks=slow),
+    ],
+    ids=sciad.adjoints.describe,
+)
 def test_dense_output(sensealg):
     """`interpolation(t)` (Rodas's own dense output) against the closed form, and its derivatives in t
     (the consistent u') and p (the sensealg's) under jit."""
@@ -180,17 +203,32 @@ def test_dense_output(sensealg):
 
 # --- Robertson: the DAE's t1 derivative against the ODE form's -----------------------------------------
 
+
 @slow
 def test_robertson_time_derivatives_against_the_ode_form():
     """d/d(s, t1) of (y1, y2, y3) at s and t1: y3' of the conservation law's derivative, -(y1' + y2'),
     against the ODE form's y3' = k2 y2² (both by Rodas5P)."""
+
     def states(mass):
-        prob = sciad.ODEProblem(robertson_dae if mass is not None else robertson, np.array([1.0, 0.0, 0.0]),
-                                (0.0, 10.0), ROBERTSON_P, mass_matrix=mass)
+        prob = sciad.ODEProblem(
+            robertson_dae if mass is not None else robertson,
+            np.array([1.0, 0.0, 0.0]),
+            (0.0, 10.0),
+            ROBERTSON_P,
+            mass_matrix=mass,
+        )
 
         def at(x):
-            us = sciad.solve(prob, tspan=(0.0, x[1]), saveat=x, solver="rodas5p", sensealg=sciad.DiscreteAdjoint(),
-                             rtol=1e-10, atol=1e-12, max_steps=20_000).us
+            us = sciad.solve(
+                prob,
+                tspan=(0.0, x[1]),
+                saveat=x,
+                solver="rodas5p",
+                sensealg=sciad.DiscreteAdjoint(),
+                rtol=1e-10,
+                atol=1e-12,
+                max_steps=20_000,
+            ).us
             return us * np.array([1.0, 1e4, 1.0])
 
         return jax.jit(jax.jacrev(at))(np.array([1.0, 10.0]))
@@ -198,5 +236,6 @@ def test_robertson_time_derivatives_against_the_ode_form():
     expected = states(None)
     # Two different solves at rtol 1e-10: the stiff y2's t1 derivative agrees to a few 1e-6 (its last digits
     # move with XLA's code generation).
-    np.testing.assert_allclose(states(np.array([1.0, 1.0, 0.0])), expected, rtol=1e-5,
-                               atol=1e-7 * np.max(np.abs(expected)))
+    np.testing.assert_allclose(
+        states(np.array([1.0, 1.0, 0.0])), expected, rtol=1e-5, atol=1e-7 * np.max(np.abs(expected))
+    )

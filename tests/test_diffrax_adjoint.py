@@ -24,10 +24,31 @@ TS = jnp.linspace(0.5, 9.5, 7)
 CONTROLLER = dfx.PIDController(rtol=1e-8, atol=1e-8, pcoeff=0.2, icoeff=0.5, dtmax=0.7)
 
 
-def _solve(adjoint, y0, args, *, t0=0.0, t1=10.0, dt0=0.05, saveat=dfx.SaveAt(t0=True, ts=TS, t1=True),
-           controller=CONTROLLER, **options):
-    return dfx.diffeqsolve(dfx.ODETerm(_lotka_volterra), dfx.Tsit5(), t0, t1, dt0, y0, args, saveat=saveat,
-                           stepsize_controller=controller, adjoint=adjoint, **options)
+def _solve(
+    adjoint,
+    y0,
+    args,
+    *,
+    t0=0.0,
+    t1=10.0,
+    dt0=0.05,
+    saveat=dfx.SaveAt(t0=True, ts=TS, t1=True),
+    controller=CONTROLLER,
+    **options,
+):
+    return dfx.diffeqsolve(
+        dfx.ODETerm(_lotka_volterra),
+        dfx.Tsit5(),
+        t0,
+        t1,
+        dt0,
+        y0,
+        args,
+        saveat=saveat,
+        stepsize_controller=controller,
+        adjoint=adjoint,
+        **options,
+    )
 
 
 def _value_and_grad(loss, argnums=1):
@@ -41,6 +62,7 @@ def test_diffraxs_solution_and_its_gradient(sensealg, rtol):
     """The solution is diffrax's to rounding (the same steps: the controller's gains and limits and dt0
     are diffrax's; a save at t1 is interpolated there); the gradient in y0 and args is
     RecursiveCheckpointAdjoint's (exactly, by "auto"'s DiscreteAdjoint), under jit."""
+
     def loss(adjoint, y0, args):
         sol = _solve(adjoint, y0, args)
         return jnp.sum(sol.ys[:, 0] ** 2), sol
@@ -72,11 +94,22 @@ def test_neural_ode_example():
     y0s = jax.random.normal(key, (3, 2))
 
     def loss(func, adjoint):
-        ys = jax.vmap(lambda y0: dfx.diffeqsolve(
-            dfx.ODETerm(func), dfx.Tsit5(), ts[0], ts[-1], ts[1] - ts[0], y0,
-            stepsize_controller=dfx.PIDController(rtol=1e-3, atol=1e-6), saveat=dfx.SaveAt(ts=ts),
-            adjoint=adjoint).ys)(y0s)
-        return jnp.mean(ys ** 2)
+        ys = jax.vmap(
+            lambda y0: (
+                dfx.diffeqsolve(
+                    dfx.ODETerm(func),
+                    dfx.Tsit5(),
+                    ts[0],
+                    ts[-1],
+                    ts[1] - ts[0],
+                    y0,
+                    stepsize_controller=dfx.PIDController(rtol=1e-3, atol=1e-6),
+                    saveat=dfx.SaveAt(ts=ts),
+                    adjoint=adjoint,
+                ).ys
+            )
+        )(y0s)
+        return jnp.mean(ys**2)
 
     value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(loss))
     ours, theirs = value_and_grad(func, sciad.diffrax_adjoint()), value_and_grad(func, dfx.RecursiveCheckpointAdjoint())
@@ -90,15 +123,25 @@ def test_stiff_problem_with_kvaerno5():
     the rates of RecursiveCheckpointAdjoint's to the tolerance."""
 
     def robertson(t, y, k):
-        return jnp.stack([-k[0] * y[0] + k[2] * y[1] * y[2], k[0] * y[0] - k[2] * y[1] * y[2] - k[1] * y[1] ** 2,
-                          k[1] * y[1] ** 2])
+        return jnp.stack(
+            [-k[0] * y[0] + k[2] * y[1] * y[2], k[0] * y[0] - k[2] * y[1] * y[2] - k[1] * y[1] ** 2, k[1] * y[1] ** 2]
+        )
 
     k, y0 = jnp.array([0.04, 3e7, 1e4]), jnp.array([1.0, 0.0, 0.0])
 
     def solve(adjoint, k):
-        return dfx.diffeqsolve(dfx.ODETerm(robertson), dfx.Kvaerno5(), 0.0, 1.0, None, y0, k,
-                               saveat=dfx.SaveAt(ts=jnp.array([0.1, 1.0])),
-                               stepsize_controller=dfx.PIDController(rtol=1e-6, atol=1e-8), adjoint=adjoint)
+        return dfx.diffeqsolve(
+            dfx.ODETerm(robertson),
+            dfx.Kvaerno5(),
+            0.0,
+            1.0,
+            None,
+            y0,
+            k,
+            saveat=dfx.SaveAt(ts=jnp.array([0.1, 1.0])),
+            stepsize_controller=dfx.PIDController(rtol=1e-6, atol=1e-8),
+            adjoint=adjoint,
+        )
 
     def loss(adjoint, k):
         sol = solve(adjoint, k)
@@ -114,7 +157,8 @@ def test_stiff_problem_with_kvaerno5():
 def test_event_stops_where_diffraxs_does():
     """A falling body stopped by an event at the ground: the stopping time and state are diffrax's
     (located by its root finder), saved after the saves made before it, then inf where diffrax leaves
-    inf, `event_mask` and `result` say it fired; the stopping time's derivative in the height is the analytic 1 / sqrt(2 g h)."""
+    inf, `event_mask` and `result` say it fired; the stopping time's derivative in the height is the analytic 1 /
+    sqrt(2 g h)."""
     g = 9.81
 
     def fall(t, y, args):
@@ -124,9 +168,18 @@ def test_event_stops_where_diffraxs_does():
     saveat = dfx.SaveAt(ts=jnp.array([0.2, 5.0]), t1=True)
 
     def solve(adjoint, h):
-        return dfx.diffeqsolve(dfx.ODETerm(fall), dfx.Tsit5(), 0.0, 10.0, 0.01, jnp.stack([h, 0.0 * h]),
-                               saveat=saveat, stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-8),
-                               event=event, adjoint=adjoint)
+        return dfx.diffeqsolve(
+            dfx.ODETerm(fall),
+            dfx.Tsit5(),
+            0.0,
+            10.0,
+            0.01,
+            jnp.stack([h, 0.0 * h]),
+            saveat=saveat,
+            stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-8),
+            event=event,
+            adjoint=adjoint,
+        )
 
     def stop(adjoint, h):
         sol = solve(adjoint, h)
@@ -164,24 +217,29 @@ def test_backwards_in_time_with_saveat_fn_and_subs():
 def test_forward_mode_and_a_hessian():
     """jax.jacfwd and jax.hessian through diffeqsolve (RecursiveCheckpointAdjoint refuses forward mode):
     the Jacobian is the reverse-mode gradient, the Hessian symmetric and DirectAdjoint's."""
+
     def loss(adjoint, p):
         return jnp.sum(_solve(adjoint, Y0, p, t1=3.0, saveat=dfx.SaveAt(t1=True)).ys ** 2)
 
     ours = sciad.diffrax_adjoint("ForwardDiffSensitivity")
-    jacfwd, grad, hessian = (jax.jit(transform(loss, 1), static_argnums=0) for transform in (jax.jacfwd, jax.grad,
-                                                                                             jax.hessian))
+    jacfwd, grad, hessian = (
+        jax.jit(transform(loss, 1), static_argnums=0) for transform in (jax.jacfwd, jax.grad, jax.hessian)
+    )
     np.testing.assert_allclose(jacfwd(ours, P), grad(ours, P), rtol=1e-10)
     ours = hessian(ours, P)
     np.testing.assert_allclose(ours, ours.T, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(ours, hessian(dfx.DirectAdjoint(), P), rtol=1e-6, atol=1e-8)
 
 
-@pytest.mark.parametrize("case,fix", [
-    (dict(controller=dfx.ConstantStepSize()), "PIDController"),
-    (dict(saveat=dfx.SaveAt(steps=True)), "SaveAt(ts=...)"),
-    (dict(saveat=dfx.SaveAt(t1=True, dense=True)), "dense=True"),
-    (dict(event=dfx.Event(lambda t, y, args, **kwargs: y[0] > 2.0)), "float"),
-])
+@pytest.mark.parametrize(
+    "case,fix",
+    [
+        (dict(controller=dfx.ConstantStepSize()), "PIDController"),
+        (dict(saveat=dfx.SaveAt(steps=True)), "SaveAt(ts=...)"),
+        (dict(saveat=dfx.SaveAt(t1=True, dense=True)), "dense=True"),
+        (dict(event=dfx.Event(lambda t, y, args, **kwargs: y[0] > 2.0)), "float"),
+    ],
+)
 def test_refuses_what_it_does_not_serve(case, fix):
     """What sciad's sensealgs do not serve raises NotImplementedError at the call, naming what to pass."""
     with pytest.raises(NotImplementedError, match=fix.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
@@ -201,8 +259,9 @@ def test_solve_takes_diffraxs_controller_and_first_step():
     prob = sciad.ODEProblem(lotka_volterra_rhs, Y0, (0.0, 10.0), P)
     for tspan, dt0, ts in (((0.0, 10.0), 0.05, TS), ((10.0, 0.0), -0.05, TS[::-1])):
         ours = sciad.solve(prob, tspan=tspan, saveat=ts, solver="tsit5", stepsize_controller=CONTROLLER, dt0=dt0)
-        theirs = _solve(dfx.RecursiveCheckpointAdjoint(), Y0, P, t0=tspan[0], t1=tspan[1], dt0=dt0,
-                        saveat=dfx.SaveAt(ts=ts))
+        theirs = _solve(
+            dfx.RecursiveCheckpointAdjoint(), Y0, P, t0=tspan[0], t1=tspan[1], dt0=dt0, saveat=dfx.SaveAt(ts=ts)
+        )
         np.testing.assert_allclose(ours.us, theirs.ys, rtol=1e-14)
         assert int(ours.stats["steps"]) == int(theirs.stats["num_steps"])
     with pytest.raises(ValueError, match="rtol=0.001 differs from stepsize_controller.rtol"):
@@ -217,17 +276,26 @@ def test_solve_takes_diffraxs_controller_and_first_step():
 def test_event_with_kvaerno5_pytrees_and_vmap(sensealg):
     """A stopping event with an implicit solver, dict states and args, under jit(vmap(grad)): the stopping
     time's derivative in the height is 1 / sqrt(2 g h) for each member."""
+
     def fall(t, y, args):
         return {"h": y["v"], "v": -args["g"] * jnp.ones_like(y["h"])}
 
     event = dfx.Event(lambda t, y, args, **kwargs: y["h"], root_finder=optx.Newton(1e-12, 1e-12))
 
     def stop(h):
-        return dfx.diffeqsolve(dfx.ODETerm(fall), dfx.Kvaerno5(), 0.0, 10.0, 0.01, {"h": h, "v": 0.0 * h},
-                               {"g": 9.81}, saveat=dfx.SaveAt(t1=True), event=event,
-                               stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-8),
-                               adjoint=sciad.diffrax_adjoint(sensealg)).ts[0]
+        return dfx.diffeqsolve(
+            dfx.ODETerm(fall),
+            dfx.Kvaerno5(),
+            0.0,
+            10.0,
+            0.01,
+            {"h": h, "v": 0.0 * h},
+            {"g": 9.81},
+            saveat=dfx.SaveAt(t1=True),
+            event=event,
+            stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-8),
+            adjoint=sciad.diffrax_adjoint(sensealg),
+        ).ts[0]
 
     heights = jnp.array([1.0, 2.0])
-    np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(stop)))(heights), 1 / np.sqrt(2 * 9.81 * heights),
-                               rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(stop)))(heights), 1 / np.sqrt(2 * 9.81 * heights), rtol=1e-6)

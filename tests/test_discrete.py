@@ -18,7 +18,6 @@ import sciad.adjoints._base as adjoints_base
 import sciad.adjoints._discrete as discrete
 from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 
-
 U0 = np.array([1.0, 1.0])
 P0 = np.array([1.5, 1.0, 3.0, 1.0])
 TOL = {"rtol": 1e-7, "atol": 1e-7}
@@ -28,16 +27,35 @@ def diffrax_saves(p, u0, ts, t0, t1, solver="tsit5", max_steps=4096, adjoint=dfx
     """u at ts by diffrax's own solve (sciad's step controller; t1 < t0: in s = -t, u' = -f, as sciad does)."""
     solver, sign = sciad.get_solver(solver), 1 if t1 > t0 else -1
     term = dfx.ODETerm(lambda s, y, p: sign * lotka_volterra(y, p, sign * s))
-    sol = dfx.diffeqsolve(term, solver, sign * t0, sign * t1, None, u0, args=p,
-                          saveat=dfx.SaveAt(ts=sign * jnp.asarray(ts)), stepsize_controller=sciad.step_controller(solver, TOL["rtol"], TOL["atol"]),
-                          max_steps=max_steps, adjoint=adjoint)
+    sol = dfx.diffeqsolve(
+        term,
+        solver,
+        sign * t0,
+        sign * t1,
+        None,
+        u0,
+        args=p,
+        saveat=dfx.SaveAt(ts=sign * jnp.asarray(ts)),
+        stepsize_controller=sciad.step_controller(solver, TOL["rtol"], TOL["atol"]),
+        max_steps=max_steps,
+        adjoint=adjoint,
+    )
     return sol.ys
 
 
 def sciad_saves(p, u0, ts, t0, t1, solver="tsit5", max_steps=4096, **options):
     prob = sciad.ODEProblem(lotka_volterra, U0, (t0, t1), P0)
-    return sciad.solve(prob, u0=u0, p=p, saveat=ts, solver=solver, max_steps=max_steps,
-                       sensealg=sciad.DiscreteAdjoint(), **TOL, **options).us
+    return sciad.solve(
+        prob,
+        u0=u0,
+        p=p,
+        saveat=ts,
+        solver=solver,
+        max_steps=max_steps,
+        sensealg=sciad.DiscreteAdjoint(),
+        **TOL,
+        **options,
+    ).us
 
 
 def weights(ts):
@@ -49,11 +67,14 @@ def gradients(saves, ts, *args, **kwargs):
     return jax.jit(jax.grad(lambda p, u0: jnp.sum(w * saves(p, u0, ts, *args, **kwargs)), argnums=(0, 1)))(P0, U0)
 
 
-@pytest.mark.parametrize("ts, t0, t1", [
-    (np.linspace(0.0, 5.0, 301), 0.0, 5.0),  # several saves per step, at t0 and at t1
-    (np.array([0.7, 0.7001, 3.1]), 0.0, 5.0),  # two saves in one step, none at the ends
-    (np.array([4.0, 2.5, 0.0]), 5.0, 0.0),  # backwards in time
-])
+@pytest.mark.parametrize(
+    "ts, t0, t1",
+    [
+        (np.linspace(0.0, 5.0, 301), 0.0, 5.0),  # several saves per step, at t0 and at t1
+        (np.array([0.7, 0.7001, 3.1]), 0.0, 5.0),  # two saves in one step, none at the ends
+        (np.array([4.0, 2.5, 0.0]), 5.0, 0.0),  # backwards in time
+    ],
+)
 def test_stored_reverse_pass_is_diffrax_recursive_checkpointing(ts, t0, t1):
     ours = gradients(sciad_saves, ts, t0, t1)
     theirs = gradients(diffrax_saves, ts, t0, t1)
@@ -74,8 +95,11 @@ def test_stored_reverse_pass_with_an_implicit_solver():
 def test_a_solve_past_the_stored_steps_is_recomputed_from_checkpoints():
     """More steps than `STORED_STEPS`: the solve continues in segments, each re-solved on the way back."""
     ts = np.array([150.0, 300.0])
-    steps = int(sciad.solve(sciad.ODEProblem(lotka_volterra, U0, (0.0, 300.0), P0), saveat=ts, max_steps=10**5,
-                            **TOL).stats["steps"])
+    steps = int(
+        sciad.solve(sciad.ODEProblem(lotka_volterra, U0, (0.0, 300.0), P0), saveat=ts, max_steps=10**5, **TOL).stats[
+            "steps"
+        ]
+    )
     assert steps > sciad.adjoints.STORED_STEPS
     ours = gradients(sciad_saves, ts, 0.0, 300.0, max_steps=10**5)
     theirs = gradients(diffrax_saves, ts, 0.0, 300.0, max_steps=10**5)
@@ -126,8 +150,16 @@ def test_an_integral_and_the_time_span():
     prob = sciad.ODEProblem(lotka_volterra, U0, (0.0, 2.0), P0)
 
     def loss(p, t1):
-        sol = sciad.solve(prob, p=p, tspan=(0.0, t1), saveat=jnp.stack([t1]), integrand=lambda u, p, t: u[0] ** 2,
-                          sensealg=sciad.DiscreteAdjoint(), rtol=1e-10, atol=1e-10)
+        sol = sciad.solve(
+            prob,
+            p=p,
+            tspan=(0.0, t1),
+            saveat=jnp.stack([t1]),
+            integrand=lambda u, p, t: u[0] ** 2,
+            sensealg=sciad.DiscreteAdjoint(),
+            rtol=1e-10,
+            atol=1e-10,
+        )
         return sol.integral + jnp.sum(sol.us[-1])
 
     g_p, g_t1 = jax.jit(jax.grad(loss, argnums=(0, 1)))(P0, 2.0)
@@ -148,20 +180,24 @@ def test_second_derivatives_replay_the_reverse_pass():
     np.testing.assert_allclose(ours, theirs, rtol=1e-8)
 
 
-@pytest.mark.parametrize("solver", [dfx.Tsit5(), dfx.Dopri5(), dfx.Dopri8(), dfx.Bosh3(), dfx.Heun(), dfx.Euler()],
-                         ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize(
+    "solver",
+    [dfx.Tsit5(), dfx.Dopri5(), dfx.Dopri8(), dfx.Bosh3(), dfx.Heun(), dfx.Euler()],
+    ids=lambda s: type(s).__name__,
+)
 def test_restep_is_the_solvers_own_step(solver):
     """The step DiscreteAdjoint's reverse pass pulls back (`Stepper.restep`: an explicit tableau's stages as a
     scan) gives the solver's own step after a jump: y1 and the dense output, to the last bit."""
     from sciad.adjoints._stepping import Stepper
 
     def f(t, y, a):
-        return jnp.stack([a * y[1] * jnp.cos(t), -y[0] ** 3 + y[1] * t])
+        return jnp.stack([a * y[1] * jnp.cos(t), -(y[0] ** 3) + y[1] * t])
 
     stepper = Stepper.of(dfx.ODETerm(f), solver, sciad.step_controller(solver, 1e-6, 1e-6), forward_mode=False)
     y0, t0, t1 = jnp.array([0.3, -0.7]), 0.2, 0.45
     y1, dense = stepper.restep(t0, t1, y0, 1.3)
     own_y1, _, own_dense, _, _ = stepper.step(t0, t1, y0, 1.3, stepper.zero_state(t0, t1, y0, 1.3), True)
     np.testing.assert_array_equal(y1, own_y1)
-    np.testing.assert_array_equal(stepper.interpolation(t0, t1, dense).evaluate(0.33),
-                                  stepper.interpolation(t0, t1, own_dense).evaluate(0.33))
+    np.testing.assert_array_equal(
+        stepper.interpolation(t0, t1, dense).evaluate(0.33), stepper.interpolation(t0, t1, own_dense).evaluate(0.33)
+    )

@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 
 import sciad
+from helpers import SENSEALGS
 from sciad.adjoints import describe
 from sciad.problems import lotka_volterra
-from helpers import SENSEALGS
-
 
 DEVICES = 8
 
@@ -26,8 +25,13 @@ CHILD = Path(__file__).parent / "programs" / "ensemble_sharded.py"
 def run_child(*cases: str) -> dict:
     """Run CHILD on `cases` with DEVICES simulated CPU devices; its results."""
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
-    proc = subprocess.run([sys.executable, str(CHILD), *cases], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"})
+    proc = subprocess.run(
+        [sys.executable, str(CHILD), *cases],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"},
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"child failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
     out = json.loads(lines[-1].removeprefix("RESULT "))
@@ -39,14 +43,14 @@ def run_child(*cases: str) -> dict:
 def test_sharded_ensembles_match_unsharded_vmap_and_single_solves():
     out = run_child("recipes", "pytree")
     recipes = out["recipes"]
-    assert recipes["rel"] < 1e-12 and recipes["norm"] > 0            # helper sharded = unsharded
+    assert recipes["rel"] < 1e-12 and recipes["norm"] > 0  # helper sharded = unsharded
     assert recipes["us"] == {"devices": DEVICES, "spec": "P('batch',)"}
     assert recipes["vmap"] < 1e-12 and recipes["vmap_grads"]["devices"] == DEVICES  # plain jax.vmap, sharded input
-    assert recipes["shard_map"] < 1e-12                                # per-device loops
-    assert recipes["member"] < 1e-12                                   # = one member's own gradient
+    assert recipes["shard_map"] < 1e-12  # per-device loops
+    assert recipes["member"] < 1e-12  # = one member's own gradient
     tree = out["pytree"]
-    assert tree["rel"] < 1e-12 and tree["shape"] == [12, 11]           # 12 members padded to 16 and back
-    assert tree["ts"] == 0 and tree["member"] < 1e-12                  # each member's own grid and solution
+    assert tree["rel"] < 1e-12 and tree["shape"] == [12, 11]  # 12 members padded to 16 and back
+    assert tree["ts"] == 0 and tree["member"] < 1e-12  # each member's own grid and solution
     assert all(np.all(np.isfinite(v)) and np.any(np.asarray(v) != 0) for v in tree["p_grad"].values())
 
 
@@ -106,7 +110,7 @@ def test_ensemble_of_equinox_models_keeps_their_static_leaves():
         return eqx.nn.MLP(2, 2, 4, 1, activation=jnp.tanh, key=key, dtype=jnp.float64)
 
     prob = sciad.ODEProblem(lambda u, mlp, t: mlp(u), np.array([1.0, 0.0]), (0.0, 1.0), make(jax.random.key(0)))
-    mlps = eqx.filter_vmap(make)(jax.random.split(jax.random.key(1), 3))   # weights (3, ...), one activation
+    mlps = eqx.filter_vmap(make)(jax.random.split(jax.random.key(1), 3))  # weights (3, ...), one activation
     ts = np.linspace(0.0, 1.0, 5)
     sols = sciad.ensemble(prob, ps=mlps, saveat=ts)
     one = sciad.solve(prob, p=jax.tree.map(lambda x: x[1] if eqx.is_array(x) else x, mlps), saveat=ts)

@@ -20,9 +20,9 @@ import pytest
 
 import sciad
 
-
-DECAY = sciad.ODEProblem(lambda u, p, t: -p["k"] * u, np.array([1.0, 2.0]), (0.0, 1.0),
-                         {"k": np.array(1.0), "c": np.zeros(2)})
+DECAY = sciad.ODEProblem(
+    lambda u, p, t: -p["k"] * u, np.array([1.0, 2.0]), (0.0, 1.0), {"k": np.array(1.0), "c": np.zeros(2)}
+)
 # u' = -p u, re-solved backwards by BacksolveAdjoint, blows up (e^{20 t}): its pullback refuses.
 STIFF_DECAY = sciad.ODEProblem(lambda u, p, t: -p * u, np.array([1.0, 1.0]), (0.0, 5.0), np.array([20.0, 1.0]))
 MAX_STEPS = "^the maximum number of solver steps was reached: the ODE solve needed more than max_steps=2 steps"
@@ -34,6 +34,7 @@ def total(x) -> jax.Array:
 
 
 # --- 1. SolveError is caught as itself wherever sciad's call runs eagerly ------------------------------
+
 
 def test_solve_error_is_caught_eagerly():
     with pytest.raises(sciad.SolveError, match=MAX_STEPS) as info:
@@ -50,14 +51,18 @@ def test_solve_error_is_caught_in_an_eager_grads_forward_pass(sensealg):
 
 def test_solve_error_is_caught_in_an_eager_grads_backward_pass():
     """BacksolveAdjoint's check runs in its pullback, which JAX runs after sciad.solve has returned."""
+
     def loss(p):
         return total(sciad.solve(STIFF_DECAY, p=p, saveat=[5.0], sensealg=sciad.BacksolveAdjoint()).us)
 
     with pytest.raises(sciad.SolveError, match=UNSTABLE):
         jax.grad(loss)(STIFF_DECAY.p)
     with pytest.raises(sciad.SolveError, match=UNSTABLE):  # the derivatives of the dense output run the same rules
-        jax.grad(lambda p: total(sciad.solve(STIFF_DECAY, p=p, dense=True, sensealg=sciad.BacksolveAdjoint())
-                                 .interpolation(2.0)))(STIFF_DECAY.p)
+        jax.grad(
+            lambda p: total(
+                sciad.solve(STIFF_DECAY, p=p, dense=True, sensealg=sciad.BacksolveAdjoint()).interpolation(2.0)
+            )
+        )(STIFF_DECAY.p)
 
 
 def test_a_check_run_eagerly_is_caught_as_a_solve_error():
@@ -86,19 +91,27 @@ def test_under_jit_the_solve_error_is_the_last_line_of_jaxs_error():
 def test_eqx_on_error_is_honoured():
     """The checks are equinox's: EQX_ON_ERROR=nan gives NaN in place of a failed solve's values, and a
     gradient then holds no host callback (no warning either), as JAX's persistent cache requires."""
-    script = ("import jax, numpy as np, sciad\n"
-              "prob = sciad.ODEProblem(lambda u, p, t: -p * u, np.ones(2), (0.0, 1.0), np.ones(2))\n"
-              "print(np.isnan(jax.jit(lambda p: sciad.solve(prob, p=p, max_steps=2).us)(prob.p)).all())\n"
-              "lv = sciad.problems.lotka_volterra()\n"
-              "grad = jax.grad(lambda p: lv.objective(p, 'InterpolatingAdjoint'))\n"
-              "print(str(jax.make_jaxpr(grad)(lv.inputs)).count('callback'))\n")
-    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "EQX_ON_ERROR": "nan"},
-                          capture_output=True, text=True, timeout=300)
+    script = (
+        "import jax, numpy as np, sciad\n"
+        "prob = sciad.ODEProblem(lambda u, p, t: -p * u, np.ones(2), (0.0, 1.0), np.ones(2))\n"
+        "print(np.isnan(jax.jit(lambda p: sciad.solve(prob, p=p, max_steps=2).us)(prob.p)).all())\n"
+        "lv = sciad.problems.lotka_volterra()\n"
+        "grad = jax.grad(lambda p: lv.objective(p, 'InterpolatingAdjoint'))\n"
+        "print(str(jax.make_jaxpr(grad)(lv.inputs)).count('callback'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "EQX_ON_ERROR": "nan"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.stdout.strip().splitlines()[-2:] == ["True", "0"], done.stderr
 
 
 def callback_sites(fn, *args) -> int:
     """How many host callbacks the jaxpr of `fn(*args)` holds, nested jaxprs included."""
+
     def count(jaxpr):
         n = 0
         for eqn in jaxpr.eqns:
@@ -124,11 +137,15 @@ def test_a_gradient_holds_few_host_callbacks(sensealg):
 
 # --- 2. NaN and inf in u0 and p are named, by leaf, before anything else fails -------------------------
 
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_p_under_an_eager_grad_names_the_leaf(bad):
     p = {"k": np.array(1.0), "c": np.array([0.0, bad])}
-    with pytest.raises(ValueError, match=r"^p\['c'\] contains non-finite values \(NaN or inf\) \(first at index "
-                                         r"\(1,\)\)|^p\['c'\] contains non-finite values \(NaN or inf\): pass finite"):
+    with pytest.raises(
+        ValueError,
+        match=r"^p\['c'\] contains non-finite values \(NaN or inf\) \(first at index "
+        r"\(1,\)\)|^p\['c'\] contains non-finite values \(NaN or inf\): pass finite",
+    ):
         jax.grad(lambda p: total(sciad.solve(DECAY, p=p).us))(p)
     with pytest.raises(ValueError, match=r"^u0 contains non-finite values .* \(first at index \(0,\)\)"):
         jax.grad(lambda u0: total(sciad.solve(DECAY, u0=u0).us))(np.array([bad, 1.0]))
@@ -140,8 +157,9 @@ def test_non_finite_p_under_jit_names_the_leaf_before_the_step_limit():
     grad = jax.jit(jax.grad(lambda p: total(sciad.solve(DECAY, p=p, max_steps=2).us)))
     with pytest.raises(jax.errors.JaxRuntimeError) as info:
         jax.block_until_ready(grad(p))
-    assert sciad.errors.summary(info.value).startswith("SolveError: p['k'] contains non-finite values (NaN or inf): "
-                                                       "pass finite values")
+    assert sciad.errors.summary(info.value).startswith(
+        "SolveError: p['k'] contains non-finite values (NaN or inf): pass finite values"
+    )
 
 
 def test_non_finite_member_under_vmap_is_a_solve_error_naming_the_leaf():
@@ -152,37 +170,88 @@ def test_non_finite_member_under_vmap_is_a_solve_error_naming_the_leaf():
 
 # --- 3. sensealgs: what to pass instead ----------------------------------------------------------------
 
-@pytest.mark.parametrize("call, sensealg, message", [
-    (sciad.solve, sciad.GaussAdjoint, "sensealg=sciad.GaussAdjoint is a class: pass an instance, sciad.GaussAdjoint()"),
-    (sciad.solve, sciad.QuadratureAdjoint, "sensealg=sciad.QuadratureAdjoint is a function: pass what it returns, "
-                                           "sciad.QuadratureAdjoint()"),
-    (sciad.solve, dfx.RecursiveCheckpointAdjoint(), "sensealg=diffrax.RecursiveCheckpointAdjoint() is diffrax's; "
-                                                    "sciad's equivalent is sciad.DiscreteAdjoint()"),
-    (sciad.solve, dfx.DirectAdjoint(), "sensealg=diffrax.DirectAdjoint() is diffrax's; sciad's equivalent is "
-                                       "sciad.DiscreteAdjoint()"),
-    (sciad.solve, dfx.BacksolveAdjoint(), "sensealg=diffrax.BacksolveAdjoint() is diffrax's; sciad's equivalent is "
-                                          "sciad.BacksolveAdjoint()"),
-    (sciad.solve, dfx.ForwardMode(), "sensealg=diffrax.ForwardMode() is diffrax's; sciad's equivalent is "
-                                     "sciad.ForwardDiffSensitivity()"),
-    (sciad.solve, dfx.ImplicitAdjoint(), "sensealg=diffrax.ImplicitAdjoint() is diffrax's; sciad's equivalent is "
-                                         "sciad.steady_state(prob, sensealg=sciad.SteadyStateAdjoint())"),
-    (sciad.solve, dfx.RecursiveCheckpointAdjoint, "sensealg=diffrax.RecursiveCheckpointAdjoint is diffrax's; sciad's "
-                                                  "equivalent is sciad.DiscreteAdjoint()"),
-    (sciad.solve, "GausAdjoint", "unknown sensealg 'GausAdjoint' (did you mean 'GaussAdjoint'?); pass one of "
-                                 "['BacksolveAdjoint'"),
-    (sciad.solve, "interpolatingadjoint", "unknown sensealg 'interpolatingadjoint' (did you mean "
-                                          "'InterpolatingAdjoint'?)"),
-    (sciad.solve, sciad.SteadyStateAdjoint(), "sensealg=sciad.SteadyStateAdjoint() differentiates a steady state: "
-                                              "pass it to sciad.steady_state"),
-    (sciad.steady_state, sciad.SteadyStateAdjoint, "sensealg=sciad.SteadyStateAdjoint is a class: pass an instance, "
-                                                   "sciad.SteadyStateAdjoint()"),
-    (sciad.steady_state, dfx.ImplicitAdjoint(), "sensealg=diffrax.ImplicitAdjoint() is diffrax's; sciad's "
-                                                "equivalent is sciad.SteadyStateAdjoint()"),
-    (sciad.steady_state, dfx.RecursiveCheckpointAdjoint(), "sensealg=diffrax.RecursiveCheckpointAdjoint() is "
-                                                           "diffrax's; pass sciad.SteadyStateAdjoint()"),
-    (sciad.steady_state, sciad.GaussAdjoint, "steady_state takes sensealg=SteadyStateAdjoint(...) (the implicit "
-                                             "function theorem), got GaussAdjoint"),
-])
+
+@pytest.mark.parametrize(
+    "call, sensealg, message",
+    [
+        (
+            sciad.solve,
+            sciad.GaussAdjoint,
+            "sensealg=sciad.GaussAdjoint is a class: pass an instance, sciad.GaussAdjoint()",
+        ),
+        (
+            sciad.solve,
+            sciad.QuadratureAdjoint,
+            "sensealg=sciad.QuadratureAdjoint is a function: pass what it returns, sciad.QuadratureAdjoint()",
+        ),
+        (
+            sciad.solve,
+            dfx.RecursiveCheckpointAdjoint(),
+            "sensealg=diffrax.RecursiveCheckpointAdjoint() is diffrax's; sciad's equivalent is sciad.DiscreteAdjoint()",
+        ),
+        (
+            sciad.solve,
+            dfx.DirectAdjoint(),
+            "sensealg=diffrax.DirectAdjoint() is diffrax's; sciad's equivalent is sciad.DiscreteAdjoint()",
+        ),
+        (
+            sciad.solve,
+            dfx.BacksolveAdjoint(),
+            "sensealg=diffrax.BacksolveAdjoint() is diffrax's; sciad's equivalent is sciad.BacksolveAdjoint()",
+        ),
+        (
+            sciad.solve,
+            dfx.ForwardMode(),
+            "sensealg=diffrax.ForwardMode() is diffrax's; sciad's equivalent is sciad.ForwardDiffSensitivity()",
+        ),
+        (
+            sciad.solve,
+            dfx.ImplicitAdjoint(),
+            "sensealg=diffrax.ImplicitAdjoint() is diffrax's; sciad's equivalent is "
+            "sciad.steady_state(prob, sensealg=sciad.SteadyStateAdjoint())",
+        ),
+        (
+            sciad.solve,
+            dfx.RecursiveCheckpointAdjoint,
+            "sensealg=diffrax.RecursiveCheckpointAdjoint is diffrax's; sciad's equivalent is sciad.DiscreteAdjoint()",
+        ),
+        (
+            sciad.solve,
+            "GausAdjoint",
+            "unknown sensealg 'GausAdjoint' (did you mean 'GaussAdjoint'?); pass one of ['BacksolveAdjoint'",
+        ),
+        (
+            sciad.solve,
+            "interpolatingadjoint",
+            "unknown sensealg 'interpolatingadjoint' (did you mean 'InterpolatingAdjoint'?)",
+        ),
+        (
+            sciad.solve,
+            sciad.SteadyStateAdjoint(),
+            "sensealg=sciad.SteadyStateAdjoint() differentiates a steady state: pass it to sciad.steady_state",
+        ),
+        (
+            sciad.steady_state,
+            sciad.SteadyStateAdjoint,
+            "sensealg=sciad.SteadyStateAdjoint is a class: pass an instance, sciad.SteadyStateAdjoint()",
+        ),
+        (
+            sciad.steady_state,
+            dfx.ImplicitAdjoint(),
+            "sensealg=diffrax.ImplicitAdjoint() is diffrax's; sciad's equivalent is sciad.SteadyStateAdjoint()",
+        ),
+        (
+            sciad.steady_state,
+            dfx.RecursiveCheckpointAdjoint(),
+            "sensealg=diffrax.RecursiveCheckpointAdjoint() is diffrax's; pass sciad.SteadyStateAdjoint()",
+        ),
+        (
+            sciad.steady_state,
+            sciad.GaussAdjoint,
+            "steady_state takes sensealg=SteadyStateAdjoint(...) (the implicit function theorem), got GaussAdjoint",
+        ),
+    ],
+)
 def test_the_sensealg_to_pass_is_named(call, sensealg, message):
     with pytest.raises(ValueError) as info:
         call(DECAY, sensealg=sensealg)
@@ -192,17 +261,22 @@ def test_the_sensealg_to_pass_is_named(call, sensealg, message):
 def test_quadrature_adjoint_by_name_is_accepted():
     by_name = sciad.solve(DECAY, sensealg="QuadratureAdjoint").us
     np.testing.assert_array_equal(by_name, sciad.solve(DECAY, sensealg=sciad.QuadratureAdjoint()).us)
-    assert sciad.adjoints._registry.resolve("QuadratureAdjoint(checkpointing=True)") == \
-        sciad.QuadratureAdjoint(checkpointing=True)
+    assert sciad.adjoints._registry.resolve("QuadratureAdjoint(checkpointing=True)") == sciad.QuadratureAdjoint(
+        checkpointing=True
+    )
 
 
 # --- 4. integrands that do not return floats, or cannot be called as g(u, p, t) ------------------------
 
-@pytest.mark.parametrize("g, message", [
-    (lambda u, p, t: 3, "got a Python int (3): return a float array, e.g. jnp.asarray(3.0)"),
-    (lambda u, p, t: "energy", "got a Python str ('energy'): return a float array"),
-    (lambda u, p, t: jnp.sum(u > 0), "got an array of shape () and dtype"),
-])
+
+@pytest.mark.parametrize(
+    "g, message",
+    [
+        (lambda u, p, t: 3, "got a Python int (3): return a float array, e.g. jnp.asarray(3.0)"),
+        (lambda u, p, t: "energy", "got a Python str ('energy'): return a float array"),
+        (lambda u, p, t: jnp.sum(u > 0), "got an array of shape () and dtype"),
+    ],
+)
 def test_integrand_that_does_not_return_floats_is_named(g, message):
     with pytest.raises(ValueError) as info:
         sciad.solve(DECAY, integrand=g)
@@ -211,8 +285,11 @@ def test_integrand_that_does_not_return_floats_is_named(g, message):
 
 
 def test_integrand_with_the_wrong_signature_is_named():
-    with pytest.raises(TypeError, match=r"^integrand g\(u, p, t\) failed when traced .* takes 2 positional "
-                                        r"arguments but 3 were given.*it must take \(u, p, t\)") as info:
+    with pytest.raises(
+        TypeError,
+        match=r"^integrand g\(u, p, t\) failed when traced .* takes 2 positional "
+        r"arguments but 3 were given.*it must take \(u, p, t\)",
+    ) as info:
         sciad.solve(DECAY, integrand=lambda u, p: u[0])
     assert isinstance(info.value.__cause__, TypeError)
     with pytest.raises(TypeError, match=r"^integrand g\(u, p, t\) failed when traced"):
@@ -221,8 +298,10 @@ def test_integrand_with_the_wrong_signature_is_named():
 
 # --- 5. a vector field in diffrax's order f(t, y, args) ------------------------------------------------
 
-HINT = ("sciad's vector field is f(u, p, t) (state first), diffrax's is f(t, y, args): reorder the arguments, "
-        "e.g. lambda u, p, t: f(t, u, p)")
+HINT = (
+    "sciad's vector field is f(u, p, t) (state first), diffrax's is f(t, y, args): reorder the arguments, "
+    "e.g. lambda u, p, t: f(t, u, p)"
+)
 
 
 def test_diffrax_ordered_vector_field_is_named():
@@ -236,8 +315,9 @@ def test_diffrax_ordered_vector_field_is_named():
     assert "does not support string indexing" in str(info.value.__cause__)  # the original, chained
     # no time-like name, but f(t0, u0, p) has u0's structure: the wrong structure is named with the hint
     with pytest.raises(ValueError, match=r"^f\(u, p, t\) returns .* they must match") as info:
-        sciad.ODEProblem(lambda a, b, c: jax.tree.map(lambda y: -c * y, b), {"x": np.ones(2)}, (0.0, 1.0),
-                         np.array(2.0))
+        sciad.ODEProblem(
+            lambda a, b, c: jax.tree.map(lambda y: -c * y, b), {"x": np.ones(2)}, (0.0, 1.0), np.array(2.0)
+        )
     assert str(info.value).endswith(HINT)
 
 
@@ -249,16 +329,23 @@ def test_a_state_first_vector_field_with_a_bug_gets_no_diffrax_hint():
 
 # --- 6. preset event times outside tspan ----------------------------------------------------------------
 
+
 def dosed(times, **options):
     return sciad.solve(DECAY, callbacks=[sciad.PresetTimeCallback(times, lambda u, p, t: u + 1.0)], **options)
 
 
 def test_preset_times_outside_tspan_are_named():
-    with pytest.raises(ValueError, match=r"^callbacks\[0\]: PresetTimeCallback times \[1.5, -0.5\] lie outside "
-                                         r"tspan \(0.0, 1.0\): drop them or widen tspan"):
+    with pytest.raises(
+        ValueError,
+        match=r"^callbacks\[0\]: PresetTimeCallback times \[1.5, -0.5\] lie outside "
+        r"tspan \(0.0, 1.0\): drop them or widen tspan",
+    ):
         dosed([0.5, 1.5, -0.5])
-    with pytest.raises(ValueError, match=r"^callbacks\[0\]: PresetTimeCallback times \[1.5\] lie outside tspan "
-                                         r"\(1.0, 0.0\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^callbacks\[0\]: PresetTimeCallback times \[1.5\] lie outside tspan "
+        r"\(1.0, 0.0\)",
+    ):
         dosed([0.5, 1.5], tspan=(1.0, 0.0))
     with pytest.raises(ValueError, match=r"PresetTimeCallback times \[2.0\] lie outside"):  # eager grad: primal times
         jax.grad(lambda ts: total(dosed(ts).us))(jnp.array([0.5, 2.0]))
@@ -269,6 +356,8 @@ def test_preset_times_outside_tspan_are_named():
 def test_traced_preset_times_outside_tspan_fail_when_the_solve_runs():
     with pytest.raises(jax.errors.JaxRuntimeError) as info:
         jax.block_until_ready(jax.jit(lambda ts: dosed(ts).us)(jnp.array([0.5, 1.5])))
-    assert sciad.errors.summary(info.value) == ("SolveError: callbacks[0]: PresetTimeCallback times lie outside tspan "
-                                                "(0.0, 1.0): drop them or widen tspan (a time outside it would never "
-                                                "fire)")
+    assert sciad.errors.summary(info.value) == (
+        "SolveError: callbacks[0]: PresetTimeCallback times lie outside tspan "
+        "(0.0, 1.0): drop them or widen tspan (a time outside it would never "
+        "fire)"
+    )

@@ -15,13 +15,13 @@ import pytest
 import sciad
 from helpers import SENSEALGS, assert_agrees, central_differences, slow_except, values_and_jacobian
 
-
 TOL = 1e-10
 AGREEMENT = 1e-6
 G = 9.81
 
 
 # --- a bouncing ball: h' = v, v' = -g, v -> -e v where h crosses zero downwards -------------------------
+
 
 def fall(u, p, t):
     return jnp.stack([u[1], -G + 0.0 * p["e"]])
@@ -42,8 +42,16 @@ def ball_closed(h0, e, t):
 
 
 def ball(h0, e, sensealg="InterpolatingAdjoint", max_events=6):
-    return sciad.solve(BALL, u0=jnp.stack([h0, 0.0 * h0]), p={"e": e}, callbacks=[BOUNCE], rtol=TOL, atol=TOL,
-                       sensealg=sensealg, max_events=max_events)
+    return sciad.solve(
+        BALL,
+        u0=jnp.stack([h0, 0.0 * h0]),
+        p={"e": e},
+        callbacks=[BOUNCE],
+        rtol=TOL,
+        atol=TOL,
+        sensealg=sensealg,
+        max_events=max_events,
+    )
 
 
 @pytest.mark.parametrize("name", slow_except(list(SENSEALGS), fast=["InterpolatingAdjoint"]))
@@ -68,6 +76,7 @@ def test_bouncing_ball(name):
 
 # --- repeated dosing: u' = -k u, u += D at each dose time ----------------------------------------------
 
+
 def elimination(u, p, t):
     return -p["k"] * u
 
@@ -84,8 +93,18 @@ def pk_closed(k, dose, times, ts=SAVES):
 
 def dosed(k, dose, times, sensealg="InterpolatingAdjoint", solver="tsit5", **options):
     cb = sciad.PresetTimeCallback(times, lambda u, p, t: u + dose)
-    return sciad.solve(PK, p={"k": k}, saveat=SAVES, callbacks=[cb], rtol=TOL, atol=TOL, sensealg=sensealg,
-                       solver=solver, integrand=lambda u, p, t: u[0], **options)
+    return sciad.solve(
+        PK,
+        p={"k": k},
+        saveat=SAVES,
+        callbacks=[cb],
+        rtol=TOL,
+        atol=TOL,
+        sensealg=sensealg,
+        solver=solver,
+        integrand=lambda u, p, t: u[0],
+        **options,
+    )
 
 
 @pytest.mark.parametrize("name", slow_except(list(SENSEALGS), fast=["BacksolveAdjoint"]))
@@ -131,11 +150,16 @@ def test_hessian_through_doses_and_auto():
     hessian = central_differences(lambda y: central_differences(closed, y, rel_step=1e-4), x, rel_step=1e-4)
     assert_agrees(jax.jit(jax.hessian(auc))(x), hessian, "Hessian", 1e-5)
     auto = jax.jit(jax.grad(lambda x: dosed(x[0], 1.0, jnp.stack([0.0, x[1], 4.5]), "auto").integral))
-    assert_agrees(auto(np.array([0.3, 2.0])), central_differences(lambda x: pk_closed(x[0], 1.0, [0.0, x[1], 4.5])[1],
-                                                                  np.array([0.3, 2.0])), "auto", AGREEMENT)
+    assert_agrees(
+        auto(np.array([0.3, 2.0])),
+        central_differences(lambda x: pk_closed(x[0], 1.0, [0.0, x[1], 4.5])[1], np.array([0.3, 2.0])),
+        "auto",
+        AGREEMENT,
+    )
 
 
 # --- a projectile stops where it lands ------------------------------------------------------------------
+
 
 def flight(u, p, t):
     return jnp.stack([u[2], u[3], -p["c"] * u[2], -G - p["c"] * u[3]])
@@ -146,8 +170,15 @@ LANDS = sciad.ContinuousCallback(lambda u, p, t: u[1], None, "down")
 
 
 def landing(v, sensealg="InterpolatingAdjoint"):
-    sol = sciad.solve(SHOT, u0=jnp.concatenate([jnp.zeros(2), v]), saveat=np.array([0.0, 0.5, 5.0, 10.0]),
-                      callbacks=[LANDS], rtol=TOL, atol=TOL, sensealg=sensealg)
+    sol = sciad.solve(
+        SHOT,
+        u0=jnp.concatenate([jnp.zeros(2), v]),
+        saveat=np.array([0.0, 0.5, 5.0, 10.0]),
+        callbacks=[LANDS],
+        rtol=TOL,
+        atol=TOL,
+        sensealg=sensealg,
+    )
     return sol, jnp.stack([sol.t_final, sol.us[-1, 0]])
 
 
@@ -176,8 +207,9 @@ def test_vmap_jvp_and_hessian_with_events():
     assert sols.event_counts[0, 0] != sols.event_counts[1, 0]
     grads = jax.jit(jax.vmap(jax.grad(lambda h: ball(h, 0.9).us[-1, 0])))(heights)
     for h, g in zip(heights, grads):
-        assert_agrees(g, central_differences(lambda h: ball_closed(h, 0.9, 2.0)[1][0], np.asarray(h)), "vmap",
-                      AGREEMENT)
+        assert_agrees(
+            g, central_differences(lambda h: ball_closed(h, 0.9, 2.0)[1][0], np.asarray(h)), "vmap", AGREEMENT
+        )
     v = np.array([3.0, 4.0])
     _, tangent = jax.jvp(lambda v: landing(v)[1], (v,), (np.array([1.0, -1.0]),))
     assert_agrees(tangent, np.array([-2 / G, (4.0 - 3.0) * 2 / G]), "jvp", AGREEMENT)
@@ -186,6 +218,7 @@ def test_vmap_jvp_and_hessian_with_events():
 
 
 # --- resets, ordering, PyTrees and closures -------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_integrate_and_fire_resets():
@@ -196,24 +229,29 @@ def test_integrate_and_fire_resets():
     spike = sciad.ContinuousCallback(lambda u, p, t: u[0] - 1.0, lambda u, p, t: jnp.zeros_like(u), "up")
 
     def spikes(current):
-        return sciad.solve(prob, p={"I": current}, callbacks=[spike], rtol=TOL, atol=TOL,
-                           max_events=8).event_times[0][:5]
+        return sciad.solve(prob, p={"I": current}, callbacks=[spike], rtol=TOL, atol=TOL, max_events=8).event_times[0][
+            :5
+        ]
 
     period = lambda current: tau * np.log(current / (current - 1))  # noqa: E731
     assert_agrees(spikes(1.5), period(1.5) * np.arange(1, 6), "spike times", AGREEMENT)
-    assert_agrees(jax.jit(jax.jacrev(spikes))(1.5), np.arange(1, 6) * tau * (1 / 1.5 - 1 / 0.5), "gradient",
-                  AGREEMENT)
+    assert_agrees(jax.jit(jax.jacrev(spikes))(1.5), np.arange(1, 6) * tau * (1 / 1.5 - 1 / 0.5), "gradient", AGREEMENT)
 
 
 def test_events_in_one_step_fire_in_time_order():
     """u' = 1 is solved exactly, so steps grow tenfold and one step passes both levels: the level listed
     second, crossed first, fires first (diffrax 639); simultaneous preset events fire in the order given."""
     prob = sciad.ODEProblem(lambda u, p, t: jnp.ones_like(u), np.array([0.0]), (0.0, 1.0))
-    levels = [sciad.ContinuousCallback(lambda u, p, t, c=c: u[0] - c, lambda u, p, t, s=s: u + s)
-              for c, s in ((0.6, 0.0), (0.3, 0.1))]
+    levels = [
+        sciad.ContinuousCallback(lambda u, p, t, c=c: u[0] - c, lambda u, p, t, s=s: u + s)
+        for c, s in ((0.6, 0.0), (0.3, 0.1))
+    ]
     sol = sciad.solve(prob, callbacks=levels, rtol=TOL, atol=TOL)
     np.testing.assert_allclose([sol.event_times[1][0], sol.event_times[0][0]], [0.3, 0.5], rtol=1e-10)
-    both = [sciad.PresetTimeCallback([0.5], lambda u, p, t: 2 * u), sciad.PresetTimeCallback([0.5], lambda u, p, t: u + 1)]
+    both = [
+        sciad.PresetTimeCallback([0.5], lambda u, p, t: 2 * u),
+        sciad.PresetTimeCallback([0.5], lambda u, p, t: u + 1),
+    ]
     np.testing.assert_allclose(sciad.solve(prob, callbacks=both).us[-1], [(0.5 * 2 + 1) + 0.5])
 
 
@@ -221,10 +259,14 @@ def test_pytree_state_and_closures():
     """A dict state; the affect closes over a traced restitution, the condition over a traced floor."""
 
     def loss(e, floor):
-        prob = sciad.ODEProblem(lambda u, p, t: {"h": u["v"], "v": -G * jnp.ones_like(u["v"])},
-                                {"h": np.array(1.0), "v": np.array(0.0)}, (0.0, 2.0))
-        bounce = sciad.ContinuousCallback(lambda u, p, t: u["h"] - floor, lambda u, p, t: {"h": u["h"], "v": -e * u["v"]},
-                                          "down")
+        prob = sciad.ODEProblem(
+            lambda u, p, t: {"h": u["v"], "v": -G * jnp.ones_like(u["v"])},
+            {"h": np.array(1.0), "v": np.array(0.0)},
+            (0.0, 2.0),
+        )
+        bounce = sciad.ContinuousCallback(
+            lambda u, p, t: u["h"] - floor, lambda u, p, t: {"h": u["h"], "v": -e * u["v"]}, "down"
+        )
         sol = sciad.solve(prob, callbacks=[bounce], rtol=TOL, atol=TOL, sensealg="GaussAdjoint")
         return sol.us["h"][-1] - floor
 
@@ -237,19 +279,23 @@ def test_pytree_state_and_closures():
 
 # --- the boundary ---------------------------------------------------------------------------------------
 
+
 def test_too_many_events_say_so():
     """A ball that keeps bouncing (a Zeno point) with a small max_events."""
     with pytest.raises(Exception, match="more than max_events=2 events"):
         jax.block_until_ready(ball(1.0, 0.9, max_events=2).us)
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: sciad.ContinuousCallback(lambda u, p, t: u[0] > 0), "float scalar"),
-    (lambda: sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: u[0]), "u0's structure"),
-    (lambda: sciad.ContinuousCallback(lambda u, p, t: u[0], direction="upwards"), "direction"),
-    (lambda: sciad.PresetTimeCallback(1.0, None), "affect"),
-    (lambda: sciad.PresetTimeCallback([[1.0]], lambda u, p, t: u), "1-D array"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: sciad.ContinuousCallback(lambda u, p, t: u[0] > 0), "float scalar"),
+        (lambda: sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: u[0]), "u0's structure"),
+        (lambda: sciad.ContinuousCallback(lambda u, p, t: u[0], direction="upwards"), "direction"),
+        (lambda: sciad.PresetTimeCallback(1.0, None), "affect"),
+        (lambda: sciad.PresetTimeCallback([[1.0]], lambda u, p, t: u), "1-D array"),
+    ],
+)
 def test_bad_callbacks_are_named(make, match):
     with pytest.raises((TypeError, ValueError), match=match):
         sciad.solve(BALL, callbacks=[make()])

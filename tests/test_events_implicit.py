@@ -41,30 +41,56 @@ def loss_closed(p):
 
 
 def loss(p, sensealg, solver, jacobian, tol):
-    sol = sciad.solve(PROB, p=p, callbacks=[RESET], max_events=2, solver=solver, jacobian=jacobian, sensealg=sensealg,
-                      rtol=tol, atol=tol)
+    sol = sciad.solve(
+        PROB,
+        p=p,
+        callbacks=[RESET],
+        max_events=2,
+        solver=solver,
+        jacobian=jacobian,
+        sensealg=sensealg,
+        rtol=tol,
+        atol=tol,
+    )
     return sol.us[-1, 0] + sol.event_times[0][0]
 
 
-SOLVERS = {"Kvaerno3": dfx.Kvaerno3, "Kvaerno4": dfx.Kvaerno4, "Kvaerno5": dfx.Kvaerno5, "KenCarp3": dfx.KenCarp3,
-           "KenCarp4": dfx.KenCarp4, "KenCarp5": dfx.KenCarp5, "ImplicitEuler": dfx.ImplicitEuler}
+SOLVERS = {
+    "Kvaerno3": dfx.Kvaerno3,
+    "Kvaerno4": dfx.Kvaerno4,
+    "Kvaerno5": dfx.Kvaerno5,
+    "KenCarp3": dfx.KenCarp3,
+    "KenCarp4": dfx.KenCarp4,
+    "KenCarp5": dfx.KenCarp5,
+    "ImplicitEuler": dfx.ImplicitEuler,
+}
 # (rtol = atol of the solve, of the check): ImplicitEuler is first order (0.1 % off at 1e-6, over 4,096 steps at 1e-9
 # steps); diffrax's KenCarp solvers with their VeryChord root finder take ~1,000 steps at 1e-6 and over
 # 100,000 at 1e-9 on a plain decay (with optimistix.Newton, 30).
 TOLERANCES = {"ImplicitEuler": (1e-6, 3e-3), **{f"KenCarp{k}": (1e-6, 1e-4) for k in (3, 4, 5)}}
-CASES = ([("Kvaerno5", "dense", name) for name in SENSEALGS]
-         + [(solver, "dense", "GaussAdjoint") for solver in SOLVERS if solver != "Kvaerno5"]
-         + [("Kvaerno5", jacobian, name) for jacobian in ("sparse", "matrix-free")
-            for name in ("GaussAdjoint", "DiscreteAdjoint", "ForwardSensitivity")])
-FAST = {("Kvaerno5", "dense", "GaussAdjoint"), ("KenCarp4", "dense", "GaussAdjoint"),
-        ("Kvaerno5", "sparse", "DiscreteAdjoint")}
+CASES = (
+    [("Kvaerno5", "dense", name) for name in SENSEALGS]
+    + [(solver, "dense", "GaussAdjoint") for solver in SOLVERS if solver != "Kvaerno5"]
+    + [
+        ("Kvaerno5", jacobian, name)
+        for jacobian in ("sparse", "matrix-free")
+        for name in ("GaussAdjoint", "DiscreteAdjoint", "ForwardSensitivity")
+    ]
+)
+FAST = {
+    ("Kvaerno5", "dense", "GaussAdjoint"),
+    ("KenCarp4", "dense", "GaussAdjoint"),
+    ("Kvaerno5", "sparse", "DiscreteAdjoint"),
+}
 
 
-@pytest.mark.parametrize("solver, jacobian, name", [
-    pytest.param(*case, marks=[] if case in FAST else [pytest.mark.slow]) for case in CASES])
+@pytest.mark.parametrize(
+    "solver, jacobian, name", [pytest.param(*case, marks=[] if case in FAST else [pytest.mark.slow]) for case in CASES]
+)
 def test_reset_at_a_level_against_the_closed_form(solver, jacobian, name):
     solve_tol, tolerance = TOLERANCES.get(solver, (1e-9, 1e-6))
     value, gradient = jax.jit(jax.value_and_grad(loss), static_argnums=(1, 2, 3, 4))(
-        P, SENSEALGS[name](), SOLVERS[solver](), jacobian, solve_tol)
+        P, SENSEALGS[name](), SOLVERS[solver](), jacobian, solve_tol
+    )
     np.testing.assert_allclose(value, loss_closed(P), rtol=tolerance)
     np.testing.assert_allclose(gradient, jax.grad(loss_closed)(P), rtol=tolerance)

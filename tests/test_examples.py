@@ -6,7 +6,6 @@ import pathlib
 import numpy as np
 import pytest
 
-
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 pytest.importorskip("matplotlib")

@@ -9,8 +9,8 @@ import pytest
 from jax.sharding import AxisType
 
 import sciad
-from sciad.problems import lotka_volterra
 from helpers import SENSEALGS, slow_except
+from sciad.problems import lotka_volterra
 
 pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sciad[bench]'")
 from sciad_bench import experiments  # noqa: E402
@@ -28,8 +28,9 @@ def lv_gradient(sensealg, device):
 @pytest.mark.parametrize("name", slow_except(list(SENSEALGS), fast={"InterpolatingAdjoint"}))
 def test_gradient_on_a_gpu_equals_the_cpus(name):
     alg = SENSEALGS[name]()
-    np.testing.assert_allclose(lv_gradient(alg, jax.devices("gpu")[0]), lv_gradient(alg, jax.devices("cpu")[0]),
-                               rtol=1e-9)
+    np.testing.assert_allclose(
+        lv_gradient(alg, jax.devices("gpu")[0]), lv_gradient(alg, jax.devices("cpu")[0]), rtol=1e-9
+    )
 
 
 @pytest.mark.gpu
@@ -51,8 +52,9 @@ def test_ensemble_shards_over_every_gpu():
 
 @pytest.mark.gpu
 def test_gpu_crossover_times_cpu_and_gpu_in_one_run(tmp_path):
-    records = experiments.run_experiment("gpu-crossover", quick=True, repeats=1, engines=["jax-reverse"],
-                                         out=tmp_path, verbose=False)
+    records = experiments.run_experiment(
+        "gpu-crossover", quick=True, repeats=1, engines=["jax-reverse"], out=tmp_path, verbose=False
+    )
     timed = {(r["size"], r["label"], r["device"].split(":")[0]) for r in records if r["ok"] and r["times"]}
     for size, label, _ in list(timed):
         assert {(size, label, "cpu"), (size, label, "gpu")} <= timed

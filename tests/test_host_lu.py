@@ -39,10 +39,16 @@ def test_vmap_over_entries_right_hand_sides_or_both():
     bs = rng.standard_normal((3, 30))
     expected = np.stack([np.linalg.solve(dense(lu, v), b) for v, b in zip(batch_values, bs)])
     np.testing.assert_allclose(jax.vmap(lambda v, b: lu_solve(lu, v, b))(batch_values, bs), expected, rtol=1e-10)
-    np.testing.assert_allclose(jax.vmap(lambda b: lu_solve(lu, values, b), in_axes=1)(bs.T),
-                               np.linalg.solve(dense(lu, values), bs.T).T, rtol=1e-10)
-    np.testing.assert_allclose(jax.vmap(lambda v: lu_solve(lu, v, bs[0]))(batch_values),
-                               [np.linalg.solve(dense(lu, v), bs[0]) for v in batch_values], rtol=1e-10)
+    np.testing.assert_allclose(
+        jax.vmap(lambda b: lu_solve(lu, values, b), in_axes=1)(bs.T),
+        np.linalg.solve(dense(lu, values), bs.T).T,
+        rtol=1e-10,
+    )
+    np.testing.assert_allclose(
+        jax.vmap(lambda v: lu_solve(lu, v, bs[0]))(batch_values),
+        [np.linalg.solve(dense(lu, v), bs[0]) for v in batch_values],
+        rtol=1e-10,
+    )
 
 
 def test_a_held_factorisation_is_reused_for_equal_entries_only():

@@ -25,18 +25,28 @@ import pytest
 import sciad
 from helpers import SENSEALGS as SCENARIOS
 from helpers import reference_for, slow_except
-from sciad.adjoints import (BacksolveAdjoint, DiscreteAdjoint, ForwardDiffSensitivity, ForwardSensitivity,
-                             GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint)
-from sciad.problems import brusselator_pde
 from sciad._stiff import MatrixFree, Sparse, StageNewton, stiff_solver
-
+from sciad.adjoints import (
+    BacksolveAdjoint,
+    DiscreteAdjoint,
+    ForwardDiffSensitivity,
+    ForwardSensitivity,
+    GaussAdjoint,
+    InterpolatingAdjoint,
+    QuadratureAdjoint,
+)
+from sciad.problems import brusselator_pde
 
 TOL = 1e-8
 AGREEMENT = 1e-6
-SENSEALGS = {"InterpolatingAdjoint": InterpolatingAdjoint(), "GaussAdjoint": GaussAdjoint(),
-             "QuadratureAdjoint": QuadratureAdjoint(),
-             "DiscreteAdjoint": DiscreteAdjoint(), "ForwardSensitivity": ForwardSensitivity(),
-             "ForwardDiffSensitivity": ForwardDiffSensitivity()}
+SENSEALGS = {
+    "InterpolatingAdjoint": InterpolatingAdjoint(),
+    "GaussAdjoint": GaussAdjoint(),
+    "QuadratureAdjoint": QuadratureAdjoint(),
+    "DiscreteAdjoint": DiscreteAdjoint(),
+    "ForwardSensitivity": ForwardSensitivity(),
+    "ForwardDiffSensitivity": ForwardDiffSensitivity(),
+}
 JACOBIANS = ["sparse", "matrix-free"]
 
 
@@ -45,8 +55,16 @@ def bench(n=3):
 
 
 def objective(b, p, sensealg, jacobian):
-    sol = sciad.solve(b.problem, p=p, saveat=b.saveat, solver="kvaerno5", rtol=b.rtol, atol=b.atol,
-                      sensealg=sensealg, jacobian=jacobian)
+    sol = sciad.solve(
+        b.problem,
+        p=p,
+        saveat=b.saveat,
+        solver="kvaerno5",
+        rtol=b.rtol,
+        atol=b.atol,
+        sensealg=sensealg,
+        jacobian=jacobian,
+    )
     return b.loss(sol.us)
 
 
@@ -65,8 +83,13 @@ def dense_solution():
 
 def solve(p, jacobian, u0=None, tol=TOL):
     b = bench()
-    return jax.jit(lambda p: sciad.solve(b.problem, u0=u0, p=p, saveat=b.saveat, solver="kvaerno5", rtol=tol,
-                                         atol=tol, jacobian=jacobian).us)(p)
+    return jax.jit(
+        lambda p: (
+            sciad.solve(
+                b.problem, u0=u0, p=p, saveat=b.saveat, solver="kvaerno5", rtol=tol, atol=tol, jacobian=jacobian
+            ).us
+        )
+    )(p)
 
 
 def relative(a, b):
@@ -78,10 +101,19 @@ def test_forward_solves_agree_with_the_dense_newton(jacobian):
     assert relative(solve(bench().problem.p, jacobian), dense_solution()) < AGREEMENT
 
 
-@pytest.mark.parametrize("name, jacobian", [
-    pytest.param(name, jacobian, id=f"{name}-{jacobian}",
-                 marks=[] if (name, jacobian) == ("GaussAdjoint", "sparse") else [pytest.mark.slow])
-    for name in SENSEALGS for jacobian in JACOBIANS])
+@pytest.mark.parametrize(
+    "name, jacobian",
+    [
+        pytest.param(
+            name,
+            jacobian,
+            id=f"{name}-{jacobian}",
+            marks=[] if (name, jacobian) == ("GaussAdjoint", "sparse") else [pytest.mark.slow],
+        )
+        for name in SENSEALGS
+        for jacobian in JACOBIANS
+    ],
+)
 def test_gradient_agrees_with_forward_mode_through_the_dense_newton(name, jacobian):
     b = bench()
     g = jax.jit(jax.grad(lambda p: objective(b, p, SENSEALGS[name], jacobian)))(b.problem.p)
@@ -112,8 +144,12 @@ def test_sparse_jvp_and_hessian_agree_with_the_dense_newton():
     own (the sparse LU's callback sees primal values only)."""
     b = bench()
     direction = np.array([1.0, -0.5, 0.1])
-    hvp = {jacobian: jax.jit(lambda p: jax.jvp(jax.grad(lambda q: objective(b, q, GaussAdjoint(), jacobian)), (p,),
-                                               (direction,))[1])(b.problem.p) for jacobian in ("sparse", "dense")}
+    hvp = {
+        jacobian: jax.jit(
+            lambda p: jax.jvp(jax.grad(lambda q: objective(b, q, GaussAdjoint(), jacobian)), (p,), (direction,))[1]
+        )(b.problem.p)
+        for jacobian in ("sparse", "dense")
+    }
     assert relative(hvp["sparse"], hvp["dense"]) < 1e-5
 
 
@@ -146,11 +182,14 @@ def test_stiff_solver_puts_a_stage_newton_in_an_implicit_solver_and_leaves_dense
     assert stiff_solver(solver, "dense") is solver
 
 
-@pytest.mark.parametrize("solver, jacobian, error, match", [
-    ("kvaerno5", "sparse-ish", ValueError, "unknown jacobian 'sparse-ish'; choose one of"),
-    ("kvaerno5", 3, TypeError, "jacobian must be one of"),
-    ("tsit5", "matrix-free", ValueError, "needs an implicit solver"),
-])
+@pytest.mark.parametrize(
+    "solver, jacobian, error, match",
+    [
+        ("kvaerno5", "sparse-ish", ValueError, "unknown jacobian 'sparse-ish'; choose one of"),
+        ("kvaerno5", 3, TypeError, "jacobian must be one of"),
+        ("tsit5", "matrix-free", ValueError, "needs an implicit solver"),
+    ],
+)
 def test_bad_jacobian_options_name_the_fix(solver, jacobian, error, match):
     b = brusselator_pde(3)
     with pytest.raises(error, match=match):
@@ -160,19 +199,22 @@ def test_bad_jacobian_options_name_the_fix(solver, jacobian, error, match):
 def ring_diffusion(n=60):
     """u' = a n² (u_{i-1} - 2 u_i + u_{i+1}) + b u (1 - u) on a ring, its stencil a windowed sum (`reduce_window`),
     which the pattern detection does not follow; ∂f/∂u's pattern, periodic tridiagonal."""
+
     def f(u, p, t):
         stencil = jax.lax.reduce_window(jnp.pad(u, 1, mode="wrap"), 0.0, jax.lax.add, (3,), (1,), "VALID") - 3 * u
         return p[0] * n**2 * stencil + p[1] * u * (1 - u)
 
     u0 = 0.5 + 0.4 * np.sin(2 * np.pi * np.arange(n) / n)
-    pattern = np.eye(n, dtype=bool) | np.roll(np.eye(n, dtype=bool), 1, axis=1) | np.roll(np.eye(n, dtype=bool), -1,
-                                                                                            axis=1)
+    pattern = (
+        np.eye(n, dtype=bool) | np.roll(np.eye(n, dtype=bool), 1, axis=1) | np.roll(np.eye(n, dtype=bool), -1, axis=1)
+    )
     return sciad.ODEProblem(f, u0, (0.0, 0.1), np.array([1.0, 2.0])), pattern
 
 
 def ring_loss(prob, p, sensealg, jacobian):
-    sol = sciad.solve(prob, p=p, saveat=[0.05, 0.1], solver="kvaerno5", rtol=TOL, atol=TOL, sensealg=sensealg,
-                      jacobian=jacobian)
+    sol = sciad.solve(
+        prob, p=p, saveat=[0.05, 0.1], solver="kvaerno5", rtol=TOL, atol=TOL, sensealg=sensealg, jacobian=jacobian
+    )
     return jnp.sum(sol.us**2), sol.us
 
 
@@ -199,8 +241,9 @@ def test_a_given_pattern_stands_in_for_detection_that_cannot_follow_f():
 def test_a_given_pattern_serves_the_adjoint_stages_too():
     """GaussAdjoint's λ stages (pattern Jᵀ) take the given pattern; InterpolatingAdjoint's (λ, μ) are detected."""
     prob, pattern = ring_diffusion()
-    reference = jax.jit(jax.grad(lambda p: ring_loss(prob, p, SCENARIOS[reference_for("GaussAdjoint", 2)](),
-                                                     "dense")[0]))(prob.p)
+    reference = jax.jit(
+        jax.grad(lambda p: ring_loss(prob, p, SCENARIOS[reference_for("GaussAdjoint", 2)](), "dense")[0])
+    )(prob.p)
     for sensealg in (GaussAdjoint(), InterpolatingAdjoint()):
         g = jax.jit(jax.grad(lambda p: ring_loss(prob, p, sensealg, Sparse(pattern=pattern))[0]))(prob.p)
         assert relative(g, reference) < AGREEMENT
@@ -230,13 +273,16 @@ def test_a_large_state_stores_fewer_dense_steps():
 def two_species_ring(n=24):
     """A ring of n cells, species {"u", "v"} (a PyTree state), parameters {"d": diffusion (2,),
     "k": reaction rates (2,)}: u' = d₀ n² Δu − k₀ u v², v' = d₁ n² Δv + k₀ u v² − k₁ v."""
+
     def laplacian(x):
         return jnp.roll(x, 1) - 2 * x + jnp.roll(x, -1)
 
     def f(y, p, t):
         reaction = p["k"][0] * y["u"] * y["v"] ** 2
-        return {"u": p["d"][0] * n**2 * laplacian(y["u"]) - reaction,
-                "v": p["d"][1] * n**2 * laplacian(y["v"]) + reaction - p["k"][1] * y["v"]}
+        return {
+            "u": p["d"][0] * n**2 * laplacian(y["u"]) - reaction,
+            "v": p["d"][1] * n**2 * laplacian(y["v"]) + reaction - p["k"][1] * y["v"],
+        }
 
     x = np.arange(n) / n
     y0 = {"u": 1 + 0.2 * np.sin(2 * np.pi * x), "v": 0.5 + 0.2 * np.cos(2 * np.pi * x)}
@@ -254,12 +300,23 @@ def test_pytree_states_parameters_and_a_traced_closure_through_the_sparse_newton
         def f(y, p, t):
             rates = prob.f(y, p, t)
             return {"u": rates["u"] + strength, "v": rates["v"]}
-        sol = sciad.solve(dataclasses.replace(prob, f=f), p=p, saveat=[0.1, 0.2], solver="kvaerno5", rtol=TOL,
-                          atol=TOL, sensealg=sensealg, jacobian=jacobian)
+
+        sol = sciad.solve(
+            dataclasses.replace(prob, f=f),
+            p=p,
+            saveat=[0.1, 0.2],
+            solver="kvaerno5",
+            rtol=TOL,
+            atol=TOL,
+            sensealg=sensealg,
+            jacobian=jacobian,
+        )
         return jnp.sum(sol.us["u"] ** 2) + jnp.sum(sol.us["v"])
 
-    gradients = {jacobian: jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(prob.p, 0.3, jacobian)
-                 for jacobian in ("dense", "sparse")}
+    gradients = {
+        jacobian: jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(prob.p, 0.3, jacobian)
+        for jacobian in ("dense", "sparse")
+    }
     for got, want in zip(jax.tree.leaves(gradients["sparse"]), jax.tree.leaves(gradients["dense"])):
         assert relative(got, want) < AGREEMENT
     fd = (loss(prob.p, 0.3 + 1e-4, "sparse") - loss(prob.p, 0.3 - 1e-4, "sparse")) / 2e-4
@@ -270,8 +327,20 @@ def test_pytree_states_parameters_and_a_traced_closure_through_the_sparse_newton
 def test_sparse_gradient_agrees_with_finite_differences():
     """Central differences of the loss through the sparse Newton's own forward solves at rtol = 1e-11."""
     b = bench()
-    loss = jax.jit(lambda p: b.loss(sciad.solve(b.problem, p=p, saveat=b.saveat, solver="kvaerno5", rtol=1e-11,
-                                                atol=1e-11, jacobian="sparse", max_steps=20_000).us))
+    loss = jax.jit(
+        lambda p: b.loss(
+            sciad.solve(
+                b.problem,
+                p=p,
+                saveat=b.saveat,
+                solver="kvaerno5",
+                rtol=1e-11,
+                atol=1e-11,
+                jacobian="sparse",
+                max_steps=20_000,
+            ).us
+        )
+    )
     p = np.asarray(b.problem.p)
     steps = 1e-4 * np.abs(p)
     fd = [(loss(p + e) - loss(p - e)) / (2 * h) for e, h in zip(np.diag(steps), steps)]

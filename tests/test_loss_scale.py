@@ -39,8 +39,10 @@ def integral(p, sensealg, **tolerances):
 
 def events(p, sensealg, **tolerances):
     """A dose at t = 1 and a reset where u[0] falls through 0.3 (state-dependent: its time moves with p)."""
-    callbacks = [sciad.PresetTimeCallback(jnp.asarray([1.0]), lambda u, p, t: u + p[1]),
-                 sciad.ContinuousCallback(lambda u, p, t: u[0] - 0.3, lambda u, p, t: u.at[0].add(0.5), "down")]
+    callbacks = [
+        sciad.PresetTimeCallback(jnp.asarray([1.0]), lambda u, p, t: u + p[1]),
+        sciad.ContinuousCallback(lambda u, p, t: u[0] - 0.3, lambda u, p, t: u.at[0].add(0.5), "down"),
+    ]
     sol = sciad.solve(PROB, p=p, saveat=TS, callbacks=callbacks, max_events=4, sensealg=sensealg, **tolerances)
     return jnp.sum(sol.us[:, 0] ** 2) + jnp.sum(sol.event_times[1][:2])
 
@@ -51,8 +53,10 @@ LOSSES = {"saves": saves, "integral": integral, "events": events}
 @pytest.fixture(scope="module")
 def references():
     """Each loss's gradient in p by DiscreteAdjoint at rtol = atol = 1e-11."""
-    return {name: jax.jit(jax.grad(lambda p, loss=loss: loss(p, sciad.DiscreteAdjoint(), rtol=1e-11, atol=1e-11)))(P)
-            for name, loss in LOSSES.items()}
+    return {
+        name: jax.jit(jax.grad(lambda p, loss=loss: loss(p, sciad.DiscreteAdjoint(), rtol=1e-11, atol=1e-11)))(P)
+        for name, loss in LOSSES.items()
+    }
 
 
 def scaled_gradients(loss, sensealg, **tolerances):
@@ -63,16 +67,23 @@ def scaled_gradients(loss, sensealg, **tolerances):
 
 CASES = [(loss, name) for loss in LOSSES for name in SENSEALGS]
 FAST = [("saves", name) for name in ("GaussAdjoint", "InterpolatingAdjoint", "BacksolveAdjoint")] + [
-    ("integral", "InterpolatingAdjoint-checkpointing"), ("events", "GaussAdjoint")]
+    ("integral", "InterpolatingAdjoint-checkpointing"),
+    ("events", "GaussAdjoint"),
+]
 
 
-@pytest.mark.parametrize("loss, name", [pytest.param(*case, marks=[] if case in FAST else [pytest.mark.slow])
-                                        for case in CASES])
+@pytest.mark.parametrize(
+    "loss, name", [pytest.param(*case, marks=[] if case in FAST else [pytest.mark.slow]) for case in CASES]
+)
 def test_gradient_does_not_depend_on_the_loss_scale(references, loss, name):
     gradients = scaled_gradients(LOSSES[loss], SENSEALGS[name]())
     unit = gradients[1]
-    np.testing.assert_allclose(gradients, np.broadcast_to(unit, gradients.shape), rtol=1e-9,
-                               err_msg=f"{name} on {loss}: the gradient changes with the loss's scale")
+    np.testing.assert_allclose(
+        gradients,
+        np.broadcast_to(unit, gradients.shape),
+        rtol=1e-9,
+        err_msg=f"{name} on {loss}: the gradient changes with the loss's scale",
+    )
     reference = references[loss]
     assert np.max(np.abs(unit - reference)) <= 1e-4 * np.max(np.abs(reference)), (name, loss, unit, reference)
 

@@ -14,16 +14,22 @@ import pytest
 
 import sciad
 from helpers import assert_agrees, central_differences, slow_except, values_and_jacobian
-from sciad.adjoints import ODE_SENSEALGS, parse
 from sciad._solve import get_solver
-
+from sciad.adjoints import ODE_SENSEALGS, parse
 
 TOL = 1e-10
 AGREEMENT = 1e-7
 # ReversibleAdjoint differentiates SDE solves alone (tests/test_sde.py)
 NAMES = [*ODE_SENSEALGS, "InterpolatingAdjoint(checkpointing=True)", "ForwardSensitivity(seminorm=True)"]
 FAST = ["InterpolatingAdjoint", "DiscreteAdjoint"]
-SLOW_ENGINES = ("jax-reverse", "jax-forward", "jax-transpose", "enzyme", "autograd", "finite-differences")  # torch by default
+SLOW_ENGINES = (
+    "jax-reverse",
+    "jax-forward",
+    "jax-transpose",
+    "enzyme",
+    "autograd",
+    "finite-differences",
+)  # torch by default
 K, U0 = 0.5, np.array([1.0, 2.0])
 
 
@@ -70,8 +76,9 @@ def test_save_times_and_integral_together(name):
     ts = jnp.array([0.5, 1.0, 1.5])
 
     def loss(k, t0, t1, ts):
-        sol = sciad.solve(PROB, p={"k": k}, tspan=(t0, t1), saveat=ts, integrand=energy, rtol=TOL, atol=TOL,
-                          sensealg=name)
+        sol = sciad.solve(
+            PROB, p={"k": k}, tspan=(t0, t1), saveat=ts, integrand=energy, rtol=TOL, atol=TOL, sensealg=name
+        )
         return sol.integral + jnp.sum(sol.us[:, 0])
 
     t0, t1 = 0.3, 2.0
@@ -89,8 +96,16 @@ def test_backwards_in_time(name):
     """t1 < t0: u(0) = u(2) e^{2k} from u(2) = u0, and ∫_2^0 |u|² dt = -|u0|² (e^{4k} - 1) / (2k)."""
 
     def solve(k):
-        return sciad.solve(PROB, p={"k": k}, tspan=(2.0, 0.0), saveat=jnp.array([2.0, 1.0, 0.0]), integrand=energy,
-                           rtol=TOL, atol=TOL, sensealg=name)
+        return sciad.solve(
+            PROB,
+            p={"k": k},
+            tspan=(2.0, 0.0),
+            saveat=jnp.array([2.0, 1.0, 0.0]),
+            integrand=energy,
+            rtol=TOL,
+            atol=TOL,
+            sensealg=name,
+        )
 
     sol = solve(K)
     close(sol.us[:, 0], np.exp(K * np.array([0.0, 1.0, 2.0])), f"{name}: states")
@@ -152,14 +167,23 @@ def test_integral_and_times_with_kvaerno5(name):
     """An implicit solver: the integral's gradient in k, t0 and t1, forwards and backwards in time."""
 
     def loss(k, t0, t1):
-        return sciad.solve(PROB, p={"k": k}, tspan=(t0, t1), integrand=energy, solver="kvaerno5", rtol=1e-9,
-                           atol=1e-9, sensealg=parse(name)).integral
+        return sciad.solve(
+            PROB,
+            p={"k": k},
+            tspan=(t0, t1),
+            integrand=energy,
+            solver="kvaerno5",
+            rtol=1e-9,
+            atol=1e-9,
+            sensealg=parse(name),
+        ).integral
 
     _, d_k, _, d_t0, d_t1 = closed_energy(K, U0, 0.5, 2.0)
     g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(K, 0.5, 2.0)
     np.testing.assert_allclose(np.array(g), np.array([d_k, d_t0, d_t1]), rtol=1e-6)
-    backwards = sciad.solve(PROB, tspan=(2.0, 0.5), integrand=energy, solver="kvaerno5", rtol=1e-9, atol=1e-9,
-                            sensealg=parse(name))
+    backwards = sciad.solve(
+        PROB, tspan=(2.0, 0.5), integrand=energy, solver="kvaerno5", rtol=1e-9, atol=1e-9, sensealg=parse(name)
+    )
     np.testing.assert_allclose(backwards.us[-1], U0 * np.exp(1.5 * K), rtol=1e-6)
 
 
@@ -172,8 +196,9 @@ def test_integral_with_auto():
 
     _, d_k, _, _, _ = closed_energy(K, U0, 0.0, 2.0)
     close(jax.grad(loss)(K, "auto"), d_k, "auto")
-    choice = sciad._auto.auto_sensealg(U0, PROB.p, np.array([0.0, 2.0]), solver=get_solver("tsit5"),
-                                      rtol=TOL, atol=TOL, integral_entries=1)
+    choice = sciad._auto.auto_sensealg(
+        U0, PROB.p, np.array([0.0, 2.0]), solver=get_solver("tsit5"), rtol=TOL, atol=TOL, integral_entries=1
+    )
     assert "integral entries: 1" in choice.report() and "enters λ's equation" in choice.report()
 
 
@@ -228,12 +253,16 @@ def test_dense_output_is_the_interpolant_of_the_one_solve():
 def test_integral_and_final_time_with_each_engine(engine_name):
     """The integral's gradient in k and t1 with the adjoint's products from each engine (the forward
     sensitivities' from the JAX ones), jitted."""
-    sensealg = (sciad.ForwardSensitivity(jvp=engine_name) if engine_name in ("jax-forward",)
-                else sciad.GaussAdjoint(vjp=engine_name))
+    sensealg = (
+        sciad.ForwardSensitivity(jvp=engine_name)
+        if engine_name in ("jax-forward",)
+        else sciad.GaussAdjoint(vjp=engine_name)
+    )
 
     def loss(k, t1):
-        return sciad.solve(PROB, p={"k": k}, tspan=(0.0, t1), integrand=energy, rtol=1e-9, atol=1e-9,
-                           sensealg=sensealg).integral
+        return sciad.solve(
+            PROB, p={"k": k}, tspan=(0.0, t1), integrand=energy, rtol=1e-9, atol=1e-9, sensealg=sensealg
+        ).integral
 
     _, d_k, _, _, d_t1 = closed_energy(K, U0, 0.0, 2.0)
     g = jax.jit(jax.grad(loss, argnums=(0, 1)))(K, 2.0)
@@ -247,8 +276,16 @@ def test_hessian_in_the_times(name):
 
     def loss(x):
         k, t0, t = x[0], x[1], x[2]
-        sol = sciad.solve(PROB, p={"k": k}, tspan=(t0, 2 * t), saveat=jnp.stack([t, 2 * t]), integrand=energy,
-                          rtol=TOL, atol=TOL, sensealg=name)
+        sol = sciad.solve(
+            PROB,
+            p={"k": k},
+            tspan=(t0, 2 * t),
+            saveat=jnp.stack([t, 2 * t]),
+            integrand=energy,
+            rtol=TOL,
+            atol=TOL,
+            sensealg=name,
+        )
         return sol.us[0, 1] + sol.integral
 
     def closed(x):

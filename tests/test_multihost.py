@@ -16,7 +16,6 @@ from programs.multihost_worker import gradients
 
 import sciad
 
-
 WORKER = Path(__file__).parent / "programs" / "multihost_worker.py"
 CASES = ["padded-auto", "InterpolatingAdjoint", "DiscreteAdjoint", "BacksolveAdjoint"]  # see the worker
 TIMEOUT = 300  # seconds for both workers: a hung collective fails the test
@@ -39,8 +38,14 @@ def workers(tmp_path: Path, cases: list[str]):
     try:
         for i in range(2):
             with open(tmp_path / f"log-{i}", "w") as log:
-                procs.append(subprocess.Popen([sys.executable, str(WORKER), str(port), str(i), str(tmp_path), *cases],
-                                              env=env, stdout=log, stderr=subprocess.STDOUT))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(WORKER), str(port), str(i), str(tmp_path), *cases],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         yield procs
     finally:
         for proc in procs:
@@ -64,12 +69,15 @@ def test_two_process_sharded_gradients_equal_one_process(tmp_path):
     ps = sciad.problems.lotka_volterra().problem.p * np.linspace(0.9, 1.1, 8)[:, None]  # 8 members, 2 a device
     np.save(tmp_path / "ps.npy", ps)
     with workers(tmp_path, CASES) as procs:
-        reference = {case: np.asarray(gradients(ps[:-2] if case.startswith("padded-") else ps,
-                                                case.removeprefix("padded-")))
-                     for case in CASES}  # one process, while the workers run
+        reference = {
+            case: np.asarray(gradients(ps[:-2] if case.startswith("padded-") else ps, case.removeprefix("padded-")))
+            for case in CASES
+        }  # one process, while the workers run
         statuses = wait(procs, TIMEOUT)
-    logs = "\n".join(f"--- worker {i} (exit status {s}):\n{(tmp_path / f'log-{i}').read_text()[-4000:]}"
-                     for i, s in enumerate(statuses))
+    logs = "\n".join(
+        f"--- worker {i} (exit status {s}):\n{(tmp_path / f'log-{i}').read_text()[-4000:]}"
+        for i, s in enumerate(statuses)
+    )
     if 3 in statuses:
         reason = [line for line in logs.splitlines() if line.startswith("collectives unavailable")]
         pytest.skip(f"two-process JAX on loopback: {reason[0] if reason else logs[-500:]}")

@@ -25,8 +25,30 @@ def _binary(name):
     return lambda x: getattr(namespace(x), name)(x, 0.6 - 0.5 * x)
 
 
-UNARY = ["abs", "acos", "asin", "asinh", "atan", "atanh", "cos", "cosh", "exp", "expm1", "log", "log1p",
-         "log2", "log10", "negative", "positive", "sin", "sinh", "sqrt", "square", "tan", "tanh"]
+UNARY = [
+    "abs",
+    "acos",
+    "asin",
+    "asinh",
+    "atan",
+    "atanh",
+    "cos",
+    "cosh",
+    "exp",
+    "expm1",
+    "log",
+    "log1p",
+    "log2",
+    "log10",
+    "negative",
+    "positive",
+    "sin",
+    "sinh",
+    "sqrt",
+    "square",
+    "tan",
+    "tanh",
+]
 BINARY = ["add", "subtract", "multiply", "divide", "pow", "atan2", "maximum", "minimum", "hypot", "logaddexp"]
 
 
@@ -101,11 +123,19 @@ CASES = {
     "take": lambda x: namespace(x).take(_matrix(x), namespace(x).asarray([1, 0, 1]), axis=1) * x[0],
     "unstack": lambda x: namespace(x).stack(namespace(x).unstack(_matrix(x), axis=1)[::-1]) ** 2,
     "reciprocal": lambda x: namespace(x).reciprocal(x),
-    "piecewise-constant": lambda x: (namespace(x).sign(x - 0.4) + namespace(x).floor(3 * x)
-                                     + namespace(x).ceil(3 * x) + namespace(x).round(3 * x)
-                                     + namespace(x).trunc(3 * x)) * x,
+    "piecewise-constant": lambda x: (
+        (
+            namespace(x).sign(x - 0.4)
+            + namespace(x).floor(3 * x)
+            + namespace(x).ceil(3 * x)
+            + namespace(x).round(3 * x)
+            + namespace(x).trunc(3 * x)
+        )
+        * x
+    ),
     "cumulative_sum-include_initial": lambda x: namespace(x).cumulative_sum(
-        _matrix(x) ** 2, axis=1, include_initial=True),
+        _matrix(x) ** 2, axis=1, include_initial=True
+    ),
     "integer-array-indexing": lambda x: x[namespace(x).asarray([2, 0, 0])] * x[:3],
 }
 
@@ -113,8 +143,10 @@ MULTI = {"vector-field-from-a-list": ((U, P, T), _lotka_volterra_list)}
 
 
 # What an engine cannot differentiate is refused with an error naming the function.
-REFUSED = {("enzyme", name): rf"enzyme-ad 0.0.16 cannot differentiate `{name}`.*'jax-reverse'"
-           for name in ("atanh", "acosh", "tan", "sort")}
+REFUSED = {
+    ("enzyme", name): rf"enzyme-ad 0.0.16 cannot differentiate `{name}`.*'jax-reverse'"
+    for name in ("atanh", "acosh", "tan", "sort")
+}
 
 
 def _tolerance(engine_name):

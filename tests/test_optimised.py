@@ -1,6 +1,7 @@
 """The programs users run: one gradient per sensealg compiled with XLA's optimisations on.
 
-The test run switches XLA's optimisations off (tests/conftest.py: the same programs, faster compiles). Optimisations reorder and fuse floating-point work, so a rule that is right only unoptimised (or
+The test run switches XLA's optimisations off (tests/conftest.py: the same programs, faster compiles).
+Optimisations reorder and fuse floating-point work, so a rule that is right only unoptimised (or
 only optimised) would pass those modules. Here each sensealg of the matrix (tests/helpers.py) takes
 one gradient of L = Σ u(t_k)² on Lotka–Volterra in p and u0 under `jax.jit`, checked against central
 finite differences of the loss solved at tight tolerances.
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.problems._lotka_volterra import lotka_volterra_rhs
 from helpers import SENSEALGS, assert_agrees, central_differences
+from sciad.problems._lotka_volterra import lotka_volterra_rhs
 
 pytestmark = pytest.mark.usefixtures("xla_optimisations")
 
@@ -23,8 +24,15 @@ TOL = 1e-10
 
 
 def loss(u0, p, sensealg):
-    sol = sciad.solve(sciad.ODEProblem(lotka_volterra_rhs, u0, (0.0, 3.0), p), u0=u0, p=p, saveat=TS,
-                      sensealg=sensealg, rtol=TOL, atol=TOL)
+    sol = sciad.solve(
+        sciad.ODEProblem(lotka_volterra_rhs, u0, (0.0, 3.0), p),
+        u0=u0,
+        p=p,
+        saveat=TS,
+        sensealg=sensealg,
+        rtol=TOL,
+        atol=TOL,
+    )
     return jnp.sum(sol.us**2)
 
 

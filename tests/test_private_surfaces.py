@@ -58,11 +58,16 @@ def test_pyproject_pins_the_tested_range_and_ci_a_version_in_it(surface):
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     pin = f"{surface.PACKAGE}>={lowest},<{first_untested}"
     assert pin in [dependency.replace(" ", "") for dependency in dependencies], (
-        f"pyproject.toml should require {pin}, the range sciad/_{surface.PACKAGE}_internals.py was tested on")
-    constraints = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
-                       if "==" in line and not line.startswith("#"))
+        f"pyproject.toml should require {pin}, the range sciad/_{surface.PACKAGE}_internals.py was tested on"
+    )
+    constraints = dict(
+        line.split("==")
+        for line in (REPO / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     assert version(lowest) <= version(constraints[surface.PACKAGE]) < version(first_untested), (
-        f"constraints.txt installs {surface.PACKAGE}=={constraints[surface.PACKAGE]}, outside {pin}")
+        f"constraints.txt installs {surface.PACKAGE}=={constraints[surface.PACKAGE]}, outside {pin}"
+    )
 
 
 def test_surface_versions_compare_by_release_numbers():
@@ -71,8 +76,10 @@ def test_surface_versions_compare_by_release_numbers():
 
 def test_a_private_name_gone_fails_naming_the_package_its_version_and_the_tested_range():
     lowest, first_untested = _diffrax_internals.TESTED
-    expected = (f"tested on diffrax>={lowest},<{first_untested}; the installed diffrax {dfx.__version__} lies in that "
-                "range, yet they differ. Install")
+    expected = (
+        f"tested on diffrax>={lowest},<{first_untested}; the installed diffrax {dfx.__version__} lies in that "
+        "range, yet they differ. Install"
+    )
     with pytest.raises(ImportError, match=re.escape(expected) + r".*\(cannot import name 'gone'"):
         with private_surface("diffrax", _diffrax_internals.TESTED):
             from diffrax._root_finder import gone  # noqa: F401
@@ -118,9 +125,12 @@ def test_equinox_formats_a_firing_checks_message_into_its_run_time_error():
 def test_jax_convert_constvars_jaxpr_makes_closed_over_values_arguments():
     with pinned(_jax_internals):
         c = jnp.arange(2.0)
-        jaxpr = _jax_internals.pe.trace_to_jaxpr_dynamic(_jax_internals.lu.wrap_init(
-            lambda x: [x * c], debug_info=_jax_internals.debug_info("test", lambda x: x, (1.0,), {})),
-            [jax.core.ShapedArray((2,), c.dtype)])[0]
+        jaxpr = _jax_internals.pe.trace_to_jaxpr_dynamic(
+            _jax_internals.lu.wrap_init(
+                lambda x: [x * c], debug_info=_jax_internals.debug_info("test", lambda x: x, (1.0,), {})
+            ),
+            [jax.core.ShapedArray((2,), c.dtype)],
+        )[0]
         converted = _jax_internals.convert_constvars_jaxpr(jaxpr)
         assert len(converted.invars) == 2 and not converted.constvars
         np.testing.assert_array_equal(jax.core.eval_jaxpr(converted, [], c, jnp.ones(2)), [c])
@@ -132,12 +142,20 @@ def test_every_jax_internal_sciad_names_exists():
     missing = []
     for path in pathlib.Path(sciad.__file__).parent.rglob("*.py"):
         tree = ast.parse(path.read_text())
-        aliases = {alias.asname or alias.name: getattr(_jax_internals, alias.name) for node in ast.walk(tree)
-                   if isinstance(node, ast.ImportFrom) and node.module == "sciad._jax_internals"
-                   for alias in node.names}
-        missing += [f"{path.name}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
-                    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in aliases and not hasattr(aliases[node.value.id], node.attr)]
+        aliases = {
+            alias.asname or alias.name: getattr(_jax_internals, alias.name)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "sciad._jax_internals"
+            for alias in node.names
+        }
+        missing += [
+            f"{path.name}: {node.value.id}.{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and not hasattr(aliases[node.value.id], node.attr)
+        ]
     assert not missing, f"{untested('jax', _jax_internals.TESTED)}\nmissing: {', '.join(missing)}"
 
 
@@ -147,8 +165,9 @@ def test_jax_logs_a_failing_callback_to_callback_logger():
 
     with pinned(_jax_internals), records(_jax_internals.callback_logger) as logged:
         with pytest.raises(Exception, match="from the callback"):
-            jax.block_until_ready(jax.jit(lambda x: jax.pure_callback(fail, jax.ShapeDtypeStruct((), x.dtype), x))(
-                jnp.ones(())))
+            jax.block_until_ready(
+                jax.jit(lambda x: jax.pure_callback(fail, jax.ShapeDtypeStruct((), x.dtype), x))(jnp.ones(()))
+            )
         assert [type(record.exc_info[1]) for record in logged] == [ValueError]
 
 

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 import sciad
+from helpers import central_differences
 from sciad.problems import brusselator, gene_circuit, hamiltonian_node, lotka_volterra, spiral_node
 from sciad.problems._gene_circuit import GeneCircuitRHS
-from helpers import central_differences
-
 
 
 def test_lotka_volterra_is_the_papers_setup():
@@ -39,8 +38,11 @@ def test_brusselator_size_and_validation():
         brusselator(1)
 
 
-@pytest.mark.parametrize("make", [lotka_volterra, lambda: spiral_node(hidden=6), lambda: brusselator(3)],
-                         ids=["lotka-volterra", "spiral", "brusselator"])
+@pytest.mark.parametrize(
+    "make",
+    [lotka_volterra, lambda: spiral_node(hidden=6), lambda: brusselator(3)],
+    ids=["lotka-volterra", "spiral", "brusselator"],
+)
 def test_rhs_agrees_across_array_modules(make):
     """One definition of f runs on NumPy, torch and JAX with the same result."""
     torch = pytest.importorskip("torch")
@@ -51,9 +53,17 @@ def test_rhs_agrees_across_array_modules(make):
     np.testing.assert_allclose(prob.f(torch.as_tensor(u), torch.as_tensor(p), 0.0).numpy(), expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("make", [lotka_volterra, lambda: spiral_node(hidden=6), lambda: brusselator(2),
-                                  lambda: hamiltonian_node(hidden=3, t1=20.0), lambda: gene_circuit(n=4, saves=10)],
-                         ids=["lotka-volterra", "spiral", "brusselator", "hamiltonian-node", "gene-circuit"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lotka_volterra,
+        lambda: spiral_node(hidden=6),
+        lambda: brusselator(2),
+        lambda: hamiltonian_node(hidden=3, t1=20.0),
+        lambda: gene_circuit(n=4, saves=10),
+    ],
+    ids=["lotka-volterra", "spiral", "brusselator", "hamiltonian-node", "gene-circuit"],
+)
 def test_objective_gradient_matches_finite_differences(make):
     """∇objective · v against a central difference of the objective in float64 along a random v."""
     bench = make()

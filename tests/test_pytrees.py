@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.adjoints import describe
 from helpers import HOST_ENGINES, SENSEALGS, assert_agrees, reference_for, slow_except
-
+from sciad.adjoints import describe
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-10}
 MATRIX = slow_except(list(SENSEALGS), fast=["InterpolatingAdjoint"])
@@ -39,9 +38,18 @@ def squares(tree):
 @pytest.fixture(scope="module")
 def diffrax_gradient():
     def loss(mlp):
-        sol = dfx.diffeqsolve(dfx.ODETerm(lambda t, u, p: oscillator(u, p, t)), dfx.Tsit5(), 0.0, 2.0, None, U0,
-                              args=mlp, saveat=dfx.SaveAt(ts=TS), stepsize_controller=dfx.PIDController(**TIGHT),
-                              max_steps=10_000)
+        sol = dfx.diffeqsolve(
+            dfx.ODETerm(lambda t, u, p: oscillator(u, p, t)),
+            dfx.Tsit5(),
+            0.0,
+            2.0,
+            None,
+            U0,
+            args=mlp,
+            saveat=dfx.SaveAt(ts=TS),
+            stepsize_controller=dfx.PIDController(**TIGHT),
+            max_steps=10_000,
+        )
         return squares(sol.ys)
 
     return eqx.filter_grad(loss)(MLP)
@@ -51,8 +59,9 @@ def diffrax_gradient():
 def test_dict_state_and_equinox_model_match_diffrax(name, diffrax_gradient):
     prob = sciad.ODEProblem(oscillator, U0, (0.0, 2.0), MLP)
     sensealg = describe(SENSEALGS[name]())  # by name, as `solve` reads it
-    loss = eqx.filter_jit(eqx.filter_grad(lambda p: squares(sciad.solve(prob, p=p, saveat=TS, sensealg=sensealg,
-                                                                        **TIGHT).us)))
+    loss = eqx.filter_jit(
+        eqx.filter_grad(lambda p: squares(sciad.solve(prob, p=p, saveat=TS, sensealg=sensealg, **TIGHT).us))
+    )
     grad = loss(MLP)
     assert jax.tree.structure(eqx.filter(grad, eqx.is_array)) == jax.tree.structure(eqx.filter(MLP, eqx.is_array))
     assert_agrees(eqx.filter(grad, eqx.is_array), eqx.filter(diffrax_gradient, eqx.is_array), name, RTOL)
@@ -87,8 +96,7 @@ def test_tuple_state_and_dataclass_parameters(name):
     prob = sciad.ODEProblem(logistic, u0, (0.0, 3.0), p)
 
     def loss(p, sensealg):
-        return squares(sciad.solve(prob, p=p, saveat=np.linspace(0, 3, 4), sensealg=SENSEALGS[sensealg](),
-                                   **TIGHT).us)
+        return squares(sciad.solve(prob, p=p, saveat=np.linspace(0, 3, 4), sensealg=SENSEALGS[sensealg](), **TIGHT).us)
 
     grad = jax.jit(jax.grad(loss), static_argnums=1)
     grad, ref = grad(p, name), grad(p, reference_for(name))
@@ -115,8 +123,9 @@ def test_closure_over_differentiated_values(name):
 
 def test_closure_over_constants_runs_on_host_engines():
     data = np.array([0.5, 1.5])
-    prob = sciad.ODEProblem(lambda u, p, t: -p * u * sciad.ad.namespace(u).asarray(data), np.ones(2), (0.0, 1.0),
-                            np.array(1.0))
+    prob = sciad.ODEProblem(
+        lambda u, p, t: -p * u * sciad.ad.namespace(u).asarray(data), np.ones(2), (0.0, 1.0), np.array(1.0)
+    )
     g = jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, sensealg=sciad.InterpolatingAdjoint(vjp="torch")).us))
     np.testing.assert_allclose(g(1.0), -np.sum(data * np.exp(-data)), rtol=1e-5)
 
@@ -155,7 +164,6 @@ def test_traced_saveat_checked_when_run():
         jax.block_until_ready(solve(jnp.array([0.0, 2.0, 1.0])))
     with pytest.raises(Exception, match=r"saveat must be finite times inside tspan, non-decreasing"):
         jax.block_until_ready(solve(jnp.array([0.0, 11.0])))
-
 
 
 @pytest.mark.slow

@@ -23,8 +23,11 @@ PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 # admonition); its closing fence at the same indentation.
 FENCE = re.compile(r"^([ \t]*)```python(?:[ \t][^\n]*)?\n(.*?)^\1```[ \t]*$", flags=re.S | re.M)
 # What a page's snippets must print: proof that the loop over engines and the autotuner ran.
-PRINTS = {"README.md": ["chosen:"], "docs/how-to/ad-engines.md": ["jax-reverse", "torch"],
-          "docs/how-to/choose-sensealg.md": ["chosen:", "autotuned"]}
+PRINTS = {
+    "README.md": ["chosen:"],
+    "docs/how-to/ad-engines.md": ["jax-reverse", "torch"],
+    "docs/how-to/choose-sensealg.md": ["chosen:", "autotuned"],
+}
 
 
 def snippets(page: pathlib.Path) -> list[str]:

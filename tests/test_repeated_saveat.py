@@ -10,10 +10,10 @@ import pytest
 import sciad
 from sciad.adjoints import ODE_SENSEALGS
 
-
 P = jnp.array([1.0, 1.3])
-PROB = sciad.ODEProblem(lambda u, p, t: jnp.stack([p[0] * u[1], -p[1] * u[0] - 0.1 * u[1]]), jnp.array([1.0, 0.5]),
-                        (0.0, 2.0), P)
+PROB = sciad.ODEProblem(
+    lambda u, p, t: jnp.stack([p[0] * u[1], -p[1] * u[0] - 0.1 * u[1]]), jnp.array([1.0, 0.5]), (0.0, 2.0), P
+)
 REPEATED = jnp.array([0.0, 0.0, 0.5, 0.5, 1.0, 2.0, 2.0])
 INDEX = jnp.array([0, 0, 1, 1, 2, 3, 3])  # where each repeated time sits among the distinct ones
 DISTINCT = jnp.array([0.0, 0.5, 1.0, 2.0])
@@ -65,8 +65,10 @@ def test_traced_repeated_times_under_jit(name, reference):
 
 
 BACKWARD = sciad.ODEProblem(PROB.f, PROB.u0, (2.0, 0.0), P)
-EVENTS = [sciad.PresetTimeCallback(jnp.array([0.7]), lambda u, p, t: 0.9 * u),
-          sciad.ContinuousCallback(lambda u, p, t: u[0] - 0.3, lambda u, p, t: u + 0.1, direction="down")]
+EVENTS = [
+    sciad.PresetTimeCallback(jnp.array([0.7]), lambda u, p, t: 0.9 * u),
+    sciad.ContinuousCallback(lambda u, p, t: u[0] - 0.3, lambda u, p, t: u + 0.1, direction="down"),
+]
 
 
 @pytest.mark.slow
@@ -76,8 +78,11 @@ def test_concrete_repeated_times_backwards(name):
     sensealg = ODE_SENSEALGS[name]()
     grad = jax.value_and_grad(loss, has_aux=True)
     index, w = jnp.array([0, 0, 1, 2, 2]), W[:5]
-    check(grad(P, np.array([2.0, 2.0, 1.0, 0.0, 0.0]), w, sensealg, BACKWARD),
-          grad(P, np.array([2.0, 1.0, 0.0]), summed(w, index, 3), sensealg, BACKWARD), index)
+    check(
+        grad(P, np.array([2.0, 2.0, 1.0, 0.0, 0.0]), w, sensealg, BACKWARD),
+        grad(P, np.array([2.0, 1.0, 0.0]), summed(w, index, 3), sensealg, BACKWARD),
+        index,
+    )
 
 
 @pytest.mark.slow
@@ -87,8 +92,11 @@ def test_concrete_repeated_times_with_events(name):
     sensealg = ODE_SENSEALGS[name]()
     grad = jax.value_and_grad(loss, has_aux=True)
     index, w = jnp.array([0, 1, 1, 2, 2, 3]), W[:6]
-    check(grad(P, np.array([0.0, 0.5, 0.5, 1.0, 1.0, 2.0]), w, sensealg, callbacks=EVENTS),
-          grad(P, np.array([0.0, 0.5, 1.0, 2.0]), summed(w, index, 4), sensealg, callbacks=EVENTS), index)
+    check(
+        grad(P, np.array([0.0, 0.5, 0.5, 1.0, 1.0, 2.0]), w, sensealg, callbacks=EVENTS),
+        grad(P, np.array([0.0, 0.5, 1.0, 2.0]), summed(w, index, 4), sensealg, callbacks=EVENTS),
+        index,
+    )
 
 
 def test_decreasing_times_are_still_refused():
@@ -101,15 +109,20 @@ def test_decreasing_times_are_still_refused():
         jax.block_until_ready(solve(jnp.array([0.0, 1.0, 1.0, 0.5])))
 
 
-SDE = sciad.SDEProblem(lambda u, p, t: p[0] * u, lambda u, p, t: p[1] * u, np.array([1.0, 2.0]), (0.0, 1.0),
-                       np.array([0.3, 0.2]))
-SDE_CASES = [("DiscreteAdjoint", "euler"), pytest.param("GaussAdjoint", "heun", marks=pytest.mark.slow),
-             pytest.param("ReversibleAdjoint", "reversible_heun", marks=pytest.mark.slow)]
+SDE = sciad.SDEProblem(
+    lambda u, p, t: p[0] * u, lambda u, p, t: p[1] * u, np.array([1.0, 2.0]), (0.0, 1.0), np.array([0.3, 0.2])
+)
+SDE_CASES = [
+    ("DiscreteAdjoint", "euler"),
+    pytest.param("GaussAdjoint", "heun", marks=pytest.mark.slow),
+    pytest.param("ReversibleAdjoint", "reversible_heun", marks=pytest.mark.slow),
+]
 
 
 @pytest.mark.parametrize("name,solver", SDE_CASES)
 def test_sde_repeated_times(name, solver):
     """An SDE's path saved at repeated grid times: the values repeat, the gradients add up."""
+
     def sde_loss(p, ts, w):
         us = sciad.solve(SDE, p=p, key=jax.random.key(0), dt0=1 / 16, saveat=ts, solver=solver, sensealg=name).us
         return jnp.sum(w * us), us
@@ -117,8 +130,9 @@ def test_sde_repeated_times(name, solver):
     index = jnp.array([0, 1, 1, 2, 2])
     w = W[:5]
     repeated = jax.value_and_grad(sde_loss, has_aux=True)(SDE.p, np.array([0.0, 0.25, 0.25, 1.0, 1.0]), w)
-    (value_d, us_d), dp_d = jax.value_and_grad(sde_loss, has_aux=True)(SDE.p, np.array([0.0, 0.25, 1.0]),
-                                                                       summed(w, index, 3))
+    (value_d, us_d), dp_d = jax.value_and_grad(sde_loss, has_aux=True)(
+        SDE.p, np.array([0.0, 0.25, 1.0]), summed(w, index, 3)
+    )
     (value, us), dp = repeated
     np.testing.assert_array_equal(us, us_d[index])  # the same grid and path
     np.testing.assert_allclose(value, value_d, rtol=1e-12)

@@ -18,6 +18,7 @@ SOLVERS = [Rodas5P, Rodas4]
 
 # --- the tableaus -------------------------------------------------------------------------------
 
+
 def _trees(order):
     """Rooted trees with `order` vertices, each a sorted tuple of its subtrees."""
     if order == 1:
@@ -87,6 +88,7 @@ def test_tableau_order_conditions(tab):
 
 # --- accuracy -----------------------------------------------------------------------------------
 
+
 def linear_dae(t, y, args):
     """y1' = −y1 + y2, 0 = y2 − sin t: y1 = 3/2 e^{−t} + (sin t − cos t)/2, y2 = sin t (y0 = (1, 0))."""
     return jnp.stack([-y[0] + y[1], y[1] - jnp.sin(t)])
@@ -106,25 +108,40 @@ def test_linear_dae_closed_form(solver_cls, mass):
     vf, M = linear_dae, jnp.array([1.0, 0.0])
     if mass == "dense":  # P M u' = P f: the same solution through a full, singular M
         vf, M = (lambda t, y, args: P @ linear_dae(t, y, args)), P @ jnp.diag(M)
-    sol = dfx.diffeqsolve(dfx.ODETerm(vf), solver_cls(mass_matrix=M), 0.0, 10.0, 1e-3, jnp.array([1.0, 0.0]),
-                          stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-10), saveat=dfx.SaveAt(ts=ts))
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(vf),
+        solver_cls(mass_matrix=M),
+        0.0,
+        10.0,
+        1e-3,
+        jnp.array([1.0, 0.0]),
+        stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-10),
+        saveat=dfx.SaveAt(ts=ts),
+    )
     assert np.abs(np.asarray(sol.ys) - linear_dae_exact(ts)).max() <= 1e-6
 
 
 def test_backwards_in_time():
     """t1 < t0 (how adjoints step): the closed form from t = 3 back to 0."""
     y3 = jnp.asarray(linear_dae_exact(np.array(3.0)))
-    sol = dfx.diffeqsolve(dfx.ODETerm(linear_dae), Rodas5P(mass_matrix=jnp.array([1.0, 0.0])), 3.0, 0.0, -1e-3, y3,
-                          stepsize_controller=dfx.PIDController(rtol=1e-9, atol=1e-11),
-                          saveat=dfx.SaveAt(ts=[2.0, 1.0, 0.0]))
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(linear_dae),
+        Rodas5P(mass_matrix=jnp.array([1.0, 0.0])),
+        3.0,
+        0.0,
+        -1e-3,
+        y3,
+        stepsize_controller=dfx.PIDController(rtol=1e-9, atol=1e-11),
+        saveat=dfx.SaveAt(ts=[2.0, 1.0, 0.0]),
+    )
     np.testing.assert_allclose(sol.ys, linear_dae_exact(np.array([2.0, 1.0, 0.0])), atol=1e-7)
 
 
 def robertson(t, y, args):
     """Robertson's kinetics as an ODE (3 rates)."""
-    return jnp.stack([-0.04 * y[0] + 1e4 * y[1] * y[2],
-                      0.04 * y[0] - 1e4 * y[1] * y[2] - 3e7 * y[1] ** 2,
-                      3e7 * y[1] ** 2])
+    return jnp.stack(
+        [-0.04 * y[0] + 1e4 * y[1] * y[2], 0.04 * y[0] - 1e4 * y[1] * y[2] - 3e7 * y[1] ** 2, 3e7 * y[1] ** 2]
+    )
 
 
 def robertson_dae(t, y, args):
@@ -137,17 +154,31 @@ ROBERTSON_TS = np.array([1e-2, 1.0, 10.0, 40.0, 1e2, 1e3, 1e4])
 
 @pytest.fixture(scope="module")
 def robertson_reference():
-    ref = solve_ivp(lambda t, y: np.asarray(robertson(t, y, None)), (0.0, 1e4), [1.0, 0.0, 0.0], method="Radau",
-                    rtol=1e-10, atol=1e-12, t_eval=ROBERTSON_TS)
+    ref = solve_ivp(
+        lambda t, y: np.asarray(robertson(t, y, None)),
+        (0.0, 1e4),
+        [1.0, 0.0, 0.0],
+        method="Radau",
+        rtol=1e-10,
+        atol=1e-12,
+        t_eval=ROBERTSON_TS,
+    )
     return ref.y.T
 
 
 @pytest.mark.parametrize("solver_cls", SOLVERS)
 def test_robertson_dae_against_radau(solver_cls, robertson_reference):
-    sol = dfx.diffeqsolve(dfx.ODETerm(robertson_dae), solver_cls(mass_matrix=jnp.array([1.0, 1.0, 0.0])), 0.0,
-                          1e4, 1e-6, jnp.array([1.0, 0.0, 0.0]), max_steps=10_000,
-                          stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-10),
-                          saveat=dfx.SaveAt(ts=ROBERTSON_TS))
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(robertson_dae),
+        solver_cls(mass_matrix=jnp.array([1.0, 1.0, 0.0])),
+        0.0,
+        1e4,
+        1e-6,
+        jnp.array([1.0, 0.0, 0.0]),
+        max_steps=10_000,
+        stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-10),
+        saveat=dfx.SaveAt(ts=ROBERTSON_TS),
+    )
     assert (np.abs(np.asarray(sol.ys) - robertson_reference) / np.abs(robertson_reference)).max() <= 1e-5
 
 
@@ -157,9 +188,20 @@ def van_der_pol(t, y, mu):
 
 def test_stiff_ode_against_kvaerno5():
     ts = jnp.linspace(0.0, 200.0, 21)[1:]
-    solve = lambda solver: dfx.diffeqsolve(dfx.ODETerm(van_der_pol), solver, 0.0, 200.0, 1e-4, jnp.array([2.0, 0.0]),
-                                           100.0, stepsize_controller=dfx.PIDController(rtol=1e-10, atol=1e-10),
-                                           saveat=dfx.SaveAt(ts=ts), max_steps=100_000).ys
+    solve = lambda solver: (
+        dfx.diffeqsolve(
+            dfx.ODETerm(van_der_pol),
+            solver,
+            0.0,
+            200.0,
+            1e-4,
+            jnp.array([2.0, 0.0]),
+            100.0,
+            stepsize_controller=dfx.PIDController(rtol=1e-10, atol=1e-10),
+            saveat=dfx.SaveAt(ts=ts),
+            max_steps=100_000,
+        ).ys
+    )
     np.testing.assert_allclose(solve(Rodas5P()), solve(dfx.Kvaerno5()), rtol=1e-6, atol=1e-6)
 
 
@@ -180,8 +222,15 @@ def test_fixed_step_orders(solver_cls):
     end, between = [], []
     for n in (8, 16, 32):
         ts = (np.arange(n) + 0.37) * 2.0 / n
-        sol = dfx.diffeqsolve(dfx.ODETerm(nonlinear_dae), solver_cls(mass_matrix=jnp.array([1.0, 0.0])), 0.0, 2.0,
-                              2.0 / n, jnp.array([3.0, 9.0]), saveat=dfx.SaveAt(ts=ts, t1=True))
+        sol = dfx.diffeqsolve(
+            dfx.ODETerm(nonlinear_dae),
+            solver_cls(mass_matrix=jnp.array([1.0, 0.0])),
+            0.0,
+            2.0,
+            2.0 / n,
+            jnp.array([3.0, 9.0]),
+            saveat=dfx.SaveAt(ts=ts, t1=True),
+        )
         exact = np.stack([np.cos(ts) + 2, (np.cos(ts) + 2) ** 2], -1)
         end.append(np.abs(sol.ys[-1] - np.array([np.cos(2.0) + 2, (np.cos(2.0) + 2) ** 2])).max())
         between.append(np.abs(sol.ys[:-1] - exact).max())
@@ -193,24 +242,43 @@ def test_fixed_step_order_ode():
     """Rodas5P with M = None on y1' = −2t y1², y2' = y1 − cos(t) y2: order 5 (vs Kvaerno5 at 1e-14)."""
     vf = lambda t, y, args: jnp.stack([-2 * t * y[0] ** 2, y[0] - jnp.cos(t) * y[1]])
     y0 = jnp.array([1.0, 1.0])
-    ref = dfx.diffeqsolve(dfx.ODETerm(vf), dfx.Kvaerno5(), 0.0, 2.0, 1e-3, y0, max_steps=100_000,
-                          stepsize_controller=dfx.PIDController(rtol=1e-14, atol=1e-14)).ys[-1]
-    errors = [np.abs(dfx.diffeqsolve(dfx.ODETerm(vf), Rodas5P(), 0.0, 2.0, 2.0 / n, y0).ys[-1] - ref).max()
-              for n in (8, 16, 32)]
+    ref = dfx.diffeqsolve(
+        dfx.ODETerm(vf),
+        dfx.Kvaerno5(),
+        0.0,
+        2.0,
+        1e-3,
+        y0,
+        max_steps=100_000,
+        stepsize_controller=dfx.PIDController(rtol=1e-14, atol=1e-14),
+    ).ys[-1]
+    errors = [
+        np.abs(dfx.diffeqsolve(dfx.ODETerm(vf), Rodas5P(), 0.0, 2.0, 2.0 / n, y0).ys[-1] - ref).max()
+        for n in (8, 16, 32)
+    ]
     assert np.all(_slopes(errors) > 4.6)  # 5.4, 5.1
 
 
 # --- the diffrax contract ------------------------------------------------------------------------
 
+
 def test_jump_ts_and_pytree_state():
     """A PyTree state (M over its flattened vector, dict keys sorted) and a forcing switched on at
     t = 1, declared in jump_ts: y' = −y + [t ≥ 1], z = y algebraically."""
+
     def vf(t, y, args):
         return {"y": -y["y"] + jnp.where(t >= 1.0, 1.0, 0.0), "z": y["z"] - y["y"]}
 
-    sol = dfx.diffeqsolve(dfx.ODETerm(vf), Rodas5P(mass_matrix=jnp.array([1.0, 0.0])), 0.0, 3.0, 0.1,
-                          {"y": jnp.array(1.0), "z": jnp.array(1.0)}, saveat=dfx.SaveAt(ts=[0.5, 2.0, 3.0]),
-                          stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-10, jump_ts=[1.0], dtmin=1e-8))
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(vf),
+        Rodas5P(mass_matrix=jnp.array([1.0, 0.0])),
+        0.0,
+        3.0,
+        0.1,
+        {"y": jnp.array(1.0), "z": jnp.array(1.0)},
+        saveat=dfx.SaveAt(ts=[0.5, 2.0, 3.0]),
+        stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-10, jump_ts=[1.0], dtmin=1e-8),
+    )
     t = np.array([0.5, 2.0, 3.0])
     exact = np.where(t < 1, np.exp(-t), np.exp(-t) + 1 - np.exp(1 - t))
     np.testing.assert_allclose(sol.ys["y"], exact, atol=1e-7)
@@ -220,14 +288,23 @@ def test_jump_ts_and_pytree_state():
 def _dae_loss(p, solver_cls=Rodas5P, dtype=jnp.float64, rtol=1e-10):
     """A nonlinear index-1 DAE with a parameter: y1' = −p y1 + y2², 0 = y2 − cos(y1) (consistent
     y2(0)), the loss the sum of y at three save times; times and state in `dtype`."""
+
     def vf(t, y, p):
         return jnp.stack([-p * y[0] + y[1] ** 2, y[1] - jnp.cos(y[0])])
 
     y0, t0, t1, dt0 = (jnp.asarray(x, dtype) for x in ([1.0, np.cos(1.0)], 0.0, 2.0, 0.01))  # diffrax promotes
-    sol = dfx.diffeqsolve(dfx.ODETerm(vf), solver_cls(mass_matrix=jnp.array([1.0, 0.0])), t0, t1, dt0, y0, p,
-                          stepsize_controller=dfx.PIDController(rtol=rtol, atol=rtol / 10),
-                          saveat=dfx.SaveAt(ts=jnp.array([0.5, 1.3, 2.0], dtype)),
-                          adjoint=dfx.RecursiveCheckpointAdjoint())
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(vf),
+        solver_cls(mass_matrix=jnp.array([1.0, 0.0])),
+        t0,
+        t1,
+        dt0,
+        y0,
+        p,
+        stepsize_controller=dfx.PIDController(rtol=rtol, atol=rtol / 10),
+        saveat=dfx.SaveAt(ts=jnp.array([0.5, 1.3, 2.0], dtype)),
+        adjoint=dfx.RecursiveCheckpointAdjoint(),
+    )
     return jnp.sum(sol.ys)
 
 
@@ -258,8 +335,9 @@ def test_float32():
 
 def _count(jaxpr, name):
     """How many equations named `name` a jaxpr holds, its sub-jaxprs (scan, cond, pjit, …) included."""
-    return (sum(eqn.primitive.name == name for eqn in jaxpr.eqns)
-            + sum(_count(sub, name) for sub in jax.extend.core.subjaxprs(jaxpr)))
+    return sum(eqn.primitive.name == name for eqn in jaxpr.eqns) + sum(
+        _count(sub, name) for sub in jax.extend.core.subjaxprs(jaxpr)
+    )
 
 
 @pytest.mark.parametrize("solver_cls", SOLVERS)
@@ -280,11 +358,11 @@ def test_mass_matrix_shape_errors():
     with pytest.raises(ValueError, match="mass_matrix"):
         Rodas5P(mass_matrix=jnp.ones((2, 3)))
     with pytest.raises(ValueError, match="mass_matrix"):
-        dfx.diffeqsolve(dfx.ODETerm(linear_dae), Rodas5P(mass_matrix=jnp.ones(3)), 0.0, 1.0, 0.1,
-                        jnp.array([1.0, 0.0]))
+        dfx.diffeqsolve(dfx.ODETerm(linear_dae), Rodas5P(mass_matrix=jnp.ones(3)), 0.0, 1.0, 0.1, jnp.array([1.0, 0.0]))
 
 
 # --- matrix-free stages ---------------------------------------------------------------------------
+
 
 def _linear_dae():
     import sys
@@ -295,8 +373,14 @@ def _linear_dae():
     return test_dae
 
 
-@pytest.mark.parametrize("sensealg", ["DiscreteAdjoint", pytest.param("ForwardDiffSensitivity", marks=pytest.mark.slow),
-                                      pytest.param("GaussAdjoint", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sensealg",
+    [
+        "DiscreteAdjoint",
+        pytest.param("ForwardDiffSensitivity", marks=pytest.mark.slow),
+        pytest.param("GaussAdjoint", marks=pytest.mark.slow),
+    ],
+)
 def test_matrix_free_stages_match_the_closed_form(sensealg):
     """`jacobian="matrix-free"` (GMRES on JVPs of u ↦ M u/γ − h f, `MatrixFree.stage_solver`): the linear
     index-1 DAE's closed form and its gradients by each kind of sensealg, under jit."""
@@ -306,8 +390,14 @@ def test_matrix_free_stages_match_the_closed_form(sensealg):
     prob, tol = dae.linear_problem(), dict(rtol=1e-10, atol=1e-10)
     sol = sciad.solve(prob, saveat=dae.TS, jacobian="matrix-free", **tol)
     np.testing.assert_allclose(sol.us, dae.exact(1.5, dae.P0), rtol=1e-8, atol=1e-10)
-    grad = jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, saveat=dae.TS, jacobian="matrix-free",
-                                                          sensealg=sensealg, **tol).us @ jnp.array([1.0, 2.0]))))
+    grad = jax.jit(
+        jax.grad(
+            lambda p: jnp.sum(
+                sciad.solve(prob, p=p, saveat=dae.TS, jacobian="matrix-free", sensealg=sensealg, **tol).us
+                @ jnp.array([1.0, 2.0])
+            )
+        )
+    )
     np.testing.assert_allclose(grad(dae.P0), dae.exact_gradients(1.5, dae.P0)[1:], rtol=1e-7)
 
 
@@ -318,8 +408,10 @@ def test_matrix_free_stages_step_a_stiff_pde_as_the_lu_does():
     from sciad.problems import brusselator_pde
 
     b = brusselator_pde(4)
-    solves = {jacobian: sciad.solve(b.problem, saveat=b.saveat, solver="rodas5p", jacobian=jacobian)
-              for jacobian in ("dense", "matrix-free")}
+    solves = {
+        jacobian: sciad.solve(b.problem, saveat=b.saveat, solver="rodas5p", jacobian=jacobian)
+        for jacobian in ("dense", "matrix-free")
+    }
     np.testing.assert_allclose(solves["matrix-free"].us, solves["dense"].us, rtol=1e-8)
     assert int(solves["matrix-free"].stats["steps"]) == int(solves["dense"].stats["steps"])
 
@@ -332,11 +424,27 @@ def test_a_stage_solve_that_fails_rejects_the_step():
     M = jnp.array([1.0, 1.0, 0.0])
     solver = Rodas5P(mass_matrix=M, stage_jacobian=MatrixFree(max_steps=1, restart=1))
     y0 = jnp.array([1.0, 0.0, 1.0])
-    fine = dfx.diffeqsolve(dfx.ODETerm(_coupled), Rodas5P(mass_matrix=M), 0.0, 0.1, 0.01, y0,
-                           stepsize_controller=dfx.PIDController(rtol=1e-6, atol=1e-6))
+    fine = dfx.diffeqsolve(
+        dfx.ODETerm(_coupled),
+        Rodas5P(mass_matrix=M),
+        0.0,
+        0.1,
+        0.01,
+        y0,
+        stepsize_controller=dfx.PIDController(rtol=1e-6, atol=1e-6),
+    )
     assert fine.result == dfx.RESULTS.successful
-    failing = dfx.diffeqsolve(dfx.ODETerm(_coupled), solver, 0.0, 0.1, 0.01, y0, max_steps=20, throw=False,
-                              stepsize_controller=dfx.PIDController(rtol=1e-6, atol=1e-6))
+    failing = dfx.diffeqsolve(
+        dfx.ODETerm(_coupled),
+        solver,
+        0.0,
+        0.1,
+        0.01,
+        y0,
+        max_steps=20,
+        throw=False,
+        stepsize_controller=dfx.PIDController(rtol=1e-6, atol=1e-6),
+    )
     assert failing.result == dfx.RESULTS.max_steps_reached and int(failing.stats["num_accepted_steps"]) == 0
 
 
@@ -355,8 +463,10 @@ def test_matrix_free_stages_under_vmap_and_a_hessian():
     prob, tol = dae.linear_problem(), dict(rtol=1e-10, atol=1e-10)
 
     def loss(p, jacobian, sensealg):
-        return jnp.sum(sciad.solve(prob, p=p, saveat=dae.TS, jacobian=jacobian, sensealg=sensealg, **tol).us
-                       @ jnp.array([1.0, 2.0]))
+        return jnp.sum(
+            sciad.solve(prob, p=p, saveat=dae.TS, jacobian=jacobian, sensealg=sensealg, **tol).us
+            @ jnp.array([1.0, 2.0])
+        )
 
     ps = np.stack([dae.P0, 1.1 * dae.P0])
     grads = jax.jit(jax.vmap(jax.grad(lambda p: loss(p, "matrix-free", "DiscreteAdjoint"))))(ps)

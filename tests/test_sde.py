@@ -12,7 +12,6 @@ import pytest
 import sciad
 from sciad._sde_solvers import SDE_SOLVERS
 
-
 MU, SIGMA, U0, T = 0.5, 0.3, 1.0, 1.0
 KEY = jax.random.key(0)
 DT = 2.0**-8
@@ -27,21 +26,26 @@ def diffusion(u, p, t):
     return p[1] * u
 
 
-GBM = {calculus: sciad.SDEProblem(drift, diffusion, np.array([U0]), (0.0, T), P, calculus=calculus)
-       for calculus in ("ito", "stratonovich")}
+GBM = {
+    calculus: sciad.SDEProblem(drift, diffusion, np.array([U0]), (0.0, T), P, calculus=calculus)
+    for calculus in ("ito", "stratonovich")
+}
 
 
 def gbm_exact(calculus, p, W):
     """u(T) of geometric Brownian motion given W_T, and its derivative in (μ, σ)."""
     mu, sigma = p
-    shift = -sigma**2 / 2 if calculus == "ito" else 0.0
+    shift = -(sigma**2) / 2 if calculus == "ito" else 0.0
     u = U0 * np.exp((mu + shift) * T + sigma * W)
     return u, np.array([u * T, u * ((-sigma * T if calculus == "ito" else 0.0) + W)])
 
 
 def brownian_at_T(key=KEY, dt=DT):
-    return float(sciad.solve(GBM["ito"], key=key, dt0=dt, solver="euler", sensealg="DiscreteAdjoint")
-                 .brownian.evaluate(0.0, T)[0])
+    return float(
+        sciad.solve(GBM["ito"], key=key, dt0=dt, solver="euler", sensealg="DiscreteAdjoint").brownian.evaluate(0.0, T)[
+            0
+        ]
+    )
 
 
 @pytest.mark.parametrize("calculus", ["ito", "stratonovich"])
@@ -55,16 +59,38 @@ def test_geometric_brownian_motion_matches_its_closed_form_on_the_path(calculus,
     assert sol.ts.tolist() == [0.0, T] and int(sol.stats["steps"]) == 256
 
 
-ALL = ["ForwardDiffSensitivity", "ForwardSensitivity", "DiscreteAdjoint", "BacksolveAdjoint", "InterpolatingAdjoint",
-       "GaussAdjoint", "ReversibleAdjoint"]
-EXACT = ["ForwardDiffSensitivity", "ForwardSensitivity", "DiscreteAdjoint", "ReversibleAdjoint"]  # the steps' derivative
+ALL = [
+    "ForwardDiffSensitivity",
+    "ForwardSensitivity",
+    "DiscreteAdjoint",
+    "BacksolveAdjoint",
+    "InterpolatingAdjoint",
+    "GaussAdjoint",
+    "ReversibleAdjoint",
+]
+EXACT = [
+    "ForwardDiffSensitivity",
+    "ForwardSensitivity",
+    "DiscreteAdjoint",
+    "ReversibleAdjoint",
+]  # the steps' derivative
 # every sensealg with every solver it serves; the default run takes one solver per sensealg, the slow run the rest
-FAST = {"ForwardDiffSensitivity": "milstein", "ForwardSensitivity": "heun", "DiscreteAdjoint": "euler",
-        "BacksolveAdjoint": "reversible_heun", "InterpolatingAdjoint": "milstein", "GaussAdjoint": "heun",
-        "ReversibleAdjoint": "reversible_heun"}
-CASES = [pytest.param(name, solver, marks=[] if FAST[name] == solver else [pytest.mark.slow])
-         for name in ALL for solver in (["reversible_heun"] if name == "ReversibleAdjoint"
-                                        else ["milstein", "heun", "reversible_heun", "euler"])]
+FAST = {
+    "ForwardDiffSensitivity": "milstein",
+    "ForwardSensitivity": "heun",
+    "DiscreteAdjoint": "euler",
+    "BacksolveAdjoint": "reversible_heun",
+    "InterpolatingAdjoint": "milstein",
+    "GaussAdjoint": "heun",
+    "ReversibleAdjoint": "reversible_heun",
+}
+CASES = [
+    pytest.param(name, solver, marks=[] if FAST[name] == solver else [pytest.mark.slow])
+    for name in ALL
+    for solver in (
+        ["reversible_heun"] if name == "ReversibleAdjoint" else ["milstein", "heun", "reversible_heun", "euler"]
+    )
+]
 
 
 def final(p, calculus, solver, sensealg, key=KEY, dt=DT):
@@ -89,9 +115,14 @@ def test_pathwise_gradients_match_the_closed_form_and_the_steps(name, solver):
         np.testing.assert_allclose(g, discrete, rtol=2 * tolerance)  # both within tolerance of the closed form
 
 
-@pytest.mark.parametrize("sensealg,solver", [(sciad.ReversibleAdjoint(vjp="jax-forward"), "reversible_heun"),
-                                             (sciad.InterpolatingAdjoint(vjp="jax-transpose"), "heun"),
-                                             (sciad.ForwardSensitivity(jvp="jax-reverse"), "milstein")])
+@pytest.mark.parametrize(
+    "sensealg,solver",
+    [
+        (sciad.ReversibleAdjoint(vjp="jax-forward"), "reversible_heun"),
+        (sciad.InterpolatingAdjoint(vjp="jax-transpose"), "heun"),
+        (sciad.ForwardSensitivity(jvp="jax-reverse"), "milstein"),
+    ],
+)
 def test_engines_give_the_same_products(sensealg, solver):
     default = sciad.adjoints.parse(type(sensealg).__name__)
     g = jax.grad(final)(P, "stratonovich", solver, sensealg)
@@ -101,9 +132,14 @@ def test_engines_give_the_same_products(sensealg, solver):
 def test_discrete_derivative_matches_finite_differences_on_the_same_key():
     h = 1e-6
     g = jax.grad(final)(P, "ito", "milstein", "DiscreteAdjoint")
-    fd = [(final(P + h * e, "ito", "milstein", "DiscreteAdjoint") - final(P - h * e, "ito", "milstein",
-                                                                          "DiscreteAdjoint")) / (2 * h)
-          for e in np.eye(2)]
+    fd = [
+        (
+            final(P + h * e, "ito", "milstein", "DiscreteAdjoint")
+            - final(P - h * e, "ito", "milstein", "DiscreteAdjoint")
+        )
+        / (2 * h)
+        for e in np.eye(2)
+    ]
     np.testing.assert_allclose(g, fd, rtol=1e-7)
 
 
@@ -129,11 +165,19 @@ def ornstein_uhlenbeck(theta, sigma, increments, dt):
     return u, np.array([d_theta, integral])
 
 
-@pytest.mark.parametrize("name,solver", [("DiscreteAdjoint", "euler"), ("ReversibleAdjoint", "reversible_heun"),
-                                         ("InterpolatingAdjoint", "milstein"), ("GaussAdjoint", "heun")])
+@pytest.mark.parametrize(
+    "name,solver",
+    [
+        ("DiscreteAdjoint", "euler"),
+        ("ReversibleAdjoint", "reversible_heun"),
+        ("InterpolatingAdjoint", "milstein"),
+        ("GaussAdjoint", "heun"),
+    ],
+)
 def test_ornstein_uhlenbeck_with_its_stochastic_integral(name, solver):
-    ou = sciad.SDEProblem(lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] + 0 * u, np.array([1.0]), (0.0, T),
-                          np.array([0.7, 0.4]))
+    ou = sciad.SDEProblem(
+        lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] + 0 * u, np.array([1.0]), (0.0, T), np.array([0.7, 0.4])
+    )
 
     def run(p):
         sol = sciad.solve(ou, p=p, key=KEY, dt0=DT, solver=solver, sensealg=name)
@@ -158,8 +202,9 @@ def test_reversible_and_backsolve_memory_is_flat_in_the_steps():
 
     for name, solver in (("ReversibleAdjoint", "reversible_heun"), ("BacksolveAdjoint", "heun")):
         assert temporaries(name, solver, 1000) == temporaries(name, solver, 100), name
-    assert temporaries("DiscreteAdjoint", "reversible_heun", 1000) > 5 * temporaries("DiscreteAdjoint",
-                                                                                     "reversible_heun", 100)
+    assert temporaries("DiscreteAdjoint", "reversible_heun", 1000) > 5 * temporaries(
+        "DiscreteAdjoint", "reversible_heun", 100
+    )
 
 
 def test_brownian_path_is_exact_reusable_and_checkable():
@@ -209,8 +254,9 @@ def test_ensembles_by_vmap_over_keys_under_jit():
     g = jax.grad(mean_final)(P)
     for name in ("ReversibleAdjoint", "InterpolatingAdjoint", "ForwardDiffSensitivity"):
         solver = "reversible_heun" if name == "ReversibleAdjoint" else "milstein"
-        g2 = jax.jit(jax.grad(lambda p: jnp.mean(jax.vmap(lambda k: final(p, "ito", solver, name, k, 2.0**-6))(
-            keys))))(P)
+        g2 = jax.jit(jax.grad(lambda p: jnp.mean(jax.vmap(lambda k: final(p, "ito", solver, name, k, 2.0**-6))(keys))))(
+            P
+        )
         np.testing.assert_allclose(g2, g, rtol=5e-2)
     single = jax.vmap(lambda k: final(P, "ito", "milstein", "DiscreteAdjoint", k, 2.0**-6))(keys)
     assert float(jnp.std(single)) > 0.1  # different paths
@@ -242,30 +288,43 @@ def test_pytree_state_and_mlp_parameters():
         np.testing.assert_allclose(x, y, rtol=1e-8, atol=1e-12)
 
 
-@pytest.mark.parametrize("name,solver", [("ForwardDiffSensitivity", "euler"), ("BacksolveAdjoint", "heun"),
-                                         ("ReversibleAdjoint", "reversible_heun")])
+@pytest.mark.parametrize(
+    "name,solver",
+    [("ForwardDiffSensitivity", "euler"), ("BacksolveAdjoint", "heun"), ("ReversibleAdjoint", "reversible_heun")],
+)
 def test_general_noise(name, solver):
     """Two states, three Brownian motions: diffusion an (n, m) = (2, 3) matrix."""
-    prob = sciad.SDEProblem(lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] * jnp.outer(jnp.tanh(u), jnp.ones(3)),
-                            np.array([1.0, 0.5]), (0.0, 1.0), P, noise=3)
+    prob = sciad.SDEProblem(
+        lambda u, p, t: -p[0] * u,
+        lambda u, p, t: p[1] * jnp.outer(jnp.tanh(u), jnp.ones(3)),
+        np.array([1.0, 0.5]),
+        (0.0, 1.0),
+        P,
+        noise=3,
+    )
 
     @jax.jit
     def loss(p):
         return jnp.sum(sciad.solve(prob, p=p, key=KEY, dt0=DT, solver=solver, sensealg=name).us[-1] ** 2)
 
-    reference = jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, key=KEY, dt0=DT, solver=solver,
-                                                       sensealg="DiscreteAdjoint").us[-1] ** 2))(P)
+    reference = jax.grad(
+        lambda p: jnp.sum(
+            sciad.solve(prob, p=p, key=KEY, dt0=DT, solver=solver, sensealg="DiscreteAdjoint").us[-1] ** 2
+        )
+    )(P)
     np.testing.assert_allclose(jax.grad(loss)(P), reference, rtol=1e-9 if name != "BacksolveAdjoint" else 1e-2)
 
 
-@pytest.mark.parametrize("name,solver", [("DiscreteAdjoint", "milstein"), ("ReversibleAdjoint", "reversible_heun"),
-                                         ("GaussAdjoint", "heun")])
+@pytest.mark.parametrize(
+    "name,solver", [("DiscreteAdjoint", "milstein"), ("ReversibleAdjoint", "reversible_heun"), ("GaussAdjoint", "heun")]
+)
 def test_integral_losses(name, solver):
     """∫ u dt of GBM (Stratonovich), against its Riemann sum on the path's grid and its derivatives."""
 
     def loss(p):
-        sol = sciad.solve(GBM["stratonovich"], p=p, key=KEY, dt0=DT, solver=solver, sensealg=name,
-                          integrand=lambda u, p, t: u[0])
+        sol = sciad.solve(
+            GBM["stratonovich"], p=p, key=KEY, dt0=DT, solver=solver, sensealg=name, integrand=lambda u, p, t: u[0]
+        )
         return sol.integral, sol.brownian
 
     (q, path), g = jax.value_and_grad(loss, has_aux=True)(P)
@@ -279,9 +338,15 @@ def test_integral_losses(name, solver):
     np.testing.assert_allclose(g, d_trapezoid, rtol=1e-2)
 
 
-@pytest.mark.parametrize("name,solver", [("ForwardDiffSensitivity", "milstein"), ("DiscreteAdjoint", "heun"),
-                                         ("ReversibleAdjoint", "reversible_heun"),
-                                         ("InterpolatingAdjoint", "heun")])
+@pytest.mark.parametrize(
+    "name,solver",
+    [
+        ("ForwardDiffSensitivity", "milstein"),
+        ("DiscreteAdjoint", "heun"),
+        ("ReversibleAdjoint", "reversible_heun"),
+        ("InterpolatingAdjoint", "heun"),
+    ],
+)
 def test_hessians_forward_over_reverse(name, solver):
     H = jax.jit(jax.hessian(final), static_argnums=(1, 2, 3))(P, "stratonovich", solver, name)
     reference = jax.jit(jax.hessian(final), static_argnums=(1, 2, 3))(P, "stratonovich", solver, "DiscreteAdjoint")
@@ -296,10 +361,12 @@ def test_hessians_forward_over_reverse(name, solver):
 
 
 def test_jvp_and_float32():
-    tangent = jax.jit(lambda p, v: jax.jvp(lambda p: final(p, "ito", "reversible_heun", "ReversibleAdjoint"), (p,),
-                                           (v,)))(P, np.array([1.0, 0.0]))
-    np.testing.assert_allclose(tangent[1], jax.grad(final)(P, "ito", "reversible_heun", "DiscreteAdjoint")[0],
-                               rtol=1e-9)
+    tangent = jax.jit(
+        lambda p, v: jax.jvp(lambda p: final(p, "ito", "reversible_heun", "ReversibleAdjoint"), (p,), (v,))
+    )(P, np.array([1.0, 0.0]))
+    np.testing.assert_allclose(
+        tangent[1], jax.grad(final)(P, "ito", "reversible_heun", "DiscreteAdjoint")[0], rtol=1e-9
+    )
     prob32 = sciad.SDEProblem(drift, diffusion, np.array([U0], np.float32), (0.0, T), P.astype(np.float32))
 
     def final32(p, name):
@@ -308,8 +375,9 @@ def test_jvp_and_float32():
 
     g, path = jax.jit(jax.grad(final32, has_aux=True), static_argnums=1)(P.astype(np.float32), "ReversibleAdjoint")
     assert g.dtype == np.float32 and path.dtype == np.float32  # float32 increments: another path than float64's
-    np.testing.assert_allclose(g, jax.grad(final32, has_aux=True)(P.astype(np.float32), "DiscreteAdjoint")[0],
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+        g, jax.grad(final32, has_aux=True)(P.astype(np.float32), "DiscreteAdjoint")[0], rtol=1e-4
+    )
     np.testing.assert_allclose(g, gbm_exact("ito", P, float(path.evaluate(0.0, T)[0]))[1], rtol=1e-2)
 
 
@@ -324,18 +392,35 @@ def test_closures_over_differentiated_values():
         np.testing.assert_allclose(jax.grad(loss)(SIGMA, name, solver), reference, rtol=5e-3)
 
 
-@pytest.mark.parametrize("name,solver", [("DiscreteAdjoint", "milstein"), ("ReversibleAdjoint", "reversible_heun"),
-                                         ("InterpolatingAdjoint", "heun"), ("ForwardDiffSensitivity", "euler")])
+@pytest.mark.parametrize(
+    "name,solver",
+    [
+        ("DiscreteAdjoint", "milstein"),
+        ("ReversibleAdjoint", "reversible_heun"),
+        ("InterpolatingAdjoint", "heun"),
+        ("ForwardDiffSensitivity", "euler"),
+    ],
+)
 def test_preset_time_events(name, solver):
     """A dose u += d at t = 0.5 (and u *= 2 at t1) on GBM (Stratonovich): u(1) = 2 (u(½) + d) e^{μ/2 + σ (W_1 -
     W_½)}, saved at 0.5 after the dose; gradients in (μ, σ) and d, which the affect closes over."""
 
     @jax.jit
     def run(p, d):
-        doses = [sciad.PresetTimeCallback([0.5], lambda u, p, t: u + d),
-                 sciad.PresetTimeCallback([T], lambda u, p, t: 2 * u)]
-        sol = sciad.solve(GBM["stratonovich"], p=p, key=KEY, dt0=DT, saveat=[0.0, 0.5, T], solver=solver,
-                          sensealg=name, callbacks=doses)
+        doses = [
+            sciad.PresetTimeCallback([0.5], lambda u, p, t: u + d),
+            sciad.PresetTimeCallback([T], lambda u, p, t: 2 * u),
+        ]
+        sol = sciad.solve(
+            GBM["stratonovich"],
+            p=p,
+            key=KEY,
+            dt0=DT,
+            saveat=[0.0, 0.5, T],
+            solver=solver,
+            sensealg=name,
+            callbacks=doses,
+        )
         return sol.us[:, 0], (sol.brownian.evaluate(0.0, 0.5)[0], sol.brownian.evaluate(0.5, T)[0])
 
     (us, (w1, w2)) = run(P, 0.3)

@@ -22,23 +22,30 @@ import pytest
 
 import sciad
 
-
 MU, SIGMA, THETA, T = 0.5, 0.5, 1.0, 1.0
 DTS = (2.0**-4, 2.0**-6, 2.0**-8)
 KEYS = jax.random.split(jax.random.key(7), 64)
-ORDERS = {("euler", "ito"): 0.5, ("euler", "stratonovich"): 0.5, ("euler", "additive"): 1.0,
-          ("milstein", "ito"): 1.0, ("milstein", "stratonovich"): 1.0, ("milstein", "additive"): 1.0,
-          ("heun", "ito"): 1.0, ("heun", "stratonovich"): 1.0, ("heun", "additive"): 1.0,
-          ("reversible_heun", "ito"): 1.0, ("reversible_heun", "stratonovich"): 1.0,
-          ("reversible_heun", "additive"): 1.0}
+ORDERS = {
+    ("euler", "ito"): 0.5,
+    ("euler", "stratonovich"): 0.5,
+    ("euler", "additive"): 1.0,
+    ("milstein", "ito"): 1.0,
+    ("milstein", "stratonovich"): 1.0,
+    ("milstein", "additive"): 1.0,
+    ("heun", "ito"): 1.0,
+    ("heun", "stratonovich"): 1.0,
+    ("heun", "additive"): 1.0,
+    ("reversible_heun", "ito"): 1.0,
+    ("reversible_heun", "stratonovich"): 1.0,
+    ("reversible_heun", "additive"): 1.0,
+}
 AT_LEAST = {("heun", "additive"), ("reversible_heun", "additive")}
 
 
 def problem(kind: str):
     if kind == "additive":  # du = -θ u dt + σ dW: Itô = Stratonovich
         return sciad.SDEProblem(lambda u, p, t: -THETA * u, lambda u, p, t: SIGMA + 0 * u, np.array([1.0]), (0.0, T))
-    return sciad.SDEProblem(lambda u, p, t: MU * u, lambda u, p, t: SIGMA * u, np.array([1.0]), (0.0, T),
-                            calculus=kind)
+    return sciad.SDEProblem(lambda u, p, t: MU * u, lambda u, p, t: SIGMA * u, np.array([1.0]), (0.0, T), calculus=kind)
 
 
 def exact(kind: str, path, dt_fine: float):

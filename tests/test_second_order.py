@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 
 import sciad
+from helpers import SENSEALGS, assert_agrees, central_differences, slow_except
 from sciad.ad._linear import HigherOrderError
 from sciad.adjoints import DiscreteAdjoint, InterpolatingAdjoint
 from sciad.problems._lotka_volterra import lotka_volterra_rhs
-from helpers import SENSEALGS, assert_agrees, central_differences, slow_except
-
 
 TOL = 1e-10
 AGREEMENT = 1e-5
@@ -28,8 +27,10 @@ SAVEAT = np.linspace(0.0, 3.0, 7)
 V = np.array([0.3, -0.2, 0.5, 0.1])
 
 # every shared variant, and one continuous adjoint's VJPs by forward mode
-VARIANTS = {**{name: make() for name, make in SENSEALGS.items()},
-            "InterpolatingAdjoint(jax-forward)": SENSEALGS["InterpolatingAdjoint"]("jax-forward")}
+VARIANTS = {
+    **{name: make() for name, make in SENSEALGS.items()},
+    "InterpolatingAdjoint(jax-forward)": SENSEALGS["InterpolatingAdjoint"]("jax-forward"),
+}
 
 
 def loss(p, u0=PROBLEM.u0, sensealg=DiscreteAdjoint()):
@@ -54,13 +55,18 @@ def test_hessian_vector_product(name):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_hessian(name):
     sensealg = VARIANTS[name]
-    assert_agrees(jax.jit(jax.hessian(lambda p: loss(p, sensealg=sensealg)))(PROBLEM.p), hessian_by_differences(),
-                  f"{name}: jax.hessian", AGREEMENT)
+    assert_agrees(
+        jax.jit(jax.hessian(lambda p: loss(p, sensealg=sensealg)))(PROBLEM.p),
+        hessian_by_differences(),
+        f"{name}: jax.hessian",
+        AGREEMENT,
+    )
 
 
 @pytest.mark.slow
 def test_jacfwd_of_grad_in_u0_and_p():
     """Mixed second derivatives ∂²L/∂u0∂p by forward-over-reverse agree between sensealgs."""
+
     def mixed(sensealg):
         grad_u0 = jax.grad(lambda u0, p: loss(p, u0, sensealg))
         return jax.jit(jax.jacfwd(grad_u0, argnums=1))(PROBLEM.u0, PROBLEM.p)
@@ -68,8 +74,10 @@ def test_jacfwd_of_grad_in_u0_and_p():
     assert_agrees(mixed(InterpolatingAdjoint()), mixed(DiscreteAdjoint()), "d²L/du0 dp", AGREEMENT)
 
 
-@pytest.mark.parametrize("name", slow_except(["DiscreteAdjoint", "ForwardSensitivity", "InterpolatingAdjoint"],
-                                             fast=["InterpolatingAdjoint"]))
+@pytest.mark.parametrize(
+    "name",
+    slow_except(["DiscreteAdjoint", "ForwardSensitivity", "InterpolatingAdjoint"], fast=["InterpolatingAdjoint"]),
+)
 def test_reverse_over_reverse_names_forward_over_reverse(name):
     with pytest.raises(HigherOrderError, match="forward-over-reverse"):
         jax.jacrev(jax.grad(lambda p: loss(p, sensealg=VARIANTS[name])))(PROBLEM.p)

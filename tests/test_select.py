@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.adjoints import SENSEALGS, describe, engine_option, parse
 from helpers import central_differences
+from sciad.adjoints import SENSEALGS, describe, engine_option, parse
 
 
 def lotka_volterra(u, p, t):
@@ -36,7 +36,6 @@ def linear_many_params(u, p, t):
 @pytest.fixture
 def lv():
     return sciad.ODEProblem(lotka_volterra, np.ones(2), (0.0, 10.0), np.array([1.5, 1.0, 3.0, 1.0]))
-
 
 
 TS = np.linspace(0.0, 10.0, 11)
@@ -66,8 +65,9 @@ def test_many_parameters_get_an_adjoint():
     for max_steps in (100_000, 1_000_000):
         assert sciad.select_sensealg(prob, saveat=[1.0], max_steps=max_steps).sensealg == stored.sensealg
     # Past the memory (many states): DiscreteAdjoint for dense saves, a continuous adjoint otherwise.
-    feat = dataclasses.replace(sciad.select.features(prob, [1.0]),
-                               stored_steps_bytes=2 * sciad.adjoints._discrete.STORE_ALL_BYTES)
+    feat = dataclasses.replace(
+        sciad.select.features(prob, [1.0]), stored_steps_bytes=2 * sciad.adjoints._discrete.STORE_ALL_BYTES
+    )
     dense_saves = sciad.select.heuristic(dataclasses.replace(feat, save_points=5))
     assert isinstance(dense_saves.sensealg, sciad.DiscreteAdjoint) and "per save point" in dense_saves.reason
     sparse_saves = sciad.select.heuristic(feat)
@@ -83,13 +83,29 @@ def test_report_names_the_rule_and_when_autotuned_the_measured_alternatives(lv):
     heuristic = sciad.select_sensealg(lv, saveat=TS)
     assert heuristic.heuristic_pick.rule == "few-parameters"
     assert "(heuristic rule `few-parameters`)" in heuristic.report().splitlines()[0]
-    rows = [{"name": "DiscreteAdjoint", "reason": "discretise-then-optimise", "median_s": 0.002, "compile_s": 1.0,
-             "rel_error": 0.0, "ok": True},
-            {"name": "BacksolveAdjoint(jax-reverse)", "reason": "backsolve", "median_s": 0.003, "compile_s": 2.0,
-             "rel_error": 1e-7, "ok": True}]
+    rows = [
+        {
+            "name": "DiscreteAdjoint",
+            "reason": "discretise-then-optimise",
+            "median_s": 0.002,
+            "compile_s": 1.0,
+            "rel_error": 0.0,
+            "ok": True,
+        },
+        {
+            "name": "BacksolveAdjoint(jax-reverse)",
+            "reason": "backsolve",
+            "median_s": 0.003,
+            "compile_s": 2.0,
+            "rel_error": 1e-7,
+            "ok": True,
+        },
+    ]
     tuned = sciad.Choice(sciad.DiscreteAdjoint(), heuristic.features, rows, autotuned=True).report()
-    assert tuned.splitlines()[0] == ("chosen: DiscreteAdjoint (autotuned: the fastest correct of 2 measured; "
-                                     "heuristic rule `few-parameters` would pick ForwardDiffSensitivity)")
+    assert tuned.splitlines()[0] == (
+        "chosen: DiscreteAdjoint (autotuned: the fastest correct of 2 measured; "
+        "heuristic rule `few-parameters` would pick ForwardDiffSensitivity)"
+    )
     assert "| BacksolveAdjoint(jax-reverse) | backsolve | 0.003 | – | 2 | 1e-07 | True |" in tuned
 
 
@@ -118,7 +134,8 @@ def test_ties_within_noise_go_to_the_heuristic_pick(lv):
     tie = sciad.Choice(sciad.ForwardDiffSensitivity(), feat, [fast, near, wrong, skipped], autotuned=True)
     assert tie.report().splitlines()[0] == (
         "chosen: ForwardDiffSensitivity (autotuned: tie (within noise) among DiscreteAdjoint, ForwardDiffSensitivity "
-        "of 3 measured, the heuristic's pick taken; heuristic rule `few-parameters` would pick ForwardDiffSensitivity)")
+        "of 3 measured, the heuristic's pick taken; heuristic rule `few-parameters` would pick ForwardDiffSensitivity)"
+    )
     assert "| DiscreteAdjoint | r | 1.2 | 0.167 | – | – | True |" in tie.report()  # IQR 0.2 over the median 1.2
     assert "| GaussAdjoint(jax-reverse) | r | – | – | – | – | not measured: budget |" in tie.report()
     apart = sciad.Choice(sciad.DiscreteAdjoint(), feat, [fast, far], autotuned=True).report()
@@ -184,10 +201,19 @@ def test_autotune_cache_in_an_older_layout_is_a_miss(lv, tmp_path):
 
 
 def test_heuristic_thresholds_are_an_argument():
-    feat = sciad.select.Features(states=2, parameters=20, dtype="float64", implicit_solver=False, save_points=30,
-                               rtol=1e-6, atol=1e-6, interpolation_bytes=0,
-                               stored_steps_bytes=2 * sciad.adjoints._discrete.STORE_ALL_BYTES, memory_budget=None,
-                               device="cpu")
+    feat = sciad.select.Features(
+        states=2,
+        parameters=20,
+        dtype="float64",
+        implicit_solver=False,
+        save_points=30,
+        rtol=1e-6,
+        atol=1e-6,
+        interpolation_bytes=0,
+        stored_steps_bytes=2 * sciad.adjoints._discrete.STORE_ALL_BYTES,
+        memory_budget=None,
+        device="cpu",
+    )
     assert sciad.select.heuristic(feat).rule == "dense-saves"
     assert set(sciad.select.RULES) >= {sciad.select.heuristic(feat).rule}
     wide = dataclasses.replace(sciad.select.THRESHOLDS, forward_mode_parameters=32)
@@ -225,8 +251,9 @@ def test_autotune_picks_a_correct_candidate_and_caches(lv, tmp_path):
     again = sciad.select_sensealg(short, saveat=[0.5, 1.0], autotune=True, budget=300.0, cache_dir=tmp_path)
     assert again.name == choice.name
     assert again.candidates == choice.candidates  # answered from disk, not measured again
-    other = sciad.select_sensealg(short, saveat=[0.5, 1.0], autotune=True, budget=300.0, cache_dir=tmp_path,
-                                  memory_budget=10)  # another budget: another key, measured again
+    other = sciad.select_sensealg(
+        short, saveat=[0.5, 1.0], autotune=True, budget=300.0, cache_dir=tmp_path, memory_budget=10
+    )  # another budget: another key, measured again
     assert len(list(tmp_path.glob("*.json"))) == 2
     assert not any("InterpolatingAdjoint(jax-reverse)" == c["name"] for c in other.candidates)
 
@@ -273,16 +300,25 @@ def test_heuristic_reads_sizes_of_pytrees_and_runs_on_tracers():
 @pytest.mark.slow
 def test_auto_under_jit_in_a_fresh_process_matches_discrete_adjoint():
     """No un-jitted call first: the choice is made while tracing."""
-    out = subprocess.run([sys.executable, str(PROGRAMS / "auto_under_jit.py")], capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(PROGRAMS / "auto_under_jit.py")], capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def every_option_changed(cls):
     """An instance of `cls` with every option away from its default."""
-    changed = {"vjp": "jax-transpose", "jvp": "finite-differences", "checkpointing": True,
-               "checkpoints": (0.25, 0.5), "interval_max_steps": 99, "on_instability": "warn",
-               "drift_tolerance": 7.5, "seminorm": True, "stored_steps": 17}
+    changed = {
+        "vjp": "jax-transpose",
+        "jvp": "finite-differences",
+        "checkpointing": True,
+        "checkpoints": (0.25, 0.5),
+        "interval_max_steps": 99,
+        "on_instability": "warn",
+        "drift_tolerance": 7.5,
+        "seminorm": True,
+        "stored_steps": 17,
+    }
     names = set(inspect.signature(cls).parameters)  # a sensealg's options: its constructor's
     missing = names - set(changed)
     assert not missing, f"add a changed value for {cls.__name__}'s options {missing} to this test"

@@ -18,8 +18,17 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
+from helpers import (
+    HOST_ENGINES,
+    SENSEALGS,
+    WITH_ENGINE,
+    assert_agrees,
+    central_differences,
+    engine_matrix,
+    reference_for,
+    slow_except,
+)
 from sciad.adjoints import (
     BacksolveAdjoint,
     DiscreteAdjoint,
@@ -28,15 +37,12 @@ from sciad.adjoints import (
     GaussAdjoint,
     InterpolatingAdjoint,
 )
-from helpers import (HOST_ENGINES, SENSEALGS, WITH_ENGINE, assert_agrees, central_differences, engine_matrix,
-                       reference_for, slow_except)
+from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 
 RTOL = ATOL = 1e-10
 FOREIGN_TOL = 1e-8  # foreign engines: short horizon, tolerance 1e-8 (still 1e-5 agreement)
 AGREEMENT = 1e-5
 FOREIGN = set(HOST_ENGINES)
-
-
 
 
 # --- problems -----------------------------------------------------------------
@@ -107,11 +113,18 @@ PROBLEMS = ["lotka-volterra", "neural-ode"]
 
 
 @pytest.mark.parametrize("problem", PROBLEMS)
-@pytest.mark.parametrize("short", [False, pytest.param(True, marks=pytest.mark.slow)],  # short: foreign engines'
-                         ids=["full", "short"])
+@pytest.mark.parametrize(
+    "short",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # short: foreign engines'
+    ids=["full", "short"],
+)
 def test_discrete_adjoint_matches_finite_differences(problem, short):
-    assert_agrees(discrete_reference(problem, short), finite_difference_reference(problem, short),
-                  f"DiscreteAdjoint vs finite differences ({problem}, short={short})", AGREEMENT)
+    assert_agrees(
+        discrete_reference(problem, short),
+        finite_difference_reference(problem, short),
+        f"DiscreteAdjoint vs finite differences ({problem}, short={short})",
+        AGREEMENT,
+    )
 
 
 @pytest.mark.parametrize("problem", PROBLEMS)
@@ -147,16 +160,24 @@ def test_gradient_neural_ode(sensealg, engine):
 # --- jvp, vmap, checkpoints, saveat ------------------------------------------------
 
 # every shared variant but the reference, and the options beyond theirs, with default engines
-ALL_DEFAULT = {**{name: make() for name, make in SENSEALGS.items() if name != "DiscreteAdjoint"},
-               "GaussAdjoint-checkpointing": GaussAdjoint(checkpointing=True),
-               "BacksolveAdjoint-seminorm": BacksolveAdjoint(seminorm=True),
-               "InterpolatingAdjoint-seminorm": InterpolatingAdjoint(seminorm=True),
-               "DiscreteAdjoint-recursive": DiscreteAdjoint(stored_steps=8)}
+ALL_DEFAULT = {
+    **{name: make() for name, make in SENSEALGS.items() if name != "DiscreteAdjoint"},
+    "GaussAdjoint-checkpointing": GaussAdjoint(checkpointing=True),
+    "BacksolveAdjoint-seminorm": BacksolveAdjoint(seminorm=True),
+    "InterpolatingAdjoint-seminorm": InterpolatingAdjoint(seminorm=True),
+    "DiscreteAdjoint-recursive": DiscreteAdjoint(stored_steps=8),
+}
 
 
 # the options beyond the shared variants' run with the slow tests
-FAST_DEFAULTS = ["ForwardDiffSensitivity", "ForwardSensitivity", "BacksolveAdjoint", "InterpolatingAdjoint",
-                 "InterpolatingAdjoint-checkpointing", "GaussAdjoint"]
+FAST_DEFAULTS = [
+    "ForwardDiffSensitivity",
+    "ForwardSensitivity",
+    "BacksolveAdjoint",
+    "InterpolatingAdjoint",
+    "InterpolatingAdjoint-checkpointing",
+    "GaussAdjoint",
+]
 
 DU0, DP = np.array([0.3, -0.7]), np.array([0.1, 0.2, -0.5, 0.4])
 
@@ -178,13 +199,16 @@ def _directional_difference() -> float:
 
 # the continuous adjoints share one pushforward (forward mode through the solver): one of them by default
 # (ForwardDiffSensitivity's jvp is jax.jvp through diffrax's steps: with the slow tests)
-@pytest.mark.parametrize("sensealg", slow_except(list(ALL_DEFAULT), fast=["ForwardSensitivity", "InterpolatingAdjoint"]))
+@pytest.mark.parametrize(
+    "sensealg", slow_except(list(ALL_DEFAULT), fast=["ForwardSensitivity", "InterpolatingAdjoint"])
+)
 def test_jvp_matches_central_differences(sensealg):
     expected = _directional_difference()
     np.testing.assert_allclose(_jvp(ALL_DEFAULT[sensealg]), expected, rtol=AGREEMENT)
     # forward and reverse agree: the gradient's inner product with the direction
-    np.testing.assert_allclose(discrete_reference("lotka-volterra", True) @ np.concatenate([DU0, DP]),
-                               expected, rtol=AGREEMENT)
+    np.testing.assert_allclose(
+        discrete_reference("lotka-volterra", True) @ np.concatenate([DU0, DP]), expected, rtol=AGREEMENT
+    )
 
 
 def test_forward_sensitivity_seminorm_is_the_discrete_derivative():
@@ -196,6 +220,7 @@ def test_forward_sensitivity_seminorm_is_the_discrete_derivative():
     def grad(sensealg):
         def loss(u0, p):
             return g(sciad.solve(prob, u0=u0, p=p, saveat=ts, rtol=1e-6, atol=1e-6, sensealg=sensealg).us)
+
         return np.concatenate(jax.jit(jax.grad(loss, argnums=(0, 1)))(prob.u0, prob.p))
 
     discrete = grad(ForwardDiffSensitivity())
@@ -226,23 +251,26 @@ def test_jacfwd_and_jacrev_agree():
     prob, _ = loss_fn("lotka-volterra", True, None)
 
     def us(p):
-        return sciad.solve(prob, p=p, saveat=[0.3, 0.6, 1.0], rtol=RTOL, atol=ATOL,
-                           sensealg=InterpolatingAdjoint()).us
+        return sciad.solve(prob, p=p, saveat=[0.3, 0.6, 1.0], rtol=RTOL, atol=ATOL, sensealg=InterpolatingAdjoint()).us
 
-    np.testing.assert_allclose(jax.jit(jax.jacfwd(us))(prob.p), jax.jit(jax.jacrev(us))(prob.p),
-                               rtol=AGREEMENT, atol=1e-8)
+    np.testing.assert_allclose(
+        jax.jit(jax.jacfwd(us))(prob.p), jax.jit(jax.jacrev(us))(prob.p), rtol=AGREEMENT, atol=1e-8
+    )
 
 
 @pytest.mark.slow  # checkpointing=True runs in the default matrix; chosen checkpoints with the slow tests
 @pytest.mark.parametrize("checkpoints", [[0.5], [0.15, 0.234, 0.95], np.linspace(0.0, 1.0, 7)])
 def test_interpolating_adjoint_custom_checkpoints(checkpoints):
     sensealg = InterpolatingAdjoint(checkpointing=True, checkpoints=checkpoints)
-    assert_agrees(gradient("lotka-volterra", True, sensealg), discrete_reference("lotka-volterra", True),
-                  f"checkpoints {checkpoints}", AGREEMENT)
+    assert_agrees(
+        gradient("lotka-volterra", True, sensealg),
+        discrete_reference("lotka-volterra", True),
+        f"checkpoints {checkpoints}",
+        AGREEMENT,
+    )
 
 
-@pytest.mark.parametrize("make", slow_except([InterpolatingAdjoint, GaussAdjoint], fast=[]),
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize("make", slow_except([InterpolatingAdjoint, GaussAdjoint], fast=[]), ids=lambda c: c.__name__)
 def test_checkpoints_by_step_count(make):
     """Two save points over the whole horizon: with a checkpoint every 2 accepted steps
     (interval_max_steps=4) the reverse pass re-solves tens of short intervals, unused
@@ -252,21 +280,38 @@ def test_checkpoints_by_step_count(make):
     assert_agrees(grad, discrete_reference("lotka-volterra", False, saveat), "a checkpoint every 2 steps", AGREEMENT)
 
 
-PAST_THE_CAP = {"InterpolatingAdjoint": InterpolatingAdjoint(), "GaussAdjoint": GaussAdjoint(),
-                "DiscreteAdjoint": DiscreteAdjoint()}
+PAST_THE_CAP = {
+    "InterpolatingAdjoint": InterpolatingAdjoint(),
+    "GaussAdjoint": GaussAdjoint(),
+    "DiscreteAdjoint": DiscreteAdjoint(),
+}
 
 
 @pytest.mark.parametrize("name", slow_except(list(PAST_THE_CAP), fast=["InterpolatingAdjoint"]))
 def test_a_solve_past_the_stored_steps_is_recomputed_right(name):
     """A lightly damped oscillator over t ≤ 400 takes about 5300 steps, more than the 4096 stored:
     the storing sensealgs recompute from checkpoints, and agree with forward mode, under vmap too."""
-    prob = sciad.ODEProblem(lambda u, p, t: jnp.stack([u[1], -p[0] * u[0] - p[1] * u[1]]), np.array([1.0, 0.0]),
-                            (0.0, 400.0), np.array([1.0, 0.01]))
+    prob = sciad.ODEProblem(
+        lambda u, p, t: jnp.stack([u[1], -p[0] * u[0] - p[1] * u[1]]),
+        np.array([1.0, 0.0]),
+        (0.0, 400.0),
+        np.array([1.0, 0.01]),
+    )
 
     def gradients(sensealg):
         def loss(p):
-            return jnp.sum(sciad.solve(prob, p=p, saveat=np.linspace(0.0, 400.0, 9), sensealg=sensealg,
-                                       max_steps=100_000, rtol=1e-8, atol=1e-8).us ** 2)
+            return jnp.sum(
+                sciad.solve(
+                    prob,
+                    p=p,
+                    saveat=np.linspace(0.0, 400.0, 9),
+                    sensealg=sensealg,
+                    max_steps=100_000,
+                    rtol=1e-8,
+                    atol=1e-8,
+                ).us
+                ** 2
+            )
 
         return jax.jit(jax.vmap(jax.grad(loss)))(np.stack([prob.p, 1.1 * prob.p]))
 
@@ -285,8 +330,7 @@ def test_checkpointed_memory_grows_by_checkpoints_not_dense_steps():
     def growth(sensealg):
         def temp_bytes(max_steps):
             def loss(p):
-                return jnp.sum(sciad.solve(prob, p=p, saveat=ts[[0, -1]], max_steps=max_steps,
-                                           sensealg=sensealg).us)
+                return jnp.sum(sciad.solve(prob, p=p, saveat=ts[[0, -1]], max_steps=max_steps, sensealg=sensealg).us)
 
             stats = jax.jit(jax.grad(loss)).lower(prob.p).compile().memory_analysis()
             if stats is None:
@@ -306,8 +350,9 @@ def test_saveat_without_t0_and_t1(sensealg):
     gradient wrt u0 is transported back over [t0, first saveat]."""
     saveat = (0.25, 0.5, 0.8, 0.95)
     grad = gradient("lotka-volterra", True, ALL_DEFAULT[sensealg], np.asarray(saveat))
-    reference = gradient("lotka-volterra", True, SENSEALGS[reference_for(sensealg.partition("-")[0])](),
-                         np.asarray(saveat))
+    reference = gradient(
+        "lotka-volterra", True, SENSEALGS[reference_for(sensealg.partition("-")[0])](), np.asarray(saveat)
+    )
     assert_agrees(grad, reference, "interior saveat", AGREEMENT)
 
 
@@ -344,6 +389,9 @@ def test_checkpoints_outside_tspan():
 
 def test_sensealg_class_instead_of_instance():
     prob, _, _ = case("lotka-volterra", True)
-    with pytest.raises(ValueError, match=r"sensealg=sciad.InterpolatingAdjoint is a class: pass an instance, "
-                                         r"sciad.InterpolatingAdjoint\(\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"sensealg=sciad.InterpolatingAdjoint is a class: pass an instance, "
+        r"sciad.InterpolatingAdjoint\(\)",
+    ):
         sciad.solve(prob, sensealg=InterpolatingAdjoint)

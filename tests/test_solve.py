@@ -9,21 +9,20 @@ import pytest
 import scipy.linalg
 
 import sciad
-from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 import sciad.ad as ad
 import sciad.ad._errors
-from sciad.adjoints import DiscreteAdjoint, ForwardSensitivity, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
-from sciad._solve import SOLVERS
 from helpers import SENSEALGS, slow_except
+from sciad._solve import SOLVERS
+from sciad.adjoints import DiscreteAdjoint, ForwardSensitivity, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
+from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 
 MAX_STEPS_ERROR = "maximum number of solver steps was reached"
 
 
-
-
 def lv(t1=10.0, dtype=np.float64):
-    return sciad.ODEProblem(lotka_volterra, np.array([1.0, 1.0], dtype), (0.0, t1),
-                            np.array([1.5, 1.0, 3.0, 1.0], dtype))
+    return sciad.ODEProblem(
+        lotka_volterra, np.array([1.0, 1.0], dtype), (0.0, t1), np.array([1.5, 1.0, 3.0, 1.0], dtype)
+    )
 
 
 # A stiff linear problem u' = A u with eigenvalues -1 and -10⁴, exact solution expm(A t) u0.
@@ -114,13 +113,16 @@ def test_jit_and_vmap():
 def test_precisions_with_a_differentiated_closure():
     """A float32 u0 without parameters stays float32; a float32 u0 with float64 p solves in float64; both
     with f closing over a differentiated value (f is called in the solve's precision)."""
+
     def loss(w, u0, p):
         prob = sciad.ODEProblem(lambda u, q, t: -w * u * (1.0 if p is None else q), u0, (0.0, 1.0), p)
         sol = sciad.solve(prob, saveat=[1.0])
         return jnp.sum(sol.us), sol.us.dtype
 
-    for u0, p, dtype in ((np.ones(2, np.float32), None, jnp.float32),
-                         (np.ones(2, np.float32), np.ones(2), jnp.float64)):
+    for u0, p, dtype in (
+        (np.ones(2, np.float32), None, jnp.float32),
+        (np.ones(2, np.float32), np.ones(2), jnp.float64),
+    ):
         grad, out_dtype = jax.grad(loss, has_aux=True)(1.0, u0, p)
         assert out_dtype == dtype
         np.testing.assert_allclose(grad, -2 * np.exp(-1.0), rtol=1e-5)
@@ -193,8 +195,11 @@ def test_tspan_not_a_pair_or_not_finite():
 def test_traced_tspan_in_the_problem_names_the_solves_tspan():
     """A problem's tspan is static: traced times go to the solve, which takes them under jit."""
     f = lambda u, p, t: -p * u
-    with pytest.raises(ValueError, match=r"ODEProblem\(tspan=...\) got traced times.*sciad.solve\(prob, "
-                                         r"tspan=\(t0, t1\)\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"ODEProblem\(tspan=...\) got traced times.*sciad.solve\(prob, "
+        r"tspan=\(t0, t1\)\)",
+    ):
         jax.jit(lambda t1: sciad.ODEProblem(f, np.ones(2), (0.0, t1), np.ones(2)).u0)(1.0)
     prob = sciad.ODEProblem(f, np.ones(2), (0.0, 1.0), np.ones(2))
     final = jax.jit(lambda t1: sciad.solve(prob, tspan=(0.0, t1)).us[-1])(2.0)
@@ -225,6 +230,7 @@ def test_unknown_solver_and_sensealg():
 @pytest.mark.slow  # names and instances give the same gradient in the default run: the describe() test
 def test_sensealg_by_name():
     """A name is that sensealg: the same gradient, to the bit, as the instance's, and not another's."""
+
     def gradient(sensealg):
         return jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(lv(), p=p, sensealg=sensealg).us)))(lv().p)
 
@@ -235,8 +241,9 @@ def test_sensealg_by_name():
 
 def test_quadrature_adjoint_is_interpolating_with_seminorm():
     """SciML's QuadratureAdjoint is InterpolatingAdjoint(seminorm=True), by instance and by name, options kept."""
-    assert QuadratureAdjoint("torch", checkpointing=True) == InterpolatingAdjoint("torch", checkpointing=True,
-                                                                                  seminorm=True)
+    assert QuadratureAdjoint("torch", checkpointing=True) == InterpolatingAdjoint(
+        "torch", checkpointing=True, seminorm=True
+    )
     assert sciad.adjoints.parse("QuadratureAdjoint(checkpointing=True)") == QuadratureAdjoint(checkpointing=True)
 
 
@@ -248,8 +255,9 @@ def _max_steps_loss(sensealg):
     prob, max_steps = lv(), _needed_steps() - 1
 
     def loss(p):
-        return jnp.sum(sciad.solve(prob, p=p, saveat=np.linspace(0.0, 10.0, 11), max_steps=max_steps,
-                                   sensealg=sensealg).us)
+        return jnp.sum(
+            sciad.solve(prob, p=p, saveat=np.linspace(0.0, 10.0, 11), max_steps=max_steps, sensealg=sensealg).us
+        )
 
     return prob, loss
 
@@ -301,8 +309,9 @@ def test_bad_tolerances_and_max_steps():
 def test_missing_engine_package(monkeypatch, engine):
     cls = ad.BACKENDS[engine]
     real = importlib.util.find_spec
-    monkeypatch.setattr(sciad.ad._errors.importlib.util, "find_spec",
-                        lambda name, *a: None if name == cls.package else real(name, *a))
+    monkeypatch.setattr(
+        sciad.ad._errors.importlib.util, "find_spec", lambda name, *a: None if name == cls.package else real(name, *a)
+    )
     with pytest.raises(ad.MissingEngineError, match=rf"pip install 'sciad\[{cls.extra}\]'"):
         InterpolatingAdjoint(vjp=engine)
     with pytest.raises(ad.MissingEngineError, match=f"needs the package '{cls.package}'"):
@@ -316,17 +325,24 @@ def test_run_time_errors_under_jit_end_with_one_clear_message():
     with pytest.raises(Exception) as info:
         jax.block_until_ready(grad(prob.p))
     message = str(info.value).strip()
-    assert message.splitlines()[-1].startswith("SolveError: the maximum number of solver steps was reached: the "
-                                               "ODE solve needed more than max_steps=5 steps; pass a larger max_steps")
+    assert message.splitlines()[-1].startswith(
+        "SolveError: the maximum number of solver steps was reached: the "
+        "ODE solve needed more than max_steps=5 steps; pass a larger max_steps"
+    )
     assert "Please wrap your program" not in message and message.count("SolveError") == 1
     with pytest.raises(sciad.SolveError, match="^the maximum .* needed more than max_steps=5"):  # eagerly: itself
         sciad.solve(prob, saveat=[5.0, 10.0], max_steps=5)
 
 
-DESCRIBED = [InterpolatingAdjoint("jax-forward", checkpointing=True, interval_max_steps=32),
-             sciad.GaussAdjoint("jax-transpose", checkpointing=True), sciad.BacksolveAdjoint(
-                 on_instability="warn", drift_tolerance=20.0, seminorm=True), sciad.ForwardSensitivity(seminorm=True),
-             sciad.DiscreteAdjoint(stored_steps=16), sciad.ForwardDiffSensitivity(), sciad.QuadratureAdjoint()]
+DESCRIBED = [
+    InterpolatingAdjoint("jax-forward", checkpointing=True, interval_max_steps=32),
+    sciad.GaussAdjoint("jax-transpose", checkpointing=True),
+    sciad.BacksolveAdjoint(on_instability="warn", drift_tolerance=20.0, seminorm=True),
+    sciad.ForwardSensitivity(seminorm=True),
+    sciad.DiscreteAdjoint(stored_steps=16),
+    sciad.ForwardDiffSensitivity(),
+    sciad.QuadratureAdjoint(),
+]
 
 
 def test_solve_takes_every_string_describe_prints():
@@ -341,5 +357,6 @@ def test_solve_by_string_gives_the_instances_gradient(sensealg):
     prob = sciad.ODEProblem(lambda u, p, t: -p * u, np.ones(2), (0.0, 1.0), np.array([0.5, 1.0]))
     text = sciad.adjoints.describe(sensealg)
     grad = jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, sensealg=text).us)))(prob.p)
-    np.testing.assert_allclose(grad, jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, sensealg=sensealg).us)))(
-        prob.p), rtol=1e-12)
+    np.testing.assert_allclose(
+        grad, jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, sensealg=sensealg).us)))(prob.p), rtol=1e-12
+    )

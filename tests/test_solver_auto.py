@@ -43,8 +43,10 @@ def test_stiff_problems_choose_rodas5p_and_say_why(prob):
 
 def test_robertsons_stiffness_is_found_past_its_initial_state():
     """At u0 = (1, 0, 0) ∂f/∂u's stiff couplings vanish (ρ = 0.04); one explicit first step on they do not."""
-    assert sciad._solver_choice.stiffness(robertson, ROBERTSON.u0, ROBERTSON.p, ROBERTSON.tspan, rtol=1e-6,
-                                          atol=1e-6).rho > 1e4
+    assert (
+        sciad._solver_choice.stiffness(robertson, ROBERTSON.u0, ROBERTSON.p, ROBERTSON.tspan, rtol=1e-6, atol=1e-6).rho
+        > 1e4
+    )
 
 
 def test_lotka_volterra_chooses_tsit5():
@@ -53,8 +55,13 @@ def test_lotka_volterra_chooses_tsit5():
 
 
 def test_a_mass_matrix_chooses_rodas5p():
-    dae = sciad.ODEProblem(lambda u, p, t: robertson(u, p, t).at[2].set(u[0] + u[1] + u[2] - 1), ROBERTSON.u0,
-                           (0.0, 1.0), ROBERTSON.p, mass_matrix=np.array([1.0, 1.0, 0.0]))
+    dae = sciad.ODEProblem(
+        lambda u, p, t: robertson(u, p, t).at[2].set(u[0] + u[1] + u[2] - 1),
+        ROBERTSON.u0,
+        (0.0, 1.0),
+        ROBERTSON.p,
+        mass_matrix=np.array([1.0, 1.0, 0.0]),
+    )
     feat = chosen(dae)
     assert feat.solver == "Rodas5P" and "mass matrix" in feat.solver_reason
 
@@ -62,8 +69,9 @@ def test_a_mass_matrix_chooses_rodas5p():
 def test_a_fast_oscillation_is_not_stiff():
     """u'' = −ω² u, ω = 1,000 over 160 periods: ρ(∂f/∂u) = ω, but the mode never decays, so resolving it
     is the accuracy's work (Tsit5 about 10x faster than Rodas5P at rtol 1e-3 to 1e-9)."""
-    rotation = sciad.ODEProblem(lambda u, p, t: jnp.stack([p[0] * u[1], -p[0] * u[0]]), np.array([1.0, 0.0]),
-                                (0.0, 1.0), np.array([1000.0]))
+    rotation = sciad.ODEProblem(
+        lambda u, p, t: jnp.stack([p[0] * u[1], -p[0] * u[0]]), np.array([1.0, 0.0]), (0.0, 1.0), np.array([1000.0])
+    )
     feat = chosen(rotation)
     assert feat.solver == "Tsit5" and "ρ(∂f/∂u) ≈ 1e+03" in feat.solver_reason
 
@@ -104,8 +112,9 @@ def test_the_estimate_compiles_once_per_program(monkeypatch):
 
     first = sciad._solver_choice.stiffness(problem().f, np.ones(3), np.array([2.0]), (0.0, 1.0), rtol=1e-6, atol=1e-6)
     assert len(traces) == 2 and first.rho == pytest.approx(2.0)  # traced once: at u0 and a first step on
-    again = sciad._solver_choice.stiffness(problem().f, np.full(3, 2.0), np.array([3.0]), (0.0, 2.0), rtol=1e-3,
-                                           atol=1e-8)
+    again = sciad._solver_choice.stiffness(
+        problem().f, np.full(3, 2.0), np.array([3.0]), (0.0, 2.0), rtol=1e-3, atol=1e-8
+    )
     assert len(traces) == 2 and again.rho == pytest.approx(3.0)
 
 
@@ -132,8 +141,9 @@ def test_traced_u0_and_p_choose_from_the_problems_values_and_differentiate(monke
     assert [pick.name for pick in picks] == ["rodas5p"], picks
     assert "the problem's own" in picks[0].reason
     h = np.array([1e-4, 1e-4, 1e-1])  # central differences of tighter solves
-    values = jax.jit(jax.vmap(loss, (0, None, None)), static_argnums=(1, 2))(np.concatenate([x + np.diag(h),
-                                                                                           x - np.diag(h)]), "rodas5p", 1e-11)
+    values = jax.jit(jax.vmap(loss, (0, None, None)), static_argnums=(1, 2))(
+        np.concatenate([x + np.diag(h), x - np.diag(h)]), "rodas5p", 1e-11
+    )
     np.testing.assert_allclose(grad, (values[:3] - values[3:]) / (2 * h), rtol=1e-6)
 
 

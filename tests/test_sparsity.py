@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.problems import brusselator_pde
 from sciad._sparsity import jacobian_pattern
+from sciad.problems import brusselator_pde
 
 RNG = np.random.default_rng(0)
 
@@ -41,11 +41,20 @@ CASES = {
     "cumsum": lambda x: jnp.cumsum(x) * x,
     "cond": lambda x: jax.lax.cond(x[0] > 0, lambda y: y * 2, lambda y: jnp.roll(y, 2), x),
     "vmap of jvp (size-1 broadcasting)": lambda x: jax.vmap(
-        lambda s: jax.jvp(lambda u: u**2 * jnp.roll(u, 1), (x[:4],), (s,))[1])(x[4:].reshape(2, 4)).ravel(),
+        lambda s: jax.jvp(lambda u: u**2 * jnp.roll(u, 1), (x[:4],), (s,))[1]
+    )(x[4:].reshape(2, 4)).ravel(),
 }
-EXACT = {"stencil by roll", "constant sparse matrix", "fixed gather", "slices, pad, concatenate",
-         "2-D reshape, transpose and reduce", "where and comparisons", "custom_jvp and jit",
-         "vmap of jvp (size-1 broadcasting)", "cumsum"}
+EXACT = {
+    "stencil by roll",
+    "constant sparse matrix",
+    "fixed gather",
+    "slices, pad, concatenate",
+    "2-D reshape, transpose and reduce",
+    "where and comparisons",
+    "custom_jvp and jit",
+    "vmap of jvp (size-1 broadcasting)",
+    "cumsum",
+}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -75,6 +84,7 @@ def test_brusselator_pattern_is_exact_and_needs_few_colours():
 
 def test_dense_rows_go_by_reverse_mode():
     """A sum over every state (an adjoint's parameter row): one VJP, and the rest coloured alone."""
+
     def fn(x):
         return jnp.concatenate([jnp.roll(x, 1) * x, jnp.sum(x**2)[None]])
 
@@ -83,8 +93,7 @@ def test_dense_rows_go_by_reverse_mode():
     np.testing.assert_array_equal(colouring.dense, [40])
     assert colouring.count <= 3
     rows, cols = colouring.rows_cols
-    np.testing.assert_allclose(colouring.jacobian_values(fn, x), np.asarray(jax.jacfwd(fn)(x))[rows, cols],
-                               rtol=1e-12)
+    np.testing.assert_allclose(colouring.jacobian_values(fn, x), np.asarray(jax.jacfwd(fn)(x))[rows, cols], rtol=1e-12)
 
 
 def test_an_unknown_operation_is_conservative_and_named():
@@ -128,11 +137,11 @@ def test_remembered_patterns_keep_no_function_nor_what_it_captures():
     class Weights(np.ndarray):  # a weak-referenceable array captured by f
         pass
 
+    def scaled(weights):
+        return lambda x: x * weights
+
     weights = np.arange(1.0, 6.0).view(Weights)
-
-    def f(x):
-        return x * weights
-
+    f = scaled(weights)
     refs = weakref.ref(f), weakref.ref(weights)
     jacobian_pattern(f, jnp.ones(5)).colouring()
     del f, weights
@@ -161,7 +170,8 @@ RULES = {
     "stack of 2-D, axis 0": lambda x: jnp.stack([x.reshape(3, 4), jnp.roll(x.reshape(3, 4), 1, axis=1)]).ravel(),
     "concatenate on axis 1": lambda x: jnp.concatenate([x.reshape(3, 4), x.reshape(3, 4)[:, :1] ** 2], axis=1).ravel(),
     "expand_dims, transpose, squeeze, broadcast": lambda x: (
-        jnp.expand_dims(x.reshape(3, 4), 0).transpose(2, 0, 1).squeeze(1) * x[:4, None]).ravel(),
+        jnp.expand_dims(x.reshape(3, 4), 0).transpose(2, 0, 1).squeeze(1) * x[:4, None]
+    ).ravel(),
     "tile": lambda x: jnp.tile(x[:3], 4) * x,
     ".at[i].set": lambda x: x.at[jnp.array([1, 3])].set(x[:2] ** 2),
     ".at[slice].set to a constant": lambda x: x.at[2:5].set(0.0) + jnp.roll(x, 1) ** 2,
@@ -169,9 +179,11 @@ RULES = {
     ".at[i].multiply": lambda x: x.at[jnp.array([0, 4])].multiply(x[6:8], unique_indices=True),
     ".at[:, 0].set on 2-D": lambda x: x.reshape(3, 4).at[:, 0].set(x[8:11]).ravel(),
     ".at[i].set under vmap (batched scatter)": lambda x: jax.vmap(lambda r: r.at[1].set(r[0] ** 2))(
-        x.reshape(3, 4)).ravel(),
+        x.reshape(3, 4)
+    ).ravel(),
     "take, clip and fill modes": lambda x: jnp.concatenate(
-        [jnp.take(x, jnp.array([2, 5, 40]), mode="clip"), jnp.take(x, jnp.array([7, 40]), mode="fill")]),
+        [jnp.take(x, jnp.array([2, 5, 40]), mode="clip"), jnp.take(x, jnp.array([7, 40]), mode="fill")]
+    ),
     "dynamic_slice at a static start": lambda x: jax.lax.dynamic_slice(x, (3,), (4,)) * x[:4],
     "dynamic_update_slice at a static start": lambda x: jax.lax.dynamic_update_slice(x, x[:3] ** 2, (5,)),
     "select_n with a constant mask": lambda x: jnp.where(jnp.arange(12) < 5, x, jnp.roll(x, 1)),
@@ -182,20 +194,29 @@ RULES = {
     "convolve of two parts of x": lambda x: jnp.convolve(x[:9], x[9:]),
     "convolve2d, five-point kernel": lambda x: jsig.convolve2d(x.reshape(3, 4), LAPLACE, mode="same").ravel(),
     "conv: strides, dilations, groups, NWC": lambda x: _conv(
-        x.reshape(1, 6, 2), jnp.array([[[1.0, 0.0]], [[0.0, 2.0]], [[3.0, 0.0]]]), window_strides=(2,),
-        padding=((2, 1),), lhs_dilation=(2,), rhs_dilation=(2,), dimension_numbers=("NWC", "WIO", "NWC"),
-        feature_group_count=2).ravel(),
+        x.reshape(1, 6, 2),
+        jnp.array([[[1.0, 0.0]], [[0.0, 2.0]], [[3.0, 0.0]]]),
+        window_strides=(2,),
+        padding=((2, 1),),
+        lhs_dilation=(2,),
+        rhs_dilation=(2,),
+        dimension_numbers=("NWC", "WIO", "NWC"),
+        feature_group_count=2,
+    ).ravel(),
     "roll, pad and diff": lambda x: jnp.diff(jnp.pad(jnp.roll(x, 2), 1, mode="wrap")),
     "cumsum reversed on 2-D, cumprod": lambda x: jnp.concatenate(
-        [jax.lax.cumsum(x.reshape(3, 4), axis=0, reverse=True).ravel(), jnp.cumprod(x[:5])]),
+        [jax.lax.cumsum(x.reshape(3, 4), axis=0, reverse=True).ravel(), jnp.cumprod(x[:5])]
+    ),
     "dot_general with a sparse constant": lambda x: (x.reshape(3, 4) @ jnp.asarray(np.eye(4)[:, :2] * 3)).ravel(),
     "indices passed into jit": lambda x: jax.jit(lambda y, i: y[i] * y[i + 1])(x, jnp.array([1, 7])),
     "custom_vjp (reverse mode only)": lambda x: _twice(jnp.roll(x, 1)) * x,
     "switch at a constant index": lambda x: jax.lax.switch(jnp.array(1), [lambda y: y, lambda y: jnp.roll(y, 1)], x),
     "fori_loop (scan) with the counter as index": lambda x: jax.lax.fori_loop(
-        0, 3, lambda i, y: y.at[i].set(y[i + 1] * y[i]), x),
-    "while with a steady carry": lambda x: jax.lax.while_loop(lambda c: c[1] < 3, lambda c: (c[0] * 2, c[1] + 1),
-                                                              (jnp.roll(x, 1) * x, 0))[0],
+        0, 3, lambda i, y: y.at[i].set(y[i + 1] * y[i]), x
+    ),
+    "while with a steady carry": lambda x: jax.lax.while_loop(
+        lambda c: c[1] < 3, lambda c: (c[0] * 2, c[1] + 1), (jnp.roll(x, 1) * x, 0)
+    )[0],
 }
 
 
@@ -240,6 +261,7 @@ def test_a_while_loop_is_united_over_iterations_and_named():
 def _gray_scott(how, n):
     """Gray–Scott on an n × n periodic grid (Laplacian by jnp.roll, reaction u v²), its state a dict,
     a stacked (2, n, n) array, or one flat concatenated vector."""
+
     def laplacian(w):
         return jnp.roll(w, 1, 0) + jnp.roll(w, -1, 0) + jnp.roll(w, 1, 1) + jnp.roll(w, -1, 1) - 4 * w
 
@@ -252,9 +274,12 @@ def _gray_scott(how, n):
     forms = {
         "dict": (lambda y, p, t: dict(zip("uv", rates(y["u"], y["v"], p))), {"u": u, "v": v}),
         "stack": (lambda y, p, t: jnp.stack(rates(y[0], y[1], p)), np.stack([u, v])),
-        "concatenate": (lambda y, p, t: jnp.concatenate(
-            [w.ravel() for w in rates(y[: n * n].reshape(n, n), y[n * n:].reshape(n, n), p)]),
-            np.concatenate([u.ravel(), v.ravel()])),
+        "concatenate": (
+            lambda y, p, t: jnp.concatenate(
+                [w.ravel() for w in rates(y[: n * n].reshape(n, n), y[n * n :].reshape(n, n), p)]
+            ),
+            np.concatenate([u.ravel(), v.ravel()]),
+        ),
     }
     f, u0 = forms[how]
     return sciad.ODEProblem(f, u0, (0.0, 1.0), jnp.array([0.04, 0.06, 0.2, 0.1]))
@@ -336,9 +361,12 @@ def test_data_movement_in_numpy_is_jaxs(k):
     for eqn in equations(jax.make_jaxpr(MOVES[k])(jnp.ones((4, 6))).jaxpr):
         if eqn.primitive.name not in _NUMPY_MOVES:
             continue
-        operands = [np.asarray(v.val) if isinstance(v, jex_core.Literal) else
-                    np.arange(1, 1 + np.prod(v.aval.shape, dtype=int), dtype=np.int32).reshape(v.aval.shape)
-                    for v in eqn.invars]
+        operands = [
+            np.asarray(v.val)
+            if isinstance(v, jex_core.Literal)
+            else np.arange(1, 1 + np.prod(v.aval.shape, dtype=int), dtype=np.int32).reshape(v.aval.shape)
+            for v in eqn.invars
+        ]
         ours = _numpy_moved(eqn.primitive.name, operands, eqn.params)
         with jax.ensure_compile_time_eval():
             theirs = eqn.primitive.bind(*operands, **eqn.params)

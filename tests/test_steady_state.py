@@ -13,11 +13,10 @@ import lineax as lx
 import numpy as np
 import pytest
 
-from helpers import central_differences, slow_except
 import sciad
+from helpers import central_differences, slow_except
 from sciad.ad import namespace
 from sciad.problems._gene_circuit import GeneCircuitRHS
-
 
 TOL = 1e-10
 A = np.array([[-2.0, 1.0, 0.0], [0.5, -3.0, 0.5], [0.0, 1.0, -1.5]])
@@ -66,6 +65,7 @@ TOGGLE = sciad.ODEProblem(toggle, {"x": np.array(3.0), "y": np.array(0.1)}, (0.0
 def test_linear_system_closed_form():
     """u* = −A⁻¹b from u0 = 0 with the default solver (Kvaerno5); ∂(wᵀu*)/∂b = −A⁻ᵀw,
     ∂/∂A = −(A⁻ᵀw) u*ᵀ (p a dict); ∂/∂u0 = 0; stats."""
+
     def loss(p, u0):
         ss = sciad.steady_state(LINEAR, u0=u0, p=p, rtol=TOL, atol=TOL)
         return jnp.dot(W, ss.u), ss
@@ -91,7 +91,9 @@ def test_dose_response_curve_under_vmap_and_jit():
         return sciad.steady_state(HILL, p=p, solver="tsit5", rtol=TOL, atol=TOL).u[0]
 
     curve = jax.jit(jax.vmap(jax.value_and_grad(set_point)))(doses)
-    expected = [jax.value_and_grad(lambda d: hill_closed_form(jnp.concatenate([HILL.p[:3], d[None]])))(d) for d in doses]
+    expected = [
+        jax.value_and_grad(lambda d: hill_closed_form(jnp.concatenate([HILL.p[:3], d[None]])))(d) for d in doses
+    ]
     np.testing.assert_allclose(curve[0], [v for v, _ in expected], rtol=1e-10)
     np.testing.assert_allclose(curve[1], [g for _, g in expected], rtol=1e-9)
 
@@ -99,6 +101,7 @@ def test_dose_response_curve_under_vmap_and_jit():
 @pytest.mark.slow
 def test_gradient_and_jvp_closed_form():
     """∂u*/∂(k, K, γ, d) of the Hill set point and a jvp against the closed form and central differences."""
+
     def steady(p):
         return sciad.steady_state(HILL, p=p, solver="tsit5", rtol=TOL, atol=TOL).u[0]
 
@@ -115,19 +118,24 @@ def test_gradient_and_jvp_closed_form():
 def test_hessian_michaelis_menten(linear_solver):
     """jax.hessian (forward over reverse through the rules) of u*² with u* = s Km / (Vmax − s),
     dense and matrix-free."""
+
     def closed_form(p):
         return (p[0] * p[2] / (p[1] - p[0])) ** 2
 
     def loss(p):
         sensealg = sciad.SteadyStateAdjoint(linear_solver=linear_solver)
-        return sciad.steady_state(MICHAELIS_MENTEN, p=p, solver="tsit5", rtol=TOL, atol=TOL, sensealg=sensealg).u[0] ** 2
+        return (
+            sciad.steady_state(MICHAELIS_MENTEN, p=p, solver="tsit5", rtol=TOL, atol=TOL, sensealg=sensealg).u[0] ** 2
+        )
 
-    np.testing.assert_allclose(jax.jit(jax.hessian(loss))(MICHAELIS_MENTEN.p), jax.hessian(closed_form)(MICHAELIS_MENTEN.p),
-                               rtol=1e-8)
+    np.testing.assert_allclose(
+        jax.jit(jax.hessian(loss))(MICHAELIS_MENTEN.p), jax.hessian(closed_form)(MICHAELIS_MENTEN.p), rtol=1e-8
+    )
 
 
 def test_closure_over_traced_dose():
     """f closes over the dose d being differentiated: ∂u*/∂d and ∂²u*/∂d² as the closed form's."""
+
     def set_point(d):
         def f(u, p, t):
             return p[0] * d**2 / (p[1] ** 2 + d**2) - p[2] * u
@@ -168,6 +176,7 @@ def test_toggle_switch_attractors_and_gradient():
 @pytest.mark.slow
 def test_hessian_against_differences_of_gradients():
     """jax.hessian of a loss of the toggle's steady state against central differences of its gradient."""
+
     def loss(p):
         u = sciad.steady_state(TOGGLE, p=p, rtol=TOL, atol=TOL).u
         return u["x"] ** 2 + 3 * u["y"]
@@ -187,6 +196,7 @@ class Production(eqx.Module):
 @pytest.mark.slow
 def test_equinox_model_parameters():
     """p an equinox module with a static field: gradients keep its structure."""
+
     def f(u, p, t):
         return p.rates - p.decay * u
 
@@ -242,8 +252,9 @@ def test_dense_and_krylov_agree(linear_solver):
     target = np.linspace(0.5, 2.0, 12)
 
     def loss(p, how):
-        u = sciad.steady_state(prob, p=p, solver="tsit5", rtol=TOL, atol=TOL,
-                               sensealg=sciad.SteadyStateAdjoint(linear_solver=how)).u
+        u = sciad.steady_state(
+            prob, p=p, solver="tsit5", rtol=TOL, atol=TOL, sensealg=sciad.SteadyStateAdjoint(linear_solver=how)
+        ).u
         return jnp.sum((u - target) ** 2)
 
     dense = jax.jit(jax.grad(loss), static_argnums=1)(prob.p, "dense")
@@ -268,11 +279,15 @@ def test_oscillator_has_no_steady_state(jit):
 def test_conserved_quantity_is_singular(linear_solver):
     """u' = [−(u₁ − u₂), u₁ − u₂] conserves u₁ + u₂: the steady states are a line, ∂f/∂u is singular;
     the error says so and how to fix it (dense), or that the Krylov solve failed."""
-    prob = sciad.ODEProblem(lambda u, p, t: jnp.stack([u[1] - u[0], u[0] - u[1]]), np.array([1.0, 0.0]), (0.0, 1.0),
-                            np.zeros(1))
+    prob = sciad.ODEProblem(
+        lambda u, p, t: jnp.stack([u[1] - u[0], u[0] - u[1]]), np.array([1.0, 0.0]), (0.0, 1.0), np.zeros(1)
+    )
     sensealg = sciad.SteadyStateAdjoint(linear_solver=linear_solver)
-    match = "singular at the steady state found.*conserved quantity" if linear_solver == "dense" else \
-        "Krylov solve with the Jacobian ∂f/∂u did not converge"
+    match = (
+        "singular at the steady state found.*conserved quantity"
+        if linear_solver == "dense"
+        else "Krylov solve with the Jacobian ∂f/∂u did not converge"
+    )
     with pytest.raises(Exception, match=match):
         jax.grad(lambda p: jnp.sum(sciad.steady_state(prob, p=p, solver="tsit5", sensealg=sensealg).u))(prob.p)
 
@@ -319,6 +334,7 @@ def test_a_mass_matrix_steady_state_keeps_its_algebraic_equations():
     """M u' = f with an algebraic row 0 = z − p1 x² (as an ODE, z' = z − p1 x² runs away): stepped by Rodas5P
     with M from a consistent u0, so f = 0 with the algebraic rows; the gradient is the closed form's
     (p0 = x + p1 x³), under jit too."""
+
     def f(u, p, t):
         x, z = u
         return jnp.stack([p[0] - x - x * z, z - p[1] * x**2])
@@ -329,5 +345,5 @@ def test_a_mass_matrix_steady_state_keeps_its_algebraic_equations():
     np.testing.assert_allclose([x + 0.5 * x**3, z], [2.0, 0.5 * x**2], rtol=1e-10)
     d = 1 + 3 * 0.5 * x**2
     grad = jax.jit(jax.jacobian(lambda p: sciad.steady_state(prob, p=p, **tol).u))(prob.p)
-    np.testing.assert_allclose(grad[0], [1 / d, -x**3 / d], rtol=1e-8)
+    np.testing.assert_allclose(grad[0], [1 / d, -(x**3) / d], rtol=1e-8)
     np.testing.assert_allclose(grad[1], [x * grad[0, 0], x**2 + x * grad[0, 1]], rtol=1e-8)

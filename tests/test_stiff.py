@@ -21,11 +21,10 @@ import pytest
 
 import sciad
 import sciad.ad as ad
+from helpers import SENSEALGS, assert_agrees, central_differences, reference_for, slow_except
 from sciad.ad._linear import HigherOrderError
 from sciad.adjoints import BacksolveAdjoint, DiscreteAdjoint, ForwardSensitivity, InterpolatingAdjoint
 from sciad.problems import brusselator_pde, oregonator
-from helpers import SENSEALGS, assert_agrees, central_differences, reference_for, slow_except
-
 
 TOL = 1e-8
 AGREEMENT = 1e-5
@@ -46,8 +45,9 @@ def gradient(name, sensealg):
 
 # with the slow tests: an implicit adjoint runs in the default run on the relaxation problem (KenCarp4)
 @pytest.mark.slow
-@pytest.mark.parametrize("problem, sensealg",
-                         [(problem, sensealg) for problem in BENCHES for sensealg in STIFF_SENSEALGS])
+@pytest.mark.parametrize(
+    "problem, sensealg", [(problem, sensealg) for problem in BENCHES for sensealg in STIFF_SENSEALGS]
+)
 def test_every_sensealg_with_kvaerno5(problem, sensealg):
     assert bench(problem).solver == "kvaerno5"
     assert_agrees(gradient(problem, SENSEALGS[sensealg]()), gradient(problem, DiscreteAdjoint()), sensealg, AGREEMENT)
@@ -75,20 +75,25 @@ RELAXATION = sciad.ODEProblem(relaxation, np.array([0.5, -0.5]), (0.0, 2.0), np.
 
 def relaxation_gradient(sensealg, solver, tol=TOL):
     def loss(p):
-        sol = sciad.solve(RELAXATION, p=p, saveat=[0.5, 1.0, 2.0], solver=solver, rtol=tol, atol=tol,
-                          sensealg=sensealg)
+        sol = sciad.solve(RELAXATION, p=p, saveat=[0.5, 1.0, 2.0], solver=solver, rtol=tol, atol=tol, sensealg=sensealg)
         return jnp.sum(sol.us**2)
 
     return np.asarray(jax.jit(jax.grad(loss))(RELAXATION.p))
 
 
-SOLVERS = {"kvaerno3": "kvaerno3", "Kvaerno4()": dfx.Kvaerno4(), "KenCarp4()": dfx.KenCarp4(),
-           "ImplicitEuler()": dfx.ImplicitEuler()}
+SOLVERS = {
+    "kvaerno3": "kvaerno3",
+    "Kvaerno4()": dfx.Kvaerno4(),
+    "KenCarp4()": dfx.KenCarp4(),
+    "ImplicitEuler()": dfx.ImplicitEuler(),
+}
 
 
 @pytest.mark.parametrize("solver", slow_except(list(SOLVERS), fast=["KenCarp4()"]))
-@pytest.mark.parametrize("sensealg", slow_except(["ForwardSensitivity", "InterpolatingAdjoint", "GaussAdjoint"],
-                                                 fast=["InterpolatingAdjoint"]))
+@pytest.mark.parametrize(
+    "sensealg",
+    slow_except(["ForwardSensitivity", "InterpolatingAdjoint", "GaussAdjoint"], fast=["InterpolatingAdjoint"]),
+)
 def test_implicit_solvers_by_name_and_instance(sensealg, solver):
     tol = 1e-5 if solver == "ImplicitEuler()" else TOL  # first order: loose tolerance, loose agreement
     got = relaxation_gradient(SENSEALGS[sensealg](), SOLVERS[solver], tol)
@@ -116,7 +121,9 @@ def test_backsolve_stays_quiet_when_stable():
     """Lotka–Volterra is stable backwards: no error, and the gradient is right."""
     b = sciad.problems.lotka_volterra()
     grad = jax.jit(jax.grad(b.objective), static_argnums=1)
-    assert_agrees(grad(b.problem.p, BacksolveAdjoint()), grad(b.problem.p, InterpolatingAdjoint()), "backsolve", AGREEMENT)
+    assert_agrees(
+        grad(b.problem.p, BacksolveAdjoint()), grad(b.problem.p, InterpolatingAdjoint()), "backsolve", AGREEMENT
+    )
 
 
 def test_backsolve_options_are_checked():
@@ -134,16 +141,24 @@ def test_enzyme_vjps_in_an_implicit_adjoint():
     """The Newton Jacobian of the λ system batches Enzyme's pullbacks with a loop (no batching rule)."""
     if "enzyme" not in ad.available():
         pytest.skip("enzyme-ad is not installed")
-    assert_agrees(relaxation_gradient(InterpolatingAdjoint(vjp="enzyme"), "kvaerno5"),
-                  relaxation_gradient(DiscreteAdjoint(), "kvaerno5"), "enzyme", AGREEMENT)
+    assert_agrees(
+        relaxation_gradient(InterpolatingAdjoint(vjp="enzyme"), "kvaerno5"),
+        relaxation_gradient(DiscreteAdjoint(), "kvaerno5"),
+        "enzyme",
+        AGREEMENT,
+    )
 
 
 @pytest.mark.slow
 def test_host_engine_vjps_in_an_implicit_adjoint():
     if "torch" not in ad.available():
         pytest.skip("torch is not installed")
-    assert_agrees(relaxation_gradient(InterpolatingAdjoint(vjp="torch"), "kvaerno3", 1e-6),
-                  relaxation_gradient(DiscreteAdjoint(), "kvaerno3", 1e-6), "torch", AGREEMENT)
+    assert_agrees(
+        relaxation_gradient(InterpolatingAdjoint(vjp="torch"), "kvaerno3", 1e-6),
+        relaxation_gradient(DiscreteAdjoint(), "kvaerno3", 1e-6),
+        "torch",
+        AGREEMENT,
+    )
 
 
 def test_host_engine_backsolve_with_an_implicit_solver_says_why_not():
@@ -170,8 +185,11 @@ def test_selection_asks_the_solver_whether_it_is_implicit():
 def test_autotune_marks_a_failing_candidate_and_goes_on(monkeypatch):
     import sciad._select as select
 
-    monkeypatch.setattr(select, "candidates", lambda feat: [
-        (BacksolveAdjoint(), "unstable backwards: raises"), (InterpolatingAdjoint(), "works")])
+    monkeypatch.setattr(
+        select,
+        "candidates",
+        lambda feat: [(BacksolveAdjoint(), "unstable backwards: raises"), (InterpolatingAdjoint(), "works")],
+    )
     choice = select.select_sensealg(RELAXATION, saveat=[1.0, 2.0], solver="kvaerno5", autotune=True, budget=600)
     by_name = {c["name"]: c for c in choice.candidates}  # the heuristic's pick is measured first, then these
     failed, works = by_name["BacksolveAdjoint(jax-reverse)"], by_name["InterpolatingAdjoint(jax-reverse)"]
@@ -186,4 +204,3 @@ def test_forward_sensitivity_with_an_implicit_solver_on_many_states_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sciad.solve(prob, solver="tsit5", sensealg=ForwardSensitivity())
-

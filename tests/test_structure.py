@@ -35,7 +35,9 @@ def imports(name: str, path: pathlib.Path, known) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names}
     return {m for m in found if m in known and m != name}
 
@@ -82,8 +84,7 @@ def test_no_module_imports_one_that_imports_it_back():
 def imported() -> dict:
     """What importing the library does, in a fresh process (tests/programs/import_sciad.py)."""
     program = pathlib.Path(__file__).parent / "programs" / "import_sciad.py"
-    return json.loads(subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
-                                     check=True).stdout)
+    return json.loads(subprocess.run([sys.executable, str(program)], capture_output=True, text=True, check=True).stdout)
 
 
 def test_importing_the_library_pulls_no_benchmark_packages(imported):
@@ -98,8 +99,9 @@ def private_uses(path: pathlib.Path) -> list[str]:
     """Where `path` imports another package's private module or name (a part starting with one
     underscore, or `internal`), or reads a private attribute through an imported module."""
     tree = ast.parse(path.read_text())
-    private = lambda name: any((part.startswith("_") and not part.startswith("__")) or part == "internal"
-                               for part in name.split("."))
+    private = lambda name: any(
+        (part.startswith("_") and not part.startswith("__")) or part == "internal" for part in name.split(".")
+    )
     foreign, found = set(), []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -122,20 +124,30 @@ def private_uses(path: pathlib.Path) -> list[str]:
 
 
 def test_private_names_of_dependencies_are_used_only_in_their_pinned_modules():
-    paths = [path for package in (ROOT, ROOT.parent / "sciad_bench") for path in package.rglob("*.py")
-             if not path.name.endswith("_internals.py")]
+    paths = [
+        path
+        for package in (ROOT, ROOT.parent / "sciad_bench")
+        for path in package.rglob("*.py")
+        if not path.name.endswith("_internals.py")
+    ]
     assert [use for path in paths for use in private_uses(path)] == [], (
         "use a dependency's private name through sciad/_<package>_internals.py (which states the versions "
-        "it was tested on) and pin it in tests/test_private_surfaces.py")
+        "it was tested on) and pin it in tests/test_private_surfaces.py"
+    )
 
 
 def test_private_uses_finds_private_imports_and_attributes(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("import diffrax as dfx\nimport equinox.internal as eqxi\nfrom jax._src import core\n"
-                    "from __future__ import annotations\nfrom sciad._jax_internals import core\n"
-                    "x = dfx.RESULTS._index_to_message\ny = self._cache\n")
-    assert private_uses(path) == ["m.py:2 imports equinox.internal", "m.py:3 imports jax._src.core",
-                                  "m.py:6 reads dfx.RESULTS._index_to_message"]
+    path.write_text(
+        "import diffrax as dfx\nimport equinox.internal as eqxi\nfrom jax._src import core\n"
+        "from __future__ import annotations\nfrom sciad._jax_internals import core\n"
+        "x = dfx.RESULTS._index_to_message\ny = self._cache\n"
+    )
+    assert private_uses(path) == [
+        "m.py:2 imports equinox.internal",
+        "m.py:3 imports jax._src.core",
+        "m.py:6 reads dfx.RESULTS._index_to_message",
+    ]
 
 
 def test_bench_commands_name_the_extra_when_the_benchmark_product_is_missing(monkeypatch):

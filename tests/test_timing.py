@@ -15,6 +15,7 @@ RIGHT = np.array([1.0, -2.0, 4.0])
 
 def candidate(log, name, out=RIGHT, seconds=0.0, build_seconds=0.0):
     """A build whose build and calls are logged in `log` ("build a", "a") and take the seconds given."""
+
     def build():
         log.append(f"build {name}")
         time.sleep(build_seconds)
@@ -41,8 +42,13 @@ def test_relative_error_is_in_the_max_norm():
 def test_a_wrong_candidate_is_reported_and_not_timed():
     log = []
     reference = candidate(log, "ref")
-    builds = [candidate(log, "right"), candidate(log, "wrong", out=RIGHT * 1.01), candidate(log, "close", RIGHT * 1.0001),
-              candidate(log, "nan", out=RIGHT * np.nan), candidate(log, "loss", out=np.float64(3.0))]
+    builds = [
+        candidate(log, "right"),
+        candidate(log, "wrong", out=RIGHT * 1.01),
+        candidate(log, "close", RIGHT * 1.0001),
+        candidate(log, "nan", out=RIGHT * np.nan),
+        candidate(log, "loss", out=np.float64(3.0)),
+    ]
 
     def failing():
         raise ValueError("no engine here\nValueError: cannot run")
@@ -99,8 +105,15 @@ def test_budget_bounds_the_rounds_of_each_tier():
 def test_slow_calls_are_timed_in_rounds_of_their_own_after_the_fast_ones():
     log, rounds = [], []
     builds = [candidate(log, "slow", seconds=0.05), candidate(log, "fast")]
-    rows = compare(builds, candidate(log, "ref"), tolerance=0.0, rounds=2, slow_call=0.05,
-                   on_compile=lambda i: log.append(f"compile {i}"), on_round=lambda tier, i: rounds.append((tier, i)))
+    rows = compare(
+        builds,
+        candidate(log, "ref"),
+        tolerance=0.0,
+        rounds=2,
+        slow_call=0.05,
+        on_compile=lambda i: log.append(f"compile {i}"),
+        on_round=lambda tier, i: rounds.append((tier, i)),
+    )
     calls = [x for x in log if x in ("slow", "fast")]
     assert calls == ["slow", "fast"] + ["slow", "fast"] + ["fast"] * 2 + ["slow"] * 2  # first calls, warm-up, tiers
     assert rounds == [("fast", 0), ("fast", 1), ("slow", 0), ("slow", 1)]

@@ -7,8 +7,10 @@ import numpy as np
 
 from sciad.ad._backend import AbstractHostBackend
 
-_FIX = ("write f with functions autograd differentiates (`sciad.ad.namespace(x)` gives the array-API ones), "
-        "or use another engine, e.g. 'jax-reverse' or 'torch'")
+_FIX = (
+    "write f with functions autograd differentiates (`sciad.ad.namespace(x)` gives the array-API ones), "
+    "or use another engine, e.g. 'jax-reverse' or 'torch'"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +40,13 @@ class Autograd(AbstractHostBackend):
             rule = re.match(r"VJP of (\S+) wrt", str(e))
             if rule is None:
                 raise
-            raise NotImplementedError(f"autograd cannot differentiate `{rule[1]}` (it has no derivative rule): "
-                                      f"{_FIX}") from e
-        if getattr(y, "dtype", None) == object:
-            raise TypeError("f returned a NumPy object array holding autograd values: a NumPy function (such as "
-                            "numpy.asarray of a list) dropped the tape, which would give a zero gradient; build "
-                            "arrays with `sciad.ad.namespace(x)` (its `asarray`, `stack`, `concat` keep the tape)")
+            raise NotImplementedError(
+                f"autograd cannot differentiate `{rule[1]}` (it has no derivative rule): {_FIX}"
+            ) from e
+        if getattr(y, "dtype", None) == np.dtype(object):
+            raise TypeError(
+                "f returned a NumPy object array holding autograd values: a NumPy function (such as "
+                "numpy.asarray of a list) dropped the tape, which would give a zero gradient; build "
+                "arrays with `sciad.ad.namespace(x)` (its `asarray`, `stack`, `concat` keep the tape)"
+            )
         return y, lambda w: tuple(vjp(w))

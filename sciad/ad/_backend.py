@@ -12,7 +12,8 @@ import abc
 import dataclasses
 import inspect
 import typing
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 from equinox import AbstractClassVar, AbstractVar
@@ -115,8 +116,7 @@ class AbstractBackend(abc.ABC):
         def pb(w):
             w = namespace(w).reshape(w, (m,))
             return tuple(
-                namespace(J).reshape(w @ namespace(J).reshape(J, (m, _size(x))), x.shape)
-                for J, x in zip(jacs, xs)
+                namespace(J).reshape(w @ namespace(J).reshape(J, (m, _size(x))), x.shape) for J, x in zip(jacs, xs)
             )
 
         return y, pb
@@ -144,9 +144,7 @@ class AbstractBackend(abc.ABC):
             m = _size(y)
             basis = namespace(y).reshape(self.asarray(np.eye(m), like=y), (m, *y.shape))
             rows = self.map(pb, basis)
-            return y, tuple(
-                namespace(r).reshape(r, (*y.shape, *x.shape)) for r, x in zip(rows, xs)
-            )
+            return y, tuple(namespace(r).reshape(r, (*y.shape, *x.shape)) for r, x in zip(rows, xs))
         y, pf = self.value_and_pushforward(f, xs)
         jacs = []
         for i, x in enumerate(xs):
@@ -171,8 +169,11 @@ class AbstractHostBackend(AbstractBackend):
 
 
 # what a concrete backend declares: name -> AbstractClassVar (a class attribute) or AbstractVar (any attribute)
-_DECLARED = {n: typing.get_origin(hint) for n, hint in typing.get_type_hints(AbstractBackend).items()
-             if typing.get_origin(hint) in (AbstractClassVar, AbstractVar)}
+_DECLARED = {
+    n: typing.get_origin(hint)
+    for n, hint in typing.get_type_hints(AbstractBackend).items()
+    if typing.get_origin(hint) in (AbstractClassVar, AbstractVar)
+}
 
 
 def _check_declarations(cls: type) -> None:
@@ -180,27 +181,37 @@ def _check_declarations(cls: type) -> None:
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     missing = [n for n in _DECLARED if not (hasattr(cls, n) or n in fields)]
     if missing:
-        raise TypeError(f"{cls.__name__} cannot be created: declare {', '.join(missing)} (see sciad.ad.AbstractBackend)")
+        raise TypeError(
+            f"{cls.__name__} cannot be created: declare {', '.join(missing)} (see sciad.ad.AbstractBackend)"
+        )
     for n, kind in _DECLARED.items():
         if kind is AbstractClassVar and isinstance(inspect.getattr_static(cls, n), property):
             raise TypeError(f"{cls.__name__}.{n} must be a class attribute, not a property")
     if not cls.primitives or not set(cls.primitives) <= PRIMITIVES.keys():
-        raise TypeError(f"{cls.__name__} cannot be created: it declares primitives={set(cls.primitives)}; declare "
-                        "those it implements, 'pullback' (value_and_pullback), 'pushforward' "
-                        "(value_and_pushforward) or both, and implement them")
+        raise TypeError(
+            f"{cls.__name__} cannot be created: it declares primitives={set(cls.primitives)}; declare "
+            "those it implements, 'pullback' (value_and_pullback), 'pushforward' "
+            "(value_and_pushforward) or both, and implement them"
+        )
     for primitive, method in PRIMITIVES.items():
         implemented = getattr(cls, method) is not getattr(AbstractBackend, method)
         if primitive in cls.primitives and not implemented:
-            raise TypeError(f"{cls.__name__} cannot be created: it declares the {primitive} but does not implement "
-                            f"it: implement {method}")
+            raise TypeError(
+                f"{cls.__name__} cannot be created: it declares the {primitive} but does not implement "
+                f"it: implement {method}"
+            )
         if implemented and primitive not in cls.primitives:
-            raise TypeError(f"{cls.__name__} cannot be created: it implements the {primitive} but does not declare "
-                            f"it: add '{primitive}' to its primitives")
+            raise TypeError(
+                f"{cls.__name__} cannot be created: it implements the {primitive} but does not declare "
+                f"it: add '{primitive}' to its primitives"
+            )
     mode = inspect.getattr_static(cls, "mode")
     if not isinstance(mode, property) and NATIVE.get(mode) not in cls.primitives:
-        raise TypeError(f"{cls.__name__} cannot be created: its mode {mode!r} must name a primitive it implements, "
-                        f"'reverse' (the pullback) or 'forward' (the pushforward); its primitives: "
-                        f"{sorted(cls.primitives)}")
+        raise TypeError(
+            f"{cls.__name__} cannot be created: its mode {mode!r} must name a primitive it implements, "
+            f"'reverse' (the pullback) or 'forward' (the pushforward); its primitives: "
+            f"{sorted(cls.primitives)}"
+        )
 
 
 def check_scalar(y, op: str = "gradient") -> None:
@@ -208,8 +219,9 @@ def check_scalar(y, op: str = "gradient") -> None:
     shape = getattr(y, "shape", None)
     if shape is None or tuple(shape) != ():
         got = f"a {type(y).__name__}" if shape is None else f"shape {tuple(shape)}"
-        raise ValueError(f"{op} needs f to return a scalar, but f returned {got}: "
-                         "use jacobian or vjp for non-scalar outputs")
+        raise ValueError(
+            f"{op} needs f to return a scalar, but f returned {got}: use jacobian or vjp for non-scalar outputs"
+        )
 
 
 def _stacked(outs: list):

@@ -11,6 +11,5 @@ def require(package: str, extra: str, backend: str) -> None:
     """Raise `MissingEngineError` unless `package` imports here."""
     if importlib.util.find_spec(package) is None:
         raise MissingEngineError(
-            f"backend {backend} needs the package '{package}', which is not installed: "
-            f"pip install 'sciad[{extra}]'"
+            f"backend {backend} needs the package '{package}', which is not installed: pip install 'sciad[{extra}]'"
         )

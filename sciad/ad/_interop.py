@@ -2,7 +2,7 @@
 
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -46,8 +46,14 @@ def differentiate_with(f: Callable, backend: AbstractBackend | str) -> Callable:
     return raising_solve_errors(_traced(f, backend) if backend.traced else _host(f, backend))
 
 
-def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Callable, *,
-                        vmappable: bool = True, nondifferentiable: str | None = None) -> Callable:
+def custom_linear_rules(
+    forward: Callable,
+    pushforward: Callable,
+    pullback: Callable,
+    *,
+    vmappable: bool = True,
+    nondifferentiable: str | None = None,
+) -> Callable:
     """A JAX function `g(*xs)` with its own forward and reverse rules.
 
     `forward(*xs, active) -> (y, residuals)`, where `active` (a tuple of bools,
@@ -96,8 +102,16 @@ def custom_linear_rules(forward: Callable, pushforward: Callable, pullback: Call
             return tuple(cotangents[i] for i in active)
 
         slots = [i for i in active for _ in jax.tree.leaves(vs[i])]  # each linear leaf's argument
-        return y, linear_map(lin, lin_t, residuals, tuple(vs[i] for i in active), out=y, vmappable=vmappable,
-                             nondifferentiable=nondifferentiable, slots=slots)
+        return y, linear_map(
+            lin,
+            lin_t,
+            residuals,
+            tuple(vs[i] for i in active),
+            out=y,
+            vmappable=vmappable,
+            nondifferentiable=nondifferentiable,
+            slots=slots,
+        )
 
     return g
 
@@ -150,10 +164,17 @@ def _traced(f: Callable, backend: AbstractBackend) -> Callable:
         return tuple(backend.value_and_pullback(f, xs)[1](w))
 
     return custom_linear_rules(
-        lambda *xs, active: (f(*xs), xs), pushforward, pullback, vmappable=backend.vmappable,
-        nondifferentiable=None if backend.higher_order else (
+        lambda *xs, active: (f(*xs), xs),
+        pushforward,
+        pullback,
+        vmappable=backend.vmappable,
+        nondifferentiable=None
+        if backend.higher_order
+        else (
             f"second derivatives through the {backend.name!r} engine are not available (it cannot "
-            "differentiate its own derivatives): use jax-reverse, jax-forward or jax-transpose here"))
+            "differentiate its own derivatives): use jax-reverse, jax-forward or jax-transpose here"
+        ),
+    )
 
 
 def _host(f: Callable, backend: AbstractBackend) -> Callable:
@@ -164,9 +185,11 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
             y = backend.numpy(f(*(backend.asarray(np.ones(x.shape, x.dtype)) for x in xs)))
         return jax.ShapeDtypeStruct(y.shape, jnp.result_type(*xs))
 
-    no_second_order = (f"second derivatives through the host engine {backend.name!r} are not available inside "
-                       "JAX (its products run in host callbacks, which JAX cannot differentiate): use a JAX "
-                       "engine (jax-reverse, jax-forward, jax-transpose) here")
+    no_second_order = (
+        f"second derivatives through the host engine {backend.name!r} are not available inside "
+        "JAX (its products run in host callbacks, which JAX cannot differentiate): use a JAX "
+        "engine (jax-reverse, jax-forward, jax-transpose) here"
+    )
 
     @jax.custom_jvp
     def primal(*xs):
@@ -189,8 +212,9 @@ def _host(f: Callable, backend: AbstractBackend) -> Callable:
         results = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in _active(at.xs, at.active))
         return _expanded(_callback(backend, product, (at.xs, w), results, "the pullback of f"), at.active)
 
-    return custom_linear_rules(lambda *xs, active: (primal(*xs), _Point(xs, active)), pushforward, pullback,
-                               nondifferentiable=no_second_order)
+    return custom_linear_rules(
+        lambda *xs, active: (primal(*xs), _Point(xs, active)), pushforward, pullback, nondifferentiable=no_second_order
+    )
 
 
 def _callback(backend: AbstractBackend, product: Callable, args: tuple, results, what: str):
@@ -216,13 +240,16 @@ def _callback(backend: AbstractBackend, product: Callable, args: tuple, results,
                 return out_tree.unflatten([np.zeros(batch + r.shape, r.dtype) for r in outs])
             ys = _map_batch(backend, product, tree, leaves, ndims, batch)
         ys = ys if isinstance(ys, tuple) else (ys,)
-        return out_tree.unflatten([np.reshape(backend.numpy(y).astype(r.dtype), batch + r.shape)
-                                   for y, r in zip(ys, outs, strict=True)])
+        return out_tree.unflatten(
+            [np.reshape(backend.numpy(y).astype(r.dtype), batch + r.shape) for y, r in zip(ys, outs, strict=True)]
+        )
 
     def failure(e: Exception) -> str:
-        return (f"{what} raised {type(e).__name__} on the host (the {backend.name!r} engine, called from JAX): "
-                f"{str(e).rstrip('.')}; where f itself fails at these inputs, fix f, else differentiate it with "
-                "another engine, e.g. 'jax-reverse'")
+        return (
+            f"{what} raised {type(e).__name__} on the host (the {backend.name!r} engine, called from JAX): "
+            f"{str(e).rstrip('.')}; where f itself fails at these inputs, fix f, else differentiate it with "
+            "another engine, e.g. 'jax-reverse'"
+        )
 
     return jax.pure_callback(host_call(host, failure), results, *leaves, vmap_method="expand_dims")
 
@@ -231,11 +258,16 @@ def _map_batch(backend: AbstractBackend, product: Callable, tree, leaves: tuple,
     """`product`'s results stacked (size, ...) over a nonempty batch of shape `batch`: `leaves` have
     leading axes (`batch`'s, or 1 where shared) before their members' `ndims`."""
     size = math.prod(batch)
-    shapes = [x.shape[x.ndim - n:] for x, n in zip(leaves, ndims)]
+    shapes = [x.shape[x.ndim - n :] for x, n in zip(leaves, ndims)]
     batched = tuple(x.size > math.prod(s) for x, s in zip(leaves, shapes))
-    members = [np.reshape(np.broadcast_to(x, batch + s), (size, *s)) if b else np.reshape(x, s)
-               for x, s, b in zip(leaves, shapes, batched)]
+    members = [
+        np.reshape(np.broadcast_to(x, batch + s), (size, *s)) if b else np.reshape(x, s)
+        for x, s, b in zip(leaves, shapes, batched)
+    ]
     if not any(batched):  # a batch of one
         return product(backend, *tree.unflatten([backend.asarray(m) for m in members]))
-    return backend.map_batch(lambda engine, *member: product(engine, *tree.unflatten(member)),
-                             tuple(backend.asarray(m) for m in members), batched)
+    return backend.map_batch(
+        lambda engine, *member: product(engine, *tree.unflatten(member)),
+        tuple(backend.asarray(m) for m in members),
+        batched,
+    )

@@ -1,7 +1,7 @@
 """Backends traced by JAX: reverse, forward, jvp + transpose, and EnzymeJAX."""
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -126,7 +126,8 @@ class Enzyme(AbstractBackend):
             if primitive in ENZYME_REFUSES:
                 raise NotImplementedError(
                     f"enzyme-ad 0.0.16 cannot differentiate `{primitive}` (jax.numpy.{primitive}): "
-                    f"{ENZYME_REFUSES[primitive]}; use another engine for this function, e.g. 'jax-reverse'")
+                    f"{ENZYME_REFUSES[primitive]}; use another engine for this function, e.g. 'jax-reverse'"
+                )
         y, pullback = jax.vjp(self._lower(f), *xs)
         return y, lambda w: _finite(pullback(w), (y, w))
 
@@ -144,11 +145,14 @@ def _finite(cotangents, given):
     """`cotangents`, raising a `SolveError` when the program runs where they are not finite but f's
     value and the cotangent pulled back (`given`) are."""
     finite = lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
-    return error_if(cotangents, finite(given) & ~finite(cotangents),
-                        "the 'enzyme' engine's derivative is NaN or infinite where f and the cotangent are finite: "
-                        "enzyme-ad 0.0.16 differentiates a product of neighbouring elements of one array "
-                        "(u[0] * u[1]) as the product over each element, NaN where one is 0; use another engine "
-                        "for this function, e.g. 'jax-reverse'")
+    return error_if(
+        cotangents,
+        finite(given) & ~finite(cotangents),
+        "the 'enzyme' engine's derivative is NaN or infinite where f and the cotangent are finite: "
+        "enzyme-ad 0.0.16 differentiates a product of neighbouring elements of one array "
+        "(u[0] * u[1]) as the product over each element, NaN where one is 0; use another engine "
+        "for this function, e.g. 'jax-reverse'",
+    )
 
 
 def _primitives(jaxpr):

@@ -29,16 +29,17 @@ differentiated too; with `out` it must close over none (pass them in `residuals`
 """
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sciad._errors import raising_solve_errors
+
 # A new primitive needs JAX's internals, kept with the JAX versions they were
 # tested on in sciad/_jax_internals.py, which says why.
 from sciad._jax_internals import batching, convert_constvars_jaxpr, core, debug_info, jax_ad, lu, mlir, pe
-from sciad._errors import raising_solve_errors
 
 linear_map_p = core.Primitive("sciad_linear_map")
 linear_map_p.multiple_results = True
@@ -51,11 +52,21 @@ class HigherOrderError(NotImplementedError):
 REVERSE_OVER_REVERSE = (
     "reverse-over-reverse differentiation is not available here (the rules' inner solves support "
     "forward mode only): take second derivatives forward-over-reverse, e.g. jax.hessian(f), "
-    "jax.jacfwd(jax.grad(f)) or jax.jvp(jax.grad(f), (x,), (v,))")
+    "jax.jacfwd(jax.grad(f)) or jax.jvp(jax.grad(f), (x,), (v,))"
+)
 
 
-def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, out=None, vmappable: bool = True,
-               nondifferentiable: str | None = None, slots: tuple | None = None):
+def linear_map(
+    fun: Callable,
+    transpose: Callable,
+    residuals,
+    linear,
+    *,
+    out=None,
+    vmappable: bool = True,
+    nondifferentiable: str | None = None,
+    slots: tuple | None = None,
+):
     """`fun(residuals, linear)` (PyTrees of arrays in and out), linear in `linear`,
     with `transpose(residuals, cotangent) -> cotangent of linear` as its transpose. `out`: the
     structure, shapes and dtypes of fun's output (arrays or `jax.ShapeDtypeStruct`s), where known:
@@ -69,8 +80,9 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, out=Non
     out_tree = [] if out is None else [jax.tree.structure(out)]
 
     def flat_fun(*args):
-        out = fun(jax.tree.unflatten(res_tree, args[: len(res_flat)]),
-                  jax.tree.unflatten(lin_tree, args[len(res_flat):]))
+        out = fun(
+            jax.tree.unflatten(res_tree, args[: len(res_flat)]), jax.tree.unflatten(lin_tree, args[len(res_flat) :])
+        )
         flat, tree = jax.tree.flatten(out)
         if out_tree and tree != out_tree[0]:
             raise TypeError(f"linear_map: fun returned structure {tree}, declared {out_tree[0]}")
@@ -85,21 +97,32 @@ def linear_map(fun: Callable, transpose: Callable, residuals, linear, *, out=Non
         callee, consts = _Callee(None, lambda: _trace_closed(flat_fun, [*res_flat, *lin_flat], avals), avals), []
 
     def flat_transpose(*args):
-        cts = transpose(jax.tree.unflatten(res_tree, args[: len(res_flat)]),
-                        jax.tree.unflatten(out_tree[0], args[len(res_flat):]))
+        cts = transpose(
+            jax.tree.unflatten(res_tree, args[: len(res_flat)]), jax.tree.unflatten(out_tree[0], args[len(res_flat) :])
+        )
         flat, tree = jax.tree.flatten(cts)
         if tree != lin_tree:
-            raise TypeError(f"linear_map: the transpose returned structure {tree}, but the linear "
-                            f"input has structure {lin_tree}")
+            raise TypeError(
+                f"linear_map: the transpose returned structure {tree}, but the linear input has structure {lin_tree}"
+            )
         return flat
 
     @functools.cache
     def transpose_thunk():
         return _trace(flat_transpose, [*res_flat, *callee.out_avals])
 
-    out = linear_map_p.bind(*consts, *res_flat, *lin_flat, callee=callee, transpose_thunk=transpose_thunk,
-                            num_consts=len(consts), num_res=len(res_flat), vmappable=vmappable,
-                            nondifferentiable=nondifferentiable, slots=slots)
+    out = linear_map_p.bind(
+        *consts,
+        *res_flat,
+        *lin_flat,
+        callee=callee,
+        transpose_thunk=transpose_thunk,
+        num_consts=len(consts),
+        num_res=len(res_flat),
+        vmappable=vmappable,
+        nondifferentiable=nondifferentiable,
+        slots=slots,
+    )
     return jax.tree.unflatten(out_tree[0], out)
 
 
@@ -167,8 +190,10 @@ def _trace_closed(flat_fun: Callable, args, out_avals) -> core.ClosedJaxpr:
     closed = core.ClosedJaxpr(jaxpr, consts)
     got = [(a.shape, a.dtype) for a in closed.out_avals]
     if got != [(a.shape, a.dtype) for a in out_avals] or closed.effects:
-        raise TypeError(f"linear_map(out=...): fun returned {got} (effects {closed.effects}), declared "
-                        f"{[(a.shape, a.dtype) for a in out_avals]} and no effects")
+        raise TypeError(
+            f"linear_map(out=...): fun returned {got} (effects {closed.effects}), declared "
+            f"{[(a.shape, a.dtype) for a in out_avals]} and no effects"
+        )
     return closed
 
 
@@ -198,8 +223,15 @@ def _is_zero(t) -> bool:
 
 
 def _jvp(primals, tangents, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable, slots):
-    params = dict(callee=callee, transpose_thunk=transpose_thunk, num_consts=num_consts, num_res=num_res,
-                  vmappable=vmappable, nondifferentiable=nondifferentiable, slots=slots)
+    params = dict(
+        callee=callee,
+        transpose_thunk=transpose_thunk,
+        num_consts=num_consts,
+        num_res=num_res,
+        vmappable=vmappable,
+        nondifferentiable=nondifferentiable,
+        slots=slots,
+    )
     nres = num_consts + num_res
     res, lin = list(primals[:nres]), list(primals[nres:])
     dres, dlin = tangents[:nres], tangents[nres:]
@@ -246,27 +278,41 @@ def _residual_term(callee, res, lin, active, dres, vmappable):
 
 def _transpose(cts, *args, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable, slots):
     nres = num_consts + num_res
-    res, lin = args[:nres], args[nres:]
+    res = args[:nres]
     if any(jax_ad.is_undefined_primal(r) for r in res):
         raise HigherOrderError("linear_map: transposing with respect to a residual (a nonlinear input)")
     consts, user_res = res[:num_consts], res[num_consts:]
     t_jaxpr, t_consts = transpose_thunk()
     cts = [jax_ad.instantiate_zeros(ct) if type(ct) is jax_ad.Zero else ct for ct in cts]
     cts = [jnp.zeros(a.shape, a.dtype) if ct is None else ct for ct, a in zip(cts, callee.out_avals)]
-    out = linear_map_p.bind(*t_consts, *user_res, *cts, callee=t_jaxpr if isinstance(t_jaxpr, _Callee) else _Callee(t_jaxpr),
-                            transpose_thunk=lambda: (callee, list(consts)), num_consts=len(t_consts),
-                            num_res=num_res, vmappable=vmappable, nondifferentiable=nondifferentiable,
-                            slots=tuple(range(len(cts))))
+    out = linear_map_p.bind(
+        *t_consts,
+        *user_res,
+        *cts,
+        callee=t_jaxpr if isinstance(t_jaxpr, _Callee) else _Callee(t_jaxpr),
+        transpose_thunk=lambda: (callee, list(consts)),
+        num_consts=len(t_consts),
+        num_res=num_res,
+        vmappable=vmappable,
+        nondifferentiable=nondifferentiable,
+        slots=tuple(range(len(cts))),
+    )
     return [None] * nres + list(out)
 
 
-def _batch(axis_data, args, dims, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable,
-           slots):
+def _batch(axis_data, args, dims, *, callee, transpose_thunk, num_consts, num_res, vmappable, nondifferentiable, slots):
     """vmap of the map and of its transpose (or lax.map where the engine cannot be vmapped). Unbatched
     linear inputs stay unbatched: the transpose sums their cotangents over the batch, under a named
     axis (`_Summed`) that lets `accumulate_pullback` sum them step by step."""
-    params = dict(callee=callee, transpose_thunk=transpose_thunk, num_consts=num_consts, num_res=num_res,
-                  vmappable=vmappable, nondifferentiable=nondifferentiable, slots=slots)
+    params = dict(
+        callee=callee,
+        transpose_thunk=transpose_thunk,
+        num_consts=num_consts,
+        num_res=num_res,
+        vmappable=vmappable,
+        nondifferentiable=nondifferentiable,
+        slots=slots,
+    )
     if all(d is None for d in dims):
         out = linear_map_p.bind(*args, **params)
         return out, [None] * len(out)
@@ -280,6 +326,7 @@ def _batch(axis_data, args, dims, *, callee, transpose_thunk, num_consts, num_re
     def rows(jaxpr, consts, res, res_batched, rest, rest_batched, out_batched=None, axis_name=None):
         """`jaxpr(*consts, *res, *rest)` row by row, `res` and `rest` batched where marked; outputs
         batched except where `out_batched` says not (summed over the batch: `_total`)."""
+
         def row(batched_args):
             it = iter(batched_args)
             full = [next(it) if b else a for a, b in zip([*res, *rest], [*res_batched, *rest_batched])]
@@ -301,8 +348,9 @@ def _batch(axis_data, args, dims, *, callee, transpose_thunk, num_consts, num_re
     def transpose(res, cts):  # the transpose jaxpr takes (its own consts, the user residuals, cotangents)
         jaxpr, t_consts = transpose_thunk()
         name = _Summed(frozenset(slots[i] for i in shared), frozenset(slots)) if shared else None
-        return rows(jaxpr, t_consts, res[num_consts:], res_batched[num_consts:], cts, [True] * len(cts),
-                    lin_batched, name)
+        return rows(
+            jaxpr, t_consts, res[num_consts:], res_batched[num_consts:], cts, [True] * len(cts), lin_batched, name
+        )
 
     out = linear_map(fun, transpose, res, lin, vmappable=vmappable, nondifferentiable=nondifferentiable, slots=slots)
     return out, [0] * len(out)
@@ -359,17 +407,28 @@ def accumulate_pullback(fun: Callable, x, p, cotangent, p_bar, slots: tuple):
     p_flat, p_tree = jax.tree.flatten(p)
 
     def flat_fun(*args):
-        return jax.tree.leaves(fun(jax.tree.unflatten(x_tree, args[: len(x_flat)]),
-                                   jax.tree.unflatten(p_tree, args[len(x_flat):])))
+        return jax.tree.leaves(
+            fun(jax.tree.unflatten(x_tree, args[: len(x_flat)]), jax.tree.unflatten(p_tree, args[len(x_flat) :]))
+        )
 
     jaxpr, consts = _trace(flat_fun, [*x_flat, *p_flat])
     ct_flat = jax.tree.leaves(cotangent)
     acc_flat, acc_tree = jax.tree.flatten(p_bar)
     if acc_tree != p_tree:
         raise TypeError(f"accumulate_pullback: p_bar has structure {acc_tree}, p {p_tree}")
-    out = accumulate_p.bind(*consts, *x_flat, *p_flat, *ct_flat, *acc_flat, jaxpr=jaxpr, num_consts=len(consts),
-                            num_x=len(x_flat), num_p=len(p_flat), slots=tuple(slots))
-    return jax.tree.unflatten(x_tree, out[: len(x_flat)]), jax.tree.unflatten(p_tree, out[len(x_flat):])
+    out = accumulate_p.bind(
+        *consts,
+        *x_flat,
+        *p_flat,
+        *ct_flat,
+        *acc_flat,
+        jaxpr=jaxpr,
+        num_consts=len(consts),
+        num_x=len(x_flat),
+        num_p=len(p_flat),
+        slots=tuple(slots),
+    )
+    return jax.tree.unflatten(x_tree, out[: len(x_flat)]), jax.tree.unflatten(p_tree, out[len(x_flat) :])
 
 
 accumulate_p = core.Primitive("sciad_accumulate_pullback")
@@ -403,9 +462,12 @@ def _accumulate_batch(axis_data, args, dims, *, jaxpr, num_consts, num_x, num_p,
     if not (_summing(axis_data, slots) and all(d is None for d in (*p_axes, *acc_axes))):
         out = jax.vmap(lambda *a: _accumulate_impl(*a, **params), in_axes=axes, axis_size=axis_data.size)(*args)
         return out, [0] * len(out)
+
     # The batch shares p and sums its cotangent: one pullback of the batched fun with respect to p.
     def rows(xs, xs_axes):  # x and the cotangent: batched throughout
-        return [a if d is not None else jnp.broadcast_to(a, (axis_data.size, *jnp.shape(a))) for a, d in zip(xs, xs_axes)]
+        return [
+            a if d is not None else jnp.broadcast_to(a, (axis_data.size, *jnp.shape(a))) for a, d in zip(xs, xs_axes)
+        ]
 
     consts, x, p, ct, acc = _split_accumulate(args, num_consts, num_x, num_p)
     _, x_axes, _, ct_axes, _ = _split_accumulate(axes, num_consts, num_x, num_p)
@@ -430,8 +492,9 @@ def _accumulate_jvp(primals, tangents, *, jaxpr, num_consts, num_x, num_p, slots
         y, dy = jax.jvp(lambda c, x, p: _run(jaxpr, *c, *x, *p), (list(consts), x, p), (list(dconsts), dx, dp))
         return y, dy
 
-    (dx_bar, x_bar), (dp_bar, p_bar) = accumulate_pullback(doubled, (list(x), list(dx)), (list(p), list(dp)),
-                                                           (list(dct), list(ct)), (list(dacc), list(acc)), slots)
+    (dx_bar, x_bar), (dp_bar, p_bar) = accumulate_pullback(
+        doubled, (list(x), list(dx)), (list(p), list(dp)), (list(dct), list(ct)), (list(dacc), list(acc)), slots
+    )
     return [*x_bar, *p_bar], [*dx_bar, *dp_bar]
 
 

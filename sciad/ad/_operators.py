@@ -23,8 +23,8 @@ import dataclasses
 import threading
 import types
 import weakref
+from collections.abc import Callable
 from operator import itemgetter
-from typing import Callable
 
 import jax
 import numpy as np

@@ -9,8 +9,7 @@ from sciad.ad._jax_backends import Enzyme, JaxForward, JaxReverse, JaxTranspose
 from sciad.ad._torch_backend import Torch
 
 BACKENDS: dict[str, type[AbstractBackend]] = {
-    cls.name: cls
-    for cls in (JaxReverse, JaxForward, JaxTranspose, Enzyme, Torch, Autograd, FiniteDifferences)
+    cls.name: cls for cls in (JaxReverse, JaxForward, JaxTranspose, Enzyme, Torch, Autograd, FiniteDifferences)
 }
 
 

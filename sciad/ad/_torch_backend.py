@@ -73,9 +73,7 @@ class Torch(AbstractHostBackend):
             y = f(*xs)
 
         def pb(w):
-            grads = torch.autograd.grad(
-                y, xs, w, retain_graph=True, create_graph=nested, allow_unused=True
-            )
+            grads = torch.autograd.grad(y, xs, w, retain_graph=True, create_graph=nested, allow_unused=True)
             return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, xs))
 
         return (y if nested else y.detach()), pb

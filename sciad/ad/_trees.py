@@ -10,7 +10,7 @@ give them. Leaves are named by their paths (`x['a'][0]`) in errors.
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -36,32 +36,42 @@ def check_host(tree, name: str) -> None:
             raise TypeError(
                 f"{name}{keystr(path)} is a {type(node).__name__}, which a host engine cannot hold (it takes "
                 f"dicts, lists and tuples of arrays): pass its arrays in one of those, or use a JAX engine "
-                f"('jax-reverse', 'jax-forward'), which takes any PyTree")
+                f"('jax-reverse', 'jax-forward'), which takes any PyTree"
+            )
 
 
 def named_leaves(base: str, tree) -> list[tuple[str, object]]:
     """`(name, leaf)` for the array leaves of `tree`, named `base` + path."""
-    return [(base + keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-            if is_array(leaf)]
+    return [
+        (base + keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0] if is_array(leaf)
+    ]
 
 
 def check_like(name: str, tree, like, like_name: str) -> None:
     """Raise unless `tree` (called `name`) has the structure and leaf shapes of `like` (called
     `like_name`), naming the first leaf that differs."""
     if jax.tree.structure(tree) != jax.tree.structure(like):
-        names = [n[len(name):] for n, _ in named_leaves(name, tree)]
-        like_names = [n[len(like_name):] for n, _ in named_leaves(like_name, like)]
+        names = [n[len(name) :] for n, _ in named_leaves(name, tree)]
+        like_names = [n[len(like_name) :] for n, _ in named_leaves(like_name, like)]
         missing = [n for n in like_names if n not in names]
         extra = [n for n in names if n not in like_names]
-        what = (f"{name}{missing[0]} is missing" if missing else f"{name}{extra[0]} is not in {like_name}" if extra
-                else f"its containers differ ({jax.tree.structure(tree)} vs {jax.tree.structure(like)})")
-        raise ValueError(f"{name} must have the structure of {like_name}, but {what}: build it like "
-                         f"{like_name} (e.g. jax.tree.map(numpy.zeros_like, {like_name}))")
+        what = (
+            f"{name}{missing[0]} is missing"
+            if missing
+            else f"{name}{extra[0]} is not in {like_name}"
+            if extra
+            else f"its containers differ ({jax.tree.structure(tree)} vs {jax.tree.structure(like)})"
+        )
+        raise ValueError(
+            f"{name} must have the structure of {like_name}, but {what}: build it like "
+            f"{like_name} (e.g. jax.tree.map(numpy.zeros_like, {like_name}))"
+        )
     for (leaf_name, leaf), (like_leaf_name, like_leaf) in zip(named_leaves(name, tree), named_leaves(like_name, like)):
         shape, like_shape = tuple(getattr(leaf, "shape", ())), tuple(getattr(like_leaf, "shape", ()))
         if shape != like_shape:
-            raise ValueError(f"{leaf_name} has shape {shape} but {like_leaf_name} has shape {like_shape}: "
-                             "they must match")
+            raise ValueError(
+                f"{leaf_name} has shape {shape} but {like_leaf_name} has shape {like_shape}: they must match"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +141,10 @@ class Outputs:
         paths, self.tree = jax.tree_util.tree_flatten_with_path(y)
         for path, leaf in paths:
             if not hasattr(leaf, "shape"):
-                raise TypeError(f"f's output{keystr(path)} is a {type(leaf).__name__}, not an array: f must "
-                                "return an array or a PyTree (dict, list, tuple) of arrays")
+                raise TypeError(
+                    f"f's output{keystr(path)} is a {type(leaf).__name__}, not an array: f must "
+                    "return an array or a PyTree (dict, list, tuple) of arrays"
+                )
         if not paths:
             raise ValueError(f"f returned {y!r}, which holds no arrays: return an array or a PyTree of arrays")
         leaves = [leaf for _, leaf in paths]
@@ -147,7 +159,7 @@ class Outputs:
         xp, start, cut = namespace(a), 0, []
         for shape in self.shapes:
             size = math.prod(shape)
-            cut.append(xp.reshape(a[start:start + size], (*shape, *trailing)))
+            cut.append(xp.reshape(a[start : start + size], (*shape, *trailing)))
             start += size
         return cut
 

@@ -8,10 +8,27 @@ from sciad.adjoints._base import STORED_BYTES, STORED_STEPS, AbstractSensitivity
 from sciad.adjoints._continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints._forward import ForwardSensitivity
-from sciad.adjoints._reversible import ReversibleAdjoint
 from sciad.adjoints._registry import ODE_SENSEALGS, SENSEALGS, describe, engine_option, parse
+from sciad.adjoints._reversible import ReversibleAdjoint
 from sciad.adjoints._steady import SteadyStateAdjoint
 
-__all__ = ["ODE_SENSEALGS", "SENSEALGS", "STORED_BYTES", "STORED_STEPS", "AbstractSensitivity", "BacksolveAdjoint",
-           "DiscreteAdjoint", "ForwardDiffSensitivity", "ForwardSensitivity", "GaussAdjoint", "InterpolatingAdjoint", "QuadratureAdjoint",
-           "ReversibleAdjoint", "SteadyStateAdjoint", "describe", "engine_option", "parse", "step_controller"]
+__all__ = [
+    "ODE_SENSEALGS",
+    "SENSEALGS",
+    "STORED_BYTES",
+    "STORED_STEPS",
+    "AbstractSensitivity",
+    "BacksolveAdjoint",
+    "DiscreteAdjoint",
+    "ForwardDiffSensitivity",
+    "ForwardSensitivity",
+    "GaussAdjoint",
+    "InterpolatingAdjoint",
+    "QuadratureAdjoint",
+    "ReversibleAdjoint",
+    "SteadyStateAdjoint",
+    "describe",
+    "engine_option",
+    "parse",
+    "step_controller",
+]

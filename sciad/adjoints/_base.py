@@ -5,7 +5,7 @@ solve differentiable."""
 import abc
 import dataclasses
 import typing
-from typing import Callable
+from collections.abc import Callable
 
 import diffrax as dfx
 import equinox as eqx
@@ -14,11 +14,16 @@ import jax.numpy as jnp
 import optimistix as optx
 
 import sciad.ad as ad
-from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only
 from sciad._dae import MassMatrix, consistent_derivative, held_mass, initialise, released_mass, solver_mass
 from sciad._errors import batch_any, error_if, solver_failure, warn_if
-from sciad._stability import (STABILITY_CHECKED_STEPS, STABILITY_LIMITED, STABILITY_STEPS_MIN, stability_boundary,
-                              stability_steps)
+from sciad._stability import (
+    STABILITY_CHECKED_STEPS,
+    STABILITY_LIMITED,
+    STABILITY_STEPS_MIN,
+    stability_boundary,
+    stability_steps,
+)
+from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only
 
 
 class Setup(eqx.Module):
@@ -56,14 +61,21 @@ class Setup(eqx.Module):
     @property
     def adjoint_tolerances(self) -> tuple[float, float]:
         """(rtol, atol) of the backward systems."""
-        return (self.rtol if self.adjoint_rtol is None else self.adjoint_rtol,
-                self.atol if self.adjoint_atol is None else self.adjoint_atol)
+        return (
+            self.rtol if self.adjoint_rtol is None else self.adjoint_rtol,
+            self.atol if self.adjoint_atol is None else self.adjoint_atol,
+        )
 
     def controller(self, rtol: float | None = None, atol: float | None = None, norm=None) -> dfx.PIDController:
         """The step-size controller at rtol, atol (default: the forward solve's) and `norm` (None: the
         user's controller's, else the RMS norm)."""
-        return step_controller(self.solver, self.rtol if rtol is None else rtol, self.atol if atol is None else atol,
-                               norm, self.stepsize_controller)
+        return step_controller(
+            self.solver,
+            self.rtol if rtol is None else rtol,
+            self.atol if atol is None else atol,
+            norm,
+            self.stepsize_controller,
+        )
 
     @property
     def implicit(self) -> bool:
@@ -100,16 +112,24 @@ class Setup(eqx.Module):
         rule holds fixed, the rest arriving as the rule's own inputs (`bound`). A Rosenbrock solver's
         mass matrix (NumPy, read at trace time) is held as a static field until then, so a rule that
         takes the bare setup as an input (traced) still reads it (`sciad._dae.held_mass`)."""
-        bare = eqx.tree_at(lambda s: (s.f.held, s.ts, s.t0, s.t1, s.dt0), self, (None, None, None, None, None),
-                           is_leaf=lambda x: x is None)
+        bare = eqx.tree_at(
+            lambda s: (s.f.held, s.ts, s.t0, s.t1, s.dt0),
+            self,
+            (None, None, None, None, None),
+            is_leaf=lambda x: x is None,
+        )
         solver, mass = held_mass(self.solver)
         return dataclasses.replace(bare, solver=solver, mass=mass)
 
     def bound(self, c, ts, t0, t1, merged: bool = False, dt0=None) -> "Setup":
         """This setup with f holding the closure values `c` (appended to p where `merged`), saving at
         `ts`, from t0 to t1, first trying the step dt0 (a bare setup's solver with its mass matrix again)."""
-        setup = eqx.tree_at(lambda s: (s.f, s.ts, s.t0, s.t1, s.dt0), self,
-                            (self.f.with_closure(c, merged), ts, t0, t1, dt0), is_leaf=lambda x: x is None)
+        setup = eqx.tree_at(
+            lambda s: (s.f, s.ts, s.t0, s.t1, s.dt0),
+            self,
+            (self.f.with_closure(c, merged), ts, t0, t1, dt0),
+            is_leaf=lambda x: x is None,
+        )
         setup = dataclasses.replace(setup, parameter_slots=(1, 2) if merged else (1,))
         if self.mass is None:
             return setup
@@ -136,8 +156,24 @@ class Setup(eqx.Module):
         """Indices (T,) of the saveat times among the breakpoints `bps`."""
         return jnp.searchsorted(bps, jnp.asarray(self.ts, bps.dtype))
 
-    def diffeqsolve(self, term, y0, args, t0, t1, *, ts=None, dense=False, steps=False, step_states=False,
-                    adjoint=None, max_steps=None, norm=None, dt0=None, throw=True):
+    def diffeqsolve(
+        self,
+        term,
+        y0,
+        args,
+        t0,
+        t1,
+        *,
+        ts=None,
+        dense=False,
+        steps=False,
+        step_states=False,
+        adjoint=None,
+        max_steps=None,
+        norm=None,
+        dt0=None,
+        throw=True,
+    ):
         """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards),
         saving at `ts` and, with `steps` = k, after every k-th accepted step (True: every one), in one
         array. With `step_states`, the solution's `ts` and `ys` are pairs: at `ts`, and at t0 and
@@ -146,13 +182,25 @@ class Setup(eqx.Module):
         Solves inside the rules run in diffrax's `ForwardMode` (JAX never reverse-differentiates
         them, and an outer `jax.jvp` can enter them: second derivatives)."""
         controller = self.controller(norm=norm)
-        saveat = (dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t0=True, steps=True)]) if step_states
-                  else dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense))
+        saveat = (
+            dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t0=True, steps=True)])
+            if step_states
+            else dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
+        )
         max_steps = max_steps or self.max_steps
         sol = dfx.diffeqsolve(
-            term, self.solver, t0, t1, dt0, y0, args=args, saveat=saveat,
-            stepsize_controller=controller, max_steps=max_steps,
-            adjoint=adjoint or dfx.ForwardMode(), throw=False,
+            term,
+            self.solver,
+            t0,
+            t1,
+            dt0,
+            y0,
+            args=args,
+            saveat=saveat,
+            stepsize_controller=controller,
+            max_steps=max_steps,
+            adjoint=adjoint or dfx.ForwardMode(),
+            throw=False,
         )
         if not throw:
             return sol
@@ -163,16 +211,22 @@ class Setup(eqx.Module):
         (`sciad._dae.initialise`, differentiable), else as it is."""
         if not self.consistent:
             return u0
-        return initialise("consistent", self.f, solver_mass(self.solver, self.n), u0, p, self.t0, self.rtol,
-                          self.atol)
+        return initialise("consistent", self.f, solver_mass(self.solver, self.n), u0, p, self.t0, self.rtol, self.atol)
 
     def forward(self, u0, p, *, ts=None, **options):
         """The forward solve of y from (u0, 0) (`initialised`) at t0 to t1, saving y (n + k,) at `ts`
         (default: the saveat times); `options` as `diffeqsolve`'s."""
         ts = self.ts if ts is None else ts
         options.setdefault("dt0", self.dt0)
-        return self.diffeqsolve(self.term(), self.state(self.initialised(u0, p)), p, self.t0, self.t1, ts=jnp.asarray(ts, u0.dtype),
-                                **options)
+        return self.diffeqsolve(
+            self.term(),
+            self.state(self.initialised(u0, p)),
+            p,
+            self.t0,
+            self.t1,
+            ts=jnp.asarray(ts, u0.dtype),
+            **options,
+        )
 
 
 # Steps the storing sensealgs keep without recomputation: diffrax's default max_steps, and no more
@@ -213,8 +267,9 @@ def leading_seminorm(parts: int = 1) -> Callable:
     return lambda y: optx.rms_norm(y[:parts])
 
 
-def step_controller(solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None,
-                    like: dfx.PIDController | None = None) -> dfx.PIDController:
+def step_controller(
+    solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None, like: dfx.PIDController | None = None
+) -> dfx.PIDController:
     """Adaptive steps at rtol, atol: integral control, or for implicit solvers PI control
     (pcoeff 0.4, icoeff 0.3, as diffrax suggests for stiff problems: Kvaerno5 rejects about
     half its steps on the Oregonator under integral control, a fifth under PI); or the controller
@@ -316,8 +371,9 @@ class AbstractSensitivity(eqx.Module):
 
     def engines(self) -> tuple:
         """The `sciad.ad` backends this sensealg runs f's products on: its fields that hold one."""
-        return tuple(x for x in (getattr(self, f.name) for f in dataclasses.fields(self))
-                     if isinstance(x, ad.AbstractBackend))
+        return tuple(
+            x for x in (getattr(self, f.name) for f in dataclasses.fields(self)) if isinstance(x, ad.AbstractBackend)
+        )
 
     def slow_for(self, states: int, implicit: bool) -> str | None:
         """Why this sensealg is known to be far off the fastest for `states` states and an implicit
@@ -353,20 +409,28 @@ class AbstractSensitivity(eqx.Module):
             if self.follows_steps:
                 ys, stats, residuals = stability_limited(self, bound, u0, p_in, (ys, stats, residuals))
             stats = stats.astype(ys.dtype)
-            rates = _Rates(jax.vmap(lambda y, t: bound.derivative(y, p_in, t))(ys, ts) if d_ts else None,
-                           bound.derivative(bound.state(bound.initialised(u0, p_in)), p_in, t0) if d_t0 else None)
+            rates = _Rates(
+                jax.vmap(lambda y, t: bound.derivative(y, p_in, t))(ys, ts) if d_ts else None,
+                bound.derivative(bound.state(bound.initialised(u0, p_in)), p_in, t0) if d_t0 else None,
+            )
             size_u0 = jnp.max(jnp.abs(u0))
             sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(ys)))]))
-            return forward_mode_only(((ys, stats), _Residuals(residuals, c, (ts, t0, t1), merged, p_in, sizes, rates,
-                                                              first)), REVERSE_OVER_REVERSE)
+            return forward_mode_only(
+                ((ys, stats), _Residuals(residuals, c, (ts, t0, t1), merged, p_in, sizes, rates, first)),
+                REVERSE_OVER_REVERSE,
+            )
 
         def pushforward(res, vs):
             du0, dp, dc, dts, dt0 = vs[:5]
             n = du0.shape[0]
             if res.rates.t0 is not None:
                 du0 = du0 - res.rates.t0[:n] * dt0
-            dys = self.pushforward(bind(res.c, res.times, res.merged, res.first), res.inner, du0,
-                                   jnp.concatenate([dp, dc]) if res.merged else dp)
+            dys = self.pushforward(
+                bind(res.c, res.times, res.merged, res.first),
+                res.inner,
+                du0,
+                jnp.concatenate([dp, dc]) if res.merged else dp,
+            )
             if res.rates.t0 is not None:  # q(t0) = 0 moves with t0: every q(tᵢ) by -g(u0) dt0
                 dys = dys.at[:, n:].add(-res.rates.t0[n:] * dt0)
             if res.rates.ts is not None:
@@ -376,8 +440,9 @@ class AbstractSensitivity(eqx.Module):
         def pullback(res, w):
             w = w[0]
             n = u0.shape[0]
-            g_u0, g_p = warn_if_chaotic(setup.rtol, res, w,
-                                        *self.pullback(bind(res.c, res.times, res.merged, res.first), res.inner, w))
+            g_u0, g_p = warn_if_chaotic(
+                setup.rtol, res, w, *self.pullback(bind(res.c, res.times, res.merged, res.first), res.inner, w)
+            )
             g_ts = None if res.rates.ts is None else jnp.sum(w * res.rates.ts, axis=1)
             g_t0 = None if res.rates.t0 is None else _t0_cotangent(g_u0, w, res.rates.t0, n)
             g_t1, g_first = jnp.zeros_like(res.times[2]), tuple(jnp.zeros_like(x) for x in res.first)
@@ -427,12 +492,14 @@ class _Residuals(eqx.Module):
     first: tuple = ()
 
 
-CHAOTIC = ("the gradient is {:.1e} times as sensitive as the solution itself (relative to their sizes; "
-           "more than 1/rtol): the solve is exponentially sensitive to u0 and p over this horizon (chaos, e.g. "
-           "Lorenz), and the solver's own error moves the loss as much as the gradient predicts, so its size and "
-           "sign depend on the tolerance. A gradient of a long-time average of a chaotic system is meaningless: "
-           "shorten the horizon (fit on windows, multiple shooting) or use a shadowing method (least-squares "
-           "shadowing; not yet in sciad)")
+CHAOTIC = (
+    "the gradient is {:.1e} times as sensitive as the solution itself (relative to their sizes; "
+    "more than 1/rtol): the solve is exponentially sensitive to u0 and p over this horizon (chaos, e.g. "
+    "Lorenz), and the solver's own error moves the loss as much as the gradient predicts, so its size and "
+    "sign depend on the tolerance. A gradient of a long-time average of a chaotic system is meaningless: "
+    "shorten the horizon (fit on windows, multiple shooting) or use a shadowing method (least-squares "
+    "shadowing; not yet in sciad)"
+)
 
 
 def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
@@ -447,7 +514,8 @@ def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
     if not relative:
         return g_u0, g_p
     amplification = jax.lax.stop_gradient(
-        jnp.max(jnp.stack(relative)) / jnp.maximum(jnp.sum(jnp.abs(w)) * size_u, jnp.finfo(w.dtype).tiny))
+        jnp.max(jnp.stack(relative)) / jnp.maximum(jnp.sum(jnp.abs(w)) * size_u, jnp.finfo(w.dtype).tiny)
+    )
     return warn_if((g_u0, g_p), amplification * rtol > 1, CHAOTIC, amplification)
 
 
@@ -456,9 +524,10 @@ STABILITY_LIMITED_MESSAGE = (
     "solver's stability limit (h ρ(∂f/∂u) ≈ {beta:.2g}): the problem is stiff for it. The step-size control keeps "
     "the solution bounded by rejecting steps, but the steps' linearisation, which carries the tangents and "
     "cotangents, multiplies the stiff modes by about 1 per step where they should decay, with no such feedback: "
-    "the gradient's error is not controlled, and can be off by many orders of magnitude. Pass solver=\"auto\" "
-    "or an implicit solver (solver=\"rodas5p\" or \"kvaerno5\"), or keep the solver with a continuous adjoint, "
-    "whose error is controlled (sensealg=sciad.GaussAdjoint())")
+    'the gradient\'s error is not controlled, and can be off by many orders of magnitude. Pass solver="auto" '
+    'or an implicit solver (solver="rodas5p" or "kvaerno5"), or keep the solver with a continuous adjoint, '
+    "whose error is controlled (sensealg=sciad.GaussAdjoint())"
+)
 
 
 def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outputs):
@@ -474,13 +543,15 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
     n = setup.n
 
     def steps():
-        return stability_steps(lambda u, t: setup.f(u, p, t)[:n], setup.t0, setup.t1, u0, setup.ts, ys[:, :n], beta,
-                               setup.rtol).astype(ys.dtype)
+        return stability_steps(
+            lambda u, t: setup.f(u, p, t)[:n], setup.t0, setup.t1, u0, setup.ts, ys[:, :n], beta, setup.rtol
+        ).astype(ys.dtype)
 
     S = jax.lax.cond(batch_any(stats[1] >= STABILITY_CHECKED_STEPS), steps, lambda: jnp.zeros((), ys.dtype))
     pred = (S >= STABILITY_STEPS_MIN) & (stats[1] <= STABILITY_LIMITED * S)
-    message = STABILITY_LIMITED_MESSAGE.format(sensealg=type(sensealg).__name__, solver=type(setup.solver).__name__,
-                                               beta=beta)
+    message = STABILITY_LIMITED_MESSAGE.format(
+        sensealg=type(sensealg).__name__, solver=type(setup.solver).__name__, beta=beta
+    )
     arrays, rest = eqx.partition(outputs, eqx.is_array)
     return eqx.combine(error_if(arrays, pred, message), rest)
 

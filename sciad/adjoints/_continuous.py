@@ -18,7 +18,7 @@ with the adjoint) and what is integrated backwards (an `AbstractBackward`: `Lamb
 """
 
 import abc
-from typing import Callable
+from collections.abc import Callable
 
 import diffrax as dfx
 import equinox as eqx
@@ -28,6 +28,9 @@ import numpy as np
 import optimistix as optx
 
 import sciad.ad as ad
+from sciad import _dae as dae
+from sciad._errors import batch_any, check, error_if, warn_if
+from sciad.adjoints import _checkpoints as checkpoints
 from sciad.adjoints._base import (
     AbstractSensitivity,
     Products,
@@ -40,10 +43,7 @@ from sciad.adjoints._base import (
     stats_vector,
     stored_steps,
 )
-from sciad.adjoints import _checkpoints as checkpoints
 from sciad.adjoints._stepping import Marcher
-from sciad import _dae as dae
-from sciad._errors import batch_any, check, error_if, warn_if
 
 
 class Recorded(eqx.Module):
@@ -103,8 +103,13 @@ class Jumps(eqx.Module):
         if self.mass is None:
             return adjoint_jump(lam, w), None
         zero = jnp.zeros_like(w_q)
-        return dae.adjoint_jump(self.mass, lam, w, lambda v: prods.vjp(u, p, t, _with_integral(v, zero))[1:],
-                                lambda lam: prods.vjp(u, p, t, _with_integral(lam, w_q))[1])
+        return dae.adjoint_jump(
+            self.mass,
+            lam,
+            w,
+            lambda v: prods.vjp(u, p, t, _with_integral(v, zero))[1:],
+            lambda lam: prods.vjp(u, p, t, _with_integral(lam, w_q))[1],
+        )
 
     def cotangent_u0(self, lam):
         """∂L/∂u0 from λ(t0)."""
@@ -354,8 +359,9 @@ class Checkpointed(AbstractInterpolated):
         if self.interval_max_steps is not None:
             return self.interval_max_steps
         if self.checkpoints is None:
-            step_bytes = interpolation_step_bytes(setup.solver, setup.n + setup.f.integrand_size,
-                                                  jnp.dtype(setup.f.u.dtype).itemsize)
+            step_bytes = interpolation_step_bytes(
+                setup.solver, setup.n + setup.f.integrand_size, jnp.dtype(setup.f.u.dtype).itemsize
+            )
             return min(INTERVAL_STEPS, stored_steps(setup.max_steps, step_bytes))
         intervals = len(setup.breakpoints(_checkpoint_times(setup, self.checkpoints))) - 1
         return int(min(setup.max_steps, max(64, 4 * setup.max_steps // intervals)))
@@ -381,9 +387,15 @@ class Checkpointed(AbstractInterpolated):
 
     def args_structure(self, setup, rec):
         t = rec.t.astype(rec.u0.dtype)
-        return eqx.filter_eval_shape(lambda: Interval(rec.p, _Held(
-            self._resolved(setup, rec.p, t[-1], t[-2], rec.u_at[-2], t[-1] - t[-2])[0], t[-2], t[-1], setup.n),
-            _no_integral(setup, rec)))
+        return eqx.filter_eval_shape(
+            lambda: Interval(
+                rec.p,
+                _Held(
+                    self._resolved(setup, rec.p, t[-1], t[-2], rec.u_at[-2], t[-1] - t[-2])[0], t[-2], t[-1], setup.n
+                ),
+                _no_integral(setup, rec),
+            )
+        )
 
     def cross(self, setup, advance, march, carry, rec, j, w_q):
         strides = self.strides(setup) if self.checkpoints is None else (self.steps_per_interval(setup) // 2,)
@@ -399,17 +411,24 @@ class Checkpointed(AbstractInterpolated):
         def resolve_and_march():
             interpolation, ok = self._resolved(setup, p, t_from, t_to, u_at[j], jnp.minimum(march.dt, t_from - t_to))
             checked_march = error_if(
-                march, jnp.invert(ok), "a continuous adjoint's checkpointing: an interval between checkpoints "
+                march,
+                jnp.invert(ok),
+                "a continuous adjoint's checkpointing: an interval between checkpoints "
                 f"needed more than interval_max_steps={self.steps_per_interval(setup)} steps; pass the sensealg a "
-                "larger interval_max_steps or more checkpoints")
+                "larger interval_max_steps or more checkpoints",
+            )
             args = Interval(p, _Held(interpolation, t_to, t_from, setup.n), w_q)
             return advance(checked_march, args, t_to, setup.max_steps), carry
 
         def recheckpoint_and_march():
-            sub_t, sub_u, ok = _checkpointed_interval(setup, p, t_to, t_from, u_at[j], strides[1], 2 * strides[0],
-                                                      jnp.minimum(march.dt, t_from - t_to))
-            checked_march = error_if(march, jnp.invert(ok), "a continuous adjoint's checkpointing: re-solving an "
-                                     "interval between checkpoints failed")
+            sub_t, sub_u, ok = _checkpointed_interval(
+                setup, p, t_to, t_from, u_at[j], strides[1], 2 * strides[0], jnp.minimum(march.dt, t_from - t_to)
+            )
+            checked_march = error_if(
+                march,
+                jnp.invert(ok),
+                "a continuous adjoint's checkpointing: re-solving an interval between checkpoints failed",
+            )
 
             def interval(c):
                 i, m, watched = c
@@ -427,8 +446,17 @@ class Checkpointed(AbstractInterpolated):
 
     def _resolved(self, setup, p, t_from, t_to, u_start, dt0):
         """(interpolation, ok): this interval re-solved forward from u_start with dense output."""
-        sol = setup.diffeqsolve(setup.term(), u_start, p, t_to, t_from, dense=True,
-                                max_steps=self.steps_per_interval(setup), dt0=dt0, throw=False)
+        sol = setup.diffeqsolve(
+            setup.term(),
+            u_start,
+            p,
+            t_to,
+            t_from,
+            dense=True,
+            max_steps=self.steps_per_interval(setup),
+            dt0=dt0,
+            throw=False,
+        )
         return sol.interpolation, dfx.is_okay(sol.result)
 
 
@@ -436,8 +464,18 @@ def _checkpointed_interval(setup: Setup, p, t_to, t_from, y_start, every: int, m
     """(t (B,), y (B, n + k), ok): [t_to, t_from] re-solved from y_start keeping y every `every` accepted
     steps, in at most `max_steps` steps; unused checkpoints sit at t_from with y(t_from) (B = 2 +
     max_steps // every)."""
-    sol = setup.diffeqsolve(setup.term(), y_start, p, t_to, t_from, ts=jnp.stack([t_to, t_from]), steps=every,
-                            max_steps=max_steps, dt0=dt0, throw=False)
+    sol = setup.diffeqsolve(
+        setup.term(),
+        y_start,
+        p,
+        t_to,
+        t_from,
+        ts=jnp.stack([t_to, t_from]),
+        steps=every,
+        max_steps=max_steps,
+        dt0=dt0,
+        throw=False,
+    )
     unused = jnp.isinf(sol.ts)
     y1 = sol.ys[jnp.sum(~unused) - 1]
     t = jnp.where(unused, t_from, sol.ts)
@@ -463,8 +501,9 @@ class Stored(AbstractInterpolated):
         return self.fallback.interval_max_steps
 
     def record(self, setup, u0, p):
-        stored = stored_steps(setup.max_steps, interpolation_step_bytes(
-            setup.solver, u0.size + setup.f.integrand_size, u0.dtype.itemsize))
+        stored = stored_steps(
+            setup.max_steps, interpolation_step_bytes(setup.solver, u0.size + setup.f.integrand_size, u0.dtype.itemsize)
+        )
         bps = setup.breakpoints()
         if stored == setup.max_steps:
             return _record_at_breakpoints(setup, u0, p, bps, dense=True)
@@ -509,10 +548,12 @@ class Stored(AbstractInterpolated):
 # take at most 1.4 in both).
 DRIFT_TOLERANCE = 300.0
 BACKWARD_STEPS = 4
-UNSTABLE = ("BacksolveAdjoint: the state re-solved backwards in time departs from the forward solution "
-            f"(or the backward solve failed, or took more than {BACKWARD_STEPS} steps per forward step), so this problem is "
-            "unstable backwards in time (stiff or dissipative) and the gradient would be wrong. Use "
-            "InterpolatingAdjoint (checkpointing=True bounds its memory) or GaussAdjoint.")
+UNSTABLE = (
+    "BacksolveAdjoint: the state re-solved backwards in time departs from the forward solution "
+    f"(or the backward solve failed, or took more than {BACKWARD_STEPS} steps per forward step), so this problem is "
+    "unstable backwards in time (stiff or dissipative) and the gradient would be wrong. Use "
+    "InterpolatingAdjoint (checkpointing=True bounds its memory) or GaussAdjoint."
+)
 
 
 class Backsolved(AbstractSource):
@@ -579,9 +620,12 @@ class Backsolved(AbstractSource):
         unstable = drift > self.drift_tolerance
         if self.on_instability == "raise":
             return error_if(cotangents, unstable, UNSTABLE + " Or pass BacksolveAdjoint(on_instability='warn').")
-        return warn_if(cotangents, unstable,
-                       f"{UNSTABLE} (drift {{:.3g}} tolerances per forward step, limit {self.drift_tolerance:g})",
-                       drift)
+        return warn_if(
+            cotangents,
+            unstable,
+            f"{UNSTABLE} (drift {{:.3g}} tolerances per forward step, limit {self.drift_tolerance:g})",
+            drift,
+        )
 
 
 def _no_integral(setup: Setup, rec: Recorded):
@@ -598,8 +642,11 @@ def _record_at_breakpoints(setup: Setup, u0, p, bps, *, dense: bool):
     """The forward pass saving u at the breakpoints `bps` (with the dense interpolation if `dense`)."""
     sol = setup.forward(u0, p, ts=bps, dense=dense)
     stats = stats_vector(sol)
-    return (sol.ys[setup.saved(bps)], stats,
-            Recorded(u0, p, bps, sol.ys, sol.interpolation if dense else None, stats[1], None))
+    return (
+        sol.ys[setup.saved(bps)],
+        stats,
+        Recorded(u0, p, bps, sol.ys, sol.interpolation if dense else None, stats[1], None),
+    )
 
 
 # --- the sensealg --------------------------------------------------------------------------------
@@ -697,11 +744,13 @@ class ContinuousAdjoint(AbstractSensitivity):
         # The forward pass's mean step is the first one tried: no step-size search.
         dt0 = (setup.t1 - setup.t0) / jnp.maximum(rec.steps, 1).astype(rec.u0.dtype)
         # `direct`: what the jumps add to ∂L/∂p themselves (None without a mass matrix).
-        lam1, direct = jumps_at.after(prods, rec.u_at[last, :n], rec.p, t[last], jnp.zeros((n,), w.dtype),
-                                      jumps[last, :n], w_q[last])
+        lam1, direct = jumps_at.after(
+            prods, rec.u_at[last, :n], rec.p, t[last], jnp.zeros((n,), w.dtype), jumps[last, :n], w_q[last]
+        )
         y1 = source.state(rec.u_at[last, :n], backward.start(lam1, rec.p))
-        march = marcher.start(y1, source.args_structure(setup, rec), t[-1], dt0,
-                              None if quadrature is None else quadrature[0](rec.p))
+        march = marcher.start(
+            y1, source.args_structure(setup, rec), t[-1], dt0, None if quadrature is None else quadrature[0](rec.p)
+        )
 
         def interval(carry):
             j, march, watched, direct = carry
@@ -712,8 +761,9 @@ class ContinuousAdjoint(AbstractSensitivity):
             z = backward.with_lam(z, lam)
             return j - 1, march.jumped(source.state(rec.u_at[j, :n], z)), watched, _added(direct, more)
 
-        _, march, watched, direct = jax.lax.while_loop(lambda carry: carry[0] >= 0, interval,
-                                                       (last - 1, march, source.initial_carry(w.dtype), direct))
+        _, march, watched, direct = jax.lax.while_loop(
+            lambda carry: carry[0] >= 0, interval, (last - 1, march, source.initial_carry(w.dtype), direct)
+        )
         g_u0, g_p = backward.gradients(source.adjoint(march.y), march.quadrature)
         return source.verdict(setup, (jumps_at.cotangent_u0(g_u0), _added(g_p, direct)), march, watched)
 
@@ -732,8 +782,9 @@ def _interpolated(name: str, checkpointing, checkpoints, interval_max_steps) -> 
     interval_max_steps = None if interval_max_steps is None else int(interval_max_steps)
     if not checkpointing:
         return Stored(Checkpointed(None, interval_max_steps))
-    return Checkpointed(None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints)),
-                        interval_max_steps)
+    return Checkpointed(
+        None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints)), interval_max_steps
+    )
 
 
 class InterpolatingAdjoint(ContinuousAdjoint):
@@ -746,15 +797,17 @@ class InterpolatingAdjoint(ContinuousAdjoint):
     `checkpoints` (times; default: every `interval_max_steps // 2` accepted steps) and re-solves
     each interval between them during the reverse pass (`Checkpointed`)."""
 
-    def __init__(self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None,
-                 seminorm=False):
+    def __init__(
+        self, vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None, seminorm=False
+    ):
         self.vjp = ad.get(vjp)
         self.source = _interpolated("InterpolatingAdjoint", checkpointing, checkpoints, interval_max_steps)
         self.backward = LambdaMu(bool(seminorm))
 
 
-def QuadratureAdjoint(vjp="jax-reverse", checkpointing=False, checkpoints=None,
-                      interval_max_steps=None) -> InterpolatingAdjoint:
+def QuadratureAdjoint(
+    vjp="jax-reverse", checkpointing=False, checkpoints=None, interval_max_steps=None
+) -> InterpolatingAdjoint:
     """SciMLSensitivity's name for λ solved backwards with ∂L/∂p = ∫ λᵀ ∂f/∂p dt as a quadrature
     along λ's steps, the parameter integral left out of the error control (its steps set by λ
     alone, n values, not n + m): `InterpolatingAdjoint(seminorm=True)` with the same checkpointing

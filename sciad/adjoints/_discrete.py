@@ -1,7 +1,7 @@
 """Differentiating through the solver's steps: discretise-then-optimise."""
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import diffrax as dfx
 import equinox as eqx
@@ -9,12 +9,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sciad.adjoints._base import (AbstractSensitivity, Setup, checked, plain_forward, solver_pushforward, stats_vector,
-                                 stored_steps)
-from sciad.adjoints._stepping import Stepper
 from sciad._diffrax_internals import WrapTerm
 from sciad._errors import batch_any
 from sciad.ad._linear import accumulate_pullback
+from sciad.adjoints._base import (
+    AbstractSensitivity,
+    Setup,
+    checked,
+    plain_forward,
+    solver_pushforward,
+    stats_vector,
+    stored_steps,
+)
+from sciad.adjoints._stepping import Stepper
 
 STORE_ALL_BYTES = 2**28  # auto's `stored-steps` rule: DiscreteAdjoint where max_steps states fit (256 MiB)
 STATE_COPIES = 1  # the stored reverse pass keeps each accepted step's state once (recomputing its stages)
@@ -74,8 +81,9 @@ class DiscreteAdjoint(AbstractSensitivity):
 
     def __post_init__(self):
         if self.stored_steps is not None and not (isinstance(self.stored_steps, int) and self.stored_steps > 0):
-            raise ValueError(f"DiscreteAdjoint(stored_steps=...) must be a positive int or None, got "
-                             f"{self.stored_steps!r}")
+            raise ValueError(
+                f"DiscreteAdjoint(stored_steps=...) must be a positive int or None, got {self.stored_steps!r}"
+            )
 
     def recording(self, setup: Setup, u0) -> Callable:
         """How the forward pass records its reverse pass (`_recorded`): the solve in segments of
@@ -109,8 +117,10 @@ class Tape(eqx.Module):
 
 def _zero_tangents(tree):
     """Zero tangents for a PyTree of arrays (float0 for integer leaves)."""
-    return jax.tree.map(lambda x: jnp.zeros_like(x) if jnp.issubdtype(x.dtype, jnp.inexact)
-                        else np.zeros(x.shape, jax.dtypes.float0), tree)
+    return jax.tree.map(
+        lambda x: jnp.zeros_like(x) if jnp.issubdtype(x.dtype, jnp.inexact) else np.zeros(x.shape, jax.dtypes.float0),
+        tree,
+    )
 
 
 def _checkpointed(checkpoints: int | None) -> Callable:
@@ -118,8 +128,9 @@ def _checkpointed(checkpoints: int | None) -> Callable:
     `RecursiveCheckpointAdjoint(checkpoints)` and the pullback `pb` it makes."""
 
     def recording(setup: Setup, u0, p):
-        _, pb, (us, stats, result) = jax.vjp(_solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints)),
-                                             u0, p, has_aux=True)
+        _, pb, (us, stats, result) = jax.vjp(
+            _solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints)), u0, p, has_aux=True
+        )
         return pb, us, stats, result
 
     return recording
@@ -153,14 +164,22 @@ def _segmented(count: int) -> Callable:
 
         def segment(carry):
             k, start, checkpoints, ys, _, stats, _ = carry
-            checkpoints = jax.tree.map(lambda c, x: c.at[k // stride].set(jnp.where(k % stride == 0, x, c[k // stride])),
-                                       checkpoints, start)
+            checkpoints = jax.tree.map(
+                lambda c, x: c.at[k // stride].set(jnp.where(k % stride == 0, x, c[k // stride])), checkpoints, start
+            )
             saves, *steps, end, more, result = _segment(setup, start, p, count, jnp.maximum(ts, start.t))
             ys = jnp.where((ts >= start.t)[:, None], saves, ys)
             return k + 1, end, checkpoints, ys, tuple(steps), stats + more, result
 
-        carry = (jnp.asarray(0), start, checkpoints, jnp.zeros((ts.shape[0], *y0.shape), y0.dtype), steps,
-                 jnp.zeros((3,), jnp.int32), dfx.RESULTS.successful)
+        carry = (
+            jnp.asarray(0),
+            start,
+            checkpoints,
+            jnp.zeros((ts.shape[0], *y0.shape), y0.dtype),
+            steps,
+            jnp.zeros((3,), jnp.int32),
+            dfx.RESULTS.successful,
+        )
         k, _, checkpoints, ys, (t, y, accepted), stats, result = jax.lax.while_loop(going, segment, carry)
         result = dfx.RESULTS.where(stats[0] > setup.max_steps, dfx.RESULTS.max_steps_reached, result)
         arrays, rest = eqx.partition(setup, eqx.is_array)
@@ -197,7 +216,8 @@ class _Resumable(dfx.AbstractAdaptiveStepSizeController):
 
     def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
         keep, t_prev, t_next, made_jump, state, result = self.controller.adapt_step_size(
-            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state[0])
+            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state[0]
+        )
         return keep, t_prev, t_next, made_jump, (state, t_next - t_prev), result
 
 
@@ -223,8 +243,9 @@ def _controller(setup: Setup) -> _Resumable:
 def _initial(setup: Setup, y0, p) -> _Start:
     """The solve's start at t0, as `diffrax.diffeqsolve` begins one (the controller's first step)."""
     term, t0 = WrapTerm(setup.term(), 1), jnp.asarray(setup.t0, y0.dtype)
-    t_next, state = _controller(setup).init(term, t0, setup.t1, y0, setup.dt0, p, setup.solver.func,
-                                            setup.solver.error_order(term))
+    t_next, state = _controller(setup).init(
+        term, t0, setup.t1, y0, setup.dt0, p, setup.solver.func, setup.solver.error_order(term)
+    )
     t_next = jnp.minimum(t_next, setup.t1)
     start = _Start(t0, y0, setup.solver.init(term, t0, t_next, y0, p), (state[0], t_next - t0), False)
     return jax.tree.map(jnp.asarray, start)  # the controller's state may hold Python scalars
@@ -236,11 +257,23 @@ def _segment(setup: Setup, start: _Start, p, count: int, ts=None) -> tuple:
     accepted step (inf after the last), the accepted steps, the next segment's `_Start`, stats (3,)
     int32, diffrax's result)."""
     subs = [dfx.SubSaveAt(t0=True, steps=True)] + ([] if ts is None else [dfx.SubSaveAt(ts=ts)])
-    sol = dfx.diffeqsolve(setup.term(), setup.solver, start.t, setup.t1, start.controller_state[1], start.y, args=p,
-                          saveat=dfx.SaveAt(subs=subs, solver_state=True, controller_state=True, made_jump=True),
-                          stepsize_controller=_controller(setup), max_steps=count, adjoint=dfx.ForwardMode(),
-                          throw=False, solver_state=start.solver_state, controller_state=start.controller_state,
-                          made_jump=start.made_jump)
+    sol = dfx.diffeqsolve(
+        setup.term(),
+        setup.solver,
+        start.t,
+        setup.t1,
+        start.controller_state[1],
+        start.y,
+        args=p,
+        saveat=dfx.SaveAt(subs=subs, solver_state=True, controller_state=True, made_jump=True),
+        stepsize_controller=_controller(setup),
+        max_steps=count,
+        adjoint=dfx.ForwardMode(),
+        throw=False,
+        solver_state=start.solver_state,
+        controller_state=start.controller_state,
+        made_jump=start.made_jump,
+    )
     (t, *_), (y, *saves) = sol.ts, sol.ys
     accepted = sol.stats["num_accepted_steps"]
     end = _Start(t[accepted], y[accepted], sol.solver_state, sol.controller_state, sol.made_jump)
@@ -267,12 +300,18 @@ def _resolved(setup: Setup, start: _Start, p, count: int) -> tuple:
         y1, error, _, solver_state, solver_result = stepper.step(at.t, t_next, at.y, p, at.solver_state, at.made_jump)
         error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), error)
         keep, t_prev, t_next, made_jump, controller_state, result = controller.adapt_step_size(
-            at.t, t_next, at.y, y1, p, error, stepper.error_order, at.controller_state)
+            at.t, t_next, at.y, y1, p, error, stepper.error_order, at.controller_state
+        )
         t_prev = jnp.minimum(t_prev, t1)
         t_next = jnp.where(t_next > floor, jnp.where(keep, t1, t_prev + 0.5 * (t1 - t_prev)), t_next)
         select = lambda a, b: jax.tree.map(lambda x, z: jnp.where(keep, x, z), a, b)  # noqa: E731
-        at = _Start(t_prev, select(y1, at.y), select(solver_state, at.solver_state), controller_state,
-                    select(made_jump, at.made_jump))
+        at = _Start(
+            t_prev,
+            select(y1, at.y),
+            select(solver_state, at.solver_state),
+            controller_state,
+            select(made_jump, at.made_jump),
+        )
         accepted = accepted + keep
         solver_result = dfx.RESULTS.where(keep, solver_result, dfx.RESULTS.successful)  # a rejected step's: no failure
         ok = dfx.is_successful(dfx.RESULTS.where(dfx.is_okay(solver_result), result, solver_result))
@@ -282,7 +321,8 @@ def _resolved(setup: Setup, start: _Start, p, count: int) -> tuple:
 
     t_next = jnp.minimum(start.t + start.controller_state[1], t1)
     at, _, _, accepted, _, t, y = jax.lax.while_loop(
-        going, step, (start, t_next, jnp.asarray(0), jnp.asarray(0), jnp.asarray(True), t, y))
+        going, step, (start, t_next, jnp.asarray(0), jnp.asarray(0), jnp.asarray(True), t, y)
+    )
     return at, t, y, accepted
 
 
@@ -324,7 +364,9 @@ def _pullback(rest, stride: int, arrays, rec: _Record, w):
         # Re-solving runs only where some member of a batch needs it.
         t, y, accepted = jax.lax.cond(
             batch_any(k != rec.last),
-            lambda: jax.tree.map(lambda a, b: jnp.where(k == rec.last, a, b), stored, resolved(k)), lambda: stored)
+            lambda: jax.tree.map(lambda a, b: jnp.where(k == rec.last, a, b), stored, resolved(k)),
+            lambda: stored,
+        )
         y_bar, p_bar = _reverse_steps(setup, stepper, saves, t, y, jnp.where(on, accepted, 0), rec.p, w, y_bar, p_bar)
         return k - 1, y_bar, p_bar
 
@@ -332,8 +374,9 @@ def _pullback(rest, stride: int, arrays, rec: _Record, w):
     y_bar = jnp.where(rec.none, jnp.sum(w, axis=0), jnp.zeros_like(rec.y[0]))
     # The loops run while any member of a batch has steps left (an unbatched condition), so that p's
     # cotangent, where the batch shares p, stays one sum over the batch (`accumulate_pullback`).
-    _, y_bar, p_bar = jax.lax.while_loop(lambda carry: batch_any(carry[0] >= 0), back,
-                                         (rec.last, y_bar, jnp.zeros_like(rec.p)))
+    _, y_bar, p_bar = jax.lax.while_loop(
+        lambda carry: batch_any(carry[0] >= 0), back, (rec.last, y_bar, jnp.zeros_like(rec.p))
+    )
     return y_bar[: setup.n], p_bar
 
 
@@ -444,8 +487,7 @@ class ForwardDiffSensitivity(AbstractSensitivity):
         if not argnums:  # only the times are differentiated: their derivatives need no Jacobian
             ys, stats, _ = plain_forward(setup, u0, p)
             return ys, stats, Jacobians(None, None, ys.shape)
-        jacs, (us, stats, result) = jax.jacfwd(
-            _solution(setup), argnums=argnums, has_aux=True)(u0, p)
+        jacs, (us, stats, result) = jax.jacfwd(_solution(setup), argnums=argnums, has_aux=True)(u0, p)
         full = [None, None]
         for i, jac in zip(argnums, jacs):
             full[i] = checked(setup, result, jac)
@@ -455,8 +497,10 @@ class ForwardDiffSensitivity(AbstractSensitivity):
         return tuple(None if jac is None else jnp.tensordot(w, jac, axes=2) for jac in (jacs.u0, jacs.p))
 
     def pushforward(self, setup: Setup, jacs: "Jacobians", du0, dp):
-        return sum((jnp.tensordot(jac, v, axes=1) for jac, v in zip((jacs.u0, jacs.p), (du0, dp)) if jac is not None),
-                   start=jnp.zeros(jacs.shape, du0.dtype))
+        return sum(
+            (jnp.tensordot(jac, v, axes=1) for jac, v in zip((jacs.u0, jacs.p), (du0, dp)) if jac is not None),
+            start=jnp.zeros(jacs.shape, du0.dtype),
+        )
 
 
 class Jacobians(eqx.Module):

@@ -5,9 +5,8 @@ import jax
 import jax.numpy as jnp
 
 import sciad.ad as ad
-from sciad.adjoints._base import AbstractSensitivity, Products, Setup, leading_seminorm, plain_forward, stats_vector
 from sciad._dae import consistent_tangents, solver_mass, with_mass
-
+from sciad.adjoints._base import AbstractSensitivity, Products, Setup, leading_seminorm, plain_forward, stats_vector
 
 SLOW_IMPLICIT_STATES = 16  # states from which ForwardSensitivity with an implicit solver gets a warning
 
@@ -46,9 +45,11 @@ class ForwardSensitivity(AbstractSensitivity):
 
     def slow_for(self, states: int, implicit: bool) -> str | None:
         if implicit and states >= SLOW_IMPLICIT_STATES:
-            return (f"ForwardSensitivity with an implicit solver on {states} states: the sensitivity equations "
-                    "join every Newton solve (many times slower than an adjoint: paper/tables/suite.md); "
-                    "sensealg='auto' picks a faster one")
+            return (
+                f"ForwardSensitivity with an implicit solver on {states} states: the sensitivity equations "
+                "join every Newton solve (many times slower than an adjoint: paper/tables/suite.md); "
+                "sensealg='auto' picks a faster one"
+            )
         return None
 
     def forward(self, setup: Setup, u0, p, active):
@@ -59,35 +60,48 @@ class ForwardSensitivity(AbstractSensitivity):
         y0 = setup.state(u0)
         sizes = (n if active.u0 else 0, m if active.p else 0)
         # Column c starts at S(t0) = ∂y0/∂x_c and is driven by ∂F/∂p · ∂p/∂x_c.
-        s0 = jnp.concatenate([jnp.eye(sizes[0], y0.shape[0], dtype=u0.dtype),
-                              jnp.zeros((sizes[1], y0.shape[0]), u0.dtype)])
+        s0 = jnp.concatenate(
+            [jnp.eye(sizes[0], y0.shape[0], dtype=u0.dtype), jnp.zeros((sizes[1], y0.shape[0]), u0.dtype)]
+        )
         dps = jnp.concatenate([jnp.zeros((sizes[0], m), p.dtype), jnp.eye(sizes[1], m, dtype=p.dtype)])
         prods = Products(setup.f, self.jvp)
         mass = solver_mass(setup.solver, n)
         if mass is not None:  # the sensitivity DAE M S' = J S + ∂f/∂p dp, from consistent tangents
-            s0 = s0.at[:, :n].set(consistent_tangents(setup.f, mass, u0, p, setup.t0, s0[:, :n], dps, setup.rtol,
-                                                      setup.atol))
-            setup = eqx.tree_at(lambda s: s.solver, setup,
-                                with_mass(setup.solver, [setup.solver.mass_matrix] * (1 + s0.shape[0])))
+            s0 = s0.at[:, :n].set(
+                consistent_tangents(setup.f, mass, u0, p, setup.t0, s0[:, :n], dps, setup.rtol, setup.atol)
+            )
+            setup = eqx.tree_at(
+                lambda s: s.solver, setup, with_mass(setup.solver, [setup.solver.mass_matrix] * (1 + s0.shape[0]))
+            )
 
         def rhs(t, y, p):
             y, s = y
             ds = jax.vmap(lambda s, dp: prods.jvp(y[:n], p, t, s[:n], dp)[1])(s, dps)
             return setup.rate(y, p, t), ds
 
-        sol = setup.diffeqsolve(setup.term(rhs), (y0, s0), p, setup.t0, setup.t1, ts=jnp.asarray(setup.ts, u0.dtype),
-                                norm=leading_seminorm() if self.seminorm else None)
+        sol = setup.diffeqsolve(
+            setup.term(rhs),
+            (y0, s0),
+            p,
+            setup.t0,
+            setup.t1,
+            ts=jnp.asarray(setup.ts, u0.dtype),
+            norm=leading_seminorm() if self.seminorm else None,
+        )
         ys, sens = sol.ys  # sens: (T, columns, n + k)
-        blocks = Sensitivities(sens[:, : sizes[0]] if active.u0 else None, sens[:, sizes[0]:] if active.p else None,
-                               ys.shape)
+        blocks = Sensitivities(
+            sens[:, : sizes[0]] if active.u0 else None, sens[:, sizes[0] :] if active.p else None, ys.shape
+        )
         return ys, stats_vector(sol), blocks
 
     def pullback(self, setup: Setup, sens: "Sensitivities", w):
         return tuple(None if s is None else jnp.einsum("tn,tkn->k", w, s) for s in (sens.u0, sens.p))
 
     def pushforward(self, setup: Setup, sens: "Sensitivities", du0, dp):
-        return sum((jnp.einsum("tkn,k->tn", s, v) for s, v in zip((sens.u0, sens.p), (du0, dp)) if s is not None),
-                   start=jnp.zeros(sens.shape, du0.dtype))
+        return sum(
+            (jnp.einsum("tkn,k->tn", s, v) for s, v in zip((sens.u0, sens.p), (du0, dp)) if s is not None),
+            start=jnp.zeros(sens.shape, du0.dtype),
+        )
 
 
 class Sensitivities(eqx.Module):

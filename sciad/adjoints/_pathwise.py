@@ -34,8 +34,8 @@ import sciad.ad as ad
 from sciad.adjoints._continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints._forward import ForwardSensitivity
-from sciad.adjoints._reversible import ReversibleAdjoint, reversible_rules, through_steps
 from sciad.adjoints._registry import describe
+from sciad.adjoints._reversible import ReversibleAdjoint, reversible_rules, through_steps
 
 
 class EngineField(eqx.Module):
@@ -58,21 +58,26 @@ def refusal(sensealg, setup) -> str | None:
     """Why `sensealg` cannot differentiate the SDE solve `setup`, naming what can (None if it can)."""
     name = describe(sensealg)
     if type(sensealg) not in RULES:
-        return (f"sensealg={name} does not differentiate SDE solves; pass one of "
-                f"{sorted(cls.__name__ for cls in RULES)}")
+        return f"sensealg={name} does not differentiate SDE solves; pass one of {sorted(cls.__name__ for cls in RULES)}"
     if isinstance(sensealg, ReversibleAdjoint) and not setup.solver.reversible:
-        return (f"sensealg=ReversibleAdjoint needs an algebraically reversible solver, got "
-                f"{type(setup.solver).__name__}: pass solver='reversible_heun', or keep this solver with "
-                "sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or sciad.InterpolatingAdjoint()")
+        return (
+            f"sensealg=ReversibleAdjoint needs an algebraically reversible solver, got "
+            f"{type(setup.solver).__name__}: pass solver='reversible_heun', or keep this solver with "
+            "sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or sciad.InterpolatingAdjoint()"
+        )
     if getattr(sensealg, "checkpointing", False):
-        return (f"sensealg={name}: checkpointing is not available for SDE solves yet (the stored path is every "
-                "grid step's state); for memory flat in the steps pass solver='reversible_heun' with "
-                "sensealg=sciad.ReversibleAdjoint(), or sciad.BacksolveAdjoint()")
+        return (
+            f"sensealg={name}: checkpointing is not available for SDE solves yet (the stored path is every "
+            "grid step's state); for memory flat in the steps pass solver='reversible_heun' with "
+            "sensealg=sciad.ReversibleAdjoint(), or sciad.BacksolveAdjoint()"
+        )
     host = [e.name for e in sensealg.engines() if not e.traced]
     if host:
-        return (f"sensealg={name}: SDE solves take JAX engines for their products (the drift correction and the "
-                f"solver's own Jacobian-vector products differentiate again), got {host[0]!r}: pass "
-                "'jax-reverse', 'jax-forward' or 'jax-transpose'")
+        return (
+            f"sensealg={name}: SDE solves take JAX engines for their products (the drift correction and the "
+            f"solver's own Jacobian-vector products differentiate again), got {host[0]!r}: pass "
+            "'jax-reverse', 'jax-forward' or 'jax-transpose'"
+        )
     return None
 
 

@@ -27,8 +27,15 @@ from sciad.adjoints._steady import SteadyStateAdjoint
 
 SENSEALGS: dict[str, type[AbstractSensitivity]] = {
     cls.__name__: cls
-    for cls in (ForwardDiffSensitivity, ForwardSensitivity, BacksolveAdjoint,
-                InterpolatingAdjoint, GaussAdjoint, DiscreteAdjoint, ReversibleAdjoint)
+    for cls in (
+        ForwardDiffSensitivity,
+        ForwardSensitivity,
+        BacksolveAdjoint,
+        InterpolatingAdjoint,
+        GaussAdjoint,
+        DiscreteAdjoint,
+        ReversibleAdjoint,
+    )
 }
 # The sensealgs that differentiate ODE solves: all but ReversibleAdjoint (the exact gradient of an
 # algebraically reversible SDE solver, refused for ODEs naming what serves them).
@@ -64,8 +71,11 @@ def refusal(sensealg, *, steady: bool = False) -> str:
     is_class = isinstance(sensealg, type)
     cls = sensealg if is_class else type(sensealg)
     if isinstance(sensealg, str):
-        return (f"steady_state takes sensealg={STEADY} (an instance), got {sensealg!r}" if steady
-                else _unknown_name(sensealg))
+        return (
+            f"steady_state takes sensealg={STEADY} (an instance), got {sensealg!r}"
+            if steady
+            else _unknown_name(sensealg)
+        )
     if isinstance(sensealg, dfx.AbstractAdjoint) or (is_class and issubclass(cls, dfx.AbstractAdjoint)):
         equivalent = DIFFRAX_EQUIVALENTS.get(cls.__name__)
         if steady:
@@ -79,12 +89,16 @@ def refusal(sensealg, *, steady: bool = False) -> str:
         name = ("sciad." if cls.__module__.startswith("sciad.") else "") + cls.__name__
         return f"sensealg={name} is a class: pass an instance, {name}()"
     if steady and kind == "ode":
-        return (f"steady_state takes sensealg=SteadyStateAdjoint(...) (the implicit function theorem), got "
-                f"{cls.__name__}: the ODE sensealgs differentiate a time integration, which a steady state does "
-                "not depend on")
+        return (
+            f"steady_state takes sensealg=SteadyStateAdjoint(...) (the implicit function theorem), got "
+            f"{cls.__name__}: the ODE sensealgs differentiate a time integration, which a steady state does "
+            "not depend on"
+        )
     if kind == "steady":
-        return (f"sensealg=sciad.SteadyStateAdjoint{'' if is_class else '()'} differentiates a steady state: pass "
-                f"it to sciad.steady_state; sciad.solve takes {_choices(False)}")
+        return (
+            f"sensealg=sciad.SteadyStateAdjoint{'' if is_class else '()'} differentiates a steady state: pass "
+            f"it to sciad.steady_state; sciad.solve takes {_choices(False)}"
+        )
     return f"unknown sensealg {sensealg!r}; pass {_choices(steady)}"
 
 
@@ -106,8 +120,9 @@ def engine_option(sensealg: AbstractSensitivity | type[AbstractSensitivity] | st
     """The option holding the sensealg's engine ("vjp", "jvp"), or None when it takes none;
     `sensealg` is one, its class, or its name as `describe` writes it."""
     default = _class(parse(sensealg) if isinstance(sensealg, str) else sensealg)()
-    return next((name for name in options(type(default)) if isinstance(getattr(default, name), ad.AbstractBackend)),
-                None)
+    return next(
+        (name for name in options(type(default)) if isinstance(getattr(default, name), ad.AbstractBackend)), None
+    )
 
 
 def options(cls: type[AbstractSensitivity]) -> list[str]:
@@ -137,8 +152,10 @@ def parse(text: str, **options) -> AbstractSensitivity:
     make = ALIASES.get(name) or _class(name)
     engine = engine_option(type(make()))
     if len(positional) > (engine is not None):
-        raise ValueError(f"sensealg {text!r}: {name} takes {'its engine as its only' if engine else 'no'} "
-                         "positional argument; give the other options as name=value")
+        raise ValueError(
+            f"sensealg {text!r}: {name} takes {'its engine as its only' if engine else 'no'} "
+            "positional argument; give the other options as name=value"
+        )
     kwargs = {k: _literal(text, v) for k, v in keywords.items()}
     if positional:
         engine_name, _, settings = _call(positional[0])
@@ -147,8 +164,10 @@ def parse(text: str, **options) -> AbstractSensitivity:
     known = list(inspect.signature(make).parameters)
     unknown = set(kwargs) - set(known)
     if unknown:
-        raise ValueError(f"sensealg {text!r}: {name} has no option {', '.join(sorted(unknown))}; its options are "
-                         f"{', '.join(known) or 'none'}")
+        raise ValueError(
+            f"sensealg {text!r}: {name} has no option {', '.join(sorted(unknown))}; its options are "
+            f"{', '.join(known) or 'none'}"
+        )
     return make(**kwargs)
 
 
@@ -164,8 +183,11 @@ def _class(sensealg) -> type[AbstractSensitivity]:
 
 def _engine(backend: ad.AbstractBackend) -> str:
     default = type(backend)()
-    settings = [f"{f.name}={getattr(backend, f.name)!r}" for f in dataclasses.fields(backend)
-                if getattr(backend, f.name) != getattr(default, f.name)]
+    settings = [
+        f"{f.name}={getattr(backend, f.name)!r}"
+        for f in dataclasses.fields(backend)
+        if getattr(backend, f.name) != getattr(default, f.name)
+    ]
     return backend.name + (f"({', '.join(settings)})" if settings else "")
 
 
@@ -208,5 +230,7 @@ def _literal(text: str, value: str):
     try:
         return ast.literal_eval(value)
     except (ValueError, SyntaxError):
-        raise ValueError(f"sensealg {text!r}: option value {value!r} is not a Python literal "
-                         "(write strings in quotes: on_instability='warn')") from None
+        raise ValueError(
+            f"sensealg {text!r}: option value {value!r} is not a Python literal "
+            "(write strings in quotes: on_instability='warn')"
+        ) from None

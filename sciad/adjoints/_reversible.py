@@ -8,10 +8,12 @@ import jax.numpy as jnp
 import sciad.ad as ad
 from sciad.adjoints._base import AbstractSensitivity, Setup
 
-ODE_REFUSAL = ("ReversibleAdjoint differentiates an algebraically reversible SDE solver (reversible Heun, "
-               "sciad.solve(sde_problem, solver='reversible_heun')); an ODE solve has none in sciad: pass "
-               "sensealg=sciad.DiscreteAdjoint() (the exact gradient of the solver's steps) or "
-               "sciad.InterpolatingAdjoint(checkpointing=True) (memory flat in the steps)")
+ODE_REFUSAL = (
+    "ReversibleAdjoint differentiates an algebraically reversible SDE solver (reversible Heun, "
+    "sciad.solve(sde_problem, solver='reversible_heun')); an ODE solve has none in sciad: pass "
+    "sensealg=sciad.DiscreteAdjoint() (the exact gradient of the solver's steps) or "
+    "sciad.InterpolatingAdjoint(checkpointing=True) (memory flat in the steps)"
+)
 
 
 class ReversibleAdjoint(AbstractSensitivity):
@@ -100,8 +102,7 @@ def reversible_rules(sensealg):
             c1 = 0.5 * ybar1 + ghat1
             ybar = ybar1 + 2 * ghat1 + jump(k)
             later_a, later_sigma = later_use(ybar, k)
-            (a, s), (xbar, tbar) = pulled(yh, t, c1 * dt + later_a,
-                                          system.noise_cotangent(c1[:n], dW) + later_sigma)
+            (a, s), (xbar, tbar) = pulled(yh, t, c1 * dt + later_a, system.noise_cotangent(c1[:n], dW) + later_sigma)
             y = y1 - 0.5 * (system.increment(a, s, dt, dW) + second)
             return ((y, yh, a, s), ybar, -ghat1 + xbar, theta_bar + tbar, k), None
 

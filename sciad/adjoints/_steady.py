@@ -5,7 +5,8 @@ solve with J per tangent (forward mode) and one with Jᵀ per cotangent (reverse
 ∂L/∂p = −λᵀ ∂f/∂p with Jᵀ λ = ∂L/∂u*). Nothing of the way u* was found enters.
 """
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -13,17 +14,19 @@ import jax.numpy as jnp
 import lineax as lx
 
 import sciad.ad as ad
-from sciad.adjoints._base import Products, normalised
 from sciad._errors import error_if
+from sciad.adjoints._base import Products, normalised
 
 # States up to which "auto" solves with a dense J: n products and an LU, exact, with nothing to fail to
 # converge and singularity reported as such; above, GMRES needs J's products alone (memory ~ n, not n²).
 DENSE_UP_TO = 100
 
-KRYLOV_FAILED = ("the Krylov solve with the Jacobian ∂f/∂u did not converge: ∂f/∂u is singular or "
-                 "ill-conditioned at the steady state (a conserved quantity makes it singular: eliminate one "
-                 "state with it, or replace one equation of f by the constraint); with "
-                 "SteadyStateAdjoint(linear_solver='dense') a singular ∂f/∂u is reported as such")
+KRYLOV_FAILED = (
+    "the Krylov solve with the Jacobian ∂f/∂u did not converge: ∂f/∂u is singular or "
+    "ill-conditioned at the steady state (a conserved quantity makes it singular: eliminate one "
+    "state with it, or replace one equation of f by the constraint); with "
+    "SteadyStateAdjoint(linear_solver='dense') a singular ∂f/∂u is reported as such"
+)
 
 
 class SteadyStateAdjoint(eqx.Module):
@@ -44,10 +47,11 @@ class SteadyStateAdjoint(eqx.Module):
 
     def __init__(self, vjp="jax-reverse", linear_solver="auto"):
         self.vjp = ad.get(vjp)
-        if not (isinstance(linear_solver, lx.AbstractLinearSolver)
-                or linear_solver in ("auto", "dense", "gmres")):
-            raise ValueError(f"SteadyStateAdjoint(linear_solver={linear_solver!r}): choose 'auto', 'dense', "
-                             "'gmres' or pass a lineax solver")
+        if not (isinstance(linear_solver, lx.AbstractLinearSolver) or linear_solver in ("auto", "dense", "gmres")):
+            raise ValueError(
+                f"SteadyStateAdjoint(linear_solver={linear_solver!r}): choose 'auto', 'dense', "
+                "'gmres' or pass a lineax solver"
+            )
         self.linear_solver = linear_solver
 
     def engines(self) -> tuple:
@@ -88,14 +92,19 @@ class SteadyStateAdjoint(eqx.Module):
             prods = Products(base.with_closure(res.c, res.merged), self.vjp)
             dp = jnp.concatenate([dp, dc]) if res.merged else dp
             rhs = -prods.jvp(res.u, res.p_in, t, jnp.zeros_like(res.u), dp)[1]
-            du = jacobian_solve(linear, rhs, matrix=res.jac, matvec=lambda v: prods.jvp(res.u, res.p_in, t, v,
-                                                                                      jnp.zeros_like(dp))[1])
+            du = jacobian_solve(
+                linear, rhs, matrix=res.jac, matvec=lambda v: prods.jvp(res.u, res.p_in, t, v, jnp.zeros_like(dp))[1]
+            )
             return du, jnp.zeros((3,), du.dtype)
 
         def pullback(res, w):
             prods = Products(base.with_closure(res.c, res.merged), self.vjp)
-            lam = jacobian_solve(linear, w[0], matrix=None if res.jac is None else res.jac.T,
-                                 matvec=lambda v: prods.vjp(res.u, res.p_in, t, v)[1])
+            lam = jacobian_solve(
+                linear,
+                w[0],
+                matrix=None if res.jac is None else res.jac.T,
+                matvec=lambda v: prods.vjp(res.u, res.p_in, t, v)[1],
+            )
             g_p = -prods.vjp(res.u, res.p_in, t, lam)[2]
             g_u0 = jnp.zeros_like(res.u)
             return (g_u0, g_p, None) if not res.merged else (g_u0, g_p[:m], g_p[m:])

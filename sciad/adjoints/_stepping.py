@@ -16,7 +16,7 @@ controller see an ordinary forward solve. Everything here is plain JAX
 (Hessians) and batched.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import diffrax as dfx
 import equinox as eqx
@@ -60,8 +60,9 @@ class Stepper(eqx.Module):
     controller: dfx.PIDController
 
     @classmethod
-    def of(cls, terms, solver: dfx.AbstractSolver, controller: dfx.PIDController,
-           forward_mode: bool = True) -> "Stepper":
+    def of(
+        cls, terms, solver: dfx.AbstractSolver, controller: dfx.PIDController, forward_mode: bool = True
+    ) -> "Stepper":
         """`solver` on `terms` with adaptive steps by `controller` (`Setup.controller`)."""
         if forward_mode and isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
             solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
@@ -78,8 +79,9 @@ class Stepper(eqx.Module):
     def init(self, t0, t1, y0, args, dt0=None) -> tuple:
         """(the next step's end, the solver's state, the controller's state) for a solve of y0 from t0
         towards t1 (dt0: the first step, None: the controller's choice)."""
-        t_next, controller_state = self.controller.init(self.terms, t0, t1, y0, dt0, args, self.solver.func,
-                                                        self.error_order)
+        t_next, controller_state = self.controller.init(
+            self.terms, t0, t1, y0, dt0, args, self.solver.func, self.error_order
+        )
         return t_next, self.solver.init(self.terms, t0, t_next, y0, args), controller_state
 
     def step(self, t0, t1, y, args, solver_state, made_jump) -> tuple:
@@ -147,10 +149,19 @@ class Marcher(eqx.Module):
         # Step sizes carry no derivative (as in diffrax's controllers); times do (second derivatives in time).
         dt0 = jax.lax.stop_gradient(jnp.asarray(dt0, jnp.result_type(t)))
         s = -jnp.asarray(t, dt0.dtype)
-        _, controller_state = stepper.controller.init(stepper.terms, s, s + dt0, y, dt0, None, stepper.solver.func,
-                                                      stepper.error_order)
-        return March(-s, y, dt0, stepper.zero_state(s, s + dt0, y, args), controller_state, jnp.asarray(True),
-                     quadrature, dfx.RESULTS.successful)
+        _, controller_state = stepper.controller.init(
+            stepper.terms, s, s + dt0, y, dt0, None, stepper.solver.func, stepper.error_order
+        )
+        return March(
+            -s,
+            y,
+            dt0,
+            stepper.zero_state(s, s + dt0, y, args),
+            controller_state,
+            jnp.asarray(True),
+            quadrature,
+            dfx.RESULTS.successful,
+        )
 
     def advance(self, march: March, args, t_to, max_steps: int, on_step: Callable | None = None) -> March:
         """`march` stepped back to time t_to ≤ march.t in at most `max_steps` steps.
@@ -169,14 +180,13 @@ class Marcher(eqx.Module):
             s = -m.t
             clipped = m.dt >= s_to - s
             s1 = jnp.where(clipped, s_to, s + m.dt)
-            y1, y_error, dense_info, solver_state, result = stepper.step(s, s1, m.y, args, m.solver_state,
-                                                                         m.made_jump)
+            y1, y_error, dense_info, solver_state, result = stepper.step(s, s1, m.y, args, m.solver_state, m.made_jump)
             y_error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), y_error)
-            keep, next_s, next_s1, _, controller_state, _ = stepper.adapt(s, s1, m.y, y1, args, y_error,
-                                                                         m.controller_state)
+            keep, next_s, next_s1, _, controller_state, _ = stepper.adapt(
+                s, s1, m.y, y1, args, y_error, m.controller_state
+            )
             # After a step clipped to a breakpoint, resume with the step size proposed before it.
-            dt = jax.lax.stop_gradient(jnp.where(keep & clipped, jnp.maximum(next_s1 - next_s, m.dt),
-                                                 next_s1 - next_s))
+            dt = jax.lax.stop_gradient(jnp.where(keep & clipped, jnp.maximum(next_s1 - next_s, m.dt), next_s1 - next_s))
             select = lambda a, b: jax.tree.map(lambda x, y: jnp.where(keep, x, y), a, b)
             quadrature = m.quadrature
             if on_step is not None:
@@ -186,8 +196,16 @@ class Marcher(eqx.Module):
             result = dfx.RESULTS.where(keep, result, dfx.RESULTS.successful)
             out_of_steps = (steps >= max_steps) & ~(keep & clipped) & dfx.is_successful(result)
             result = dfx.RESULTS.where(out_of_steps, dfx.RESULTS.max_steps_reached, result)
-            m = March(jnp.where(keep, -s1, m.t), select(y1, m.y), dt, select(solver_state, m.solver_state),
-                      controller_state, jnp.where(keep, False, m.made_jump), quadrature, result)
+            m = March(
+                jnp.where(keep, -s1, m.t),
+                select(y1, m.y),
+                dt,
+                select(solver_state, m.solver_state),
+                controller_state,
+                jnp.where(keep, False, m.made_jump),
+                quadrature,
+                result,
+            )
             return m, steps
 
         march, _ = jax.lax.while_loop(cond, body, (march, jnp.asarray(0)))

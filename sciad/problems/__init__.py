@@ -18,9 +18,26 @@ from sciad.problems._lotka_volterra import lotka_volterra
 from sciad.problems._oregonator import oregonator
 from sciad.problems._spiral import spiral_data, spiral_node
 
-PROBLEMS = {"lotka-volterra": lotka_volterra, "spiral-node": spiral_node, "brusselator": brusselator,
-            "brusselator-pde": brusselator_pde, "oregonator": oregonator, "hamiltonian-node": hamiltonian_node,
-            "gene-circuit": gene_circuit}
+PROBLEMS = {
+    "lotka-volterra": lotka_volterra,
+    "spiral-node": spiral_node,
+    "brusselator": brusselator,
+    "brusselator-pde": brusselator_pde,
+    "oregonator": oregonator,
+    "hamiltonian-node": hamiltonian_node,
+    "gene-circuit": gene_circuit,
+}
 
-__all__ = ["PROBLEMS", "Benchmark", "GeneCircuitRHS", "brusselator", "brusselator_pde", "gene_circuit",
-           "hamiltonian_node", "lotka_volterra", "oregonator", "spiral_data", "spiral_node"]
+__all__ = [
+    "PROBLEMS",
+    "Benchmark",
+    "GeneCircuitRHS",
+    "brusselator",
+    "brusselator_pde",
+    "gene_circuit",
+    "hamiltonian_node",
+    "lotka_volterra",
+    "oregonator",
+    "spiral_data",
+    "spiral_node",
+]

@@ -1,7 +1,7 @@
 """`Benchmark`: a problem, where to save it, and the scalar loss to differentiate."""
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -38,6 +38,14 @@ class Benchmark:
 
     def objective(self, p, sensealg="auto"):
         """loss(us) with us solved at parameters p (m,), differentiated by `sensealg`."""
-        sol = solve(self.problem, p=p, saveat=self.saveat, solver=self.solver,
-                    rtol=self.rtol, atol=self.atol, sensealg=sensealg, max_steps=self.max_steps)
+        sol = solve(
+            self.problem,
+            p=p,
+            saveat=self.saveat,
+            solver=self.solver,
+            rtol=self.rtol,
+            atol=self.atol,
+            sensealg=sensealg,
+            max_steps=self.max_steps,
+        )
         return self.loss(sol.us)

@@ -4,8 +4,8 @@ import dataclasses
 
 import numpy as np
 
-from sciad.ad import namespace
 from sciad._problem import ODEProblem
+from sciad.ad import namespace
 from sciad.problems._benchmark import Benchmark
 
 
@@ -21,11 +21,13 @@ class BrusselatorRHS:
     def __call__(self, state, p, t):
         xp, n = namespace(state, p), self.n
         u = xp.reshape(state[: n * n], (n, n))
-        v = xp.reshape(state[n * n:], (n, n))
+        v = xp.reshape(state[n * n :], (n, n))
         a, b, alpha = p[0], p[1], p[2] / self.dx**2
 
         def laplacian(w):
-            return xp.roll(w, 1, axis=0) + xp.roll(w, -1, axis=0) + xp.roll(w, 1, axis=1) + xp.roll(w, -1, axis=1) - 4 * w
+            return (
+                xp.roll(w, 1, axis=0) + xp.roll(w, -1, axis=0) + xp.roll(w, 1, axis=1) + xp.roll(w, -1, axis=1) - 4 * w
+            )
 
         u2v = u * u * v
         du = b + u2v - (a + 1) * u + alpha * laplacian(u)
@@ -54,8 +56,9 @@ def brusselator(n: int = 8) -> Benchmark:
     xx, yy = np.meshgrid(x, x, indexing="ij")
     u0 = 22.0 * (yy * (1 - yy)) ** 1.5 + 1.0
     v0 = 27.0 * (xx * (1 - xx)) ** 1.5 + 1.0
-    problem = ODEProblem(BrusselatorRHS(n), np.concatenate([u0.ravel(), v0.ravel()]), (0.0, 1.0),
-                         np.array([3.4, 1.0, 0.1]))
+    problem = ODEProblem(
+        BrusselatorRHS(n), np.concatenate([u0.ravel(), v0.ravel()]), (0.0, 1.0), np.array([3.4, 1.0, 0.1])
+    )
     return Benchmark(f"brusselator-{n}", problem, np.linspace(0.0, 1.0, 5), mean_square)
 
 
@@ -72,6 +75,10 @@ def brusselator_pde(n: int = 8) -> Benchmark:
     xx, yy = np.meshgrid(x, x, indexing="ij")
     u0 = 22.0 * (yy * (1 - yy)) ** 1.5
     v0 = 27.0 * (xx * (1 - xx)) ** 1.5
-    problem = ODEProblem(BrusselatorRHS(n, dx=1.0 / (n - 1)), np.concatenate([u0.ravel(), v0.ravel()]), (0.0, 1.0),
-                         np.array([3.4, 1.0, 10.0]))
+    problem = ODEProblem(
+        BrusselatorRHS(n, dx=1.0 / (n - 1)),
+        np.concatenate([u0.ravel(), v0.ravel()]),
+        (0.0, 1.0),
+        np.array([3.4, 1.0, 10.0]),
+    )
     return Benchmark(f"brusselator-pde-{n}", problem, np.linspace(0.0, 1.0, 11), mean_square, solver="kvaerno5")

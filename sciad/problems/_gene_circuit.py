@@ -4,8 +4,8 @@ import dataclasses
 
 import numpy as np
 
-from sciad.ad import namespace
 from sciad._problem import ODEProblem
+from sciad.ad import namespace
 from sciad.problems._benchmark import Benchmark
 from sciad.problems._spiral import SquaredError
 
@@ -21,7 +21,7 @@ class GeneCircuitRHS:
     def __call__(self, x, p, t):
         xp, n = namespace(x, p), self.n
         w = xp.reshape(p[: n * n], (n, n))
-        h, r, decay = p[n * n: n * n + n], p[n * n + n: n * n + 2 * n], p[n * n + 2 * n:]
+        h, r, decay = p[n * n : n * n + n], p[n * n + n : n * n + 2 * n], p[n * n + 2 * n :]
         s = w @ x + h
         return r * (1 + s / xp.sqrt(1 + s * s)) / 2 - decay * x
 

@@ -4,8 +4,8 @@ import dataclasses
 
 import numpy as np
 
-from sciad.ad import namespace
 from sciad._problem import ODEProblem
+from sciad.ad import namespace
 from sciad.problems._benchmark import Benchmark
 from sciad.problems._spiral import SquaredError
 
@@ -21,8 +21,8 @@ class HamiltonianRHS:
     def __call__(self, u, p, t):
         xp, h = namespace(u, p), self.hidden
         w1 = xp.reshape(p[: 2 * h], (h, 2))
-        b = p[2 * h: 3 * h]
-        w2 = p[3 * h:]
+        b = p[2 * h : 3 * h]
+        w2 = p[3 * h :]
         grad = u + (w2 * (1 - xp.tanh(w1 @ u + b) ** 2)) @ w1
         return xp.stack([grad[1], -grad[0]])
 
@@ -62,5 +62,12 @@ def hamiltonian_node(hidden: int = 100, t1: float = 100.0, seed: int = 0) -> Ben
     ts = np.array([t1 / 2, t1])
     rhs = HamiltonianRHS(hidden)
     problem = ODEProblem(rhs, u0, (0.0, float(t1)), rhs.initial_parameters(seed))
-    return Benchmark(f"hamiltonian-node-{4 * hidden}", problem, ts, SquaredError(pendulum(u0, ts)),
-                     rtol=1e-8, atol=1e-8, max_steps=max(4096, int(40 * t1)))
+    return Benchmark(
+        f"hamiltonian-node-{4 * hidden}",
+        problem,
+        ts,
+        SquaredError(pendulum(u0, ts)),
+        rtol=1e-8,
+        atol=1e-8,
+        max_steps=max(4096, int(40 * t1)),
+    )

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from sciad.ad import namespace
 from sciad._problem import ODEProblem
+from sciad.ad import namespace
 from sciad.problems._benchmark import Benchmark
 
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from sciad.ad import namespace
 from sciad._problem import ODEProblem
+from sciad.ad import namespace
 from sciad.problems._benchmark import Benchmark
 
 
@@ -27,6 +27,14 @@ def oregonator(t1: float = 30.0) -> Benchmark:
     The species span five orders of magnitude; |λ_max| ≈ 1e5 at the spike."""
     if not t1 > 0:
         raise ValueError(f"oregonator(t1): t1 must be positive, got {t1}")
-    problem = ODEProblem(oregonator_rhs, np.array([1.0, 2.0, 3.0]), (0.0, float(t1)), np.array([77.27, 8.375e-6, 0.161]))
-    return Benchmark("oregonator", problem, np.linspace(0.0, t1, int(round(t1)) + 1), sum_of_squared_logs,
-                     solver="kvaerno5", max_steps=100_000)
+    problem = ODEProblem(
+        oregonator_rhs, np.array([1.0, 2.0, 3.0]), (0.0, float(t1)), np.array([77.27, 8.375e-6, 0.161])
+    )
+    return Benchmark(
+        "oregonator",
+        problem,
+        np.linspace(0.0, t1, int(round(t1)) + 1),
+        sum_of_squared_logs,
+        solver="kvaerno5",
+        max_steps=100_000,
+    )

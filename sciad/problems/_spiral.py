@@ -4,8 +4,8 @@ import dataclasses
 
 import numpy as np
 
-from sciad.ad import namespace
 from sciad._problem import ODEProblem
+from sciad.ad import namespace
 from sciad.problems._benchmark import Benchmark
 
 TRUE_A = np.array([[-0.1, 2.0], [-2.0, -0.1]])
@@ -25,9 +25,9 @@ class NeuralRHS:
     def __call__(self, u, p, t):
         xp, h = namespace(u, p), self.hidden
         w1 = xp.reshape(p[: 2 * h], (h, 2))
-        b1 = p[2 * h: 3 * h]
-        w2 = xp.reshape(p[3 * h: 5 * h], (2, h))
-        b2 = p[5 * h:]
+        b1 = p[2 * h : 3 * h]
+        w2 = xp.reshape(p[3 * h : 5 * h], (2, h))
+        b2 = p[5 * h :]
         return w2 @ xp.tanh(w1 @ u**3 + b1) + b2
 
     def initial_parameters(self, seed: int) -> np.ndarray:
@@ -54,8 +54,9 @@ def spiral_data(u0: np.ndarray, ts: np.ndarray) -> np.ndarray:
     """The true spiral at `ts` (T, 2), float32, from a tight float64 RK45 solve (NumPy, no JAX precision needed)."""
     from scipy.integrate import solve_ivp  # SciPy comes with JAX
 
-    sol = solve_ivp(lambda t, u: spiral_rhs(u, None, t), (ts[0], ts[-1]), u0.astype(np.float64),
-                    t_eval=ts, rtol=1e-10, atol=1e-10)
+    sol = solve_ivp(
+        lambda t, u: spiral_rhs(u, None, t), (ts[0], ts[-1]), u0.astype(np.float64), t_eval=ts, rtol=1e-10, atol=1e-10
+    )
     return sol.y.T.astype(np.float32)
 
 
@@ -67,5 +68,11 @@ def spiral_node(hidden: int = 50, seed: int = 0) -> Benchmark:
     ts = np.linspace(0.0, 1.5, 30)
     rhs = NeuralRHS(hidden)
     problem = ODEProblem(rhs, u0, (0.0, 1.5), rhs.initial_parameters(seed))
-    return Benchmark("spiral-node" if hidden == 50 else f"spiral-node-{hidden}", problem, ts,
-                     SquaredError(spiral_data(u0, ts)), rtol=1e-5, atol=1e-5)
+    return Benchmark(
+        "spiral-node" if hidden == 50 else f"spiral-node-{hidden}",
+        problem,
+        ts,
+        SquaredError(spiral_data(u0, ts)),
+        rtol=1e-5,
+        atol=1e-5,
+    )

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import sciad
-
 from sciad._cli import main
 from sciad.problems import lotka_volterra
 
@@ -17,7 +16,6 @@ pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sc
 from sciad_bench import claims, experiments, harness, tables  # noqa: E402
 from sciad_bench.harness import Combination, sciad_combination  # noqa: E402
 from sciad_bench.peers import torchdiffeq_peer  # noqa: E402
-
 
 
 def wrong_gradient() -> Combination:
@@ -33,7 +31,12 @@ def test_harness_writes_records_figure_and_tables(tmp_path):
     records = harness.run(bench, combos, repeats=2, progress=harness.Progress(4, stream=stream))
     assert "4/4" in stream.getvalue()
     by_label = {r["label"]: r for r in records}
-    assert set(by_label) == {harness.FORWARD_SOLVE, "ForwardDiffSensitivity", "torchdiffeq odeint / torch", "always zero"}
+    assert set(by_label) == {
+        harness.FORWARD_SOLVE,
+        "ForwardDiffSensitivity",
+        "torchdiffeq odeint / torch",
+        "always zero",
+    }
     good = by_label["ForwardDiffSensitivity"]
     assert good["ok"] and len(good["times"]) == 2 and good["compile_time"] > 0 and good["rel_error"] < 1e-4
     assert by_label["torchdiffeq odeint / torch"]["is_peer"] and by_label["torchdiffeq odeint / torch"]["ok"]
@@ -45,36 +48,62 @@ def test_harness_writes_records_figure_and_tables(tmp_path):
     table = experiments.write_outputs("lotka-volterra", records, ["something (quick mode)"], out, quick=True)
     saved = json.loads((out / "records.json").read_text())
     assert saved["experiment"] == "lotka-volterra" and len(saved["records"]) == 4
-    assert {"sensealg", "engine", "device", "times", "compile_time", "rel_error", "ok", "is_peer"} <= set(saved["records"][0])
+    assert {"sensealg", "engine", "device", "times", "compile_time", "rel_error", "ok", "is_peer"} <= set(
+        saved["records"][0]
+    )
     assert (out / "lotka-volterra.png").stat().st_size > 0
     assert "WRONG gradient" in table and "**ForwardDiffSensitivity**" in table and "something (quick mode)" in table
     assert "| lotka-volterra |" in (out / "claims.md").read_text()
 
 
 def record(label, sensealg, engine, size, seconds, kind="sciad", ok=True, device="cpu"):
-    return {"problem": "p", "size": size, "sensealg": sensealg, "engine": engine, "label": label, "kind": kind,
-            "is_peer": kind == "peer", "device": device, "times": [seconds] * 3 if ok else [],
-            "median_s": seconds if ok else None,
-            "compile_time": 1.0, "rel_error": 0.0 if ok else 1.0, "ok": ok,
-            "error": None if ok else "gradient off: relative error 1.00e+00 > 1e-04"}
+    return {
+        "problem": "p",
+        "size": size,
+        "sensealg": sensealg,
+        "engine": engine,
+        "label": label,
+        "kind": kind,
+        "is_peer": kind == "peer",
+        "device": device,
+        "times": [seconds] * 3 if ok else [],
+        "median_s": seconds if ok else None,
+        "compile_time": 1.0,
+        "rel_error": 0.0 if ok else 1.0,
+        "ok": ok,
+        "error": None if ok else "gradient off: relative error 1.00e+00 > 1e-04",
+    }
 
 
 def test_wrong_gradients_never_win():
     paper = claims.PAPER_SENSEALG
-    lv = [record("a", paper, "enzyme", 6, 0.01), record("b", paper, "torch", 6, 1.0),
-          record("c", paper, "jax-reverse", 6, 1e-6, ok=False)]
+    lv = [
+        record("a", paper, "enzyme", 6, 0.01),
+        record("b", paper, "torch", 6, 1.0),
+        record("c", paper, "jax-reverse", 6, 1e-6, ok=False),
+    ]
     assert tables.best(lv, kind="sciad")["engine"] == "enzyme"
     verdict, measured = claims.compiled_vs_tape(lv)
     assert verdict == "agree" and "×100" in measured
 
 
 def test_claims_table_verdicts():
-    scaling = [record("f", "ForwardDiffSensitivity", None, 11, 0.001), record("a", "DiscreteAdjoint", None, 11, 0.002),
-               record("f", "ForwardDiffSensitivity", None, 500, 0.1), record("a", "DiscreteAdjoint", None, 500, 0.01)]
-    spiral = [record("r", claims.PAPER_SENSEALG, "jax-reverse", 254, 0.002),
-              record("t", claims.PAPER_SENSEALG, "torch", 254, 0.2)]
-    gpu = [record("r", "DiscreteAdjoint", None, 254, 0.002), record("r", "DiscreteAdjoint", None, 254, 0.02, device="gpu"),
-           record("r", "DiscreteAdjoint", None, 50004, 2.0), record("r", "DiscreteAdjoint", None, 50004, 0.2, device="gpu")]
+    scaling = [
+        record("f", "ForwardDiffSensitivity", None, 11, 0.001),
+        record("a", "DiscreteAdjoint", None, 11, 0.002),
+        record("f", "ForwardDiffSensitivity", None, 500, 0.1),
+        record("a", "DiscreteAdjoint", None, 500, 0.01),
+    ]
+    spiral = [
+        record("r", claims.PAPER_SENSEALG, "jax-reverse", 254, 0.002),
+        record("t", claims.PAPER_SENSEALG, "torch", 254, 0.2),
+    ]
+    gpu = [
+        record("r", "DiscreteAdjoint", None, 254, 0.002),
+        record("r", "DiscreteAdjoint", None, 254, 0.02, device="gpu"),
+        record("r", "DiscreteAdjoint", None, 50004, 2.0),
+        record("r", "DiscreteAdjoint", None, 50004, 0.2, device="gpu"),
+    ]
     table = claims.claims_table({"scaling": scaling, "spiral-node": spiral, "gpu-crossover": gpu})
     rows = table.splitlines()[2:]
     assert "not measurable here" in rows[0]
@@ -92,7 +121,7 @@ def test_combination_needs_an_engine_exactly_when_the_sensealg_takes_one():
 
 def test_matrix_covers_every_registered_sensealg():
     engines = ["jax-reverse", "jax-forward"]
-    (bench, combos), = experiments.PLANS["lotka-volterra"](engines, False)[0]
+    ((bench, combos),) = experiments.PLANS["lotka-volterra"](engines, False)[0]
     names = {c.sensealg.partition("(")[0] for c in combos if c.kind == "sciad"}
     assert names == set(sciad.adjoints.ODE_SENSEALGS)  # ReversibleAdjoint serves SDE solves alone
     alg = sciad.adjoints.parse(claims.PAPER_SENSEALG)
@@ -105,8 +134,10 @@ def test_quick_plans_restrict_foreign_engines_and_say_so():
     torch_combos = [c.sensealg for c in combos if c.engine == "torch" and c.kind == "sciad"]
     assert torch_combos == [claims.PAPER_SENSEALG]  # the tape engine of the compiled-against-tape claim
     assert not any(c.engine in ("autograd", "finite-differences") for c in combos)
-    assert (f"{claims.PAPER_SENSEALG} with autograd, finite-differences (quick mode: host engines take seconds "
-            "per gradient; torch stands for the tape engines)") in skipped
+    assert (
+        f"{claims.PAPER_SENSEALG} with autograd, finite-differences (quick mode: host engines take seconds "
+        "per gradient; torch stands for the tape engines)"
+    ) in skipped
     assert "torchdiffeq odeint_adjoint / torch" not in [c.label for c in combos]
 
 
@@ -126,8 +157,12 @@ def test_fast_calls_are_timed_in_rounds_apart_from_slow_ones(monkeypatch):
 
         return Combination(name, None, lambda bench: grad)
 
-    records = harness.run(bench, [combination("slow", harness.SLOW_CALL), combination("fast", 0.0)], repeats=3,
-                          progress=harness.Progress(3, stream=io.StringIO()))
+    records = harness.run(
+        bench,
+        [combination("slow", harness.SLOW_CALL), combination("fast", 0.0)],
+        repeats=3,
+        progress=harness.Progress(3, stream=io.StringIO()),
+    )
     assert calls == ["slow", "fast"] * 2 + ["fast"] * 3 + ["slow"] * 3
     assert [len(r["times"]) for r in records] == [3, 3, 3]  # the forward solve is timed with the fast calls
 
@@ -141,16 +176,36 @@ def test_failing_and_wrong_combinations_are_recorded_not_timed(monkeypatch):
         raise TypeError("no such engine")
 
     right = Combination("right", None, lambda bench: lambda p: np.ones(4))
-    records = harness.run(bench, [wrong_gradient(), Combination("broken", None, broken), right], repeats=2,
-                          progress=harness.Progress(4, stream=io.StringIO()))
+    records = harness.run(
+        bench,
+        [wrong_gradient(), Combination("broken", None, broken), right],
+        repeats=2,
+        progress=harness.Progress(4, stream=io.StringIO()),
+    )
     baseline, wrong, failed, good = records
     assert baseline["label"] == harness.FORWARD_SOLVE and baseline["ok"] and baseline["rel_error"] is None
     assert wrong["error"] == "gradient off: relative error 1.00e+00 > 1e-04" and wrong["rel_error"] == 1.0
     assert failed["error"] == "TypeError: no such engine" and failed["compile_time"] is None
     assert [r["ok"] for r in records] == [True, False, False, True] and good["rel_error"] == 0.0
     assert [len(r["times"]) for r in records] == [2, 0, 0, 2] and wrong["median_s"] is None is failed["median_s"]
-    assert set(good) == {"problem", "size", "sensealg", "engine", "label", "kind", "is_peer", "device", "times",
-                         "median_s", "compile_time", "rel_error", "ok", "error", "peak_bytes", "temp_bytes"}
+    assert set(good) == {
+        "problem",
+        "size",
+        "sensealg",
+        "engine",
+        "label",
+        "kind",
+        "is_peer",
+        "device",
+        "times",
+        "median_s",
+        "compile_time",
+        "rel_error",
+        "ok",
+        "error",
+        "peak_bytes",
+        "temp_bytes",
+    }
 
 
 def test_cli_rejects_unknown_benchmark_and_engine(tmp_path, capsys):
@@ -189,30 +244,66 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
         for name in names:
             (folder / name).write_text(name)
 
-    monkeypatch.setattr(reproduce, "run_experiment", lambda name, quick, repeats, out: touch(
-        out, f"{name}.png", "table.md", "records.json", "claims.md"))
+    monkeypatch.setattr(
+        reproduce,
+        "run_experiment",
+        lambda name, quick, repeats, out: touch(out, f"{name}.png", "table.md", "records.json", "claims.md"),
+    )
     monkeypatch.setattr(reproduce, "run_selection", lambda quick, out: touch(out, "table.md", "selection.json"))
     for name in ("losses", "events", "large-stiff", "dae", "sde"):
-        monkeypatch.setattr(reproduce, f"run_{name.replace('-', '_')}", lambda quick, repeats, out, name=name: touch(
-            out, f"{name}.png", "table.md", "records.json"))
+        monkeypatch.setattr(
+            reproduce,
+            f"run_{name.replace('-', '_')}",
+            lambda quick, repeats, out, name=name: touch(out, f"{name}.png", "table.md", "records.json"),
+        )
     records = [{"class": suite.PAPER}, {"class": suite.STIFF}]
 
     def run_suite(quick, repeats, out):
-        touch(out, *suite.class_figures(records).values(), suite.MEMORY_FIGURE, "table.md", "suite.json",
-              *suite.family_outputs(suite.LARGE_NONSTIFF), *suite.family_outputs(suite.FIRST_GRADIENT))
+        touch(
+            out,
+            *suite.class_figures(records).values(),
+            suite.MEMORY_FIGURE,
+            "table.md",
+            "suite.json",
+            *suite.family_outputs(suite.LARGE_NONSTIFF),
+            *suite.family_outputs(suite.FIRST_GRADIENT),
+        )
         return {"records": records}
 
     monkeypatch.setattr(reproduce, "run_suite", run_suite)
     reproduce.reproduce(results=tmp_path / "results", paper=tmp_path / "paper", quick=True)
     figures = {p.name for p in (tmp_path / "paper" / "figures").iterdir()}
     assert figures == {f"{name}.png" for name in experiments.PLANS} | {
-        "suite-paper.png", "suite-stiff.png", "suite-memory.png", "losses.png", "events.png", "large-stiff.png",
-        "dae.png", "sde.png", "suite-large-nonstiff.png", "suite-first-gradient.png"}
+        "suite-paper.png",
+        "suite-stiff.png",
+        "suite-memory.png",
+        "losses.png",
+        "events.png",
+        "large-stiff.png",
+        "dae.png",
+        "sde.png",
+        "suite-large-nonstiff.png",
+        "suite-first-gradient.png",
+    }
     tables_written = {p.name for p in (tmp_path / "paper" / "tables").iterdir()}
-    assert {"claims.md", "selection.md", "suite.md", "suite.json", "losses.md", "losses.json", "events.md",
-            "events.json", "large-stiff.md", "large-stiff.json", "dae.md", "dae.json", "sde.md", "sde.json",
-            "suite-large-nonstiff.md",
-            "suite-first-gradient.json"} <= tables_written
+    assert {
+        "claims.md",
+        "selection.md",
+        "suite.md",
+        "suite.json",
+        "losses.md",
+        "losses.json",
+        "events.md",
+        "events.json",
+        "large-stiff.md",
+        "large-stiff.json",
+        "dae.md",
+        "dae.json",
+        "sde.md",
+        "sde.json",
+        "suite-large-nonstiff.md",
+        "suite-first-gradient.json",
+    } <= tables_written
 
 
 @pytest.mark.slow
@@ -240,9 +331,18 @@ def test_events_benchmark_checks_then_times(tmp_path):
     from sciad_bench.events import run_events
 
     records = run_events(quick=True, repeats=1, out=tmp_path, verbose=False)
-    assert {r["problem"] for r in records} == {"multi-dose", "bouncing ball", "integrate-and-fire", "landing", "spike times"}
-    bad = [(r["problem"], r["label"], r["error"], r["median_s"]) for r in records
-           if r["kind"] in ("sciad", "peer") and not (r["ok"] and r["median_s"])]
+    assert {r["problem"] for r in records} == {
+        "multi-dose",
+        "bouncing ball",
+        "integrate-and-fire",
+        "landing",
+        "spike times",
+    }
+    bad = [
+        (r["problem"], r["label"], r["error"], r["median_s"])
+        for r in records
+        if r["kind"] in ("sciad", "peer") and not (r["ok"] and r["median_s"])
+    ]
     assert not bad, bad
     assert {p.name for p in tmp_path.iterdir()} >= {"records.json", "events.png", "table.md"}
 
@@ -286,7 +386,8 @@ def test_dae_benchmark_checks_then_times(tmp_path):
     assert {(r["problem"], r["states"]) for r in records} == {("Robertson", 3), ("reaction-diffusion", 100)}
     grid = f"{IDAS} adjoint (output grid)"
     assert all(r["ok"] is True and r["median_s"] for r in records if r["name"] != grid), [
-        (r["problem"], r["name"], r.get("ok")) for r in records]
+        (r["problem"], r["name"], r.get("ok")) for r in records
+    ]
     assert {p.name for p in tmp_path.iterdir()} >= {"records.json", "dae.png", "table.md"}
     assert "/ IDAS" in (tmp_path / "table.md").read_text()
 
@@ -299,6 +400,7 @@ class Terminal(io.StringIO):
 def test_progress_writes_one_line_per_stage_off_a_terminal():
     """To a file or a pipe: a line per step and per new kind of work, no carriage returns, no rounds;
     on a terminal: the bar redrawn in place with them."""
+
     def report(stream):
         progress = harness.Progress(2, stream=stream)
         progress.step("lv: a (compiling)")
@@ -310,20 +412,29 @@ def test_progress_writes_one_line_per_stage_off_a_terminal():
         return stream.getvalue()
 
     assert report(io.StringIO()).splitlines(keepends=True) == [
-        "[1/2] lv: a (compiling)\n", "[2/2] lv: b (compiling)\n", "[2/2] lv: timing the calls < 0.1 s\n",
-        "[2/2] lv: timing the calls ≥ 0.1 s\n"]
+        "[1/2] lv: a (compiling)\n",
+        "[2/2] lv: b (compiling)\n",
+        "[2/2] lv: timing the calls < 0.1 s\n",
+        "[2/2] lv: timing the calls ≥ 0.1 s\n",
+    ]
     live = report(Terminal())
     assert live.count("\r") == 203 and live.count("\n") == 1 and "round 200" in live and "#" * 30 in live
 
 
 def test_table_says_what_bold_and_autos_pick_mean():
-    group = [{**r, "problem": "lotka-volterra", "auto_pick": "b / jax-reverse"} for r in (
-        record("a", "A", None, 6, 0.002), record("b / jax-reverse", "b", "jax-reverse", 6, 0.003),
-        record("w", "W", None, 6, None, ok=False), record("peer", "P", None, 6, 0.001, kind="peer"))]
+    group = [
+        {**r, "problem": "lotka-volterra", "auto_pick": "b / jax-reverse"}
+        for r in (
+            record("a", "A", None, 6, 0.002),
+            record("b / jax-reverse", "b", "jax-reverse", 6, 0.003),
+            record("w", "W", None, 6, None, ok=False),
+            record("peer", "P", None, 6, 0.001, kind="peer"),
+        )
+    ]
     table = tables.markdown_table(group)
     assert "| **a** |" in table and "| b / jax-reverse ← auto's pick |" in table and "| w |" in table
     assert "**Bold**: the fastest sciad combination whose gradient passed the check" in table
-    assert "← auto's pick: what `sensealg=\"auto\"` runs on the problem" in table and "not among" not in table
+    assert '← auto\'s pick: what `sensealg="auto"` runs on the problem' in table and "not among" not in table
     elsewhere = tables.markdown_table([{**r, "auto_pick": "GaussAdjoint"} for r in group])
     assert "← auto's pick |" not in elsewhere
     assert "on lotka-volterra GaussAdjoint is not among the combinations timed" in elsewhere
@@ -342,10 +453,15 @@ def test_violin_plot_marks_autos_pick_the_winner_and_the_wrong(tmp_path):
     from sciad_bench import plots
 
     loaded = [0.001] * 40 + [0.0012] * 59 + [0.5]  # one call slowed 500× by the machine
-    group = [{**r, "problem": "p", "auto_pick": "pick"} for r in (
-        {**record("fast", "A", None, 6, 0.001), "times": loaded},
-        record("pick", "B", None, 6, 0.002), record("peer", "P", None, 6, 0.0005, kind="peer"),
-        record("wrong", "W", None, 6, None, ok=False))]
+    group = [
+        {**r, "problem": "p", "auto_pick": "pick"}
+        for r in (
+            {**record("fast", "A", None, 6, 0.001), "times": loaded},
+            record("pick", "B", None, 6, 0.002),
+            record("peer", "P", None, 6, 0.0005, kind="peer"),
+            record("wrong", "W", None, 6, None, ok=False),
+        )
+    ]
     fig = plots.violin_plot(group, tmp_path / "p.png", "p")
     assert (tmp_path / "p.png").stat().st_size > 0
     [ax] = fig.axes
@@ -354,7 +470,7 @@ def test_violin_plot_marks_autos_pick_the_winner_and_the_wrong(tmp_path):
     assert ticks["fast  (fastest sciad)"].get_fontweight() == "bold" and ticks["peer"].get_fontweight() == "normal"
     assert ticks["wrong  ✗"].get_color() == plots.FAILED
     assert any("failed the gradient check" in t.get_text() for t in ax.texts)
-    assert "auto's pick (what sensealg=\"auto\" runs)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert 'auto\'s pick (what sensealg="auto" runs)' in [t.get_text() for t in fig.legends[0].get_texts()]
     assert "5th–95th percentile" in fig.get_supxlabel() and "Bold: the fastest sciad combination" in fig.get_supxlabel()
     stats = plots.violin_stats(loaded)
     assert stats["min"] == np.percentile(loaded, 5) and stats["max"] == np.percentile(loaded, 95) < 0.002

@@ -36,8 +36,9 @@ def test_spme_closed_form_algebraic_states_solve_its_algebraic_equations():
     ode, alg_ca = model.equations(ca.DM(model.x0), ca.DM(np.asarray(z)), ca.DM(battery.THETA), xp)
     np.testing.assert_allclose(np.asarray(ode).ravel(), rates, rtol=1e-12, atol=1e-18)
     np.testing.assert_allclose(np.asarray(alg_ca).ravel(), alg, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(model.consistent(ca.DM(model.x0), ca.DM(battery.THETA), xp)).ravel(), z,
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(model.consistent(ca.DM(model.x0), ca.DM(battery.THETA), xp)).ravel(), z, rtol=1e-12
+    )
     b = dae.battery(**SMALL)
     sol = sciad.solve(b.problem, saveat=np.array([0.0, 1.0]), rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(sol.us[0], b.u0_consistent, rtol=1e-9, atol=1e-12)
@@ -52,7 +53,7 @@ def test_spme_discharge_is_physical(small):
     model = battery.SPMe(**SMALL)
     V = us[:, -1]
     assert np.all(np.diff(V) < 0) and 3.2 < V[-1] < V[0] < 4.1, V
-    s, c = us[:, :2 * model.shells], us[:, 2 * model.shells:model.differential]
+    s, c = us[:, : 2 * model.shells], us[:, 2 * model.shells : model.differential]
     assert np.all((s > 0.05) & (s < 0.95)) and np.all((c > 0.2) & (c < 3))
     width, eps, *_ = model._cells()
     np.testing.assert_allclose(c @ (eps * width), np.sum(eps * width), rtol=1e-6)
@@ -65,8 +66,10 @@ def test_spme_sciad_agrees_with_idas(small):
     ida = dae.idas_forward(small)()
     ours = np.asarray(dae.sciad_forward(small)())
     assert sciad.timing.relative_error(ours, ida) < 1e-4
-    grads = {s: np.asarray(dae.sciad_gradient(small, s, initialization=i)())
-             for s, i in (("DiscreteAdjoint", None), ("ForwardDiffSensitivity", "none"))}
+    grads = {
+        s: np.asarray(dae.sciad_gradient(small, s, initialization=i)())
+        for s, i in (("DiscreteAdjoint", None), ("ForwardDiffSensitivity", "none"))
+    }
     np.testing.assert_allclose(grads["DiscreteAdjoint"], grads["ForwardDiffSensitivity"], rtol=1e-8)
     assert np.all(grads["DiscreteAdjoint"] != 0)
     for mode in ("forward", "adjoint per interval"):
@@ -82,17 +85,39 @@ def test_spme_gauss_adjoint_agrees_with_idas(small):
 def test_large_reaction_diffusion_plans_name_what_they_skip():
     """At 20,000 states every sciad call runs but GaussAdjoint, which is recorded as skipped with its reason (not
     dropped); at 5,000 states it runs."""
+
     def plan(n):
         prob = sciad.ODEProblem(lambda u, p, t: -u, np.zeros(2 * n), (0.0, 1.0), np.ones(3), mass_matrix=np.ones(2 * n))
-        return dae.gradient_plan(dae.DAEBench("reaction-diffusion", n, prob, np.ones(1), None, 1e-6, 1e-8, None,
-                                              None, None, None, None, np.zeros(2 * n)))
+        return dae.gradient_plan(
+            dae.DAEBench(
+                "reaction-diffusion",
+                n,
+                prob,
+                np.ones(1),
+                None,
+                1e-6,
+                1e-8,
+                None,
+                None,
+                None,
+                None,
+                None,
+                np.zeros(2 * n),
+            )
+        )
 
     large, medium = plan(10_000), plan(2_500)
     assert large["sciad GaussAdjoint"].startswith("skipped beyond") and callable(medium["sciad GaussAdjoint"])
     assert all(callable(build) for name, build in large.items() if name != "sciad GaussAdjoint")
     assert dae.SIZES[False][-3:] == (500, 2500, 10_000) and dae.SIZES[True] == (50,)
-    row = {"problem": "reaction-diffusion", "states": 20_000, "what": "gradient", "name": "sciad GaussAdjoint",
-           "ok": large["sciad GaussAdjoint"], "median_s": None}
+    row = {
+        "problem": "reaction-diffusion",
+        "states": 20_000,
+        "what": "gradient",
+        "name": "sciad GaussAdjoint",
+        "ok": large["sciad GaussAdjoint"],
+        "median_s": None,
+    }
     assert "skipped beyond" in dae.markdown([row])
 
 
@@ -110,4 +135,3 @@ def test_dae_benchmark_with_the_battery_writes_its_discharge(tmp_path, monkeypat
     curve = json.loads((tmp_path / "records.json").read_text())["battery_voltage"]
     np.testing.assert_allclose(curve["sciad"], curve["IDAS"], rtol=1e-4)
     assert (tmp_path / "dae-battery.png").exists()
-

@@ -10,7 +10,6 @@ pytest.importorskip("matplotlib", reason="the benchmark product: pip install 'sc
 from sciad_bench import sde  # noqa: E402
 
 
-
 @pytest.mark.parametrize("make", [lambda: sde.neural_sde(3, 4, 10), lambda: sde.lotka_volterra(4, 40)])
 def test_stratonovich_forms_subtract_half_g_times_its_diagonal_derivative(make):
     """Each problem's written-out Stratonovich drift is drift − ½ g ∘ diag(∂g/∂u), ∂g/∂u by `jax.jacfwd`."""
@@ -31,8 +30,9 @@ def test_schemes_converge_to_one_another_on_one_path():
     def losses(steps):
         coarse = sde.neural_sde(3, 8, steps)
         dws = fine.reshape(8, steps, 1024 // steps, 3).sum(2)
-        return {s: float(sde.scan_loss(coarse, s, jnp.asarray(b.p), dws, jnp.asarray(coarse.grid)))
-                for s in sde.SCHEMES}
+        return {
+            s: float(sde.scan_loss(coarse, s, jnp.asarray(b.p), dws, jnp.asarray(coarse.grid))) for s in sde.SCHEMES
+        }
 
     coarse, finer = losses(32), losses(1024)
     spread = lambda values: max(values.values()) - min(values.values())  # noqa: E731
@@ -65,7 +65,9 @@ def test_sde_benchmark_checks_then_times(tmp_path):
     result = sde.run_sde(quick=True, repeats=1, out=tmp_path, verbose=False)
     records = result["records"]
     assert {r["problem"] for r in records} == {"neural SDE", "stochastic Lotka–Volterra"}
-    assert all(r["ok"] is not False for r in records), [(r["name"], r["rel_error"]) for r in records if r["ok"] is False]
+    assert all(r["ok"] is not False for r in records), [
+        (r["name"], r["rel_error"]) for r in records if r["ok"] is False
+    ]
     for r in records:
         if r["kind"] == "peer" and r["name"] != "diffrax Euler BacksolveAdjoint":
             assert r["ok"] is True and r["median_s"], (r["problem"], r["name"], r["ok"])

@@ -55,9 +55,19 @@ def engine_params(names=ENGINES, slow=()) -> list:
     """The engines `names` as pytest params, skipped where the engine's package is not installed, marked
     slow for those in `slow`."""
     installed = set(ad.available())
-    return [pytest.param(name, id=name, marks=[
-        pytest.mark.skipif(name not in installed, reason=f"package {ad.BACKENDS[name].package!r} is not installed"),
-        *([pytest.mark.slow] if name in slow else [])]) for name in names]
+    return [
+        pytest.param(
+            name,
+            id=name,
+            marks=[
+                pytest.mark.skipif(
+                    name not in installed, reason=f"package {ad.BACKENDS[name].package!r} is not installed"
+                ),
+                *([pytest.mark.slow] if name in slow else []),
+            ],
+        )
+        for name in names
+    ]
 
 
 def slow_except(values, fast):
@@ -73,9 +83,19 @@ def engine_matrix(sensealgs, slow_engines, fast=None) -> list:
     fast_engines = [name for name in ENGINES if name not in slow_engines]
     fast = {(s, fast_engines[i % len(fast_engines)]) for i, s in enumerate(sensealgs) if fast is None or s in fast}
     installed = set(ad.available())
-    return [pytest.param(s, e, id=f"{e}-{s}", marks=[
-        pytest.mark.skipif(e not in installed, reason=f"the {e} engine is not installed"),
-        *([] if (s, e) in fast else [pytest.mark.slow])]) for e in ENGINES for s in sensealgs]
+    return [
+        pytest.param(
+            s,
+            e,
+            id=f"{e}-{s}",
+            marks=[
+                pytest.mark.skipif(e not in installed, reason=f"the {e} engine is not installed"),
+                *([] if (s, e) in fast else [pytest.mark.slow]),
+            ],
+        )
+        for e in ENGINES
+        for s in sensealgs
+    ]
 
 
 def central_differences(f, x, rel_step=1e-5, floor=1.0):
@@ -97,8 +117,9 @@ def central_differences(f, x, rel_step=1e-5, floor=1.0):
         down[i] -= h
         columns.append((np.asarray(f(at(up)), np.float64) - np.asarray(f(at(down)), np.float64)) / (2 * h))
     columns = np.stack(columns)
-    return tree.unflatten([c.reshape(leaf.shape + columns.shape[1:])
-                           for c, leaf in zip(np.split(columns, splits), leaves)])
+    return tree.unflatten(
+        [c.reshape(leaf.shape + columns.shape[1:]) for c, leaf in zip(np.split(columns, splits), leaves)]
+    )
 
 
 def assert_agrees(actual, expected, what, rtol):
@@ -108,8 +129,13 @@ def assert_agrees(actual, expected, what, rtol):
     assert jax.tree.structure(actual) == jax.tree.structure(expected), what
     for (path, a), e in zip(jax.tree_util.tree_leaves_with_path(actual), jax.tree.leaves(expected)):
         e = np.asarray(e)
-        np.testing.assert_allclose(np.asarray(a), e, rtol=rtol, atol=rtol * np.max(np.abs(e), initial=0.0),
-                                   err_msg=f"{what}{jax.tree_util.keystr(path)}")
+        np.testing.assert_allclose(
+            np.asarray(a),
+            e,
+            rtol=rtol,
+            atol=rtol * np.max(np.abs(e), initial=0.0),
+            err_msg=f"{what}{jax.tree_util.keystr(path)}",
+        )
 
 
 def assert_close(actual, expected, rtol):

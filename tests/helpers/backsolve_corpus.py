@@ -66,9 +66,17 @@ def loss(case: Case, p, sensealg, *, solver=None, rtol=None, atol=None, dtype=No
     if dtype is not None:
         problem = sciad.ODEProblem(problem.f, np.asarray(problem.u0, dtype), problem.tspan, p)
     ts = jnp.asarray(case.saveat, np.asarray(problem.u0).dtype)
-    sol = sciad.solve(problem, p=p, saveat=ts, solver=solver or case.solver, rtol=rtol or case.rtol,
-                      atol=atol or case.atol, sensealg=sensealg, max_steps=case.max_steps)
-    return jnp.sum(sol.us ** 2)
+    sol = sciad.solve(
+        problem,
+        p=p,
+        saveat=ts,
+        solver=solver or case.solver,
+        rtol=rtol or case.rtol,
+        atol=atol or case.atol,
+        sensealg=sensealg,
+        max_steps=case.max_steps,
+    )
+    return jnp.sum(sol.us**2)
 
 
 def gradient(case: Case, sensealg, **options) -> np.ndarray:
@@ -81,8 +89,14 @@ def gradient(case: Case, sensealg, **options) -> np.ndarray:
 
 def reference(case: Case) -> np.ndarray:
     """The tight reference gradient: DiscreteAdjoint at REFERENCE_TOL in float64."""
-    return gradient(case, sciad.DiscreteAdjoint(), solver=case.reference_solver or "dopri8", rtol=REFERENCE_TOL,
-                    atol=REFERENCE_TOL, dtype=np.float64)
+    return gradient(
+        case,
+        sciad.DiscreteAdjoint(),
+        solver=case.reference_solver or "dopri8",
+        rtol=REFERENCE_TOL,
+        atol=REFERENCE_TOL,
+        dtype=np.float64,
+    )
 
 
 def relative_error(g, exact) -> float:
@@ -97,8 +111,9 @@ def drift_recorded(drifts: list):
     warn_if = continuous.warn_if
 
     def recorded(x, pred, message, drift):
-        token = jax.pure_callback(lambda d: (drifts.append(float(d)), np.zeros((), d.dtype))[1],
-                                  jax.ShapeDtypeStruct((), drift.dtype), drift)
+        token = jax.pure_callback(
+            lambda d: (drifts.append(float(d)), np.zeros((), d.dtype))[1], jax.ShapeDtypeStruct((), drift.dtype), drift
+        )
         return warn_if(jax.tree.map(lambda leaf: leaf + token.astype(leaf.dtype), x), pred, message, drift)
 
     continuous.warn_if = recorded
@@ -136,8 +151,11 @@ def _mlp(hidden: int, seed: int, damping: float, dtype):
 
     def f(u, p, t):
         h = hidden
-        return (p[3 * h: 5 * h].reshape(2, h) @ jnp.tanh(p[: 2 * h].reshape(h, 2) @ u + p[2 * h: 3 * h])
-                + p[5 * h:] - damping * u)
+        return (
+            p[3 * h : 5 * h].reshape(2, h) @ jnp.tanh(p[: 2 * h].reshape(h, 2) @ u + p[2 * h : 3 * h])
+            + p[5 * h :]
+            - damping * u
+        )
 
     return f, p
 
@@ -202,18 +220,51 @@ def cases() -> list[Case]:
     landau = np.array([0.5, 1.0, 0.0])  # μ, ω, shear
     return [
         # right: dissipative or conservative, long horizons, neural ODEs, f32 and f64, several tolerances
-        Case("neural ODE, 642 params, t ≤ 30", sciad.ODEProblem(f, np.array([1.0, -0.5]), (0.0, 30.0), p),
-             [15.0, 30.0], "tsit5", 1e-7, 1e-7, False),
-        Case("neural ODE, 642 params, t ≤ 30, rtol 1e-10", sciad.ODEProblem(f, np.array([1.0, -0.5]), (0.0, 30.0), p),
-             [15.0, 30.0], "tsit5", 1e-10, 1e-10, False),
-        Case("neural ODE, f32, t ≤ 10", sciad.ODEProblem(f32, np.array([1.0, -0.5], np.float32), (0.0, 10.0), p32),
-             [10.0], "tsit5", 1e-5, 1e-5, False),
-        Case("pendulum, light damping, t ≤ 30", sciad.ODEProblem(_pendulum, np.array([1.0, 0.0]), (0.0, 30.0),
-                                                                  np.array([1.0, 0.02])), [30.0], "dopri5", 1e-8, 1e-8,
-             False),
-        Case("pendulum, light damping, t ≤ 300", sciad.ODEProblem(_pendulum, np.array([1.0, 0.0]), (0.0, 300.0),
-                                                                   np.array([1.0, 0.005])), [300.0], "tsit5", 1e-7,
-             1e-7, False),
+        Case(
+            "neural ODE, 642 params, t ≤ 30",
+            sciad.ODEProblem(f, np.array([1.0, -0.5]), (0.0, 30.0), p),
+            [15.0, 30.0],
+            "tsit5",
+            1e-7,
+            1e-7,
+            False,
+        ),
+        Case(
+            "neural ODE, 642 params, t ≤ 30, rtol 1e-10",
+            sciad.ODEProblem(f, np.array([1.0, -0.5]), (0.0, 30.0), p),
+            [15.0, 30.0],
+            "tsit5",
+            1e-10,
+            1e-10,
+            False,
+        ),
+        Case(
+            "neural ODE, f32, t ≤ 10",
+            sciad.ODEProblem(f32, np.array([1.0, -0.5], np.float32), (0.0, 10.0), p32),
+            [10.0],
+            "tsit5",
+            1e-5,
+            1e-5,
+            False,
+        ),
+        Case(
+            "pendulum, light damping, t ≤ 30",
+            sciad.ODEProblem(_pendulum, np.array([1.0, 0.0]), (0.0, 30.0), np.array([1.0, 0.02])),
+            [30.0],
+            "dopri5",
+            1e-8,
+            1e-8,
+            False,
+        ),
+        Case(
+            "pendulum, light damping, t ≤ 300",
+            sciad.ODEProblem(_pendulum, np.array([1.0, 0.0]), (0.0, 300.0), np.array([1.0, 0.005])),
+            [300.0],
+            "tsit5",
+            1e-7,
+            1e-7,
+            False,
+        ),
         Case("Hamiltonian neural ODE, 400 params, t ≤ 100", ham.problem, ham.saveat, "tsit5", 1e-8, 1e-8, False),
         Case("Lotka–Volterra, t ≤ 10", lv, np.linspace(0, 10, 11), "tsit5", 1e-6, 1e-6, False),
         Case("Lotka–Volterra, t ≤ 10, rtol 1e-10", lv, [10.0], "tsit5", 1e-10, 1e-10, False),
@@ -224,36 +275,115 @@ def cases() -> list[Case]:
         Case("pendulum, damped, t ≤ 100", pend, [100.0], "tsit5", 1e-8, 1e-8, False),
         # right although u departs exponentially backwards: the error stays in directions the loss and
         # λ hardly see (a contracting mode, the radius of a limit cycle, a well's floor)
-        Case("linear, rates 1 and 4, t ≤ 8", sciad.ODEProblem(_two_rates, np.array([1.0, 0.0]), (0.0, 8.0),
-                                                              np.array([1.0, 4.0])), [8.0], "tsit5", 1e-8, 1e-8, False),
-        Case("Stuart–Landau limit cycle, t ≤ 20",
-             sciad.ODEProblem(_stuart_landau, np.array([0.1, 0.0]), (0.0, 20.0), landau), [10.0, 20.0], "tsit5", 1e-7,
-             1e-7, False),
-        Case("Stuart–Landau, sheared, t ≤ 20", sciad.ODEProblem(_stuart_landau, np.array([0.1, 0.0]), (0.0, 20.0),
-                                                                landau + [0, 0, 1]), [10.0, 20.0], "tsit5", 1e-7, 1e-7,
-             False),
-        Case("Duffing, damped into a well, t ≤ 40", sciad.ODEProblem(_duffing, np.array([0.2, 0.0]), (0.0, 40.0),
-                                                                     np.array([0.3])), [40.0], "tsit5", 1e-8, 1e-8,
-             False),
-        Case("Duffing, damped into a well, t ≤ 100", sciad.ODEProblem(_duffing, np.array([0.2, 0.0]), (0.0, 100.0),
-                                                                      np.array([0.3])), [50.0, 100.0], "tsit5", 1e-7,
-             1e-7, False),
-        Case("Brusselator, stable focus, t ≤ 60", sciad.ODEProblem(_brusselator, np.array([1.5, 1.0]), (0.0, 60.0),
-                                                                   np.array([1.0, 1.5])), [30.0, 60.0], "tsit5", 1e-6,
-             1e-6, False),
+        Case(
+            "linear, rates 1 and 4, t ≤ 8",
+            sciad.ODEProblem(_two_rates, np.array([1.0, 0.0]), (0.0, 8.0), np.array([1.0, 4.0])),
+            [8.0],
+            "tsit5",
+            1e-8,
+            1e-8,
+            False,
+        ),
+        Case(
+            "Stuart–Landau limit cycle, t ≤ 20",
+            sciad.ODEProblem(_stuart_landau, np.array([0.1, 0.0]), (0.0, 20.0), landau),
+            [10.0, 20.0],
+            "tsit5",
+            1e-7,
+            1e-7,
+            False,
+        ),
+        Case(
+            "Stuart–Landau, sheared, t ≤ 20",
+            sciad.ODEProblem(_stuart_landau, np.array([0.1, 0.0]), (0.0, 20.0), landau + [0, 0, 1]),
+            [10.0, 20.0],
+            "tsit5",
+            1e-7,
+            1e-7,
+            False,
+        ),
+        Case(
+            "Duffing, damped into a well, t ≤ 40",
+            sciad.ODEProblem(_duffing, np.array([0.2, 0.0]), (0.0, 40.0), np.array([0.3])),
+            [40.0],
+            "tsit5",
+            1e-8,
+            1e-8,
+            False,
+        ),
+        Case(
+            "Duffing, damped into a well, t ≤ 100",
+            sciad.ODEProblem(_duffing, np.array([0.2, 0.0]), (0.0, 100.0), np.array([0.3])),
+            [50.0, 100.0],
+            "tsit5",
+            1e-7,
+            1e-7,
+            False,
+        ),
+        Case(
+            "Brusselator, stable focus, t ≤ 60",
+            sciad.ODEProblem(_brusselator, np.array([1.5, 1.0]), (0.0, 60.0), np.array([1.0, 1.5])),
+            [30.0, 60.0],
+            "tsit5",
+            1e-6,
+            1e-6,
+            False,
+        ),
         # wrong: unstable backwards
-        Case("Rössler, t ≤ 2", sciad.ODEProblem(_rossler, np.array([1.0, 1.0, 0.0]), (0.0, 2.0),
-                                                np.array([0.2, 0.2, 5.7])), [2.0], "tsit5", 1e-8, 1e-8, True),
-        Case("Rössler, t ≤ 2.5", sciad.ODEProblem(_rossler, np.array([1.0, 1.0, 0.0]), (0.0, 2.5),
-                                                  np.array([0.2, 0.2, 5.7])), [2.5], "tsit5", 1e-8, 1e-8, True),
-        Case("neural ODE, damping 0.1, t ≤ 30", sciad.ODEProblem(f1, np.array([1.0, -0.5]), (0.0, 30.0), p1),
-             [15.0, 30.0], "tsit5", 1e-7, 1e-7, True),
-        Case("Stuart–Landau limit cycle, t ≤ 40",
-             sciad.ODEProblem(_stuart_landau, np.array([0.1, 0.0]), (0.0, 40.0), landau), [20.0, 40.0], "tsit5", 1e-7,
-             1e-7, True),
-        Case("linear, rates 1 and 20, t ≤ 5", sciad.ODEProblem(_two_rates, np.array([1.0, 0.0]), (0.0, 5.0),
-                                                               np.array([1.0, 20.0])), [5.0], "tsit5", 1e-6, 1e-6,
-             True, reference_solver="kvaerno5"),
-        Case("Fisher–KPP, 100 states, Kvaerno5", sciad.ODEProblem(kpp, kpp0, (0.0, 1.0), np.array([0.01, 1.0])),
-             [1.0], "kvaerno5", 1e-6, 1e-6, True, reference_solver="kvaerno5"),
+        Case(
+            "Rössler, t ≤ 2",
+            sciad.ODEProblem(_rossler, np.array([1.0, 1.0, 0.0]), (0.0, 2.0), np.array([0.2, 0.2, 5.7])),
+            [2.0],
+            "tsit5",
+            1e-8,
+            1e-8,
+            True,
+        ),
+        Case(
+            "Rössler, t ≤ 2.5",
+            sciad.ODEProblem(_rossler, np.array([1.0, 1.0, 0.0]), (0.0, 2.5), np.array([0.2, 0.2, 5.7])),
+            [2.5],
+            "tsit5",
+            1e-8,
+            1e-8,
+            True,
+        ),
+        Case(
+            "neural ODE, damping 0.1, t ≤ 30",
+            sciad.ODEProblem(f1, np.array([1.0, -0.5]), (0.0, 30.0), p1),
+            [15.0, 30.0],
+            "tsit5",
+            1e-7,
+            1e-7,
+            True,
+        ),
+        Case(
+            "Stuart–Landau limit cycle, t ≤ 40",
+            sciad.ODEProblem(_stuart_landau, np.array([0.1, 0.0]), (0.0, 40.0), landau),
+            [20.0, 40.0],
+            "tsit5",
+            1e-7,
+            1e-7,
+            True,
+        ),
+        Case(
+            "linear, rates 1 and 20, t ≤ 5",
+            sciad.ODEProblem(_two_rates, np.array([1.0, 0.0]), (0.0, 5.0), np.array([1.0, 20.0])),
+            [5.0],
+            "tsit5",
+            1e-6,
+            1e-6,
+            True,
+            reference_solver="kvaerno5",
+        ),
+        Case(
+            "Fisher–KPP, 100 states, Kvaerno5",
+            sciad.ODEProblem(kpp, kpp0, (0.0, 1.0), np.array([0.01, 1.0])),
+            [1.0],
+            "kvaerno5",
+            1e-6,
+            1e-6,
+            True,
+            reference_solver="kvaerno5",
+        ),
     ]

@@ -13,7 +13,7 @@ from helpers.backsolve_corpus import Case
 
 def _damped_oscillator(u, p, t):
     """x'' + 2ζω x' + ω² x = 0; p = (ω, ζ)."""
-    return jnp.stack([u[1], -p[0] ** 2 * u[0] - 2 * p[1] * p[0] * u[1]])
+    return jnp.stack([u[1], -(p[0] ** 2) * u[0] - 2 * p[1] * p[0] * u[1]])
 
 
 def _pendulum(u, p, t):
@@ -84,8 +84,7 @@ def _brusselator(points: int):
     def f(y, p, t):
         u, v = y[:points], y[points:]
         lap = lambda w: (jnp.roll(w, 1) - 2 * w + jnp.roll(w, -1)) / dx**2  # noqa: E731
-        return jnp.concatenate([p[0] + u**2 * v - (p[1] + 1) * u + p[2] * lap(u),
-                                p[1] * u - u**2 * v + p[2] * lap(v)])
+        return jnp.concatenate([p[0] + u**2 * v - (p[1] + 1) * u + p[2] * lap(u), p[1] * u - u**2 * v + p[2] * lap(v)])
 
     return f, np.concatenate([1 + np.sin(2 * np.pi * x), np.full(points, 3.0)])
 
@@ -98,23 +97,25 @@ def _neural(hidden: int, states: int, seed: int, dtype):
 
     def f(u, p, t):
         n = hidden * states
-        hidden_layer = jnp.logaddexp(0, p[:n].reshape(hidden, states) @ u + p[n: n + hidden])
-        return p[n + hidden:].reshape(states, hidden) @ hidden_layer
+        hidden_layer = jnp.logaddexp(0, p[:n].reshape(hidden, states) @ u + p[n : n + hidden])
+        return p[n + hidden :].reshape(states, hidden) @ hidden_layer
 
     return f, p
 
 
 def cases() -> list[Case]:
     oscillator = sciad.ODEProblem(_damped_oscillator, np.array([1.0, 0.0]), (0.0, 200.0), np.array([1.0, 0.01]))
-    oscillator32 = sciad.ODEProblem(_damped_oscillator, np.array([1.0, 0.0], np.float32), (0.0, 50.0),
-                                    np.array([1.0, 0.02], np.float32))
+    oscillator32 = sciad.ODEProblem(
+        _damped_oscillator, np.array([1.0, 0.0], np.float32), (0.0, 50.0), np.array([1.0, 0.02], np.float32)
+    )
     pendulum = sciad.ODEProblem(_pendulum, np.array([2.0, 0.0]), (0.0, 200.0), np.array([2.0, 0.05]))
     vdp = sciad.ODEProblem(_van_der_pol, np.array([2.0, 0.0]), (0.0, 20.0), np.array([1.0, 1.0]))
     kepler = sciad.ODEProblem(_kepler, np.array([0.5, 0.0, 0.0, np.sqrt(3.0)]), (0.0, 50.0), np.array([1.0, 0.01]))
     henon = sciad.ODEProblem(_henon_heiles, np.array([0.1, 0.0, 0.0, 0.35]), (0.0, 100.0), np.array([1.0]))
     lv = sciad.ODEProblem(_lotka_volterra, np.array([2.0, 1.0]), (0.0, 100.0), np.array([1.0, 0.5, 1.0, 0.3]))
-    lv32 = sciad.ODEProblem(_lotka_volterra, np.array([2.0, 1.0], np.float32), (0.0, 20.0),
-                            np.array([1.0, 0.5, 1.0, 0.3], np.float32))
+    lv32 = sciad.ODEProblem(
+        _lotka_volterra, np.array([2.0, 1.0], np.float32), (0.0, 20.0), np.array([1.0, 0.5, 1.0, 0.3], np.float32)
+    )
     logistic = sciad.ODEProblem(_logistic, np.array([0.1, 0.5, 1.5]), (0.0, 20.0), np.array([0.5, 1.0]))
     sir = sciad.ODEProblem(_sir, np.array([0.99, 0.01, 0.0]), (0.0, 100.0), np.array([0.5, 0.1]))
     lorenz = sciad.ODEProblem(_lorenz, np.array([1.0, 1.0, 20.0]), (0.0, 1.0), np.array([10.0, 28.0, 8 / 3]))
@@ -128,51 +129,134 @@ def cases() -> list[Case]:
         # tolerance at the interval's start alone)
         Case("damped oscillator, ζ 0.01, t ≤ 200, rtol 1e-7", oscillator, [200.0], "tsit5", 1e-7, 1e-7, False),
         Case("damped oscillator, ζ 0.01, t ≤ 200, rtol 1e-9", oscillator, [200.0], "tsit5", 1e-9, 1e-9, False),
-        Case("damped oscillator, ζ 0.01, t ≤ 200, saved every 1", oscillator, np.linspace(1, 200, 200), "dopri5",
-             1e-7, 1e-7, False),
+        Case(
+            "damped oscillator, ζ 0.01, t ≤ 200, saved every 1",
+            oscillator,
+            np.linspace(1, 200, 200),
+            "dopri5",
+            1e-7,
+            1e-7,
+            False,
+        ),
         Case("damped pendulum, c 0.05, t ≤ 200, rtol 1e-7", pendulum, [100.0, 200.0], "tsit5", 1e-7, 1e-7, False),
         Case("damped pendulum, c 0.05, t ≤ 200, rtol 1e-9", pendulum, [200.0], "dopri5", 1e-9, 1e-9, False),
-        Case("damped oscillator, ζ 0.05, t ≤ 200, rtol 1e-8", sciad.ODEProblem(_damped_oscillator, oscillator.u0,
-                                                                                (0.0, 200.0), np.array([1.0, 0.05])),
-             [200.0], "tsit5", 1e-8, 1e-8, False),
+        Case(
+            "damped oscillator, ζ 0.05, t ≤ 200, rtol 1e-8",
+            sciad.ODEProblem(_damped_oscillator, oscillator.u0, (0.0, 200.0), np.array([1.0, 0.05])),
+            [200.0],
+            "tsit5",
+            1e-8,
+            1e-8,
+            False,
+        ),
         Case("damped oscillator, f32, ζ 0.02, t ≤ 50", oscillator32, [25.0, 50.0], "tsit5", 1e-5, 1e-5, False),
         # conservative
         Case("Kepler orbit, e 0.5, t ≤ 50", kepler, [25.0, 50.0], "tsit5", 1e-8, 1e-8, False),
         Case("Hénon–Heiles, t ≤ 100, rtol 1e-9", henon, [100.0], "dopri5", 1e-9, 1e-9, False),
         Case("Lotka–Volterra, t ≤ 100, rtol 1e-7", lv, [50.0, 100.0], "tsit5", 1e-7, 1e-7, False),
-        Case("Lotka–Volterra, t ≤ 100, saved every 10, rtol 1e-9", lv, np.linspace(10, 100, 10), "tsit5", 1e-9,
-             1e-9, False),
+        Case(
+            "Lotka–Volterra, t ≤ 100, saved every 10, rtol 1e-9",
+            lv,
+            np.linspace(10, 100, 10),
+            "tsit5",
+            1e-9,
+            1e-9,
+            False,
+        ),
         Case("Lotka–Volterra, f32, t ≤ 20", lv32, [10.0, 20.0], "tsit5", 1e-5, 1e-5, False),
         # settling, but the loss hardly depends on the transient
         Case("logistic growth, t ≤ 20", logistic, [20.0], "tsit5", 1e-8, 1e-8, False),
         Case("SIR epidemic, t ≤ 100", sir, [50.0, 100.0], "tsit5", 1e-8, 1e-8, False),
-        Case("neural ODE, softplus, 3 states, t ≤ 5",
-             sciad.ODEProblem(nn, np.array([1.0, 0.0, -1.0]), (0.0, 5.0), nn_p), [2.5, 5.0], "tsit5", 1e-6, 1e-6,
-             False),
+        Case(
+            "neural ODE, softplus, 3 states, t ≤ 5",
+            sciad.ODEProblem(nn, np.array([1.0, 0.0, -1.0]), (0.0, 5.0), nn_p),
+            [2.5, 5.0],
+            "tsit5",
+            1e-6,
+            1e-6,
+            False,
+        ),
         # right for a while although u departs exponentially backwards
-        Case("van der Pol, μ 1, t ≤ 5", sciad.ODEProblem(_van_der_pol, vdp.u0, (0.0, 5.0), vdp.p), [5.0], "tsit5",
-             1e-8, 1e-8, False),
-        Case("van der Pol, μ 1, t ≤ 10", sciad.ODEProblem(_van_der_pol, vdp.u0, (0.0, 10.0), vdp.p), [10.0], "tsit5",
-             1e-8, 1e-8, False),
-        Case("Lorenz, t ≤ 0.5", sciad.ODEProblem(_lorenz, lorenz.u0, (0.0, 0.5), lorenz.p), [0.5], "tsit5", 1e-8,
-             1e-8, False),
+        Case(
+            "van der Pol, μ 1, t ≤ 5",
+            sciad.ODEProblem(_van_der_pol, vdp.u0, (0.0, 5.0), vdp.p),
+            [5.0],
+            "tsit5",
+            1e-8,
+            1e-8,
+            False,
+        ),
+        Case(
+            "van der Pol, μ 1, t ≤ 10",
+            sciad.ODEProblem(_van_der_pol, vdp.u0, (0.0, 10.0), vdp.p),
+            [10.0],
+            "tsit5",
+            1e-8,
+            1e-8,
+            False,
+        ),
+        Case(
+            "Lorenz, t ≤ 0.5",
+            sciad.ODEProblem(_lorenz, lorenz.u0, (0.0, 0.5), lorenz.p),
+            [0.5],
+            "tsit5",
+            1e-8,
+            1e-8,
+            False,
+        ),
         # wrong: an attracting limit cycle, a chaotic attractor, a stable equilibrium, unstable backwards
         Case("van der Pol, μ 1, t ≤ 20, rtol 1e-6", vdp, [20.0], "tsit5", 1e-6, 1e-6, True),
         Case("van der Pol, μ 1, t ≤ 20, rtol 1e-9", vdp, [20.0], "tsit5", 1e-9, 1e-9, True),
-        Case("logistic growth, t ≤ 60", sciad.ODEProblem(_logistic, logistic.u0, (0.0, 60.0), logistic.p), [60.0],
-             "tsit5", 1e-8, 1e-8, True),
+        Case(
+            "logistic growth, t ≤ 60",
+            sciad.ODEProblem(_logistic, logistic.u0, (0.0, 60.0), logistic.p),
+            [60.0],
+            "tsit5",
+            1e-8,
+            1e-8,
+            True,
+        ),
         Case("Lorenz, t ≤ 1", lorenz, [1.0], "tsit5", 1e-8, 1e-8, True),
         # stiff: wrong backwards
         Case("Robertson, t ≤ 1, Tsit5", robertson, [1.0], "tsit5", 1e-6, 1e-8, True, reference_solver="kvaerno5"),
-        Case("heat equation, 20 cells, t ≤ 1, Tsit5", sciad.ODEProblem(heat, heat0, (0.0, 1.0), np.array([0.1, 1.0])),
-             [0.5, 1.0], "tsit5", 1e-6, 1e-6, True, reference_solver="kvaerno5"),
-        Case("heat equation, 20 cells, t ≤ 1, Kvaerno5",
-             sciad.ODEProblem(heat, heat0, (0.0, 1.0), np.array([0.1, 1.0])), [1.0], "kvaerno5", 1e-6, 1e-6, True,
-             reference_solver="kvaerno5"),
-        Case("heat equation, f32, 20 cells, t ≤ 1, Tsit5",
-             sciad.ODEProblem(heat, heat0.astype(np.float32), (0.0, 1.0), np.array([0.1, 1.0], np.float32)),
-             [1.0], "tsit5", 1e-5, 1e-5, True, reference_solver="kvaerno5"),
-        Case("Brusselator, 32 states, t ≤ 10, Tsit5", sciad.ODEProblem(bruss, bruss0, (0.0, 10.0),
-                                                                       np.array([1.0, 3.0, 0.02])),
-             [10.0], "tsit5", 1e-6, 1e-6, True, reference_solver="kvaerno5"),
+        Case(
+            "heat equation, 20 cells, t ≤ 1, Tsit5",
+            sciad.ODEProblem(heat, heat0, (0.0, 1.0), np.array([0.1, 1.0])),
+            [0.5, 1.0],
+            "tsit5",
+            1e-6,
+            1e-6,
+            True,
+            reference_solver="kvaerno5",
+        ),
+        Case(
+            "heat equation, 20 cells, t ≤ 1, Kvaerno5",
+            sciad.ODEProblem(heat, heat0, (0.0, 1.0), np.array([0.1, 1.0])),
+            [1.0],
+            "kvaerno5",
+            1e-6,
+            1e-6,
+            True,
+            reference_solver="kvaerno5",
+        ),
+        Case(
+            "heat equation, f32, 20 cells, t ≤ 1, Tsit5",
+            sciad.ODEProblem(heat, heat0.astype(np.float32), (0.0, 1.0), np.array([0.1, 1.0], np.float32)),
+            [1.0],
+            "tsit5",
+            1e-5,
+            1e-5,
+            True,
+            reference_solver="kvaerno5",
+        ),
+        Case(
+            "Brusselator, 32 states, t ≤ 10, Tsit5",
+            sciad.ODEProblem(bruss, bruss0, (0.0, 10.0), np.array([1.0, 3.0, 0.02])),
+            [10.0],
+            "tsit5",
+            1e-6,
+            1e-6,
+            True,
+            reference_solver="kvaerno5",
+        ),
     ]

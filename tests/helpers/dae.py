@@ -14,6 +14,7 @@ TS = np.array([0.0, 0.5, 1.0, 2.0])
 # --- a linear index-1 DAE with a closed form -------------------------------------------------------
 # x' = -a x + z, 0 = z - b x: x(t) = x0 e^{(b - a) t}, z = b x (z0 is solved from x0).
 
+
 def linear(u, p, t):
     a, b = p
     return jnp.stack([-a * u[0] + u[1], u[1] - b * u[0]])

@@ -14,7 +14,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import sciad
 
@@ -22,12 +23,14 @@ jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_disable_most_optimizations", True)  # same programs, faster compiles
 mesh = jax.make_mesh((jax.device_count(),), ("batch",), axis_types=(AxisType.Auto,))
 bench = sciad.problems.lotka_volterra()
-ps = bench.problem.p * np.linspace(0.9, 1.1, 16)[:, None]          # 16 members, (16, 4)
+ps = bench.problem.p * np.linspace(0.9, 1.1, 16)[:, None]  # 16 members, (16, 4)
 
 
 def rel(a, b):
-    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))) / np.max(np.abs(np.asarray(y))))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y))) / np.max(np.abs(np.asarray(y))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
 
 
 def spread(x):
@@ -38,15 +41,21 @@ def gradients(sensealg, mesh):
     def loss(ps):
         sols = sciad.ensemble(bench.problem, ps=ps, saveat=bench.saveat, mesh=mesh, sensealg=sensealg)
         return jax.vmap(bench.loss)(sols.us).sum(), sols.us
+
     (_, us), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(ps)
     return us, g
 
 
 def per_device_gradients(sensealg):  # one batched loop per device: shard_map around an unsharded ensemble
     losses = jax.shard_map(
-        lambda ps: jax.vmap(bench.loss)(sciad.ensemble(bench.problem, ps=ps, saveat=bench.saveat,
-                                                       sensealg=sensealg).us),
-        mesh=mesh, in_specs=P("batch"), out_specs=P("batch"), check_vma=False)
+        lambda ps: jax.vmap(bench.loss)(
+            sciad.ensemble(bench.problem, ps=ps, saveat=bench.saveat, sensealg=sensealg).us
+        ),
+        mesh=mesh,
+        in_specs=P("batch"),
+        out_specs=P("batch"),
+        check_vma=False,
+    )
     return jax.jit(jax.grad(lambda ps: losses(ps).sum()))(ps)
 
 
@@ -58,8 +67,12 @@ def sensealg_case(name):
         per_device = rel(per_device_gradients(alg), unsharded)
     except ValueError as e:
         per_device = str(e).splitlines()[0]
-    return {"rel": rel(sharded, unsharded), "us": spread(us), "norm": float(np.linalg.norm(unsharded)),
-            "shard_map": per_device}, unsharded
+    return {
+        "rel": rel(sharded, unsharded),
+        "us": spread(us),
+        "norm": float(np.linalg.norm(unsharded)),
+        "shard_map": per_device,
+    }, unsharded
 
 
 def recipes_case():
@@ -77,23 +90,32 @@ def pytree_case():
     # (ForwardSensitivity here; the slow test runs every sensealg)
     def f(u, p, t):
         x, y = u["prey"], u["predator"]
-        return {"prey": p["prey"][0] * x - p["prey"][1] * x * y,
-                "predator": -p["predator"][0] * y + p["predator"][1] * x * y}
-    prob = sciad.ODEProblem(f, {"prey": 1.0, "predator": 1.0}, (0.0, 5.0),
-                            {"prey": np.array([1.5, 1.0]), "predator": np.array([3.0, 1.0])})
+        return {
+            "prey": p["prey"][0] * x - p["prey"][1] * x * y,
+            "predator": -p["predator"][0] * y + p["predator"][1] * x * y,
+        }
+
+    prob = sciad.ODEProblem(
+        f, {"prey": 1.0, "predator": 1.0}, (0.0, 5.0), {"prey": np.array([1.5, 1.0]), "predator": np.array([3.0, 1.0])}
+    )
     u0s = {"prey": np.linspace(0.8, 1.2, 12), "predator": np.linspace(1.2, 0.8, 12)}
-    saveats = np.linspace(0.0, 1.0, 11) * np.linspace(2.5, 5.0, 12)[:, None]      # (12, 11)
+    saveats = np.linspace(0.0, 1.0, 11) * np.linspace(2.5, 5.0, 12)[:, None]  # (12, 11)
 
     def loss(u0s, p, mesh):
         sols = sciad.ensemble(prob, u0s=u0s, p=p, saveats=saveats, mesh=mesh, sensealg="ForwardSensitivity")
         return jnp.sum(sols.us["prey"] ** 2 + sols.us["predator"])
+
     sharded = jax.jit(jax.grad(lambda u0s, p: loss(u0s, p, mesh), argnums=(0, 1)))(u0s, prob.p)
     unsharded = jax.jit(jax.grad(lambda u0s, p: loss(u0s, p, None), argnums=(0, 1)))(u0s, prob.p)
     sols = jax.jit(lambda: sciad.ensemble(prob, u0s=u0s, saveats=saveats, mesh=mesh))()
     one = sciad.solve(prob, u0={"prey": u0s["prey"][7], "predator": u0s["predator"][7]}, saveat=saveats[7])
-    return {"rel": rel(sharded, unsharded), "shape": list(sols.us["prey"].shape),
-            "ts": rel(sols.ts, saveats), "member": rel(jax.tree.map(lambda x: x[7], sols.us), one.us),
-            "p_grad": {k: np.asarray(v).tolist() for k, v in unsharded[1].items()}}
+    return {
+        "rel": rel(sharded, unsharded),
+        "shape": list(sols.us["prey"].shape),
+        "ts": rel(sols.ts, saveats),
+        "member": rel(jax.tree.map(lambda x: x[7], sols.us), one.us),
+        "p_grad": {k: np.asarray(v).tolist() for k, v in unsharded[1].items()},
+    }
 
 
 def main(cases):

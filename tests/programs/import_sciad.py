@@ -23,24 +23,36 @@ BENCHMARK_PACKAGES = ("matplotlib", "scipy", "optax", "torchdiffeq", "sciad_benc
 
 
 def state():
-    loggers = {name: logger for name, logger in logging.root.manager.loggerDict.items()
-               if isinstance(logger, logging.Logger)} | {"(root)": logging.root}
-    return ({name: (logger.level, logger.propagate, logger.disabled, list(logger.handlers), list(logger.filters))
-             for name, logger in loggers.items()}, dict(jax.config.values), list(warnings.filters))
+    loggers = {
+        name: logger for name, logger in logging.root.manager.loggerDict.items() if isinstance(logger, logging.Logger)
+    } | {"(root)": logging.root}
+    return (
+        {
+            name: (logger.level, logger.propagate, logger.disabled, list(logger.handlers), list(logger.filters))
+            for name, logger in loggers.items()
+        },
+        dict(jax.config.values),
+        list(warnings.filters),
+    )
 
 
 def main():
     before = state()
     import sciad  # noqa: F401
-    import sciad.problems  # noqa: F401
     import sciad._select  # noqa: F401
+    import sciad.problems  # noqa: F401
+
     after = state()
     fresh = (logging.NOTSET, True, False, [], [])
-    print(json.dumps({
-        "benchmark_packages": sorted(m for m in BENCHMARK_PACKAGES if m in sys.modules),
-        "changed_loggers": [name for name, got in after[0].items() if got != before[0].get(name, fresh)],
-        "config_and_filters_unchanged": after[1:] == before[1:],
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark_packages": sorted(m for m in BENCHMARK_PACKAGES if m in sys.modules),
+                "changed_loggers": [name for name, got in after[0].items() if got != before[0].get(name, fresh)],
+                "config_and_filters_unchanged": after[1:] == before[1:],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

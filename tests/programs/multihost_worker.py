@@ -29,6 +29,7 @@ def gradients(ps, sensealg, mesh=None):
     def loss(ps):
         sols = sciad.ensemble(prob, ps=ps, saveat=np.linspace(0.0, 1.0, 11), mesh=mesh, sensealg=sensealg)
         return jax.vmap(bench.loss)(sols.us).sum()
+
     return jax.jit(jax.grad(loss))(ps)
 
 
@@ -39,19 +40,24 @@ def main(port: str, process_id: str, out: str, *cases: str):
         from jax.experimental import multihost_utils
 
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                                   process_id=int(process_id), initialization_timeout=60)
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}",
+            num_processes=2,
+            process_id=int(process_id),
+            initialization_timeout=60,
+        )
         gathered = multihost_utils.process_allgather(np.array([jax.process_index()])).ravel().tolist()
         assert gathered == [0, 1], f"an all-gather of the process indices gave {gathered}"
     except Exception as e:
         print(f"collectives unavailable: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(3)
 
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((jax.device_count(),), ("batch",), axis_types=(AxisType.Auto,))  # both processes' devices
     ps = np.load(f"{out}/ps.npy")
-    local = np.split(ps, jax.process_count())[jax.process_index()]                       # this process's members
+    local = np.split(ps, jax.process_count())[jax.process_index()]  # this process's members
     global_ps = jax.make_array_from_process_local_data(NamedSharding(mesh, P("batch")), local)
     for case in cases:
         sensealg = case.removeprefix("padded-")
