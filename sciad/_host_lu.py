@@ -6,14 +6,14 @@ not differentiated: the root finder's derivative is implicit; a Rosenbrock step'
 `sciad._stiff.HostSparseLU`).
 
 A primitive lowered to a host call rather than `jax.pure_callback`: pure_callback copies its
-arguments into jax.Arrays before the call, about 200 µs a call on CPU against 20 µs here, and a
+arguments into jax.Arrays before the call, a copy that costs several times the host call itself, and a
 sparse Newton makes a thousand calls a solve (sciad._jax_internals).
 
 Every factorisation is made and dropped on one thread of its own: SciPy's SuperLU frees a
 factorisation's memory only on the thread that allocated it (a per-thread registry), and JAX makes
-host calls from several threads, so factors released elsewhere were never freed (0.86 GB a forward
-solve at 8,192 states). Solves run on the calling thread (a hop costs ~50 µs, a Newton iteration's
-solve ~100 µs at 2,048 states) under the held factors' lock, which keeps the factor they use held.
+host calls from several threads, so factors released elsewhere would never be freed (their memory
+grows with every solve). Solves run on the calling thread (a hop to another thread costs about as
+much as one solve) under the held factors' lock, which keeps the factor they use held.
 
 `HostLU` is a pattern: an immutable value, equal for equal patterns, the primitive's static
 parameter. The factorisations belong to the pattern's `_Factorisations`, which every equal `HostLU`
@@ -22,8 +22,8 @@ again by their entries (every stage and Newton iteration of a step solves with o
 ordered as the first one's minimum-degree ordering on Aᵀ + A (stage matrices are structurally
 near-symmetric; it fills a 2-D grid's LU about half as much as SuperLU's default, COLAMD),
 computed once; a pattern that reverse Cuthill–McKee makes narrowly banded (a 1-D grid's) is
-factorised in LAPACK's band storage instead (`_Band`: six times faster to factorise at 1,000
-states, NumPy arrays that any thread may free). `COUNTS` tallies the factorisations and solves made
+factorised in LAPACK's band storage instead (`_Band`: cheaper to factorise than a general sparse LU,
+NumPy arrays that any thread may free). `COUNTS` tallies the factorisations and solves made
 and the most bytes held in factors (the benchmark reports them).
 """
 
@@ -206,7 +206,7 @@ class _Band:
     """A pattern whose reverse Cuthill–McKee ordering P makes P A Pᵀ banded (kl below the diagonal, ku
     above), factorised in LAPACK's band storage by ?gbtrf (partial pivoting) where that storage,
     (2 kl + ku + 1) n, is at most `BAND_FILL` times SuperLU's factors: a 1-D grid's stage matrix,
-    whose band LU and solves cost a tenth of SuperLU's (160 µs and 15 µs at 1,000 states)."""
+    whose band LU and solves cost less than SuperLU's (no sparse bookkeeping)."""
 
     def __init__(self, order, kl, ku, index, n):
         self.order, self.kl, self.ku, self.index, self.n = order, kl, ku, index, n

@@ -12,7 +12,7 @@ range below holds for them too); three names only `jax._src` has:
   (differentiated) and never a constant leaked into a primitive's parameters.
 - sciad._host_lu lowers its primitive to a host call that receives NumPy arrays
   (`mlir.emit_python_callback`): `jax.pure_callback` first copies its arguments into jax.Arrays
-  (`device_put`), about 200 µs a call on CPU against 20 µs, and a sparse Newton makes a thousand
+  (`device_put`), a copy that costs several times the host call itself, and a sparse Newton makes a thousand
   such calls a solve. `callback_op_sharding` (jax._src): the sharding that call needs in a sharded
   program, as `jax.pure_callback` gives it.
 - `callback_logger` (jax._src): the logger JAX's callbacks log an exception to before re-raising it

@@ -8,15 +8,14 @@ correction where the problem's differs. The solvers (`SDE_SOLVERS`) step y on th
 k dt with the increments of a Brownian path (`sciad._brownian`); `SDESetup.run` is the forward
 solve the sensealgs differentiate or reconstruct.
 
-Strong orders (measured in tests/test_sde_convergence.py: the mean error at t1 over 64 paths against
-the closed form on each path, dt from 2⁻⁴ to 2⁻⁸):
-- "euler" (Euler–Maruyama, Itô): 1/2 (0.46 on geometric Brownian motion); 1 with additive noise.
-- "milstein" (Itô, diagonal or scalar noise): 1 (0.99) for commutative noise (σᵢ depending on uᵢ
+Strong orders (checked in tests/test_sde_convergence.py: the mean error at t1 over many paths
+against the closed form on each path, as dt halves):
+- "euler" (Euler–Maruyama, Itô): 1/2; 1 with additive noise.
+- "milstein" (Itô, diagonal or scalar noise): 1 for commutative noise (σᵢ depending on uᵢ
   alone, or scalar noise; the term ½ (∂σ/∂u · σ) (ΔW² - dt), as SciML's RKMil); 1/2 otherwise.
-- "heun" (Stratonovich): 1 (0.99) for scalar, commutative or additive noise, 1/2 in general.
-- "reversible_heun" (Stratonovich, Kidger et al. 2021): as Heun (0.99 on scalar noise, ≥ 1 with
-  additive noise, 1/2 in general); algebraically reversible (`ReversibleAdjoint` reconstructs its
-  states backwards).
+- "heun" (Stratonovich): 1 for scalar, commutative or additive noise, 1/2 in general.
+- "reversible_heun" (Stratonovich, Kidger et al. 2021): as Heun (1 on scalar or additive noise,
+  1/2 in general); algebraically reversible (`ReversibleAdjoint` reconstructs its states backwards).
 """
 
 from collections.abc import Callable

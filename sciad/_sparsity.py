@@ -6,7 +6,7 @@ sparse matrix (size, n). Elementwise operations unite their operands' sets (`sel
 choice takes the chosen case's, a product with a known zero nothing); data movement (slices,
 rolls, reshapes, stacks, concatenations, tiles, pads, gathers and dynamic slices at fixed
 indices) is followed exactly by running the primitive on the operands' indices (in NumPy where
-it has the primitive: JAX compiles each shape and parameters once, 16 ms apiece); scatters
+it has the primitive: JAX would compile each shape and parameters once); scatters
 (`.at[i].set/add/...`) at fixed indices through the gather that reads where they write;
 convolutions with a known kernel on the kernel's nonzero taps; cumulative sums on the entries up
 to each; reductions and products unite along the contracted axes. Calls (jit, custom rules,

@@ -34,12 +34,9 @@ Problems:
 Methods: sciad `solve(..., solver="rodas5p", jacobian="auto")`: one factorisation of M/(hγ) − J per
 step, reused by every stage and by the derivatives' solves; "auto" takes the sparse path from 256
 states on (the pattern of J from f's jaxpr ∪ M's, its entries by coloured JVPs, SciPy's SuperLU on
-the host: `sciad.stiff.Sparse`), a dense Jacobian and LU below (Robertson, 100 states). Measured
-side by side at 1,000 states (N = 500, one process, a 2-core machine loaded by another process):
-forward 22 ms sparse (its consistent initialisation's Newton by the sparse LU too: with a dense
-one, 40-370 ms) against 3.6-5.7 s dense and IDAS's 8-16 ms; DiscreteAdjoint's gradient 66 ms
-sparse (89-440 ms with the dense initialisation), 7.3-10 s dense, IDAS's adjoint (per interval)
-77 ms. Its gradients by ForwardDiffSensitivity, DiscreteAdjoint, GaussAdjoint (up to `GAUSS_UP_TO`
+the host: `sciad.stiff.Sparse`), a dense Jacobian and LU below (Robertson, 100 states); the
+consistent initialisation's Newton goes by the sparse LU too (the sparse and dense paths side by side
+are in paper/tables/dae.md). Its gradients by ForwardDiffSensitivity, DiscreteAdjoint, GaussAdjoint (up to `GAUSS_UP_TO`
 states) and "auto" (DiscreteAdjoint but on Robertson, `Choice.report()`), and ForwardDiffSensitivity from the
 consistent u0 with `initialization="none"` ("u0 consistent", the initialisation's own cost left out: the same
 gradient, since

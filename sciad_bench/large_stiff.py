@@ -4,7 +4,7 @@ LU per step and no Newton iteration, and ForwardDiffSensitivity for its 3 parame
 sparse and matrix-free Newton, and each stage strategy where it finishes) against diffrax's default
 (Kvaerno5, a dense Newton), SciPy's `solve_ivp(method="BDF", jac_sparsity=...)` (forward only) and
 SUNDIALS' CVODES through CasADi (BDF, Newton on CasADi's symbolic sparse Jacobian with its default sparse
-QR, which measured 5-20× faster here than its "csparse" LU; forward, and the gradient by its adjoint
+QR, faster here than its "csparse" LU; forward, and the gradient by its adjoint
 sensitivities: `jtimes(L, p, 1, True)`, CVODES' backward problem from checkpoints), checked against each
 other, then timed in interleaved rounds in one process (`sciad.timing.compare`; at most `BUDGET` seconds
 of rounds per call and size, one at least).

@@ -4,7 +4,7 @@ timed in interleaved rounds in one process (`sciad.timing.compare`).
 
 Problems (diagonal noise, Itô, fixed steps on a uniform grid, `paths` paths under `jax.vmap` over keys):
 
-- **neural SDE** (issue 35's): du = f_θ(u) dt + g_θ(u) ∘ dW, f and g MLPs of width 32 (tanh), g = 0.5 ·
+- **neural SDE**: du = f_θ(u) dt + g_θ(u) ∘ dW, f and g MLPs of width 32 (tanh), g = 0.5 ·
   sigmoid(MLP); n = 4 (or 16) states, θ all the weights (584 or 2,144 parameters), u(0) fixed, 100 Euler steps
   on [0, 1]; loss: moment matching at T, Σ_i (mean u_i(T) − 0.5)² + (var u_i(T) − 0.2)² over the paths.
 - **stochastic Lotka–Volterra** (a stochastic kinetics model, demographic noise in the diagonal approximation
@@ -35,8 +35,8 @@ Rows (`plan`):
   backpropagation through the steps), `sdeint_adjoint` (Euler forward, its default Itô adjoint: Milstein
   backwards) and `sdeint_adjoint` with `method="reversible_heun"`, `adjoint_method="adjoint_reversible_heun"`
   (the Stratonovich form); in full runs of the neural SDE also `sdeint_adjoint` (Euler) with torch's default
-  threads (one per core). torch's threads spin-wait for work: on a loaded machine its default threads made
-  these calls 10-30× slower than one thread (0.4 s → 4.7-6 s for `sdeint_adjoint`, 4 states, 64 paths).
+  threads (one per core). torch's threads spin-wait for work: on a machine shared with other processes its
+  default threads make these calls slower than one thread.
 
 Checks, before timing: each row's gradient on a Brownian path whose increments are known, against the
 scan of the same scheme on those increments (`reference`): diffrax's from its `VirtualBrownianTree` (or
@@ -503,7 +503,7 @@ def sciad_row(sensealg: str) -> Row:
 
     def build(b):
         if not has_sdes():
-            raise NotImplementedError("pending: this sciad has no sciad.SDEProblem (issue 35)")
+            raise NotImplementedError("pending: this sciad has no sciad.SDEProblem")
         problem = sciad_problem(b, stratonovich=reversible)
         alg = sciad.ReversibleAdjoint() if reversible else sensealg
         p = jnp.asarray(b.p)
@@ -903,7 +903,7 @@ def markdown(result: dict) -> str:
             ""
             if result["sciad_sdes"]
             else " **sciad's rows are pending**: this sciad has no `sciad.SDEProblem` "
-            "yet (issue 35); they are wired to the API the issue spells."
+            "yet; they are wired to the API it is to have."
         ),
         "",
         *(x for note in result.get("notes", []) for x in (note, "")),
@@ -944,7 +944,7 @@ def markdown(result: dict) -> str:
 
 
 def _targets(group, floor) -> list[str]:
-    """Issue 35's targets on this problem, as measured."""
+    """The SDE targets on this problem (sciad auto against the scan and torchsde), as measured."""
     timed = [r for r in group if r["ok"] is True and r.get("median_s")]
     auto = next((r for r in timed if r["name"] == "sciad auto"), None)
     diffrax = min((r for r in timed if r["name"].startswith("diffrax")), key=lambda r: r["median_s"], default=None)
@@ -963,7 +963,7 @@ def _targets(group, floor) -> list[str]:
         )
     elif torch and floor:
         said.append(f"torchsde's fastest ({torch['name']}): {torch['median_s'] / floor['median_s']:.0f}× the scan")
-    return ["Targets (issue 35): " + "; ".join(said) + "."] if said else []
+    return ["Targets: " + "; ".join(said) + "."] if said else []
 
 
 def _memory_table(sweep) -> list[str]:

@@ -581,7 +581,7 @@ LARGE_NONSTIFF, FIRST_GRADIENT = "large-nonstiff", "first-gradient"
 LARGE_STATES = {True: (2000,), False: (2000, 20_000)}  # by quick
 LARGE_MAX_STEPS = (4096, USER_MAX_STEPS)  # the default and a user's
 STORED = ("GaussAdjoint", "InterpolatingAdjoint")  # the stored continuous adjoints (jax-reverse)
-# Targets (issue 33): a stored adjoint ≤ 2× diffrax's fastest and ≤ 4× RCA's XLA temporaries; auto ≤ 1×.
+# Targets: a stored adjoint ≤ 2× diffrax's fastest and ≤ 4× RCA's XLA temporaries; auto ≤ 1×.
 STORED_SPEED, STORED_MEMORY, LARGE_AUTO_SPEED = 2.0, 4.0, 1.0
 RCA = "diffrax RecursiveCheckpointAdjoint / jax"
 
@@ -659,7 +659,7 @@ def large_nonstiff_targets(records) -> list[dict]:
                     STORED_SPEED if stored else LARGE_AUTO_SPEED,
                     r["vs_fastest_diffrax"],
                     measured,
-                    "issue 33, item 1",
+                    "a stored adjoint is to keep up with diffrax's own",
                 )
             )
             if stored:
@@ -670,7 +670,7 @@ def large_nonstiff_targets(records) -> list[dict]:
                         STORED_MEMORY,
                         r["vs_rca_temp"],
                         measured,
-                        "issue 33, item 1",
+                        "a stored adjoint is to keep up with diffrax's own",
                     )
                 )
     return out
@@ -737,8 +737,8 @@ def _load() -> list[float]:
 STAGES = ("trace", "lower", "compile", "run")
 SIDES = ('"auto"', "diffrax RecursiveCheckpointAdjoint")  # each case's gradient by sciad and by its peer
 FIRST_GRADIENT_REPEATS = 3
-FIRST_GRADIENT_TARGET = 0.7  # issue 33: "auto" / diffrax RCA (aim 0.5)
-EVENT_TARGET = 2.0  # issue 33: an event solve's first gradient / the same solve's without events
+FIRST_GRADIENT_TARGET = 0.7  # "auto" / diffrax RCA (aim 0.5)
+EVENT_TARGET = 2.0  # an event solve's first gradient / the same solve's without events
 CACHE_EXAMPLE = "lotka-volterra"  # the case `persistent_cache_example` runs in fresh processes
 
 
@@ -1132,7 +1132,7 @@ def large_nonstiff_markdown(result) -> str:
             "(medians); XLA's temporaries from `memory_analysis()` of the compiled gradient; first gradient: trace, "
             f"compile and first call. Machine: {_machine(result)}.\n",
             large_nonstiff_table(result["records"]),
-            "## Targets (issue 33)\n",
+            "## Targets\n",
             targets_table(result["targets"]),
         ]
     )
@@ -1152,7 +1152,7 @@ def first_gradient_markdown(result) -> str:
         "its lines, while loops, conds (case, if) and host callbacks (equinox's checks, sciad's warnings). "
         f"Machine: {_machine(result)}.\n",
         first_gradient_table(result["records"]),
-        "## Targets (issue 33)\n",
+        "## Targets\n",
         targets_table(result["targets"]),
     ]
     if result["cache"]:

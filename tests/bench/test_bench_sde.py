@@ -79,5 +79,5 @@ def test_sde_benchmark_checks_then_times(tmp_path):
         assert any(r["kind"] == "sciad" and r["ok"] is True for r in records)
     assert {p.name for p in tmp_path.iterdir()} >= {"records.json", "sde.png", "table.md"}
     table = (tmp_path / "table.md").read_text()
-    assert "Targets (issue 35)" in table and "× scan" in table and "Memory against the number of steps" in table
+    assert "Targets: " in table and "× scan" in table and "Memory against the number of steps" in table
     assert {r["steps"] for r in result["memory"]} == set(sde.MEMORY_STEPS[True])
