@@ -20,6 +20,7 @@ import sys
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.scipy.linalg
 import lineax as lx

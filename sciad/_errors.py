@@ -34,6 +34,7 @@ from collections.abc import Callable
 import diffrax as dfx
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 

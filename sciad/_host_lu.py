@@ -33,6 +33,7 @@ import threading
 import weakref
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 

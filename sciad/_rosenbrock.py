@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import diffrax as dfx
 import equinox as eqx
 import jax
+import jax.core
 import jax.flatten_util as jfu
 import jax.numpy as jnp
 import lineax as lx

@@ -8,6 +8,7 @@ from typing import Any
 import diffrax as dfx
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 

@@ -18,6 +18,7 @@ against the closed form on each path, as dt halves):
   1/2 in general); algebraically reversible (`ReversibleAdjoint` reconstructs its states backwards).
 """
 
+import abc
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -139,6 +140,10 @@ class AbstractSDESolver(eqx.Module):
 
     def value(self, state):
         return state
+
+    @abc.abstractmethod
+    def step(self, system: System, state, theta, t, dt, dW):
+        """The state at t + dt from `state` at t, with the Brownian increment dW over the step."""
 
 
 class Euler(AbstractSDESolver):
@@ -277,7 +282,7 @@ class SDESetup(eqx.Module):
         final = solver.value(state)  # the saves at the last step (the integral's among them) hold it
         out = [jnp.where(jnp.asarray(saves == self.steps)[:, None], final, buffer[:-1])]
         if every_step:
-            out.append(jnp.concatenate([y0[None], path]))
+            out.append(jnp.concatenate([y0[None], path]))  # pyright: ignore[reportArgumentType]  # every_step: the path
         if final_state:
             out.append(state)
         return out[0] if len(out) == 1 else tuple(out)

@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.flatten_util as jfu
 import jax.numpy as jnp
 import numpy as np

@@ -32,6 +32,7 @@ import functools
 from collections.abc import Callable
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -109,7 +110,7 @@ def linear_map(
 
     @functools.cache
     def transpose_thunk():
-        return _trace(flat_transpose, [*res_flat, *callee.out_avals])
+        return _trace(flat_transpose, [*res_flat, *callee.out_avals])  # pyright: ignore[reportOptionalIterable]
 
     out = linear_map_p.bind(
         *consts,
@@ -165,7 +166,7 @@ class _Callee:
 
     @functools.cached_property
     def closed(self) -> core.ClosedJaxpr:
-        return self._closed if self._closed is not None else self._trace()
+        return self._closed if self._closed is not None else self._trace()  # pyright: ignore[reportOptionalCall]
 
     @property
     def jaxpr(self) -> core.Jaxpr:

@@ -166,7 +166,7 @@ class Setup(eqx.Module):
         *,
         ts=None,
         dense=False,
-        steps=False,
+        steps: bool | int = False,
         step_states=False,
         adjoint=None,
         max_steps=None,
@@ -356,16 +356,16 @@ class AbstractSensitivity(eqx.Module):
     follows_steps: typing.ClassVar[bool] = False
 
     @abc.abstractmethod
-    def forward(self, setup: Setup, u0, p, active):
+    def forward(self, setup: Setup, u0, p, active) -> tuple[jax.Array, jax.Array, typing.Any]:
         """-> (us (T, n), stats (3,) int32, residuals for the rules). `active`: which of u0 and p
         are differentiated (`Active`), or None when nothing is."""
 
     @abc.abstractmethod
-    def pullback(self, setup: Setup, residuals, w):
+    def pullback(self, setup: Setup, residuals, w) -> tuple[jax.Array | None, jax.Array | None]:
         """w (T, n) cotangent of us -> (∂L/∂u0 (n,), ∂L/∂p (m,)); None where inactive."""
 
     @abc.abstractmethod
-    def pushforward(self, setup: Setup, residuals, du0, dp):
+    def pushforward(self, setup: Setup, residuals, du0, dp) -> jax.Array:
         """Tangent of us (T, n) in direction (du0 (n,), dp (m,)) (`solver_pushforward` where the
         sensealg has no rule of its own)."""
 
@@ -393,7 +393,7 @@ class AbstractSensitivity(eqx.Module):
         rules_setup = setup.bare()
 
         def bind(c, times, merged: bool, first=()) -> Setup:
-            return rules_setup.bound(c, *times, merged, *first)
+            return rules_setup.bound(c, *times, merged, *first)  # pyright: ignore[reportCallIssue]  # times: 3
 
         # The rules' outputs are all differentiable (one linear map gives their tangents): the stats
         # cross them as floats (exact up to 2^24 steps in float32) and leave as int32.
@@ -448,7 +448,7 @@ class AbstractSensitivity(eqx.Module):
             g_t1, g_first = jnp.zeros_like(res.times[2]), tuple(jnp.zeros_like(x) for x in res.first)
             if not res.merged:
                 return g_u0, g_p, None, g_ts, g_t0, g_t1, *g_first
-            return g_u0, g_p[:m], g_p[m:], g_ts, g_t0, g_t1, *g_first
+            return g_u0, g_p[:m], g_p[m:], g_ts, g_t0, g_t1, *g_first  # pyright: ignore[reportOptionalSubscript]  # merged: p differentiated
 
         ys, stats = ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, *times, *first)
         return ys, stats.astype(jnp.int32)
@@ -556,7 +556,7 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
     return eqx.combine(error_if(arrays, pred, message), rest)
 
 
-def plain_forward(setup: Setup, u0, p):
+def plain_forward(setup: Setup, u0, p) -> tuple[jax.Array, jax.Array, None]:
     """(ys, stats, no residuals) of an undifferentiated solve."""
     sol = setup.forward(u0, p)
-    return sol.ys, stats_vector(sol), None
+    return typing.cast(jax.Array, sol.ys), stats_vector(sol), None

@@ -304,7 +304,7 @@ class AbstractInterpolated(AbstractSource):
         return y
 
     def u(self, t, y, args):
-        return args.u_of.evaluate(t)
+        return args.u_of.evaluate(t)  # pyright: ignore[reportAttributeAccessIssue]  # an interpolation: diffrax's
 
     def norm(self, parts):
         return None if parts is None else lambda y: optx.rms_norm(parts(y))
@@ -327,7 +327,7 @@ class _Held(eqx.Module):
     n: int = eqx.field(static=True)
 
     def evaluate(self, t):
-        return self.interpolation.evaluate(jnp.clip(t, self.t_to, self.t_from))[: self.n]
+        return self.interpolation.evaluate(jnp.clip(t, self.t_to, self.t_from))[: self.n]  # pyright: ignore[reportAttributeAccessIssue]  # an interpolation: diffrax's
 
 
 INTERVAL_STEPS = 128  # re-solved steps per interval with checkpoints by step count (one every 64), at most
@@ -476,10 +476,10 @@ def _checkpointed_interval(setup: Setup, p, t_to, t_from, y_start, every: int, m
         dt0=dt0,
         throw=False,
     )
-    unused = jnp.isinf(sol.ts)
-    y1 = sol.ys[jnp.sum(~unused) - 1]
-    t = jnp.where(unused, t_from, sol.ts)
-    return t, jnp.where(unused[:, None], y1, sol.ys), dfx.is_okay(sol.result)
+    unused = jnp.isinf(sol.ts)  # pyright: ignore[reportArgumentType]  # saved: not None
+    y1 = sol.ys[jnp.sum(~unused) - 1]  # pyright: ignore[reportOptionalSubscript]  # saved: not None
+    t = jnp.where(unused, t_from, sol.ts)  # pyright: ignore[reportArgumentType]  # saved: not None
+    return t, jnp.where(unused[:, None], y1, sol.ys), dfx.is_okay(sol.result)  # pyright: ignore[reportArgumentType]  # saved: not None
 
 
 class Stored(AbstractInterpolated):
@@ -643,9 +643,9 @@ def _record_at_breakpoints(setup: Setup, u0, p, bps, *, dense: bool):
     sol = setup.forward(u0, p, ts=bps, dense=dense)
     stats = stats_vector(sol)
     return (
-        sol.ys[setup.saved(bps)],
+        sol.ys[setup.saved(bps)],  # pyright: ignore[reportOptionalSubscript]  # saved: not None
         stats,
-        Recorded(u0, p, bps, sol.ys, sol.interpolation if dense else None, stats[1], None),
+        Recorded(u0, p, bps, sol.ys, sol.interpolation if dense else None, stats[1], None),  # pyright: ignore[reportArgumentType]  # saved: not None
     )
 
 
@@ -670,27 +670,27 @@ class ContinuousAdjoint(AbstractSensitivity):
 
     @property
     def checkpointing(self) -> bool:
-        return self.source.checkpointing
+        return self.source.checkpointing  # pyright: ignore[reportAttributeAccessIssue]  # where the source has it
 
     @property
     def checkpoints(self) -> tuple | None:
-        return self.source.checkpoints
+        return self.source.checkpoints  # pyright: ignore[reportAttributeAccessIssue]  # where the source has it
 
     @property
     def interval_max_steps(self) -> int | None:
-        return self.source.interval_max_steps
+        return self.source.interval_max_steps  # pyright: ignore[reportAttributeAccessIssue]  # where the source has it
 
     @property
     def on_instability(self) -> str:
-        return self.source.on_instability
+        return self.source.on_instability  # pyright: ignore[reportAttributeAccessIssue]  # where the source has it
 
     @property
     def drift_tolerance(self) -> float:
-        return self.source.drift_tolerance
+        return self.source.drift_tolerance  # pyright: ignore[reportAttributeAccessIssue]  # where the source has it
 
     @property
     def seminorm(self) -> bool:
-        return self.backward.seminorm
+        return self.backward.seminorm  # pyright: ignore[reportAttributeAccessIssue]  # where the source has it
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
@@ -737,7 +737,7 @@ class ContinuousAdjoint(AbstractSensitivity):
                     y = y_of.evaluate(t)
                     return source.u(t, y, args), source.adjoint(y)
 
-                return quadrature[1](q, t_start, t_end, at, args)
+                return quadrature[1](q, t_start, t_end, at, args)  # pyright: ignore[reportOptionalSubscript]  # on_step: with a quadrature
 
             return marcher.advance(march, args, t_to, max_steps, None if quadrature is None else on_step)
 
@@ -781,8 +781,8 @@ def _interpolated(name: str, checkpointing, checkpoints, interval_max_steps) -> 
         raise ValueError(f"{name}(interval_max_steps=...) must be at least 2, got {interval_max_steps!r}")
     interval_max_steps = None if interval_max_steps is None else int(interval_max_steps)
     if not checkpointing:
-        return Stored(Checkpointed(None, interval_max_steps))
-    return Checkpointed(
+        return Stored(Checkpointed(None, interval_max_steps))  # pyright: ignore[reportCallIssue]  # equinox fields read as properties
+    return Checkpointed(  # pyright: ignore[reportCallIssue]  # equinox fields read as properties
         None if checkpoints is None else tuple(float(c) for c in np.ravel(checkpoints)), interval_max_steps
     )
 
@@ -861,5 +861,5 @@ class BacksolveAdjoint(ContinuousAdjoint):
         if not drift_tolerance > 0:
             raise ValueError(f"BacksolveAdjoint(drift_tolerance=...) must be positive, got {drift_tolerance!r}")
         self.vjp = ad.get(vjp)
-        self.source = Backsolved(on_instability, float(drift_tolerance))
+        self.source = Backsolved(on_instability, float(drift_tolerance))  # pyright: ignore[reportCallIssue]  # equinox fields read as properties
         self.backward = LambdaMu(bool(seminorm))

@@ -208,7 +208,7 @@ class _Resumable(dfx.AbstractAdaptiveStepSizeController):
         return self.controller.norm
 
     def wrap(self, direction):
-        return _Resumable(self.controller.wrap(direction))
+        return _Resumable(self.controller.wrap(direction))  # pyright: ignore[reportCallIssue]  # rtol etc.: properties
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
         t_next, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
@@ -237,7 +237,7 @@ def _bytes(tree) -> int:
 
 
 def _controller(setup: Setup) -> _Resumable:
-    return _Resumable(setup.controller())
+    return _Resumable(setup.controller())  # pyright: ignore[reportCallIssue]  # rtol, atol, norm: properties
 
 
 def _initial(setup: Setup, y0, p) -> _Start:
@@ -247,7 +247,7 @@ def _initial(setup: Setup, y0, p) -> _Start:
         term, t0, setup.t1, y0, setup.dt0, p, setup.solver.func, setup.solver.error_order(term)
     )
     t_next = jnp.minimum(t_next, setup.t1)
-    start = _Start(t0, y0, setup.solver.init(term, t0, t_next, y0, p), (state[0], t_next - t0), False)
+    start = _Start(t0, y0, setup.solver.init(term, t0, t_next, y0, p), (state[0], t_next - t0), jnp.asarray(False))
     return jax.tree.map(jnp.asarray, start)  # the controller's state may hold Python scalars
 
 
@@ -274,9 +274,9 @@ def _segment(setup: Setup, start: _Start, p, count: int, ts=None) -> tuple:
         controller_state=start.controller_state,
         made_jump=start.made_jump,
     )
-    (t, *_), (y, *saves) = sol.ts, sol.ys
+    (t, *_), (y, *saves) = sol.ts, sol.ys  # pyright: ignore[reportGeneralTypeIssues]  # saved: not None
     accepted = sol.stats["num_accepted_steps"]
-    end = _Start(t[accepted], y[accepted], sol.solver_state, sol.controller_state, sol.made_jump)
+    end = _Start(t[accepted], y[accepted], sol.solver_state, sol.controller_state, sol.made_jump)  # pyright: ignore[reportArgumentType]
     return (*saves, t, y, accepted, end, stats_vector(sol), sol.result)
 
 
@@ -491,7 +491,7 @@ class ForwardDiffSensitivity(AbstractSensitivity):
         full = [None, None]
         for i, jac in zip(argnums, jacs):
             full[i] = checked(setup, result, jac)
-        return us, stats, Jacobians(*full, us.shape)
+        return us, stats, Jacobians(full[0], full[1], us.shape)
 
     def pullback(self, setup: Setup, jacs: "Jacobians", w):
         return tuple(None if jac is None else jnp.tensordot(w, jac, axes=2) for jac in (jacs.u0, jacs.p))

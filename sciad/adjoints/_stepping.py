@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sciad._custom_types import RealScalarLike
 from sciad._diffrax_internals import use_stepsize_tol  # the marker: the controller's tolerances
 from sciad.adjoints._base import Setup
 
@@ -55,7 +56,7 @@ class Stepper(eqx.Module):
     finder given the controller's rtol, atol and norm where it leaves them to the controller. Every
     loop sciad runs over a solver's steps itself (the backward sweep, event location) steps one."""
 
-    terms: object
+    terms: dfx.AbstractTerm
     solver: dfx.AbstractSolver
     controller: dfx.PIDController
 
@@ -68,13 +69,14 @@ class Stepper(eqx.Module):
             solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
         if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
             for name in ("rtol", "atol", "norm"):
-                if getattr(solver.root_finder, name, None) is use_stepsize_tol:
+                if getattr(solver.root_finder, name, None) is use_stepsize_tol:  # pyright: ignore[reportAttributeAccessIssue]
                     solver = eqx.tree_at(lambda s: getattr(s.root_finder, name), solver, getattr(controller, name))
         return cls(terms, solver, controller)
 
     @property
-    def error_order(self):
-        return self.solver.error_order(self.terms)
+    def error_order(self) -> RealScalarLike:
+        # None only for a solver without an error estimate, which takes no adaptive steps
+        return self.solver.error_order(self.terms)  # pyright: ignore[reportReturnType]
 
     def init(self, t0, t1, y0, args, dt0=None) -> tuple:
         """(the next step's end, the solver's state, the controller's state) for a solve of y0 from t0
