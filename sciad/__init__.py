@@ -8,6 +8,8 @@ The public API is what `__all__` lists here, in `sciad.ad`, `sciad.adjoints`, `s
 `_name` are private.
 """
 
+from typing import TYPE_CHECKING
+
 from sciad import (
     ad,
     adjoints,
@@ -85,6 +87,9 @@ __all__ = [
     "stiff",
     "timing",
 ]
+
+if TYPE_CHECKING:  # imported on first use (SciPy): the module __getattr__ below
+    from sciad import sparsity
 
 
 def __getattr__(name: str):

@@ -17,6 +17,7 @@ in Newton's steps and in the implicit rule.
 import dataclasses
 import functools
 import sys
+import typing
 
 import equinox as eqx
 import jax
@@ -215,7 +216,7 @@ class _Split:
 
     def variables(self, u):
         """The algebraic part of u (k,)."""
-        return u[self.index] if self.index is not None else jnp.asarray(self.states.T, u.dtype) @ u
+        return u[self.index] if self.index is not None else jnp.asarray(self.states.T, u.dtype) @ u  # pyright: ignore[reportOptionalMemberAccess]  # index None: a full mass matrix's split
 
     def state(self, u0, z):
         """u0 with its algebraic part replaced by z (k,)."""
@@ -226,7 +227,7 @@ class _Split:
 
     def residual(self, rate):
         """The algebraic equations' values (k,) from f (n,)."""
-        return rate[self.index] if self.index is not None else jnp.asarray(self.equations.T, rate.dtype) @ rate
+        return rate[self.index] if self.index is not None else jnp.asarray(self.equations.T, rate.dtype) @ rate  # pyright: ignore[reportOptionalMemberAccess]  # index None: a full mass matrix's split
 
     def transposed(self) -> "_Split":
         """The split of Mᵀ: its algebraic equations are M's algebraic states and the reverse."""
@@ -262,7 +263,7 @@ def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float
     floor = 100 * float(jnp.finfo(u0.dtype).eps)  # a tolerance the dtype can meet
     # Cauchy termination (small corrections and residual): without it optimistix calls an iteration
     # that has not converged within two steps diverged, which a start far from the solution is.
-    linear = {} if solver is None else dict(linear_solver=solver)
+    linear: dict[str, typing.Any] = {} if solver is None else dict(linear_solver=solver)
     newton = optx.Newton(rtol=max(rtol * NEWTON_TIGHTER, floor), atol=atol * NEWTON_TIGHTER, **linear)
     sol = optx.root_find(
         residual, newton, z0, args, max_steps=NEWTON_STEPS, throw=False, adjoint=optx.ImplicitAdjoint(**linear)

@@ -86,7 +86,7 @@ class DiffraxAdjoint(dfx.AbstractAdjoint):
         conditions = [] if event is None else jax.tree.leaves(event.cond_fn, is_leaf=callable)
         directions = [] if event is None else jax.tree.leaves(event.direction, is_leaf=lambda x: x is None)
         callbacks = tuple(
-            ContinuousCallback(_condition(c, arguments, context), None, _DIRECTIONS[d])
+            ContinuousCallback(condition=_condition(c, arguments, context), affect=None, direction=_DIRECTIONS[d])
             for c, d in zip(conditions, directions)
         )
         for i, condition in enumerate(callbacks):

@@ -54,7 +54,7 @@ def ensemble(
         )
     size = next(iter(sizes.values()))
     sharding = None if mesh is None else _batch_sharding(mesh)
-    padded = size if sharding is None else -(-size // mesh.size) * mesh.size
+    padded = size if mesh is None else -(-size // mesh.size) * mesh.size
     batched = _map_arrays(jnp.asarray, batched)  # NumPy leaves would reach vmapped rules as non-canonical constants
     if padded > size:
         batched = _map_arrays(lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], padded - size, axis=0)]), batched)
@@ -91,7 +91,7 @@ def _members(prob: ODEProblem, name: str, tree) -> int:
             )
         member = np.shape(x)[1:]
         if np.ndim(x) == 0 or (len(member) != 1 if shape is None else member != shape):
-            want = "(B, T)" if shape is None else f"({', '.join(['B', *map(str, shape)])}{',' * (not shape)})"
+            want = "(B, T)" if shape is None else f"({', '.join(['B', *map(str, shape)])}{',' * (not shape)})"  # pyright: ignore[reportArgumentType]  # an array leaf's shape
             raise ValueError(
                 f"{label} has shape {np.shape(x)}; pass the members stacked along a new leading axis, shape {want}"
             )

@@ -54,7 +54,7 @@ class SDEProblem(eqx.Module):
             if not callable(fn):
                 raise TypeError(f"SDEProblem({name}=...): {name} must be callable {name}(u, p, t), got {fn!r}")
         if not (
-            noise in NOISES or (isinstance(noise, (int, np.integer)) and not isinstance(noise, bool) and noise >= 1)
+            noise in NOISES or (isinstance(noise, (int, np.integer)) and not isinstance(noise, bool) and noise >= 1)  # pyright: ignore[reportOperatorIssue]  # an integer here
         ):
             raise ValueError(
                 f"SDEProblem(noise=...) must be 'diagonal', 'scalar' or a positive int m (general "
@@ -243,10 +243,10 @@ def brownian_path(brownian, key, t0: float, dt: float, steps: int, shape: tuple,
             )
         return brownian
     if isinstance(brownian, dfx.AbstractBrownianPath):
-        got = jax.tree.leaves(brownian.shape)
+        got = jax.tree.leaves(brownian.shape)  # pyright: ignore[reportAttributeAccessIssue]  # diffrax's paths declare shape
         if len(got) != 1 or tuple(got[0].shape) != shape:
             raise ValueError(
-                f"brownian= has shape {brownian.shape}; this problem's noise needs one array of shape {shape}"
+                f"brownian= has shape {brownian.shape}; this problem's noise needs one array of shape {shape}"  # pyright: ignore[reportAttributeAccessIssue]  # diffrax's paths declare shape
             )
         return brownian
     raise TypeError(
@@ -294,7 +294,7 @@ def solve(
             "callbacks of an SDE solve: sciad.PresetTimeCallback only (state-dependent events, "
             "ContinuousCallback, are not supported for SDEs yet)"
         )
-    u0, p = check_inputs(prob, u0, p)
+    u0, p = check_inputs(prob, u0, p)  # pyright: ignore[reportArgumentType]  # an SDEProblem has u0 and p as an ODEProblem
     if tspan is not None and any(isinstance(t, jax.core.Tracer) for t in tspan):
         raise ValueError(
             "tspan of an SDE solve must be concrete (it sets the grid): traced times are not "
@@ -366,7 +366,7 @@ def dispatching(ode_solve: Callable) -> Callable:
         return ode_solve(prob, **options)
 
     entry.__doc__ = (
-        f"{ode_solve.__doc__.rstrip()}\n\n    An `SDEProblem` is solved on a fixed grid along a "
+        f"{(ode_solve.__doc__ or '').rstrip()}\n\n    An `SDEProblem` is solved on a fixed grid along a "
         "Brownian path instead: `solve(sde, key=..., dt0=..., saveat=..., solver=..., sensealg=..., "
         "integrand=..., brownian=..., callbacks=...)` (`sciad._sde.solve`).\n"
     )

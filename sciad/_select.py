@@ -8,6 +8,7 @@ import hashlib
 import json
 import pathlib
 import time
+import typing
 from collections.abc import Callable
 
 import equinox as eqx
@@ -85,12 +86,12 @@ def _solver(prob: ODEProblem, solver):
 def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
     """The plausible (sensealg, reason) pairs for a problem with `feat`, most plausible first:
     forward modes before the adjoints up to the heuristic's `forward_mode_parameters` parameters, after beyond."""
-    forward = [
+    forward: list[tuple[AbstractSensitivity, str]] = [
         (ForwardDiffSensitivity(), "forward mode through the solver"),
         (ForwardSensitivity(jvp="jax-forward"), "forward sensitivity equations"),
         (ForwardSensitivity(seminorm=True), "forward sensitivities, S out of the error control"),
     ]
-    adjoints = [
+    adjoints: list[tuple[AbstractSensitivity, str]] = [
         (InterpolatingAdjoint(), "adjoint on the stored interpolation"),
         (InterpolatingAdjoint(checkpointing=True), "checkpointed adjoint (bounded memory)"),
         (InterpolatingAdjoint(seminorm=True), "adjoint with μ out of the error control (SciML's QuadratureAdjoint)"),
@@ -102,7 +103,9 @@ def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
         adjoints.append((BacksolveAdjoint(seminorm=True), "backsolve, μ out of the error control"))
     if "enzyme" in ad.available():
         adjoints.append((InterpolatingAdjoint(vjp="enzyme"), "compiler-level VJPs"))
-    out = forward + adjoints if feat.parameters <= THRESHOLDS.forward_mode_parameters else adjoints + forward
+    out: list[tuple[AbstractSensitivity, str]] = (
+        forward + adjoints if feat.parameters <= THRESHOLDS.forward_mode_parameters else adjoints + forward
+    )
     if feat.memory_budget is not None and feat.interpolation_bytes > feat.memory_budget:
         out = [(s, r) for s, r in out if not s.stores_interpolation]
     if feat.mass_matrix:  # the sensealgs that serve one (sciad._solve.MASS_MATRIX_SENSEALGS)
@@ -159,7 +162,7 @@ def select_sensealg(
     ts = check_saveat(saveat, *prob.tspan)
     solver, why, stiff = _chosen(prob, solver, rtol, atol, jacobian)
     stages = with_stage_jacobian(_solver(prob, solver), jacobian, prob.f, prob.u0, prob.p, prob.tspan[0])[1]
-    kw = dict(
+    kw: dict[str, typing.Any] = dict(
         solver=_solver(prob, solver),
         rtol=rtol,
         atol=atol,

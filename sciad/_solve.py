@@ -293,7 +293,7 @@ def solve(
         ys, stats = sensealg.solve(setup, u0_flat, p_flat)
         us, q = ys[:T, :n], ys[T, n:]
         extras["t_final"] = jnp.asarray(t1, dtype)
-    integral = None if integrand is None else field.q.unravel(q)
+    integral = None if integrand is None else field.q.unravel(q)  # pyright: ignore[reportOptionalMemberAccess]  # q: with an integrand
     evals = _evaluations_per_step(setup.solver)
     steps = stats.astype(jnp.int32)
     solution_stats = {

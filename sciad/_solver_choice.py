@@ -166,7 +166,7 @@ def stiffness(f, u0, p, tspan, *, rtol: float, atol: float) -> Stiffness | None:
         values = np.asarray(_dominant(_Rate(closed), flat, dynamic, *scalars)).ravel()
     if not np.all(np.isfinite(values)):
         return Stiffness(math.nan, math.nan)
-    decay = np.maximum(-values.real, 0.0)
+    decay = np.maximum(-values.real, 0.0)  # pyright: ignore[reportAttributeAccessIssue]  # NumPy's stubs
     dormant = np.maximum(abs(t1 - t0) - np.log(1 / rtol) / np.where(decay > 0, decay, 1.0), 0.0) * (decay > 0)
     return Stiffness(float(np.abs(values).max()), float(np.max(np.abs(values) * dormant) / STABILITY_INTERVAL))
 

@@ -184,12 +184,12 @@ class Pattern:
 
     @property
     def density(self) -> float:
-        return self.matrix.nnz / max(1, self.matrix.shape[0] * self.matrix.shape[1])
+        return self.matrix.nnz / max(1, self.matrix.shape[0] * self.matrix.shape[1])  # pyright: ignore[reportOptionalSubscript]  # SciPy's stubs
 
     def colouring(self, dense_row: int | None = None) -> "Colouring":
         """Rows with more than `dense_row` entries (default max(16, 4 √n)) by reverse mode, the columns of
         the rest coloured greedily, largest degree first."""
-        n = self.matrix.shape[1]
+        n = self.matrix.shape[1]  # pyright: ignore[reportOptionalSubscript]  # SciPy's stubs
         limit = max(16, int(4 * np.sqrt(n))) if dense_row is None else dense_row
         with self._lock:
             if limit not in self._colourings:
@@ -225,7 +225,7 @@ class Colouring:
 
     @property
     def source(self) -> np.ndarray:
-        N, n = self.matrix.shape
+        N, n = self.matrix.shape  # pyright: ignore[reportGeneralTypeIssues]  # SciPy's stubs
         rows, cols = self.rows_cols
         position = np.full(N, -1)
         position[self.dense] = np.arange(len(self.dense))
@@ -242,7 +242,7 @@ class Colouring:
         if len(self.dense):
             _, pullback = jax.vjp(fn, x)
             unit = (
-                jnp.zeros((len(self.dense), self.matrix.shape[0]), x.dtype)
+                jnp.zeros((len(self.dense), self.matrix.shape[0]), x.dtype)  # pyright: ignore[reportOptionalSubscript]  # SciPy's stubs
                 .at[np.arange(len(self.dense)), self.dense]
                 .set(1)
             )
@@ -253,7 +253,7 @@ class Colouring:
 def _greedy_colours(pattern: sp.csr_matrix) -> np.ndarray:
     """Colours (n,) of the columns of `pattern`, no two columns that share a row alike (greedy, in
     order of decreasing degree in the column intersection graph); columns no row depends on: -1."""
-    n = pattern.shape[1]
+    n = pattern.shape[1]  # pyright: ignore[reportOptionalSubscript]  # SciPy's stubs
     p = sp.csc_matrix(pattern, dtype=np.int32)
     conflicts = (p.T @ p).tocsr()
     indptr, indices = conflicts.indptr.tolist(), conflicts.indices.tolist()
@@ -313,7 +313,7 @@ def jacobian_pattern(fn, x, *args) -> Pattern:
 
 def _propagated(closed, n) -> Pattern:
     deps = _Propagation(n)
-    inputs = [sp.identity(n, dtype=bool, format="csr")] + [None] * (len(closed.jaxpr.invars) - 1)
+    inputs = [sp.identity(n, dtype=bool, format="csr")] + [None] * (len(closed.jaxpr.invars) - 1)  # pyright: ignore[reportArgumentType]  # SciPy's stubs
     (out,), _ = deps.run(closed.jaxpr, closed.consts, inputs)
     matrix = sp.csr_matrix((np.prod(closed.out_avals[0].shape, dtype=int), n), dtype=bool) if out is None else out
     return Pattern(sp.csr_matrix(matrix, dtype=bool), tuple(sorted(deps.conservative)))
@@ -326,12 +326,12 @@ class GivenPattern:
 
     def __init__(self, pattern):
         matrix = sp.csr_matrix(pattern, dtype=bool)
-        if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:  # pyright: ignore[reportOptionalSubscript]  # SciPy's stubs
             raise ValueError(
                 f"pattern: ∂f/∂u's sparsity must be square (n, n) over the flattened state, got shape {matrix.shape}"
             )
-        n = matrix.shape[0]
-        symmetric = matrix + matrix.T + sp.identity(n, dtype=bool, format="csr")
+        n = matrix.shape[0]  # pyright: ignore[reportOptionalSubscript]  # SciPy's stubs
+        symmetric = matrix + matrix.T + sp.identity(n, dtype=bool, format="csr")  # pyright: ignore[reportArgumentType]  # SciPy's stubs
         self.matrix = sp.csr_matrix(symmetric, dtype=bool).sorted_indices()
         self.key = _structure_key(self.matrix)
 
@@ -575,7 +575,7 @@ class _Propagation:
         moved = []
         for positions in results if eqn.primitive.multiple_results else [results]:
             positions = np.asarray(positions).ravel()
-            picked = source[np.maximum(positions - 1, 0)]
+            picked = source[np.maximum(positions - 1, 0)]  # pyright: ignore[reportIndexIssue]  # SciPy's stubs
             moved.append(sp.csr_matrix(picked.multiply((positions > 0)[:, None]), dtype=bool))
         return moved
 
@@ -724,10 +724,10 @@ class _Propagation:
         right = np.ones((B, K, J), bool) if nonzero[1] is None else nonzero[1].transpose(order_r).reshape(B, K, J)
         parts = []
         if deps[0] is not None:  # (b, i, j) <- (b, i, k) where right[b, k, j]
-            m = sp.block_diag([sp.kron(sp.identity(I, dtype=bool), sp.csr_matrix(right[b].T)) for b in range(B)])
+            m = sp.block_diag([sp.kron(sp.identity(I, dtype=bool), sp.csr_matrix(right[b].T)) for b in range(B)])  # pyright: ignore[reportArgumentType]  # SciPy's stubs
             parts.append(sp.csr_matrix(m, dtype=bool) @ deps[0][perm_l])
         if deps[1] is not None:  # (b, i, j) <- (b, k, j) where left[b, i, k]
-            m = sp.block_diag([sp.kron(sp.csr_matrix(left[b]), sp.identity(J, dtype=bool)) for b in range(B)])
+            m = sp.block_diag([sp.kron(sp.csr_matrix(left[b]), sp.identity(J, dtype=bool)) for b in range(B)])  # pyright: ignore[reportArgumentType]  # SciPy's stubs
             parts.append(sp.csr_matrix(m, dtype=bool) @ deps[1][perm_r])
         return _union(parts)
 

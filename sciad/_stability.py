@@ -32,7 +32,7 @@ def stability_boundary(solver) -> float | None:
     tableau = getattr(solver, "tableau", None)
     if getattr(tableau, "a_diagonal", 0) is not None or not hasattr(tableau, "a_lower"):
         return None
-    return _boundary(tuple(tuple(map(float, row)) for row in tableau.a_lower), tuple(map(float, tableau.b_sol)))
+    return _boundary(tuple(tuple(map(float, row)) for row in tableau.a_lower), tuple(map(float, tableau.b_sol)))  # pyright: ignore[reportOptionalMemberAccess]  # an explicit RK's tableau
 
 
 @functools.cache

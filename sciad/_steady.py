@@ -123,7 +123,7 @@ def _find(field: VectorField, u0, p, linear, *, solver, mass, t, rtol, atol, max
     )
     settled = sol.result == dfx.RESULTS.event_occurred
     unsettled = sol.result == dfx.RESULTS.max_steps_reached
-    u = error_if(sol.ys[-1], unsettled, NO_STEADY_STATE.format(max_steps))
+    u = error_if(sol.ys[-1], unsettled, NO_STEADY_STATE.format(max_steps))  # pyright: ignore[reportOptionalSubscript]  # saved: not None
     u = solver_failure(u, dfx.RESULTS.where(settled | unsettled, dfx.RESULTS.successful, sol.result), max_steps)
     residual = lambda u: field(u, p, t)  # noqa: E731
     basis = jnp.eye(u.shape[0], dtype=u.dtype)

@@ -69,7 +69,7 @@ class AbstractStageJacobian(eqx.Module):
         allowed): fn(y, args) = (residual, aux), the residual y's structure."""
 
     @abc.abstractmethod
-    def solve(self, state, fn, args, b, atol):
+    def solve(self, state, fn, args, b, atol) -> tuple[Any, lx.RESULTS]:
         """(x, lineax result): x with (∂fn/∂y at the linearisation) x = b, b and x y's structure;
         `atol` the root finder's absolute tolerance."""
 
@@ -112,7 +112,7 @@ class MatrixFree(AbstractStageJacobian):
         operator = lx.JacobianLinearOperator(_NoAux(fn), y, point)
         # lineax's test is per entry, |r_i| ≤ atol + rtol |b_i|: relative to max |b| it is atol alone.
         atol = self.rtol * jnp.maximum(optx.max_norm(b), atol)
-        gmres = lx.GMRES(rtol=0.0, atol=atol, restart=self.restart, max_steps=self.max_steps)
+        gmres = lx.GMRES(rtol=0.0, atol=atol, restart=self.restart, max_steps=self.max_steps)  # pyright: ignore[reportArgumentType]  # a traced tolerance serves
         sol = lx.linear_solve(operator, b, gmres, throw=False)
         # lineax calls a breakdown (an invariant Krylov space: the exact solution, in small systems)
         # outside its tolerance a failure when the iterate moved in the last restart cycle: the
@@ -165,11 +165,11 @@ class Sparse(AbstractStageJacobian):
             return jfu.ravel_pytree(fn(unravel(x), eqx.combine(dynamic, static))[0])[0]
 
         given = self.pattern is not None and self.pattern.matrix.shape[0] == flat.size
-        pattern = sparsity.PATTERNS.given(self.pattern) if given else sparsity.jacobian_pattern(relation, flat, dynamic)
+        pattern = sparsity.PATTERNS.given(self.pattern) if given else sparsity.jacobian_pattern(relation, flat, dynamic)  # pyright: ignore[reportArgumentType]  # given: a pattern
         colouring = pattern.colouring(self.dense_row)
         values = colouring.jacobian_values(lambda x: relation(x, dynamic), flat)
         rows, cols = colouring.rows_cols
-        return _Factorised(jax.lax.stop_gradient(values), HostLU(rows, cols, colouring.matrix.shape, self.kept))
+        return _Factorised(jax.lax.stop_gradient(values), HostLU(rows, cols, colouring.matrix.shape, self.kept))  # pyright: ignore[reportArgumentType]  # SciPy's stubs: a matrix's shape
 
     def solve(self, state, fn, args, b, atol):
         flat, unravel = jfu.ravel_pytree(b)
@@ -187,7 +187,7 @@ class Sparse(AbstractStageJacobian):
 
         n = y.size
         given = self.pattern is not None and self.pattern.matrix.shape[0] == n
-        found = self.pattern.matrix if given else sparsity.jacobian_pattern(fn, y, args).matrix
+        found = self.pattern.matrix if given else sparsity.jacobian_pattern(fn, y, args).matrix  # pyright: ignore[reportOptionalMemberAccess]  # given: a pattern
         union = sp.csr_matrix(found, dtype=bool)
         if also is not None:
             union = union + sp.csr_matrix(also, dtype=bool)
@@ -197,7 +197,7 @@ class Sparse(AbstractStageJacobian):
         rows, cols = colouring.rows_cols
         if identity is not None:
             values = jnp.where(identity, jnp.asarray(rows == cols, values.dtype), values)
-        lu = HostLU(rows, cols, colouring.matrix.shape, self.kept)
+        lu = HostLU(rows, cols, colouring.matrix.shape, self.kept)  # pyright: ignore[reportArgumentType]  # SciPy's stubs: a matrix's shape
         state = (jax.lax.stop_gradient(values), lu, False)
         return lx.JacobianLinearOperator(fn, y, args), HostSparseLU(), state
 
@@ -433,4 +433,4 @@ def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
             f"jacobian={jacobian!r} needs an implicit solver (e.g. solver='kvaerno5'); "
             f"{type(solver).__name__} is explicit and solves no linear systems"
         )
-    return eqx.tree_at(lambda s: s.root_finder, solver, StageNewton(jacobian))
+    return eqx.tree_at(lambda s: s.root_finder, solver, StageNewton(jacobian))  # pyright: ignore[reportCallIssue]  # optimistix's AbstractVar fields read as arguments

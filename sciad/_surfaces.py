@@ -13,7 +13,7 @@ import re
 
 def version(text: str) -> tuple[int, ...]:
     """The release numbers of a version string: "0.13.8" → (0, 13, 8), "0.8.0rc1" → (0, 8, 0)."""
-    return tuple(int(part) for part in re.match(r"\d+(?:\.\d+)*", text).group().split("."))
+    return tuple(int(part) for part in re.match(r"\d+(?:\.\d+)*", text).group().split("."))  # pyright: ignore[reportOptionalMemberAccess]  # a version starts with digits
 
 
 def installed(package: str) -> str:

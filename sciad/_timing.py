@@ -65,7 +65,7 @@ def compare(
     "fast" or "slow"). `times_s` (seconds per call; [] for those not timed), `median_s` and
     `spread`, the interquartile range over the median (None from one round).
     """
-    rows = [{"times_s": []} for _ in candidates]
+    rows: list[dict[str, Any]] = [{"times_s": []} for _ in candidates]
     calls, outs, ref = _compile(candidates, reference, rows, deadline, on_compile)
     for i, out in outs.items():
         if i in baselines:
@@ -133,7 +133,7 @@ def _compile(
             if build is reference:
                 raise
             said, kind = summary(e), type(e).__name__
-            rows[i]["ok"] = f"failed: {said if said.startswith(kind) else f'{kind}: {said}'}"[:300]
+            rows[i]["ok"] = f"failed: {said if said.startswith(kind) else f'{kind}: {said}'}"[:300]  # pyright: ignore[reportArgumentType, reportCallIssue]  # i: a candidate's (the reference raises)
             continue
         if build is reference:
             ref = out

@@ -35,7 +35,7 @@ class Autograd(AbstractHostBackend):
         from autograd import make_vjp
 
         try:
-            vjp, y = make_vjp(lambda args: f(*args))(tuple(xs))
+            vjp, y = make_vjp(lambda args: f(*args))(tuple(xs))  # pyright: ignore[reportGeneralTypeIssues]  # autograd's decorated make_vjp
         except NotImplementedError as e:
             rule = re.match(r"VJP of (\S+) wrt", str(e))
             if rule is None:

@@ -176,7 +176,7 @@ _DECLARED = {
 }
 
 
-def _check_declarations(cls: type) -> None:
+def _check_declarations(cls: type["AbstractBackend"]) -> None:
     """Raise a TypeError naming what `cls` must declare or implement to be created."""
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     missing = [n for n in _DECLARED if not (hasattr(cls, n) or n in fields)]

@@ -7,7 +7,7 @@ class MissingEngineError(ImportError):
     """An engine's package is not installed; the message names the extra."""
 
 
-def require(package: str, extra: str, backend: str) -> None:
+def require(package: str, extra: str | None, backend: str) -> None:
     """Raise `MissingEngineError` unless `package` imports here."""
     if importlib.util.find_spec(package) is None:
         raise MissingEngineError(

@@ -101,7 +101,7 @@ def custom_linear_rules(
             cotangents = pullback(residuals, w)
             return tuple(cotangents[i] for i in active)
 
-        slots = [i for i in active for _ in jax.tree.leaves(vs[i])]  # each linear leaf's argument
+        slots = tuple(i for i in active for _ in jax.tree.leaves(vs[i]))  # each linear leaf's argument
         return y, linear_map(
             lin,
             lin_t,

@@ -15,6 +15,7 @@ written here from ones that do:
 
 import functools
 import types
+import typing
 
 import numpy as np
 
@@ -88,8 +89,10 @@ def _torch_namespace() -> types.ModuleType:
 
 @functools.cache
 def _autograd_namespace() -> types.ModuleType:
-    import autograd.numpy as anp
+    import autograd.numpy
     from autograd.tracer import isbox
+
+    anp: typing.Any = autograd.numpy  # its names are NumPy's, wrapped at import: no static view of them
 
     def asarray(obj, /, *, dtype=None, device=None, copy=None):
         """Boxes, alone or in (nested) lists, through `autograd.numpy.array`, which keeps the tape."""

@@ -238,7 +238,7 @@ def _check_float(arg: str, x) -> None:
     if dtype is None:
         dtype = np.asarray(x).dtype
     if hasattr(dtype, "is_floating_point"):  # torch dtype
-        ok = dtype.is_floating_point
+        ok = dtype.is_floating_point  # pyright: ignore[reportAttributeAccessIssue]  # a torch dtype
     else:
         ok = np.issubdtype(np.dtype(dtype), np.floating)
     if not ok:
@@ -312,7 +312,7 @@ def _cached(op: _Operator, backend, f, args: trees.Arguments) -> Callable:
     with _COMPILED_LOCK:
         if key not in entries:
             ref = weakref.ref(anchor)
-            held = (lambda *a: types.MethodType(method, ref())(*a)) if method is not None else (lambda *a: ref()(*a))
+            held = (lambda *a: types.MethodType(method, ref())(*a)) if method is not None else (lambda *a: ref()(*a))  # pyright: ignore[reportOptionalCall]  # method: not None here
             entries[key] = _compile(op, backend, held, args)
         return entries[key]
 
@@ -370,7 +370,7 @@ def prepare(backend: AbstractBackend, op, f: Callable, x, *vectors) -> Callable:
     operator = _BY_NAME.get(op) if isinstance(op, str) else op
     if not any(operator is known for known in _OPERATORS):
         raise ValueError(f"op must be one of {sorted(_BY_NAME)} (or the function), got {op!r}")
-    op, args = _checked(operator, backend, f, x, vectors)
+    op, args = _checked(operator, backend, f, x, vectors)  # pyright: ignore[reportArgumentType]  # checked above
     call = _prepared(op, backend, f, args, _compile)
     _explained(backend, call, x, *vectors)  # trace and compile now
     return call
@@ -445,4 +445,4 @@ def lazy_hessian(backend: AbstractBackend, f: Callable, x) -> LazyHessian:
     return LazyHessian(backend, f, x)
 
 
-__all__ = [*_BY_NAME, "pushforward", "pullback", "lazy_jacobian", "lazy_hessian", "prepare", "namespace"]
+__all__ = [*_BY_NAME, "pushforward", "pullback", "lazy_jacobian", "lazy_hessian", "prepare", "namespace"]  # pyright: ignore[reportUnsupportedDunderAll]  # the operators by name

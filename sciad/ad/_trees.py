@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
-from jax.tree_util import keystr
+from jax.tree_util import PyTreeDef, keystr
 
 from sciad.ad._namespace import namespace
 
@@ -80,7 +80,7 @@ class Arguments:
     `tree` is the structure of the tuple of arguments, `static` its non-array leaves as
     `(position, leaf)`, `nested` whether some argument is not an array itself."""
 
-    tree: jax.tree_util.PyTreeDef
+    tree: PyTreeDef  # pyright: ignore[reportInvalidTypeForm]  # jax.tree_util re-exports the class
     static: tuple
     several: bool
     nested: bool

@@ -346,7 +346,11 @@ class AbstractSensitivity(eqx.Module):
     pushforward (`solver_pushforward`, forward-mode AD through the solver, where they have no
     rule of their own)."""
 
-    stores_interpolation: eqx.AbstractVar[bool]  # the forward pass keeps a dense interpolation (memory ~ steps)
+    # the forward pass keeps a dense interpolation (memory ~ steps): a class attribute, or a property of the options
+    if typing.TYPE_CHECKING:  # a static checker reads equinox's AbstractVar as a field every constructor takes
+        stores_interpolation: typing.ClassVar[bool]
+    else:
+        stores_interpolation: eqx.AbstractVar[bool]
     # Its tangents pass through a DAE's consistent initialisation inside its forward pass (`Setup.consistent`):
     # m of them for p, where a u0 solved from p outside would be n more inputs (forward mode).
     initialises: typing.ClassVar[bool] = False

@@ -22,7 +22,7 @@ def forward(setup: Setup, u0, p, every: int):
     u_at (B, n + k): the state y there; stats (3,) int32). B = T + 2 + max_steps // every: unused
     checkpoints sit at t1 with y(t1) (zero-length intervals). Raises, as any solve, where it fails."""
     sol = setup.forward(u0, p, ts=setup.breakpoints(), steps=every)
-    unused = jnp.isinf(sol.ts)  # diffrax's fill, after the last save
-    u1 = sol.ys[jnp.sum(~unused) - 1]
-    t = jnp.where(unused, jnp.asarray(setup.t1, sol.ts.dtype), sol.ts)
-    return t, jnp.where(unused[:, None], u1, sol.ys), stats_vector(sol)
+    unused = jnp.isinf(sol.ts)  # diffrax's fill, after the last save  # pyright: ignore[reportArgumentType]  # saved: not None
+    u1 = sol.ys[jnp.sum(~unused) - 1]  # pyright: ignore[reportOptionalSubscript]  # saved: not None
+    t = jnp.where(unused, jnp.asarray(setup.t1, sol.ts.dtype), sol.ts)  # pyright: ignore[reportArgumentType, reportOptionalMemberAccess]  # saved: not None
+    return t, jnp.where(unused[:, None], u1, sol.ys), stats_vector(sol)  # pyright: ignore[reportArgumentType]  # saved: not None

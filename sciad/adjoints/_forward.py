@@ -71,7 +71,9 @@ class ForwardSensitivity(AbstractSensitivity):
                 consistent_tangents(setup.f, mass, u0, p, setup.t0, s0[:, :n], dps, setup.rtol, setup.atol)
             )
             setup = eqx.tree_at(
-                lambda s: s.solver, setup, with_mass(setup.solver, [setup.solver.mass_matrix] * (1 + s0.shape[0]))
+                lambda s: s.solver,
+                setup,
+                with_mass(setup.solver, [setup.solver.mass_matrix] * (1 + s0.shape[0])),  # pyright: ignore[reportAttributeAccessIssue]  # a mass-matrix solver
             )
 
         def rhs(t, y, p):
@@ -88,7 +90,7 @@ class ForwardSensitivity(AbstractSensitivity):
             ts=jnp.asarray(setup.ts, u0.dtype),
             norm=leading_seminorm() if self.seminorm else None,
         )
-        ys, sens = sol.ys  # sens: (T, columns, n + k)
+        ys, sens = sol.ys  # sens: (T, columns, n + k)  # pyright: ignore[reportGeneralTypeIssues]  # saved: not None
         blocks = Sensitivities(
             sens[:, : sizes[0]] if active.u0 else None, sens[:, sizes[0] :] if active.p else None, ys.shape
         )

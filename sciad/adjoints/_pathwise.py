@@ -26,6 +26,8 @@ diffusion are the engine's own pullbacks (`System.pulled`), and ForwardSensitivi
 wrapped by `sciad.ad.differentiate_with`.
 """
 
+from collections.abc import Callable
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -41,7 +43,7 @@ from sciad.adjoints._reversible import ReversibleAdjoint, reversible_rules, thro
 class EngineField(eqx.Module):
     """F(u, θ, t) with its derivatives computed by a `sciad.ad` engine (`differentiate_with`)."""
 
-    g: object
+    g: Callable
     c: jax.Array
 
     def __call__(self, u, theta, t):

@@ -157,7 +157,7 @@ def parse(text: str, **options) -> AbstractSensitivity:
             "positional argument; give the other options as name=value"
         )
     kwargs = {k: _literal(text, v) for k, v in keywords.items()}
-    if positional:
+    if positional and engine is not None:  # engine: not None where positional (raised above otherwise)
         engine_name, _, settings = _call(positional[0])
         kwargs[engine] = ad.get(engine_name, **{k: _literal(text, v) for k, v in settings.items()})
     kwargs.update(options)
@@ -185,7 +185,7 @@ def _engine(backend: ad.AbstractBackend) -> str:
     default = type(backend)()
     settings = [
         f"{f.name}={getattr(backend, f.name)!r}"
-        for f in dataclasses.fields(backend)
+        for f in dataclasses.fields(backend)  # pyright: ignore[reportArgumentType]  # a backend: a frozen dataclass
         if getattr(backend, f.name) != getattr(default, f.name)
     ]
     return backend.name + (f"({', '.join(settings)})" if settings else "")
