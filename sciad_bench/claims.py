@@ -42,7 +42,7 @@ def forward_below_100(records) -> tuple[str, str]:
         return "not measurable here", "needs forward and adjoint records at some size"
     parts = [
         f"{s}: {'forward' if f is not None and f['median_s'] < a['median_s'] else 'adjoint'} "
-        f"(best adjoint / best forward time = {a['median_s'] / f['median_s']:.2g})"
+        f"(best adjoint / best forward time = {a['median_s'] / f['median_s']:.2g})"  # pyright: ignore[reportOptionalSubscript]  # f: not None where compared
         for s, (f, a) in wins.items()
     ]
     small = [f["median_s"] < a["median_s"] for s, (f, a) in wins.items() if s < 100]

@@ -200,10 +200,10 @@ def _laplacian(v, h, mirror: bool):
 
 def _laplacian_matrix(n: int, h: float, mirror: bool):
     sign = 1.0 if mirror else -1.0
-    L = scipy.sparse.diags([np.ones(n - 1), -2 * np.ones(n), np.ones(n - 1)], [-1, 0, 1], format="lil")
-    L[0, 0] += sign
-    L[n - 1, n - 1] += sign
-    return (L / h**2).tocsc()
+    L = scipy.sparse.diags([np.ones(n - 1), -2 * np.ones(n), np.ones(n - 1)], [-1, 0, 1], format="lil")  # pyright: ignore[reportArgumentType]  # SciPy's stubs
+    L[0, 0] += sign  # pyright: ignore[reportIndexIssue]  # SciPy's stubs
+    L[n - 1, n - 1] += sign  # pyright: ignore[reportIndexIssue]  # SciPy's stubs
+    return (L / h**2).tocsc()  # pyright: ignore[reportAttributeAccessIssue]  # SciPy's stubs
 
 
 def reaction_diffusion(n: int) -> DAEBench:
@@ -266,7 +266,7 @@ def reaction_diffusion(n: int) -> DAEBench:
         np.zeros(n),
         casadi_loss,
         casadi_loss_differential,
-        np.concatenate([u0[:n], scipy.sparse.linalg.spsolve(A, u0[:n])]),
+        np.concatenate([u0[:n], scipy.sparse.linalg.spsolve(A, u0[:n])]),  # pyright: ignore[reportArgumentType, reportCallIssue]  # SciPy's stubs
     )
 
 
@@ -485,7 +485,7 @@ def _measure(b: DAEBench, what: str, plan: dict, rounds: int, log) -> list[dict]
     rows = dict(zip(names, rows))
     steps = {"sciad Rodas5P": sciad_steps(b)} if what == "forward" else {}
     if stats.get(IDAS):
-        steps[IDAS] = stats[IDAS].get("nsteps")
+        steps[IDAS] = stats[IDAS].get("nsteps")  # pyright: ignore[reportArgumentType]  # inferred too narrow
     return [
         {
             "problem": b.name,

@@ -68,7 +68,7 @@ def _diffrax_segment(vector_field, y0, args, t0, t1, adjoint, rtol, atol, cond=N
         adjoint=adjoint,
         event=event,
     )
-    return sol.ts[-1], sol.ys[-1]
+    return sol.ts[-1], sol.ys[-1]  # pyright: ignore[reportOptionalSubscript]  # saved: not None
 
 
 def multi_dose() -> LossCase:
@@ -77,7 +77,7 @@ def multi_dose() -> LossCase:
     data = np.array([sum(10.0 * np.exp(-0.15 * (t - d)) for d in DOSES if d <= t) for t in saves])
 
     def sciad_loss(x, sensealg, rtol, atol):
-        dose = sciad.PresetTimeCallback(DOSES, lambda u, p, t: u + x[1])
+        dose = sciad.PresetTimeCallback(times=DOSES, affect=lambda u, p, t: u + x[1])
         sol = sciad.solve(
             prob, p=x[:1], saveat=saves, callbacks=[dose], solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg
         )
@@ -210,7 +210,7 @@ def landing() -> LossCase:
         return jnp.stack([0.0 * x[1], 0.0 * x[1], x[1] * jnp.cos(x[2]), x[1] * jnp.sin(x[2])])
 
     def sciad_loss(x, sensealg, rtol, atol):
-        lands = sciad.ContinuousCallback(lambda u, p, t: u[1], None, "down")
+        lands = sciad.ContinuousCallback(condition=lambda u, p, t: u[1], affect=None, direction="down")
         sol = sciad.solve(
             prob, u0=launch(x), p=x[:1], callbacks=[lands], solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg
         )

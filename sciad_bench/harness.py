@@ -70,7 +70,7 @@ def auto_pick(bench: Benchmark) -> str:
         max_steps=bench.max_steps,
     ).sensealg
     option = engine_option(alg)
-    return Combination(describe(alg, engine=False), getattr(alg, option).name if option else None, None).label
+    return Combination(describe(alg, engine=False), getattr(alg, option).name if option else None, None).label  # pyright: ignore[reportArgumentType]  # a label's parts; a sensealg serves
 
 
 def forward_solve() -> Combination:
@@ -82,7 +82,7 @@ def reference_gradient(bench: Benchmark) -> np.ndarray:
     """∂loss/∂p in float64 by `DiscreteAdjoint` at rtol = atol = 1e-10."""
     tight = dataclasses.replace(bench, rtol=REFERENCE_TOLERANCE, atol=REFERENCE_TOLERANCE)
     p = np.asarray(bench.inputs, np.float64)
-    return np.asarray(jax.jit(jax.grad(lambda p: tight.objective(p, sciad.DiscreteAdjoint())))(p))
+    return np.asarray(jax.jit(jax.grad(lambda p: tight.objective(p, sciad.DiscreteAdjoint())))(p))  # pyright: ignore[reportArgumentType]  # a label's parts; a sensealg serves
 
 
 class Progress:

@@ -229,7 +229,7 @@ def gradient_plan(n):
         REFERENCE: lambda b: sciad_gradient(b, "InterpolatingAdjoint", "sparse", "kvaerno5"),
     }
     if n <= CVODES_GRADIENT_UP_TO:
-        plan[f"{CVODES} adjoint"] = cvodes_gradient
+        plan[f"{CVODES} adjoint"] = cvodes_gradient  # pyright: ignore[reportArgumentType]  # inferred too narrow
     if n <= DIFFRAX_GRADIENT_UP_TO:  # each stage strategy under one sensealg; diffrax's fastest adjoint
         plan["sciad GaussAdjoint (Kvaerno5, matrix-free)"] = lambda b: sciad_gradient(
             b, "GaussAdjoint", "matrix-free", "kvaerno5"

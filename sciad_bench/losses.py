@@ -151,7 +151,7 @@ def _diffrax_solve(vector_field, y0, args, t1, adjoint, rtol, atol):
         max_steps=4096,
         adjoint=adjoint,
     )
-    return sol.ys[-1]
+    return sol.ys[-1]  # pyright: ignore[reportOptionalSubscript]  # saved: not None
 
 
 def diffrax_combination(adjoint: str) -> Combination:

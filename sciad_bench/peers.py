@@ -134,7 +134,7 @@ def torchdiffeq_peer(adjoint: bool) -> Combination:
             rhs.p.grad = None
             us = solve(rhs, u0, ts, rtol=bench.rtol, atol=bench.atol, method="dopri5")
             bench.loss(us).backward()
-            return rhs.p.grad.numpy().copy()
+            return rhs.p.grad.numpy().copy()  # pyright: ignore[reportAttributeAccessIssue]  # torch's stubs
 
         return grad
 

@@ -298,14 +298,14 @@ def _scan_path(b: SDEBench, scheme: str, p, dw, ts):
 
     if scheme == "euler":
 
-        def step(u, x):
+        def step(u, x):  # pyright: ignore[reportRedeclaration]  # one step per scheme
             t, t1, w = x
             return u + f(u, p, t) * (t1 - t) + g(u, p, t) * w
 
         init, state = u0, lambda c: c
     elif scheme == "heun":
 
-        def step(u, x):
+        def step(u, x):  # pyright: ignore[reportRedeclaration]  # one step per scheme
             t, t1, w = x
             fu, gu = f(u, p, t), g(u, p, t)
             v = u + fu * (t1 - t) + gu * w
@@ -325,7 +325,7 @@ def _scan_path(b: SDEBench, scheme: str, p, dw, ts):
 
     xs = (ts[:-1], ts[1:], dw)
     if list(b.save_index) == [b.steps]:  # the final state only: nothing else kept
-        return state(jax.lax.scan(lambda c, x: (step(c, x), None), init, xs)[0])[None]
+        return state(jax.lax.scan(lambda c, x: (step(c, x), None), init, xs)[0])[None]  # pyright: ignore[reportArgumentType]  # the scheme's carry
     _, states = jax.lax.scan(lambda c, x: (lambda c1: (c1, state(c1)))(step(c, x)), init, xs)
     return states[b.save_index - 1]
 
@@ -420,7 +420,7 @@ def diffrax_increments(b: SDEBench, scheme: str, unsafe: bool = False):
     p = jnp.asarray(b.p)
     adjoint = dfx.ForwardMode() if unsafe else dfx.RecursiveCheckpointAdjoint()  # an unsafe path refuses the other
     sol = _diffrax_solve(b, scheme, adjoint, unsafe, b.keys()[0], p, dfx.SaveAt(steps=True))
-    ts = jnp.concatenate([jnp.asarray([b.t0]), sol.ts[: b.steps]])
+    ts = jnp.concatenate([jnp.asarray([b.t0]), sol.ts[: b.steps]])  # pyright: ignore[reportOptionalSubscript]  # saved: not None
 
     def path(key):
         bm = _diffrax_path(b, key, unsafe)
@@ -606,8 +606,8 @@ def torchsde_gradient(b: SDEBench, name: str):
         try:
             sde.p.grad = None
             ys = solve(sde, y0, ts, dt=b.dt, bm=bm, **options)
-            b.loss(ys[1:].transpose(0, 1), torch).backward()
-            return sde.p.grad.numpy().copy()
+            b.loss(ys[1:].transpose(0, 1), torch).backward()  # pyright: ignore[reportAttributeAccessIssue]  # torch's stubs
+            return sde.p.grad.numpy().copy()  # pyright: ignore[reportAttributeAccessIssue]  # torch's stubs
         finally:
             torch.set_num_threads(default)
 

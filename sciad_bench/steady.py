@@ -76,7 +76,7 @@ class SteadyCase:
                 event=dfx.Event(dfx.steady_state_event()),
                 adjoint=dfx.ImplicitAdjoint(),
             )
-            return sol.ys[-1]
+            return sol.ys[-1]  # pyright: ignore[reportOptionalSubscript]  # saved: not None
 
         return self.loss(jax.vmap(steady)(jnp.asarray(self.doses)))
 

@@ -118,7 +118,7 @@ def user_settings(bench: Benchmark) -> list[tuple[str, Benchmark]]:
     settings = (
         [] if bench.max_steps == USER_MAX_STEPS else [(f"max_steps={USER_MAX_STEPS}", dict(max_steps=USER_MAX_STEPS))]
     )
-    settings.append((f"rtol={_exponent(rtol)}, atol={_exponent(atol)}", dict(rtol=rtol, atol=atol)))
+    settings.append((f"rtol={_exponent(rtol)}, atol={_exponent(atol)}", dict(rtol=rtol, atol=atol)))  # pyright: ignore[reportArgumentType]  # inferred too narrow
     return [
         (label, dataclasses.replace(bench, name=f"{bench.name} ({label})", **changes)) for label, changes in settings
     ]
@@ -183,7 +183,7 @@ def plan(engines, *, quick: bool) -> list[tuple[str, str | None, Benchmark, list
         if not quick or bench.name in QUICK_SETTINGS_PROBLEMS
         for setting, variant in user_settings(bench)
     ]
-    return own + varied
+    return own + varied  # pyright: ignore[reportReturnType]  # inferred too narrow
 
 
 def skipped_combinations(engines, *, quick: bool) -> list[str]:
@@ -217,7 +217,7 @@ def sensealg_name(combo: Combination) -> str | None:
     if combo.kind != "sciad":
         return None
     text = combo.sensealg.removeprefix(f"{AUTO} ")
-    return describe(parse(text, **({engine_option(text): combo.engine} if combo.engine else {})))
+    return describe(parse(text, **({engine_option(text): combo.engine} if combo.engine else {})))  # pyright: ignore[reportCallIssue]  # inferred too narrow
 
 
 def run_problem(
@@ -332,7 +332,7 @@ def speed_targets(records) -> list[dict]:
         auto, peer, ratio = auto_against_diffrax(group)
         bound = SPEED_TARGET[group[0]["class"]]
         measured = (
-            f"{auto['label']} {1e3 * auto['median_s']:.3g} ms vs {peer['label']} {1e3 * peer['median_s']:.3g} ms"
+            f"{auto['label']} {1e3 * auto['median_s']:.3g} ms vs {peer['label']} {1e3 * peer['median_s']:.3g} ms"  # pyright: ignore[reportOptionalSubscript]  # found where the ratio is
             if ratio is not None
             else f"auto: {tables.status(auto) if auto else 'absent'}"
         )
@@ -353,7 +353,7 @@ def first_gradient_targets(records) -> list[dict]:
         peer = next((r for r in group if r["sensealg"] == FIRST_GRADIENT_PEER and r["ok"]), None)
         ratio = auto["compile_time"] / peer["compile_time"] if auto and auto["ok"] and peer else None
         measured = (
-            f"{auto['compile_time']:.1f} s vs {peer['compile_time']:.1f} s"
+            f"{auto['compile_time']:.1f} s vs {peer['compile_time']:.1f} s"  # pyright: ignore[reportOptionalSubscript]  # found where the ratio is
             if ratio is not None
             else "auto or RecursiveCheckpointAdjoint gave no correct gradient"
         )
@@ -428,7 +428,7 @@ def settings_table(records) -> str:
         if own_name(first) not in varied:
             continue
         auto, peer, ratio = auto_against_diffrax(group)
-        auto_ms = "–" if ratio is None else f"{1e3 * auto['median_s']:.3g}"
+        auto_ms = "–" if ratio is None else f"{1e3 * auto['median_s']:.3g}"  # pyright: ignore[reportOptionalSubscript]  # found where the ratio is
         fastest_peer = "–" if peer is None else f"{peer['label']} {1e3 * peer['median_s']:.3g}"
         lines.append(
             f"| {own_name(first)} | {first['max_steps']} | {first['rtol']:g} | {first['atol']:g} | "
@@ -815,7 +815,7 @@ def mlp_node_case() -> FirstGradientCase:
                     max_steps=4096,
                     adjoint=dfx.RecursiveCheckpointAdjoint(),
                 )
-                return jnp.sum((sol.ys - data) ** 2)
+                return jnp.sum((sol.ys - data) ** 2)  # pyright: ignore[reportOptionalOperand]  # saved: not None
 
         return jax.jit(jax.grad(loss))
 
