@@ -1,12 +1,14 @@
-"""Peers timed in the same run: diffrax's own adjoints, torchdiffeq and `jax.experimental.ode`.
+"""Peers timed in the same run: diffrax's own adjoints, torchdiffeq, `jax.experimental.ode` and diffsol-jax.
 
 Same problem, same right-hand side, same tolerances; diffrax with sciad's
-solver (Tsit5), the others with their Dormand–Prince 5(4) (`dopri5`).
+solver (Tsit5) or one named, the others with their Dormand–Prince 5(4) (`dopri5`),
+diffsol-jax with the method named (Tsit45, BDF).
 SUNDIALS (IDAS, CVODES) runs through CasADi: `casadi_call` wraps a CasADi
 function's call.
 """
 
 import contextlib
+import dataclasses
 import importlib.util
 import io
 
@@ -67,15 +69,42 @@ def _diffrax_objective(bench: Benchmark, adjoint):
     return objective
 
 
-def diffrax_peer(adjoint: str) -> Combination:
+def diffrax_peer(adjoint: str, solver: str | None = None) -> Combination:
     """`diffrax.diffeqsolve` with `adjoint` ("RecursiveCheckpointAdjoint", "BacksolveAdjoint"
-    or "ForwardMode", the last differentiated by `jax.jacfwd`)."""
+    or "ForwardMode", the last differentiated by `jax.jacfwd`), with the benchmark's solver or
+    `solver` (a name `sciad.get_solver` knows, e.g. "kvaerno5" where the benchmark's is "auto")."""
 
     def build(bench):
+        bench = bench if solver is None else dataclasses.replace(bench, solver=solver)
         objective = _diffrax_objective(bench, getattr(dfx, adjoint)())
         return jax.jit(jax.jacfwd(objective) if adjoint == "ForwardMode" else jax.grad(objective))
 
-    return Combination(f"diffrax {adjoint}", "jax", build, kind="peer")
+    return Combination(f"diffrax {adjoint}" + (f" ({solver})" if solver else ""), "jax", build, kind="peer")
+
+
+def diffsol_peer(method: str) -> Combination:
+    """diffsol-jax's `ODEProblem.solve` with `method` ("tsit45", "bdf", ...), differentiated by `jax.grad`:
+    the benchmark's f lowered to DiffSL and compiled by Cranelift when the gradient is built (its
+    forward-sensitivity system, n(1 + m) states, when it is first traced), solved by diffsol (Rust) in
+    an XLA custom call; u0 fixed, solved from t = 0."""
+
+    def build(bench):
+        from diffsol_jax import ODEProblem
+
+        prob = bench.problem
+        if float(prob.tspan[0]) != 0.0:
+            raise ValueError(f"diffsol-jax solves from t = 0; {bench.name} starts at {prob.tspan[0]}")
+        f, p0 = prob.f, jnp.asarray(prob.p)
+        solver = ODEProblem(lambda t, u, p: f(u, p, t), jnp.asarray(prob.u0, p0.dtype), p0)
+        ts = jnp.asarray(bench.saveat, p0.dtype)
+
+        def objective(p):
+            _, us = solver.solve(p, ts, ode_solver=method, rtol=bench.rtol, atol=bench.atol)
+            return bench.loss(us)
+
+        return jax.jit(jax.grad(objective))
+
+    return Combination(f"diffsol-jax {method}", None, build, kind="peer")
 
 
 def jax_odeint_peer() -> Combination:
