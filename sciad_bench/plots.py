@@ -2,6 +2,7 @@
 and median time against problem size for the sweeps."""
 
 import math
+from collections.abc import Collection
 
 import matplotlib
 
@@ -225,11 +226,20 @@ def panels_log_log(panels: dict, path, title: str | None, xlabel: str, ylabel: s
     plt.close(fig)
 
 
-def bar_panels(panels: dict, path, title: str, xlabels: dict, *, log: bool = False, reference: float | None = None):
+def bar_panels(
+    panels: dict,
+    path,
+    title: str,
+    xlabels: dict,
+    *,
+    log: bool | Collection[str] = False,
+    reference: float | None = None,
+):
     """Side by side, one panel of horizontal bars per key of `panels` (its title): a bar per
     (label, {segment: value}) row, from the top, its segments stacked in order, one colour per segment
     name (a kind of `COLORS`, else the next of matplotlib's cycle), in a legend when there are several;
-    `xlabels[title]` under each panel; `log`: log x axes; `reference`: a dashed line at that x."""
+    `xlabels[title]` under each panel; `log`: log x axes (all, or the panels named);
+    `reference`: a dashed line at that x."""
     rows = max(len(r) for r in panels.values())
     fig, axes = plt.subplots(
         1, len(panels), figsize=(5 + 4 * len(panels), 1.5 + 0.28 * rows), squeeze=False, layout="constrained"
@@ -249,7 +259,7 @@ def bar_panels(panels: dict, path, title: str, xlabels: dict, *, log: bool = Fal
         ax.set_yticks(range(len(panel_rows)))
         ax.set_yticklabels(labels if ax is axes[0, 0] or labels != [lb for lb, _ in first] else [], fontsize=7)
         ax.set_ylim(len(panel_rows) - 0.5, -0.5)
-        if log:
+        if log is True or (log and panel in log):
             ax.set_xscale("log")
         if reference is not None:
             ax.axvline(reference, color="0.3", linestyle="--", linewidth=1)

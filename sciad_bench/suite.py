@@ -24,6 +24,7 @@ The gradients' relative tolerance is 100 × rtol, at least `GRADIENT_TOLERANCE`.
 """
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -62,7 +63,7 @@ from sciad_bench import claims, harness, plots, selection, tables
 from sciad_bench.events import bouncing_ball
 from sciad_bench.experiments import _sensealg_matrix
 from sciad_bench.harness import Combination, sciad_combination
-from sciad_bench.peers import diffrax_peer
+from sciad_bench.peers import diffrax_peer, diffsol_peer
 
 PAPER, LONG_HORIZON, STIFF, DENSE = "paper", "long horizon", "stiff", "many parameters, dense data"
 # The gradient check's relative tolerance: 100 × rtol (the harness's), but not below this. A gradient
@@ -529,6 +530,7 @@ def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, 
         + (LARGE_NONSTIFF in families)
         * sum(len(large_nonstiff_combinations(b)) + 1 for b in large_nonstiff_plan(quick))
         + (FIRST_GRADIENT in families) * len(first_gradient_cases())
+        + (SMALL in families) * small_progress_steps(quick)
     )
     result = {"suite": "sciad bench suite", "quick": quick, "families": list(families)}
     if PROBLEMS in families:
@@ -561,14 +563,14 @@ def run_suite(*, quick: bool = False, repeats: int | None = None, engines=None, 
             targets=targets,
             selection=held,
         )
-    for family, run in ((LARGE_NONSTIFF, run_large_nonstiff), (FIRST_GRADIENT, run_first_gradient)):
+    for family, run in ((LARGE_NONSTIFF, run_large_nonstiff), (FIRST_GRADIENT, run_first_gradient), (SMALL, run_small)):
         if family in families:
             result[family] = run(quick=quick, repeats=repeats, progress=progress)
     progress.close()
     result["seconds"] = time.perf_counter() - start
     if PROBLEMS in families:
         print(write_outputs(result, out))
-    for family in (LARGE_NONSTIFF, FIRST_GRADIENT):
+    for family in (LARGE_NONSTIFF, FIRST_GRADIENT, SMALL):
         if family in families:
             print(write_family(result[family], out))
     print(f"suite ({', '.join(families)}): {result['seconds']:.0f} s -> {out}/", file=sys.stderr)
@@ -1103,10 +1105,334 @@ def run_first_gradient(*, quick: bool, repeats: int | None = None, progress=None
     }
 
 
+# The family "small" (`run_small`): the fixed cost of a solve, against a compiled native solver (issue 41).
+
+SMALL = "small"
+DIFFSOL = "diffsol-jax"
+SMALL_WARM_TARGET, SMALL_FIRST_TARGET = 1.5, 3.0  # issue 41: "auto" / diffsol-jax, warm and first gradient
+# Timed rounds (one call each, interleaved) and the seconds after which they stop, by quick: a call takes
+# 0.1 to 80 ms, so many rounds are cheap and steady the medians of the fastest.
+SMALL_ROUNDS = {True: (30, 5.0), False: (400, 60.0)}
+SMALL_FIRST_REPEATS = {True: 1, False: 3}  # fresh processes per side and problem
+SMALL_STAGES = ("build", *STAGES)  # build: the gradient function made (diffsol-jax compiles f by Cranelift)
+SMALL_SIDES = ("auto", "diffrax", DIFFSOL)
+
+
+def small_sides() -> tuple[str, ...]:
+    """`SMALL_SIDES`, without diffsol-jax where it is not installed (its rows then missing, its targets unmeasured)."""
+    return SMALL_SIDES if importlib.util.find_spec("diffsol_jax") else SMALL_SIDES[:2]
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallCase:
+    """A small problem: its benchmark, diffrax's solver for it (None: the benchmark's) and diffsol-jax's method."""
+
+    bench: Benchmark
+    diffrax_solver: str | None
+    diffsol_method: str
+
+
+def robertson_rhs(u, theta, t):
+    """Robertson's kinetics in k = exp(θ): y1' = −k1 y1 + k3 y2 y3, y2' = k1 y1 − k3 y2 y3 − k2 y2², y3' = k2 y2²."""
+    xp = ad.namespace(u, theta)
+    k1, k2, k3 = xp.exp(theta[0]), xp.exp(theta[1]), xp.exp(theta[2])
+    return xp.stack([-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k3 * u[1] * u[2] - k2 * u[1] ** 2, k2 * u[1] ** 2])
+
+
+def robertson_loss(us):
+    """Σ_t (y1 + 10⁴ y2 + y3): y2 (≤ 4e-5) weighted to count."""
+    return ad.namespace(us).sum(us[:, 0] + 1e4 * us[:, 1] + us[:, 2])
+
+
+def robertson() -> Benchmark:
+    """Robertson's ODE (3 states), θ = log(k1, k2, k3) at (0.04, 3e7, 1e4), y(0) = (1, 0, 0), t ≤ 40, saved at
+    0.4, 4 and 40 (as `sciad bench dae`'s DAE form), `robertson_loss`; rtol 1e-8, atol 1e-10, solver "auto"."""
+    prob = sciad.ODEProblem(robertson_rhs, np.array([1.0, 0.0, 0.0]), (0.0, 40.0), np.log([0.04, 3e7, 1e4]))
+    return Benchmark(
+        "robertson", prob, np.array([0.4, 4.0, 40.0]), robertson_loss, rtol=1e-8, atol=1e-10, solver="auto"
+    )
+
+
+def small_cases() -> list[SmallCase]:
+    """Lotka–Volterra (`sciad.problems.lotka_volterra`: 101 saves, Tsit5 at rtol 1e-6) against diffsol-jax's
+    Tsit45, and `robertson` (solver "auto") against diffrax's Kvaerno5 and diffsol-jax's BDF."""
+    return [SmallCase(lotka_volterra(), None, "tsit45"), SmallCase(robertson(), "kvaerno5", "bdf")]
+
+
+def small_combinations(case: SmallCase) -> list[Combination]:
+    """ "auto", every other sciad sensealg (engines jax-reverse, jax-forward; with an implicit solver no
+    BacksolveAdjoint), diffrax's RecursiveCheckpointAdjoint, ForwardMode (and BacksolveAdjoint with an
+    explicit solver) and diffsol-jax (where installed)."""
+    implicit = selection.features(case.bench).implicit_solver
+    auto = auto_combination(case.bench)
+    engine = {"vjp": "jax-reverse", "jvp": "jax-forward"}
+    sciad_ = [sciad_combination(v, engine.get(engine_option(v))) for v in harness.VARIANTS]
+    sciad_ = [
+        c
+        for c in sciad_
+        if sensealg_name(c) != sensealg_name(auto) and not (implicit and c.sensealg == "BacksolveAdjoint")
+    ]
+    adjoints = PEERS[:2] if implicit else PEERS[:3]
+    return [
+        auto,
+        *sciad_,
+        *(diffrax_peer(a, case.diffrax_solver) for a in adjoints),
+        *([diffsol_peer(case.diffsol_method)] if DIFFSOL in small_sides() else []),
+    ]
+
+
+def small_side(case: SmallCase, side: str, adjoint: str = "RecursiveCheckpointAdjoint") -> Combination:
+    """The combination of `side` (a `SMALL_SIDES` entry) for the first gradient: "auto", diffrax's `adjoint`,
+    diffsol-jax; made without `sciad.select`'s features, which would run code of the solve beforehand."""
+    if side == "auto":
+        return Combination("auto", None, lambda bench: jax.jit(jax.grad(lambda p: _fresh(bench).objective(p, "auto"))))
+    if side == "diffrax":
+        peer = diffrax_peer(adjoint, case.diffrax_solver)
+        return dataclasses.replace(peer, build=lambda bench: peer.build(_fresh(bench)))
+    return diffsol_peer(case.diffsol_method)
+
+
+def _small_probe(problem: str, side: str, adjoint: str) -> dict:
+    """The first gradient of `side` on `problem` in this (fresh) process, after JAX's backend is up: the
+    seconds of each of `SMALL_STAGES` and `total`, the program's size (`program_size`) and the gradient."""
+    if side == DIFFSOL:
+        import diffsol_jax  # noqa: F401  (its import is not the first gradient's)
+    case = next(c for c in small_cases() if c.bench.name == problem)
+    combo = small_side(case, side, adjoint)
+    inputs = jnp.asarray(case.bench.inputs)
+    jax.block_until_ready(jax.jit(lambda x: x + 1)(inputs))
+    start = time.perf_counter()
+    jitted = combo.build(case.bench)
+    build = time.perf_counter() - start
+    times, out, programs = stages(jitted, inputs)
+    times = {"build": build, **times, "total": build + times["total"]}
+    return {"stages_s": times, **program_size(*programs), "gradient": np.asarray(out).tolist()}
+
+
+def small_first_gradient(case: SmallCase, adjoint: str, reference, repeats: int, progress=None) -> list[dict]:
+    """One record per `small_sides` entry: `_small_probe` in `repeats` fresh processes each (the sides
+    interleaved, their order alternating), each stage's median, `total_s` the totals' median, `process_s`
+    the processes' wall time (imports included), every repeat's stages, the program's size and the
+    gradient's `rel_error` against `reference` (first repeat; `ok` within the suite's tolerance)."""
+    script = (
+        "import json, sys, jax; jax.config.update('jax_enable_x64', True); "
+        "from sciad_bench.suite import _small_probe; print(json.dumps(_small_probe(*sys.argv[1:])))"
+    )
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    sides = small_sides()
+    runs = {s: [] for s in sides}
+    for i in range(repeats):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            if progress is not None:
+                progress.show(f"first gradient: {case.bench.name}", f"{side}, fresh process {i + 1}/{repeats}")
+            start = time.perf_counter()
+            done = subprocess.run(
+                [sys.executable, "-c", script, case.bench.name, side, adjoint],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"first gradient of {side} on {case.bench.name}: {done.stderr.strip()[-2000:]}")
+            runs[side].append(
+                {**json.loads(done.stdout.strip().splitlines()[-1]), "process_s": time.perf_counter() - start}
+            )
+        if progress is not None:
+            progress.step(f"first gradient: {case.bench.name}, repeat {i + 1}")
+    tolerance = max(100 * case.bench.rtol, GRADIENT_TOLERANCE)
+    labels = {s: small_side(case, s, adjoint).label for s in sides} | {
+        "auto": f"{AUTO} {harness.auto_pick(case.bench)}"
+    }
+    records = []
+    for side in sides:
+        first = runs[side][0]
+        error = relative_error(np.asarray(first["gradient"]), reference)
+        records.append(
+            {
+                "problem": case.bench.name,
+                "side": side,
+                "label": labels[side],
+                "stages_s": {s: float(np.median([r["stages_s"][s] for r in runs[side]])) for s in SMALL_STAGES},
+                "total_s": float(np.median([r["stages_s"]["total"] for r in runs[side]])),
+                "process_s": float(np.median([r["process_s"] for r in runs[side]])),
+                "repeats": [r["stages_s"] for r in runs[side]],
+                **{k: first[k] for k in ("equations", "hlo_lines", "loops", "conds", "callbacks")},
+                "rel_error": error,
+                "ok": bool(error <= tolerance),
+            }
+        )
+    return records
+
+
+def _fastest_diffrax(group) -> dict | None:
+    return fastest([r for r in group if r["kind"] == "peer" and r["label"].startswith("diffrax")])
+
+
+def _diffsol(group) -> dict | None:
+    return next((r for r in group if r["kind"] == "peer" and r["label"].startswith(DIFFSOL)), None)
+
+
+def small_targets(records, first) -> list[dict]:
+    """Per problem, auto's warm median / diffsol-jax's (≤ `SMALL_WARM_TARGET`) and auto's first gradient
+    in a fresh process / diffsol-jax's (≤ `SMALL_FIRST_TARGET`)."""
+    out = []
+    for problem, group in _by_problem(records).items():
+        auto, peer = _auto(group), _diffsol(group)
+        good = auto is not None and peer is not None and auto["ok"] and peer["ok"]
+        ratio = auto["median_s"] / peer["median_s"] if good else None
+        measured = (
+            f"{1e3 * auto['median_s']:.3g} ms vs {1e3 * peer['median_s']:.3g} ms"
+            if good
+            else f"auto: {tables.status(auto) if auto else 'absent'}; "
+            f"{DIFFSOL}: {tables.status(peer) if peer else 'absent'}"
+        )
+        out.append(
+            _target(
+                f"warm gradient ≤ {SMALL_WARM_TARGET:g}× {DIFFSOL}'s",
+                problem,
+                SMALL_WARM_TARGET,
+                ratio,
+                measured,
+                f"auto's pick by rule `{auto['rule'] if auto else '–'}`; {_better(group, 'median_s', peer)}"
+                if good
+                else "not both correct",
+            )
+        )
+        sides = {r["side"]: r for r in first if r["problem"] == problem}
+        if "auto" in sides and DIFFSOL in sides:
+            a, d = sides["auto"], sides[DIFFSOL]
+            good = a["ok"] and d["ok"]
+            out.append(
+                _target(
+                    f"first gradient ≤ {SMALL_FIRST_TARGET:g}× {DIFFSOL}'s",
+                    problem,
+                    SMALL_FIRST_TARGET,
+                    a["total_s"] / d["total_s"] if good else None,
+                    f"{a['total_s']:.2f} s vs {d['total_s']:.2f} s",
+                    "; ".join(f"{s} {a['stages_s'][s]:.2f} vs {d['stages_s'][s]:.2f} s" for s in SMALL_STAGES)
+                    if good
+                    else f"gradients off: {a['rel_error']:.1e}, {d['rel_error']:.1e}",
+                )
+            )
+    return out
+
+
+def small_table(records) -> str:
+    lines = [
+        f"| problem | combination | median (ms) | / {DIFFSOL}'s | / diffrax's fastest | first call in process (s) | "
+        "rel. error | status |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for group in _by_problem(records).values():
+        peer, diffsol = _fastest_diffrax(group), _diffsol(group)
+        for r in sorted(group, key=lambda r: (r["median_s"] is None, r["median_s"] or 0.0)):
+            ok = r["median_s"] is not None
+            label = f"**{r['label']}**" if r["sensealg"].startswith(AUTO) else r["label"]
+            lines.append(
+                f"| {r['problem']} | {label}{' (peer)' if r['is_peer'] else ''} | "
+                f"{tables.seconds(ok and 1e3 * r['median_s'])} | "
+                f"{_ratio(r['median_s'] / diffsol['median_s'] if ok and diffsol and diffsol['ok'] else None)} | "
+                f"{_ratio(r['median_s'] / peer['median_s'] if ok and peer else None)} | "
+                f"{tables.seconds(r['compile_time'])} | "
+                f"{'–' if r['rel_error'] is None else format(r['rel_error'], '.1e')} | {tables.status(r)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def small_first_table(first) -> str:
+    lines = [
+        "| problem | side | "
+        + " | ".join(f"{s} (s)" for s in SMALL_STAGES)
+        + f" | total (s) | / {DIFFSOL}'s | process (s) | jaxpr equations | StableHLO lines | "
+        "loops / conds / callbacks | rel. error |",
+        "|---|---|" + "---:|" * (len(SMALL_STAGES) + 8),
+    ]
+    by = {(r["problem"], r["side"]): r for r in first}
+    for r in first:
+        peer = by.get((r["problem"], DIFFSOL))
+        lines.append(
+            f"| {r['problem']} | {r['label']} | "
+            + " | ".join(f"{r['stages_s'][s]:.3g}" for s in SMALL_STAGES)
+            + f" | {r['total_s']:.3g} | {_ratio(r['total_s'] / peer['total_s'] if peer else None)} | "
+            f"{r['process_s']:.3g} | {r['equations']} | {r['hlo_lines']} | "
+            f"{r['loops']} / {r['conds']} / {r['callbacks']} | {r['rel_error']:.1e}{'' if r['ok'] else ' WRONG'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_small(*, quick: bool, repeats: int | None = None, progress=None) -> dict:
+    """The family's records: each of `small_cases` by `small_combinations` (`run_problem`: gradients checked
+    against a float64 DiscreteAdjoint at rtol = 1e-10, then timed in interleaved rounds, `SMALL_ROUNDS`), then
+    the first gradient of "auto", diffrax's fastest adjoint there and diffsol-jax in fresh processes
+    (`small_first_gradient`, `SMALL_FIRST_REPEATS`); its targets and the machine's load before and after."""
+    rounds, budget = SMALL_ROUNDS[quick]
+    load, records, first = [_load()], [], []
+    for case in small_cases():
+        records += run_problem(
+            case.bench, SMALL, small_combinations(case), repeats=repeats or rounds, budget=budget, progress=progress
+        )
+    for case in small_cases():
+        peer = _fastest_diffrax([r for r in records if r["problem"] == case.bench.name])
+        adjoint = peer["sensealg"].split()[1] if peer else "RecursiveCheckpointAdjoint"
+        first += small_first_gradient(
+            case, adjoint, harness.reference_gradient(case.bench), SMALL_FIRST_REPEATS[quick], progress
+        )
+    load.append(_load())
+    return {
+        "family": SMALL,
+        "quick": quick,
+        "records": records,
+        "first": first,
+        "targets": small_targets(records, first),
+        "load": load,
+    }
+
+
+def small_progress_steps(quick: bool) -> int:
+    """The stages `run_small` counts: each combination compiled, each problem timed, each first-gradient repeat."""
+    return sum(len(small_combinations(c)) + 1 + SMALL_FIRST_REPEATS[quick] for c in small_cases())
+
+
+def small_markdown(result) -> str:
+    first_repeats = max(len(r["repeats"]) for r in result["first"])
+    return "\n".join(
+        [
+            f"# suite: small problems{' (quick)' if result['quick'] else ''}\n",
+            "Lotka–Volterra (2 states, 4 parameters, t ≤ 10, 101 saves, Σ u, Tsit5 at rtol = atol = 1e-6; "
+            "diffsol-jax Tsit45) and Robertson (3 states, θ = log k, t ≤ 40, 3 saves, Σ (y1 + 10⁴ y2 + y3), "
+            'rtol 1e-8, atol 1e-10, sciad\'s solver "auto"; diffrax Kvaerno5, diffsol-jax BDF), float64. '
+            f"diffsol-jax {_version('diffsol-jax')}: a Rust solver in an XLA custom call, f compiled to native "
+            "code by Cranelift, `jax.grad` by transposing its forward sensitivities. Each gradient checked against "
+            "a float64 DiscreteAdjoint at rtol = 1e-10 before timing; warm: interleaved rounds of one call each "
+            "in one process, medians; first gradient: in fresh processes (a new f each), after imports and one "
+            "trivial jitted call, split into build (the gradient function made: diffsol-jax compiles f there), "
+            f"trace, lower, compile and the first call; medians of {first_repeats}. Issue 41's targets: auto "
+            f"≤ {SMALL_WARM_TARGET:g}× diffsol-jax warm (aim: faster), ≤ {SMALL_FIRST_TARGET:g}× for the first "
+            f"gradient. Machine: {_machine(result)}.\n",
+            "## Warm gradient\n",
+            small_table(result["records"]),
+            "## First gradient (fresh processes)\n",
+            small_first_table(result["first"]),
+            "## Targets (issue 41)\n",
+            targets_table(result["targets"]),
+        ]
+    )
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 # The families together: `run_suite(families=...)`, `sciad bench suite --family NAME`.
 
 PROBLEMS = "problems"
-FAMILIES = (PROBLEMS, LARGE_NONSTIFF, FIRST_GRADIENT)
+FAMILIES = (PROBLEMS, LARGE_NONSTIFF, FIRST_GRADIENT, SMALL)
 
 
 def family_outputs(family: str) -> tuple[str, ...]:
@@ -1171,7 +1497,8 @@ def first_gradient_markdown(result) -> str:
 
 def family_figure(result, path) -> None:
     """large non-stiff: time / diffrax's fastest and temporaries / RCA's per combination; first gradient:
-    each side's stages stacked, per case."""
+    each side's stages stacked, per case; small: the warm time per combination (log) and each side's first
+    gradient's stages stacked."""
     mode = " (quick)" if result["quick"] else ""
     if result["family"] == LARGE_NONSTIFF:
         rows = [r for r in with_large_ratios(result["records"]) if r["kind"] != "baseline"]
@@ -1186,6 +1513,22 @@ def family_figure(result, path) -> None:
             {time_panel: "ratio (log scale)", memory_panel: "ratio (log scale)"},
             log=True,
             reference=1.0,
+        )
+    elif result["family"] == SMALL:
+        warm, first = "warm: time per gradient", "first gradient, fresh process (median stages)"
+        plots.bar_panels(
+            {
+                warm: [
+                    (f"{r['problem']}: {r['label']}", {r["kind"]: 1e3 * r["median_s"]})
+                    for r in result["records"]
+                    if r["median_s"] is not None
+                ],
+                first: [(f"{r['problem']}: {r['label']}", r["stages_s"]) for r in result["first"]],
+            },
+            path,
+            f"suite{mode}, small problems: sciad, diffrax and {DIFFSOL}",
+            {warm: "ms (log scale)", first: "seconds"},
+            log={warm},
         )
     else:
         panel = "time to the first gradient"
@@ -1203,7 +1546,8 @@ def write_family(result, out: pathlib.Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     table, data, figure = family_outputs(result["family"])
     (out / data).write_text(json.dumps(result, indent=1, default=str))
-    md = (large_nonstiff_markdown if result["family"] == LARGE_NONSTIFF else first_gradient_markdown)(result)
+    markdown = {LARGE_NONSTIFF: large_nonstiff_markdown, FIRST_GRADIENT: first_gradient_markdown, SMALL: small_markdown}
+    md = markdown[result["family"]](result)
     (out / table).write_text(md)
     family_figure(result, out / figure)
     return md

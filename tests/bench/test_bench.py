@@ -267,6 +267,7 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
             "suite.json",
             *suite.family_outputs(suite.LARGE_NONSTIFF),
             *suite.family_outputs(suite.FIRST_GRADIENT),
+            *suite.family_outputs(suite.SMALL),
         )
         return {"records": records}
 
@@ -284,6 +285,7 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
         "sde.png",
         "suite-large-nonstiff.png",
         "suite-first-gradient.png",
+        "suite-small.png",
     }
     tables_written = {p.name for p in (tmp_path / "paper" / "tables").iterdir()}
     assert {
