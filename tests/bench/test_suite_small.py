@@ -71,6 +71,7 @@ def _first(problem, side, label, total):
         "stages_s": stages,
         "total_s": total,
         "process_s": total + 3,
+        "again_s": total / 2,
         "repeats": [stages],
         "equations": 10,
         "hlo_lines": 12,
@@ -107,7 +108,7 @@ def test_small_targets_and_tables_compare_auto_with_diffsol():
     table = suite.small_table(records)
     assert "| lv | **auto → ForwardDiffSensitivity** | 0.3 | 3.00 | 0.75 |" in table
     assert "| lv | diffsol-jax tsit45 (peer) | 0.1 | 1.00 | 0.25 |" in table
-    assert "| lv | auto → ForwardDiffSensitivity | 0.12 | 0.12 | 0.12 | 0.12 | 0.12 | 0.6 | 2.00 |" in (
+    assert "| lv | auto → ForwardDiffSensitivity | 0.12 | 0.12 | 0.12 | 0.12 | 0.12 | 0.6 | 2.00 | 0.3 | 3.6 |" in (
         suite.small_first_table(first)
     )
 
