@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import mlab, ticker  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from sciad_bench.tables import best, is_auto_pick, ordered  # noqa: E402
@@ -237,7 +238,7 @@ def bar_panels(
 ):
     """Side by side, one panel of horizontal bars per key of `panels` (its title): a bar per
     (label, {segment: value}) row, from the top, its segments stacked in order, one colour per segment
-    name (a kind of `COLORS`, else the next of matplotlib's cycle), in a legend when there are several;
+    name (a kind of `COLORS`, else the next of matplotlib's cycle not among those), in a legend when there are several;
     `xlabels[title]` under each panel; `log`: log x axes (all, or the panels named);
     `reference`: a dashed line at that x."""
     rows = max(len(r) for r in panels.values())
@@ -245,7 +246,8 @@ def bar_panels(
         1, len(panels), figsize=(5 + 4 * len(panels), 1.5 + 0.28 * rows), squeeze=False, layout="constrained"
     )
     names = list(dict.fromkeys(name for r in panels.values() for _, segments in r for name in segments))
-    cycle = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    taken = {to_hex(c) for c in COLORS.values()}  # the kinds' colours: a segment name gets another
+    cycle = iter(c for c in plt.rcParams["axes.prop_cycle"].by_key()["color"] if to_hex(c) not in taken)
     colors = {name: COLORS.get(name) or next(cycle) for name in names}
     first = next(iter(panels.values()))  # a panel with its rows' labels: the next ones show them only if they differ
     for ax, (panel, panel_rows) in zip(axes[0], panels.items()):
