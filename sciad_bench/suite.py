@@ -1166,7 +1166,7 @@ def small_combinations(case: SmallCase) -> list[Combination]:
     implicit = selection.features(case.bench).implicit_solver
     auto = auto_combination(case.bench)
     engine = {"vjp": "jax-reverse", "jvp": "jax-forward"}
-    sciad_ = [sciad_combination(v, engine.get(engine_option(v))) for v in harness.VARIANTS]
+    sciad_ = [sciad_combination(v, engine[o] if (o := engine_option(v)) else None) for v in harness.VARIANTS]
     sciad_ = [
         c
         for c in sciad_
@@ -1289,26 +1289,18 @@ def small_targets(records, first) -> list[dict]:
     out = []
     for problem, group in _by_problem(records).items():
         auto, peer = _auto(group), _diffsol(group)
-        good = auto is not None and peer is not None and auto["ok"] and peer["ok"]
-        ratio = auto["median_s"] / peer["median_s"] if good else None
-        measured = (
-            f"{1e3 * auto['median_s']:.3g} ms vs {1e3 * peer['median_s']:.3g} ms"
-            if good
-            else f"auto: {tables.status(auto) if auto else 'absent'}; "
-            f"{DIFFSOL}: {tables.status(peer) if peer else 'absent'}"
-        )
-        out.append(
-            _target(
-                f"warm gradient ≤ {SMALL_WARM_TARGET:g}× {DIFFSOL}'s",
-                problem,
-                SMALL_WARM_TARGET,
-                ratio,
-                measured,
-                f"auto's pick by rule `{auto['rule'] if auto else '–'}`; {_better(group, 'median_s', peer)}"
-                if good
-                else "not both correct",
+        if auto is not None and peer is not None and auto["ok"] and peer["ok"]:
+            ratio = auto["median_s"] / peer["median_s"]
+            measured = f"{1e3 * auto['median_s']:.3g} ms vs {1e3 * peer['median_s']:.3g} ms"
+            why = f"auto's pick by rule `{auto['rule']}`; {_better(group, 'median_s', peer)}"
+        else:
+            ratio, why = None, "not both correct"
+            measured = (
+                f"auto: {tables.status(auto) if auto else 'absent'}; "
+                f"{DIFFSOL}: {tables.status(peer) if peer else 'absent'}"
             )
-        )
+        target = f"warm gradient ≤ {SMALL_WARM_TARGET:g}× {DIFFSOL}'s"
+        out.append(_target(target, problem, SMALL_WARM_TARGET, ratio, measured, why))
         sides = {r["side"]: r for r in first if r["problem"] == problem}
         if "auto" in sides and DIFFSOL in sides:
             a, d = sides["auto"], sides[DIFFSOL]
