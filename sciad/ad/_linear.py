@@ -503,6 +503,68 @@ def _accumulate_transpose(*args, **params):
     raise HigherOrderError(REVERSE_OVER_REVERSE)
 
 
+def summed_in_batches(fun: Callable, batched: Callable, args, slots: tuple):
+    """`fun(args)` (PyTrees of arrays in and out), with a rule of its own under `jax.vmap` inside a
+    transpose whose cotangents for `slots` the batch sums (a `linear_map`'s, over a batch that shares
+    those inputs): `batched(args, axes, size)` computes the whole batch at once, args' leaves with the
+    batch axis first where `axes` (args' structure, bools) says, and returns fun's outputs with a
+    leading batch axis, or without one where they are the batch's total (cotangents of `slots`
+    only), or None where it cannot serve (then `fun` is vmapped). Forward mode enters `fun`."""
+    flat, tree = jax.tree.flatten(args)
+    out_tree = []
+
+    def flat_fun(*leaves):
+        out, structure = jax.tree.flatten(fun(jax.tree.unflatten(tree, leaves)))
+        out_tree[:] = [structure]
+        return out
+
+    def flat_batched(leaves, axes, size):
+        out = batched(jax.tree.unflatten(tree, leaves), jax.tree.unflatten(tree, axes), size)
+        if out is None:
+            return None
+        leaves, out_structure = jax.tree.flatten(out)
+        if out_structure != out_tree[0]:
+            raise TypeError(f"summed_in_batches: batched returned structure {out_structure}, fun {out_tree[0]}")
+        return leaves
+
+    jaxpr, consts = _trace(flat_fun, flat)
+    out = summed_p.bind(*consts, *flat, jaxpr=jaxpr, batched=flat_batched, num_consts=len(consts), slots=tuple(slots))
+    return jax.tree.unflatten(out_tree[0], out)
+
+
+summed_p = core.Primitive("sciad_summed_in_batches")
+summed_p.multiple_results = True
+
+
+def _summed_impl(*args, jaxpr, **_):
+    return _run(jaxpr, *args)
+
+
+def _summed_abstract_eval(*args, jaxpr, **_):
+    return jaxpr.out_avals, jaxpr.effects
+
+
+def _summed_batch(axis_data, args, dims, *, jaxpr, batched, num_consts, slots):
+    args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    axes = [d is not None for d in dims]
+    if _summing(axis_data, slots) and not any(axes[:num_consts]):
+        out = batched(args[num_consts:], axes[num_consts:], axis_data.size)
+        if out is not None:
+            return out, [0 if jnp.ndim(o) > len(a.shape) else None for o, a in zip(out, jaxpr.out_avals)]
+    in_axes = [0 if b else None for b in axes]
+    out = jax.vmap(lambda *a: _run(jaxpr, *a), in_axes=in_axes, axis_size=axis_data.size)(*args)
+    return out, [0] * len(out)
+
+
+def _summed_jvp(primals, tangents, *, jaxpr, **_):
+    tangents = [jax_ad.instantiate_zeros(t) if type(t) is jax_ad.Zero else t for t in tangents]
+    return jax.jvp(lambda *a: _run(jaxpr, *a), list(primals), tangents)
+
+
+def _summed_transpose(*args, **params):
+    raise HigherOrderError(REVERSE_OVER_REVERSE)
+
+
 linear_map_p.def_impl(_impl)
 linear_map_p.def_effectful_abstract_eval(_abstract_eval)
 jax_ad.primitive_jvps[linear_map_p] = _jvp
@@ -516,3 +578,10 @@ jax_ad.primitive_jvps[accumulate_p] = _accumulate_jvp
 jax_ad.primitive_transposes[accumulate_p] = _accumulate_transpose
 batching.fancy_primitive_batchers[accumulate_p] = _accumulate_batch
 mlir.register_lowering(accumulate_p, mlir.lower_fun(_accumulate_impl, multiple_results=True))
+
+summed_p.def_impl(_summed_impl)
+summed_p.def_effectful_abstract_eval(_summed_abstract_eval)
+jax_ad.primitive_jvps[summed_p] = _summed_jvp
+jax_ad.primitive_transposes[summed_p] = _summed_transpose
+batching.fancy_primitive_batchers[summed_p] = _summed_batch
+mlir.register_lowering(summed_p, mlir.lower_fun(_summed_impl, multiple_results=True))

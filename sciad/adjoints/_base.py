@@ -16,6 +16,7 @@ import optimistix as optx
 import sciad.ad as ad
 from sciad._dae import MassMatrix, consistent_derivative, held_mass, initialise, released_mass, solver_mass
 from sciad._errors import batch_any, error_if, solver_failure, warn_if
+from sciad._pytrees import Layout
 from sciad._stability import (
     STABILITY_CHECKED_STEPS,
     STABILITY_LIMITED,
@@ -23,7 +24,7 @@ from sciad._stability import (
     stability_boundary,
     stability_steps,
 )
-from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only
+from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only, summed_in_batches
 
 
 class Setup(eqx.Module):
@@ -57,6 +58,7 @@ class Setup(eqx.Module):
     parameter_slots: tuple = eqx.field(static=True, default=(1,))
     stepsize_controller: dfx.PIDController | None = None  # the user's, in this setup's time (else `step_controller`'s)
     dt0: typing.Any = None  # the forward solve's first step (None: the controller's choice)
+    members: "Members | None" = eqx.field(static=True, default=None)  # a batch as one state (`batched`)
 
     @property
     def adjoint_tolerances(self) -> tuple[float, float]:
@@ -134,6 +136,19 @@ class Setup(eqx.Module):
         if self.mass is None:
             return setup
         return dataclasses.replace(setup, solver=released_mass(setup.solver, self.mass), mass=None)
+
+    def batched(self, size: int) -> "Setup":
+        """This setup for a batch of `size` members sharing p, the times and f's closure, solved as one
+        state (`Members`): every step size is controlled by the largest of the members' norms, so each
+        member's error is held as on its own. For explicit solvers without a mass matrix."""
+        like = self.controller()
+        members = Members(size, self.n, self.f.integrand_size, like.norm)
+        return dataclasses.replace(
+            self,
+            f=MemberField(self.f, members),
+            stepsize_controller=eqx.tree_at(lambda c: c.norm, like, members.largest_flat()),
+            members=members,
+        )
 
     def term(self, vector_field: Callable | None = None):
         """`vector_field(t, y, args)` (default: the state's rate) as the term the solver takes; IMEX
@@ -227,6 +242,77 @@ class Setup(eqx.Module):
             ts=jnp.asarray(ts, u0.dtype),
             **options,
         )
+
+
+class Members(eqx.Module):
+    """A batch of `size` members, each with a state y = (u, q) (n + k,), as one state (size·(n + k),):
+    the members' u one after another, then their q. `norm`: the norm of one member's state."""
+
+    size: int = eqx.field(static=True)
+    n: int = eqx.field(static=True)
+    k: int = eqx.field(static=True)
+    norm: Callable = eqx.field(static=True)
+
+    def flat(self, y):
+        """(..., size, n + k) -> (..., size·(n + k)): the members' states as one."""
+        lead = y.shape[:-2]
+        return jnp.concatenate([y[..., : self.n].reshape(*lead, -1), y[..., self.n :].reshape(*lead, -1)], axis=-1)
+
+    def stacked(self, y):
+        """(..., size·(n + k)) -> (..., size, n + k): one state as the members'."""
+        lead, split = y.shape[:-1], self.size * self.n
+        u = y[..., :split].reshape(*lead, self.size, self.n)
+        return jnp.concatenate([u, y[..., split:].reshape(*lead, self.size, self.k)], axis=-1)
+
+    def largest_flat(self) -> Callable:
+        """The norm of one state (size·(n + k),): the largest of the members' `norm`s."""
+        return lambda y: jnp.max(jax.vmap(self.norm)(self.stacked(y)))
+
+    def largest(self, norm: Callable, own) -> Callable:
+        """The norm of a PyTree whose leaves are the members' own, one after another, where `own` (a
+        PyTree of bools like it) says, the rest shared: the largest over the members of `norm` of a
+        member's (its own leaves, the shared ones)."""
+
+        def largest(y):
+            leaves, tree = jax.tree.flatten(y)
+            flags = jax.tree.leaves(own)
+            split = [x.reshape(self.size, -1) if o else x for x, o in zip(leaves, flags)]
+            norms = jax.vmap(lambda *x: norm(jax.tree.unflatten(tree, x)), in_axes=[0 if o else None for o in flags])
+            return jnp.max(norms(*split))
+
+        return largest
+
+
+class MemberField(eqx.Module):
+    """f of a batch (`Members`) as one state's: F = (the members' f, their g) (size·(n + k),), from
+    u (size·n,); `open`, `held` and the sizes as `sciad._vector_field.VectorField`'s."""
+
+    field: typing.Any
+    members: Members = eqx.field(static=True)
+
+    @property
+    def u(self) -> Layout:
+        dtype = self.field.dtype
+        return Layout.of(jax.ShapeDtypeStruct((self.members.size * self.members.n,), dtype), dtype)
+
+    @property
+    def integrand_size(self) -> int:
+        return self.members.size * self.members.k
+
+    @property
+    def held(self):
+        return self.field.held
+
+    def open(self) -> Callable:
+        g, members = self.field.open(), self.members
+
+        def batch(u, p, c, t):
+            return members.flat(jax.vmap(lambda u: g(u, p, c, t))(u.reshape(members.size, members.n)))
+
+        return batch
+
+    def __call__(self, u, p, t):
+        return self.open()(u, p, self.held, t)
 
 
 # Steps the storing sensealgs keep without recomputation: diffrax's default max_steps, and no more
@@ -373,6 +459,13 @@ class AbstractSensitivity(eqx.Module):
         """Tangent of us (T, n) in direction (du0 (n,), dp (m,)) (`solver_pushforward` where the
         sensealg has no rule of its own)."""
 
+    def pullback_batch(self, setup: Setup, residuals, axes, w, size: int):
+        """The pullback of a `jax.vmap` batch of `size` members sharing p, the times and f's closure,
+        whose p cotangents the batch sums: residuals with the batch first on the leaves `axes` (a
+        PyTree of bools like them) says, w (size, T, n) -> (∂L/∂u0 (size, n), the batch's ∂L/∂p (m,)),
+        computed for the whole batch at once; or None, and the members' pullbacks are vmapped."""
+        return None
+
     def engines(self) -> tuple:
         """The `sciad.ad` backends this sensealg runs f's products on: its fields that hold one."""
         return tuple(
@@ -441,12 +534,29 @@ class AbstractSensitivity(eqx.Module):
                 dys = dys + res.rates.ts * dts[:, None]
             return dys, jnp.zeros((3,), dys.dtype)
 
+        def member(args):
+            res, w = args
+            return warn_if_chaotic(
+                setup.rtol, res, w, *self.pullback(bind(res.c, res.times, res.merged, res.first), res.inner, w)
+            )
+
+        def batch(args, axes, size):
+            (res, w), (res_axes, w_axes) = args, axes
+            if any(jax.tree.leaves((res_axes.c, res_axes.times, res_axes.first, res_axes.p_in))):
+                return None  # members of their own parameters, times or closure
+            w = w if w_axes else jnp.broadcast_to(w, (size, *w.shape))
+            bound = bind(res.c, res.times, res.merged, res.first)
+            cotangents = self.pullback_batch(bound, res.inner, res_axes.inner, w, size)
+            if cotangents is None:
+                return None
+            sizes = res.sizes if res_axes.sizes else jnp.broadcast_to(res.sizes, (size, *res.sizes.shape))
+            return warn_if_chaotic(setup.rtol, eqx.tree_at(lambda r: r.sizes, res, sizes), w, *cotangents, True)
+
         def pullback(res, w):
             w = w[0]
             n = u0.shape[0]
-            g_u0, g_p = warn_if_chaotic(
-                setup.rtol, res, w, *self.pullback(bind(res.c, res.times, res.merged, res.first), res.inner, w)
-            )
+            slots = (1, 2) if res.merged else (1,)
+            g_u0, g_p = summed_in_batches(member, batch, (res, w), slots)
             g_ts = None if res.rates.ts is None else jnp.sum(w * res.rates.ts, axis=1)
             g_t0 = None if res.rates.t0 is None else _t0_cotangent(g_u0, w, res.rates.t0, n)
             g_t1, g_first = jnp.zeros_like(res.times[2]), tuple(jnp.zeros_like(x) for x in res.first)
@@ -506,20 +616,26 @@ CHAOTIC = (
 )
 
 
-def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p):
+def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p, members: bool = False):
     """(g_u0, g_p), warning when the relative gradient, (|∂L/∂u0| |u0| or |∂L/∂p ⊙ p|, largest
     entries) over (Σ|∂L/∂u(tᵢ)|) |u| (largest entry), exceeds 1/rtol: a perturbation the size of the
     solver's error then moves the loss as much as the solution's whole size would. A stable system
-    stays near 1 and an unstable linear one, whose solution grows with its sensitivity, too."""
-    size_u0, size_u = res.sizes
-    relative = [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0)] if g_p is not None else []
+    stays near 1 and an unstable linear one, whose solution grows with its sensitivity, too.
+    For a batch's `members` (w (B, T, n), g_u0 (B, n), sizes (B, 2), g_p the batch's total): each
+    member's ∂L/∂u0 against its own cotangent, the total ∂L/∂p against the members' together."""
+    size_u0, size_u = jnp.moveaxis(res.sizes, -1, 0)
+    axes = tuple(range(-2, 0)) if members else None
+    tiny = jnp.finfo(w.dtype).tiny
+    scale = jnp.sum(jnp.abs(w), axis=axes) * size_u  # (B,) for members
+    relative = [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0) / jnp.maximum(jnp.sum(scale), tiny)]
+    if g_p is None:
+        relative = []
     if g_u0 is not None:
-        relative.append(jnp.max(jnp.abs(g_u0), initial=0.0) * size_u0)
+        own = jnp.max(jnp.abs(g_u0), axis=-1, initial=0.0) * size_u0 / jnp.maximum(scale, tiny)
+        relative.append(jnp.max(own))
     if not relative:
         return g_u0, g_p
-    amplification = jax.lax.stop_gradient(
-        jnp.max(jnp.stack(relative)) / jnp.maximum(jnp.sum(jnp.abs(w)) * size_u, jnp.finfo(w.dtype).tiny)
-    )
+    amplification = jax.lax.stop_gradient(jnp.max(jnp.stack(relative)))
     return warn_if((g_u0, g_p), amplification * rtol > 1, CHAOTIC, amplification)
 
 

@@ -33,6 +33,7 @@ from sciad._errors import batch_any, check, error_if, warn_if
 from sciad.adjoints import _checkpoints as checkpoints
 from sciad.adjoints._base import (
     AbstractSensitivity,
+    Members,
     Products,
     Setup,
     checked,
@@ -593,7 +594,13 @@ class Backsolved(AbstractSource):
         def solve():
             budget = jnp.minimum(BACKWARD_STEPS * (rec.steps + 8), setup.max_steps)
             m = advance(march, Interval(rec.p, None, w_q), rec.t[j], budget)
-            d = self.drift(setup, m.y[0], rec.u_at[j, : setup.n], rec.u_at[j + 1, : setup.n], rec.steps)
+            d = _largest(
+                setup.members,
+                lambda *u: self.drift(setup, *u, rec.steps),
+                m.y[0],
+                rec.u_at[j, : setup.n],
+                rec.u_at[j + 1, : setup.n],
+            )
             d = jnp.where(dfx.is_successful(m.result), d, jnp.inf)
             return m, jnp.maximum(drift, jax.lax.stop_gradient(d))
 
@@ -626,6 +633,13 @@ class Backsolved(AbstractSource):
             f"{UNSTABLE} (drift {{:.3g}} tolerances per forward step, limit {self.drift_tolerance:g})",
             drift,
         )
+
+
+def _largest(members: Members | None, fn, *us):
+    """fn(*us) of states u (n,); for a batch as one state (`members`), the largest over its members."""
+    if members is None:
+        return fn(*us)
+    return jnp.max(jax.vmap(fn)(*(u.reshape(members.size, members.n) for u in us)))
 
 
 def _no_integral(setup: Setup, rec: Recorded):
@@ -705,6 +719,29 @@ class ContinuousAdjoint(AbstractSensitivity):
         cotangents = self.source.crossing(setup, rec, lambda source, rec: self._sweep(setup, rec, w, source))
         return jax.tree.map(lambda g: g * scale, cotangents)
 
+    def pullback_batch(self, setup: Setup, rec: Recorded, axes: Recorded, w, size: int):
+        """The batch's members as one state (`Setup.batched`): one backward sweep, its steps held to
+        the largest of the members' errors, p's cotangent one sum over the batch at every product.
+        Where the members kept their own interpolations or checkpoint times, the batch's u is recorded
+        again, as one state, first (one forward solve: the members' own cost more to read). For
+        explicit solvers without a mass matrix, and JAX engines."""
+        n = setup.n
+        if not self.vjp.traced or setup.implicit or setup.consistent or dae.solver_mass(setup.solver, n) is not None:
+            return None
+        members, batched = Members(size, n, setup.f.integrand_size, None), setup.batched(size)
+
+        def each(x, batched):
+            return x if batched else jnp.broadcast_to(x, (size, *x.shape))
+
+        u0 = each(rec.u0, axes.u0).reshape(-1)
+        if rec.interpolation is not None or axes.t:
+            batch = self.source.record(batched, u0, rec.p)[2]
+        else:
+            u_at = members.flat(jnp.swapaxes(each(rec.u_at, axes.u_at), 0, 1))
+            batch = Recorded(u0, rec.p, rec.t, u_at, None, jnp.max(rec.steps), None)
+        g_u0, g_p = self.pullback(batched, batch, members.flat(jnp.swapaxes(w, 0, 1)))
+        return g_u0.reshape(size, n), g_p
+
     def pushforward(self, setup: Setup, rec: Recorded, du0, dp):
         return solver_pushforward(setup, rec.u0, rec.p, du0, dp)
 
@@ -728,7 +765,16 @@ class ContinuousAdjoint(AbstractSensitivity):
         if mass is not None:
             blocks = jax.tree.leaves(source.state(mass.matrix, backward.mass(mass.transposed, rec.p)))
             march_setup = eqx.tree_at(lambda s: s.solver, setup, dae.with_mass(setup.solver, blocks))
-        marcher = Marcher(march_setup, rhs, source.norm(backward.error_control()))
+        norm = source.norm(backward.error_control())
+        if setup.members is not None:  # a batch as one state: u and λ are the members', the rest (μ) shared
+            shapes = jax.eval_shape(
+                lambda u, p: source.state(u, backward.start(u, p)),
+                jax.ShapeDtypeStruct((1,), w.dtype),
+                jax.ShapeDtypeStruct((2,), w.dtype),
+            )
+            own = jax.tree.map(lambda x: x.shape == (1,), shapes)
+            norm = setup.members.largest(norm or setup.members.norm, own)
+        marcher = Marcher(march_setup, rhs, norm)
         quadrature = backward.quadrature(setup, prods)
 
         def advance(march, args, t_to, max_steps):
