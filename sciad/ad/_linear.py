@@ -503,13 +503,15 @@ def _accumulate_transpose(*args, **params):
     raise HigherOrderError(REVERSE_OVER_REVERSE)
 
 
-def summed_in_batches(fun: Callable, batched: Callable, args, slots: tuple):
+def summed_in_batches(fun: Callable, batched: Callable, args, slots: tuple, totals):
     """`fun(args)` (PyTrees of arrays in and out), with a rule of its own under `jax.vmap` inside a
     transpose whose cotangents for `slots` the batch sums (a `linear_map`'s, over a batch that shares
     those inputs): `batched(args, axes, size)` computes the whole batch at once, args' leaves with the
     batch axis first where `axes` (args' structure, bools) says, and returns fun's outputs with a
-    leading batch axis, or without one where they are the batch's total (cotangents of `slots`
-    only), or None where it cannot serve (then `fun` is vmapped). Forward mode enters `fun`."""
+    leading batch axis, but the batch's total where `totals` (a prefix of fun's output, bools: the
+    cotangents of `slots`) says; or None where it cannot serve. Otherwise `fun` is vmapped, its
+    `totals` summed over the batch (`accumulate_pullback` inside it may sum them as it goes).
+    Forward mode enters `fun`."""
     flat, tree = jax.tree.flatten(args)
     out_tree = []
 
@@ -522,13 +524,23 @@ def summed_in_batches(fun: Callable, batched: Callable, args, slots: tuple):
         out = batched(jax.tree.unflatten(tree, leaves), jax.tree.unflatten(tree, axes), size)
         if out is None:
             return None
-        leaves, out_structure = jax.tree.flatten(out)
-        if out_structure != out_tree[0]:
-            raise TypeError(f"summed_in_batches: batched returned structure {out_structure}, fun {out_tree[0]}")
+        leaves, structure = jax.tree.flatten(out)
+        if structure != out_tree[0]:
+            raise TypeError(f"summed_in_batches: batched returned structure {structure}, fun {out_tree[0]}")
         return leaves
 
     jaxpr, consts = _trace(flat_fun, flat)
-    out = summed_p.bind(*consts, *flat, jaxpr=jaxpr, batched=flat_batched, num_consts=len(consts), slots=tuple(slots))
+    out = jax.tree.unflatten(out_tree[0], [0] * out_tree[0].num_leaves)
+    summed = jax.tree.leaves(jax.tree.map(lambda t, x: jax.tree.map(lambda _: t, x), totals, out))
+    out = summed_p.bind(
+        *consts,
+        *flat,
+        jaxpr=jaxpr,
+        batched=flat_batched,
+        num_consts=len(consts),
+        slots=tuple(slots),
+        totals=tuple(summed),
+    )
     return jax.tree.unflatten(out_tree[0], out)
 
 
@@ -544,16 +556,24 @@ def _summed_abstract_eval(*args, jaxpr, **_):
     return jaxpr.out_avals, jaxpr.effects
 
 
-def _summed_batch(axis_data, args, dims, *, jaxpr, batched, num_consts, slots):
+def _summed_batch(axis_data, args, dims, *, jaxpr, batched, num_consts, slots, totals):
     args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
     axes = [d is not None for d in dims]
-    if _summing(axis_data, slots) and not any(axes[:num_consts]):
+    summing = _summing(axis_data, slots)
+    if summing and not any(axes[:num_consts]):
         out = batched(args[num_consts:], axes[num_consts:], axis_data.size)
         if out is not None:
-            return out, [0 if jnp.ndim(o) > len(a.shape) else None for o, a in zip(out, jaxpr.out_avals)]
-    in_axes = [0 if b else None for b in axes]
-    out = jax.vmap(lambda *a: _run(jaxpr, *a), in_axes=in_axes, axis_size=axis_data.size)(*args)
-    return out, [0] * len(out)
+            return out, [None if t else 0 for t in totals]
+    totals = totals if summing else (False,) * len(totals)
+
+    def row(*a):
+        out = _run(jaxpr, *a)
+        return [total_p.bind(o, axis_name=axis_data.name) if t else o for o, t in zip(out, totals)]
+
+    out_axes = [None if t else 0 for t in totals]
+    in_axes = [0 if b else None for b in axes]  # under the same axis name: `accumulate_pullback` reads it
+    out = jax.vmap(row, in_axes=in_axes, out_axes=out_axes, axis_size=axis_data.size, axis_name=axis_data.name)(*args)
+    return out, out_axes
 
 
 def _summed_jvp(primals, tangents, *, jaxpr, **_):

@@ -556,7 +556,7 @@ class AbstractSensitivity(eqx.Module):
             w = w[0]
             n = u0.shape[0]
             slots = (1, 2) if res.merged else (1,)
-            g_u0, g_p = summed_in_batches(member, batch, (res, w), slots)
+            g_u0, g_p = summed_in_batches(member, batch, (res, w), slots, (False, True))
             g_ts = None if res.rates.ts is None else jnp.sum(w * res.rates.ts, axis=1)
             g_t0 = None if res.rates.t0 is None else _t0_cotangent(g_u0, w, res.rates.t0, n)
             g_t1, g_first = jnp.zeros_like(res.times[2]), tuple(jnp.zeros_like(x) for x in res.first)
