@@ -19,6 +19,7 @@ import functools
 import sys
 import typing
 
+import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.core
@@ -151,7 +152,7 @@ class MassMatrix:
         return f"MassMatrix({kind} of {self.n} states, {self.algebraic} algebraic)"
 
 
-def dae_solver(solver, mass: MassMatrix | None, integrand_size: int = 0):
+def dae_solver(solver: dfx.AbstractSolver, mass: MassMatrix | None, integrand_size: int = 0) -> dfx.AbstractSolver:
     """`solver` given the problem's mass matrix (extended over an integrand's entries): a Rosenbrock
     solver without one takes it; a solver that cannot take one, or one holding another, is refused
     with a ValueError naming the fix."""

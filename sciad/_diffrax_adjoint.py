@@ -9,11 +9,12 @@ import numpy as np
 from sciad._diffrax_internals import WrapTerm
 from sciad._events import ContinuousCallback
 from sciad._problem import ODEProblem
+from sciad.adjoints._base import AbstractSensitivity
 
 _DIRECTIONS = {None: "both", True: "up", False: "down"}
 
 
-def diffrax_adjoint(sensealg="auto") -> "DiffraxAdjoint":
+def diffrax_adjoint(sensealg: str | AbstractSensitivity = "auto") -> "DiffraxAdjoint":
     """A `diffrax.AbstractAdjoint` that differentiates `diffrax.diffeqsolve` by `sensealg` (as
     `sciad.solve` takes it: "auto", a name, or an instance such as `sciad.GaussAdjoint()`).
 
@@ -35,7 +36,7 @@ def diffrax_adjoint(sensealg="auto") -> "DiffraxAdjoint":
 class DiffraxAdjoint(dfx.AbstractAdjoint):
     """sciad's `sensealg` as a diffrax adjoint (`diffrax_adjoint`)."""
 
-    sensealg: object = eqx.field(static=True, default="auto")
+    sensealg: str | AbstractSensitivity = eqx.field(static=True, default="auto")
 
     def loop(
         self,

@@ -7,11 +7,14 @@ vmapped, and sharded over a device mesh when one is given. Differentiable like `
     grads = jax.jit(jax.grad(lambda ps: sciad.ensemble(prob, ps=ps, saveat=ts, mesh=mesh).us.sum()))(ps)
 """
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jaxtyping import ArrayLike, PyTree, Real, Shaped
 
 from sciad._problem import ODEProblem
 from sciad._pytrees import leaf_names
@@ -21,7 +24,13 @@ BATCHED = {"u0s": "u0", "ps": "p", "saveats": "saveat"}  # batched argument -> t
 
 
 def ensemble(
-    prob: ODEProblem, *, u0s=None, ps=None, saveats=None, mesh: jax.sharding.Mesh | None = None, **solve_options
+    prob: ODEProblem,
+    *,
+    u0s: PyTree[Shaped[ArrayLike, "B ..."]] | None = None,
+    ps: PyTree[Shaped[ArrayLike, "B ..."]] | None = None,
+    saveats: Real[ArrayLike, "B T"] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    **solve_options: Any,
 ) -> Solution:
     """`solve(prob, ...)` for B members: `u0s`, `ps` (u0's, p's PyTree with a leading member axis B on
     every array leaf) and `saveats` (B, T) vary per member; `u0=`, `p=`, `saveat=` and the other

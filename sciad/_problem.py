@@ -5,7 +5,7 @@ of a problem's parts at its boundary (`check_*`), each raising an error that nam
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import diffrax as dfx
 import equinox as eqx
@@ -13,10 +13,15 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Float, PyTree
 
+from sciad._custom_types import RealScalarLike
 from sciad._dae import MassMatrix
 from sciad._errors import error_if, error_where
 from sciad._pytrees import leaf_names
+
+if TYPE_CHECKING:
+    import scipy.sparse
 
 
 class ODEProblem(eqx.Module):
@@ -47,13 +52,24 @@ class ODEProblem(eqx.Module):
     `sciad.solve` then steps a DAE solver (Rodas5P by default) and initialises consistently.
     """
 
-    f: Callable
-    u0: Any
+    f: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]]
+    u0: PyTree[Array]
     tspan: tuple[float, float] = eqx.field(static=True)
-    p: Any = None
+    p: PyTree[Any] = None
     mass_matrix: MassMatrix | None = eqx.field(static=True, default=None)
 
-    def __init__(self, f: Callable, u0, tspan, p=None, *, mass_matrix=None):
+    def __init__(
+        self,
+        f: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]],
+        u0: PyTree[ArrayLike],
+        tspan: tuple[RealScalarLike, RealScalarLike],
+        p: PyTree[Any] = None,
+        *,
+        mass_matrix: Float[ArrayLike, " n"]
+        | Float[ArrayLike, "n n"]
+        | "scipy.sparse.sparray | scipy.sparse.spmatrix"
+        | None = None,
+    ):
         if not callable(f):
             raise TypeError(f"ODEProblem(f=...): f must be callable f(u, p, t), got {f!r}")
         self.f = f

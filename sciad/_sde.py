@@ -2,7 +2,7 @@
 path from a key, differentiable pathwise by every sensealg (`sciad.adjoints._pathwise`)."""
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import diffrax as dfx
@@ -11,8 +11,10 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, PRNGKeyArray, PyTree, Real, Shaped
 
 from sciad._brownian import BrownianPath
+from sciad._custom_types import RealScalarLike
 from sciad._errors import raising_solve_errors
 from sciad._events import PresetTimeCallback, _check_affect
 from sciad._problem import _traced, check_inputs, check_integrand, check_params, check_saveat, check_state, check_tspan
@@ -20,6 +22,7 @@ from sciad._pytrees import Layout, leaf_names
 from sciad._sde_solvers import SDE_SOLVERS, AbstractSDESolver, Noise, SDESetup, System, default_sde_solver
 from sciad._vector_field import VectorField
 from sciad.adjoints import _pathwise as pathwise
+from sciad.adjoints._base import AbstractSensitivity
 from sciad.adjoints._registry import resolve
 
 NOISES = ("diagonal", "scalar")  # or an int m: general noise of m Brownian motions
@@ -41,15 +44,24 @@ class SDEProblem(eqx.Module):
     finite where concrete), tspan (finite, t1 > t0), noise and calculus, and the shapes drift and
     diffusion return at (u0, p, t0) (traced by `jax.eval_shape`, not run)."""
 
-    drift: Callable
-    diffusion: Callable
-    u0: Any
+    drift: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]]
+    diffusion: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]]
+    u0: PyTree[Array]
     tspan: tuple[float, float] = eqx.field(static=True)
-    p: Any = None
+    p: PyTree[Any] = None
     noise: str | int = eqx.field(static=True, default="diagonal")
     calculus: str = eqx.field(static=True, default="ito")
 
-    def __init__(self, drift: Callable, diffusion: Callable, u0, tspan, p=None, noise="diagonal", calculus="ito"):
+    def __init__(
+        self,
+        drift: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]],
+        diffusion: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]],
+        u0: PyTree[ArrayLike],
+        tspan: tuple[RealScalarLike, RealScalarLike],
+        p: PyTree[Any] = None,
+        noise: str | int = "diagonal",
+        calculus: str = "ito",
+    ):
         for name, fn in (("drift", drift), ("diffusion", diffusion)):
             if not callable(fn):
                 raise TypeError(f"SDEProblem({name}=...): {name} must be callable {name}(u, p, t), got {fn!r}")
@@ -126,11 +138,11 @@ class SDESolution(eqx.Module):
     `brownian`, the path it used (`.evaluate(t0, t1)`: the increment W(t1) - W(t0)); pass it back as
     `brownian=` (or the same key) to solve on the same path."""
 
-    ts: jax.Array
-    us: Any
+    ts: Real[Array, " T"]
+    us: PyTree[Shaped[Array, "T ..."]]
     stats: dict[str, Any]
-    brownian: Any
-    integral: Any = None
+    brownian: BrownianPath | dfx.AbstractBrownianPath
+    integral: PyTree[Array] | None = None
 
 
 def get_sde_solver(solver, calculus: str, noise: Noise) -> AbstractSDESolver:
@@ -259,17 +271,17 @@ def brownian_path(brownian, key, t0: float, dt: float, steps: int, shape: tuple,
 def solve(
     prob: SDEProblem,
     *,
-    key=None,
-    dt0=None,
-    saveat=None,
-    solver=None,
-    sensealg="auto",
-    u0=None,
-    p=None,
-    integrand=None,
-    brownian=None,
-    tspan=None,
-    callbacks=(),
+    key: PRNGKeyArray | None = None,
+    dt0: RealScalarLike | None = None,
+    saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
+    solver: str | AbstractSDESolver | None = None,
+    sensealg: str | AbstractSensitivity = "auto",
+    u0: PyTree[ArrayLike] | None = None,
+    p: PyTree[Any] = None,
+    integrand: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]] | None = None,
+    brownian: BrownianPath | dfx.AbstractBrownianPath | None = None,
+    tspan: tuple[RealScalarLike, RealScalarLike] | None = None,
+    callbacks: Sequence[PresetTimeCallback] = (),
 ) -> SDESolution:
     """Solve `prob` on the fixed grid t_k = t0 + k dt (dt = dt0, or the largest step below it that
     divides tspan) along the Brownian path from `key` (`BrownianPath`: exact increments per step,

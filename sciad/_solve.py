@@ -2,6 +2,7 @@
 
 import dataclasses
 import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import diffrax as dfx
@@ -9,8 +10,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Int, PyTree, Real, Shaped
 
 from sciad import _events as events
+from sciad._custom_types import RealScalarLike
 from sciad._dae import check_initialization, dae_solver, initialise
 from sciad._dense import DenseOutput
 from sciad._errors import raising_solve_errors
@@ -27,9 +30,9 @@ from sciad._problem import (
 from sciad._rosenbrock import Rodas4, Rodas5P
 from sciad._sde import dispatching
 from sciad._solver_choice import choose
-from sciad._stiff import with_stage_jacobian
+from sciad._stiff import AbstractStageJacobian, with_stage_jacobian
 from sciad._vector_field import VectorField
-from sciad.adjoints._base import Setup, is_implicit
+from sciad.adjoints._base import AbstractSensitivity, Setup, is_implicit
 from sciad.adjoints._continuous import ContinuousAdjoint
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints._forward import ForwardSensitivity
@@ -59,14 +62,14 @@ class Solution(eqx.Module):
     t_final, with the state there). With callbacks, `event_times`: one array (max_events,) per callback,
     the times it fired in order, then inf; `event_counts` (callbacks,) how many times each fired."""
 
-    ts: jax.Array
-    us: Any
+    ts: Real[Array, " T"]
+    us: PyTree[Shaped[Array, "T ..."]]
     stats: dict[str, Any]
-    interpolation: Any = None
-    integral: Any = None
-    t_final: Any = None
-    event_times: tuple | None = None
-    event_counts: Any = None
+    interpolation: DenseOutput | None = None
+    integral: PyTree[Array] | None = None
+    t_final: Real[Array, ""] | None = None
+    event_times: tuple[Real[Array, " max_events"], ...] | None = None
+    event_counts: Int[Array, " callbacks"] | None = None
 
 
 def get_solver(solver) -> dfx.AbstractSolver:
@@ -86,25 +89,25 @@ def get_solver(solver) -> dfx.AbstractSolver:
 def solve(
     prob: ODEProblem,
     *,
-    u0=None,
-    p=None,
-    saveat=None,
-    tspan=None,
-    integrand=None,
-    solver="auto",
-    rtol=DEFAULT_TOLERANCE,
-    atol=DEFAULT_TOLERANCE,
-    sensealg="auto",
-    max_steps=4096,
-    dense=False,
-    jacobian="auto",
-    callbacks=(),
-    max_events=None,
-    adjoint_rtol=None,
-    adjoint_atol=None,
-    initialization=None,
-    stepsize_controller=None,
-    dt0=None,
+    u0: PyTree[ArrayLike] | None = None,
+    p: PyTree[Any] = None,
+    saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
+    tspan: tuple[RealScalarLike, RealScalarLike] | None = None,
+    integrand: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]] | None = None,
+    solver: str | dfx.AbstractSolver | None = "auto",
+    rtol: float = DEFAULT_TOLERANCE,
+    atol: float = DEFAULT_TOLERANCE,
+    sensealg: str | AbstractSensitivity = "auto",
+    max_steps: int = 4096,
+    dense: bool = False,
+    jacobian: str | AbstractStageJacobian = "auto",
+    callbacks: Sequence[events.AbstractCallback] = (),
+    max_events: int | None = None,
+    adjoint_rtol: float | None = None,
+    adjoint_atol: float | None = None,
+    initialization: str | None = None,
+    stepsize_controller: dfx.PIDController | None = None,
+    dt0: RealScalarLike | None = None,
 ) -> Solution:
     """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
 

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optimistix as optx
+from jaxtyping import Array, ArrayLike, PyTree
 
 from sciad._dae import dae_solver, default_solver, initialise
 from sciad._errors import error_if, raising_solve_errors, solver_failure
@@ -43,13 +44,21 @@ class SteadyState(eqx.Module):
     """`u`: the steady state (u0's structure); `stats`: `steps` (time steps to settle),
     `newton_iterations` (integers) and `residual`, RMS ‖f(u)‖ at the steady state returned."""
 
-    u: Any
+    u: PyTree[Array]
     stats: dict[str, Any]
 
 
 @raising_solve_errors
 def steady_state(
-    prob: ODEProblem, *, u0=None, p=None, sensealg=None, rtol=1e-6, atol=1e-6, max_steps=4096, solver=None
+    prob: ODEProblem,
+    *,
+    u0: PyTree[ArrayLike] | None = None,
+    p: PyTree[Any] = None,
+    sensealg: SteadyStateAdjoint | None = None,
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    max_steps: int = 4096,
+    solver: str | dfx.AbstractSolver | None = None,
 ) -> SteadyState:
     """The steady state u* of `prob`'s f: f(u*, p, t) = 0 with t = prob.tspan[1] held fixed (f is
     meant to be autonomous there; SciML's t = ∞ can turn t-dependent terms into NaN), the one

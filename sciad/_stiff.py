@@ -386,7 +386,7 @@ def auto_jacobian(solver: dfx.AbstractSolver, f: Callable, u0, p, t0) -> tuple[s
     return "sparse", f"{nonzeros}: {colouring.count} colours, {len(colouring.dense)} dense rows, a sparse LU{dense_by}"
 
 
-def with_stage_jacobian(solver: dfx.AbstractSolver, jacobian, f: Callable, u0, p, t0) -> tuple:
+def with_stage_jacobian(solver: dfx.AbstractSolver, jacobian, f: Callable, u0, p, t0) -> tuple[dfx.AbstractSolver, Any]:
     """(`solver` with its stages solved by `jacobian`, (kind, why)): "auto" decided by `auto_jacobian`
     on f from u0, anything else as given (`stiff_solver`)."""
     if isinstance(jacobian, str) and jacobian == "auto":

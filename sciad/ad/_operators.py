@@ -28,6 +28,7 @@ from operator import itemgetter
 
 import jax
 import numpy as np
+from jaxtyping import PyTree
 
 from sciad.ad import _trees as trees
 from sciad.ad._backend import AbstractBackend, check_scalar
@@ -124,27 +125,27 @@ class _Operator:
 # -- the operators ----------------------------------------------------------------------
 
 
-def derivative(backend: AbstractBackend, f: Callable, x):
+def derivative(backend: AbstractBackend, f: Callable, x: PyTree) -> PyTree:
     """f'(x) for one scalar x: f's output structure and shapes.
 
     Raises ValueError unless x is one scalar (use `jacobian` or `jvp`)."""
     return _apply(derivative, backend, f, x)
 
 
-def gradient(backend: AbstractBackend, f: Callable, x):
+def gradient(backend: AbstractBackend, f: Callable, x: PyTree) -> PyTree:
     """∇f(x) for scalar f: x's structure and shapes (a tuple for a tuple x).
 
     Raises ValueError unless f returns a scalar (use `jacobian` or `vjp`)."""
     return _apply(gradient, backend, f, x)
 
 
-def jacobian(backend: AbstractBackend, f: Callable, x):
+def jacobian(backend: AbstractBackend, f: Callable, x: PyTree) -> PyTree:
     """∂f/∂x: shape `f(x).shape + x.shape`; for PyTrees, f's output structure of x's structure
     (a tuple per output leaf for a tuple x), as `jax.jacobian`."""
     return _apply(jacobian, backend, f, x)
 
 
-def hessian(backend: AbstractBackend, f: Callable, x):
+def hessian(backend: AbstractBackend, f: Callable, x: PyTree) -> PyTree:
     """∇²f(x) for scalar f: shape `x.shape + x.shape`; for a tuple x (or a PyTree), blocks
     `[i][j]` of shape `x_i.shape + x_j.shape` structured as x of x, as `jax.hessian`.
     Computed by `backend.hessian_engines()` (outer over inner).
@@ -153,7 +154,7 @@ def hessian(backend: AbstractBackend, f: Callable, x):
     return _apply(hessian, backend, f, x)
 
 
-def hvp(backend: AbstractBackend, f: Callable, x, v):
+def hvp(backend: AbstractBackend, f: Callable, x: PyTree, v: PyTree) -> PyTree:
     """∇²f(x) v for scalar f, v structured as x: x's structure and shapes (forward over reverse
     by default, `backend.hessian_engines()`).
 
@@ -161,51 +162,51 @@ def hvp(backend: AbstractBackend, f: Callable, x, v):
     return _apply(hvp, backend, f, x, v)
 
 
-def jvp(backend: AbstractBackend, f: Callable, x, v):
+def jvp(backend: AbstractBackend, f: Callable, x: PyTree, v: PyTree) -> PyTree:
     """∂f/∂x · v, v structured as x (a tuple for a tuple x): f's output structure and shapes.
 
     Raises ValueError unless v has x's structure and shapes."""
     return _apply(jvp, backend, f, x, v)
 
 
-def vjp(backend: AbstractBackend, f: Callable, x, w):
+def vjp(backend: AbstractBackend, f: Callable, x: PyTree, w: PyTree) -> PyTree:
     """wᵀ ∂f/∂x, w structured as f's output: x's structure and shapes (a tuple for a tuple x).
 
     Raises ValueError unless w has f's output structure and shapes."""
     return _apply(vjp, backend, f, x, w)
 
 
-def value_and_derivative(backend: AbstractBackend, f: Callable, x):
+def value_and_derivative(backend: AbstractBackend, f: Callable, x: PyTree) -> tuple[PyTree, PyTree]:
     """`(f(x), derivative(backend, f, x))`."""
     return _apply(value_and_derivative, backend, f, x)
 
 
-def value_and_gradient(backend: AbstractBackend, f: Callable, x):
+def value_and_gradient(backend: AbstractBackend, f: Callable, x: PyTree) -> tuple[PyTree, PyTree]:
     """`(f(x), gradient(backend, f, x))`."""
     return _apply(value_and_gradient, backend, f, x)
 
 
-def value_and_jacobian(backend: AbstractBackend, f: Callable, x):
+def value_and_jacobian(backend: AbstractBackend, f: Callable, x: PyTree) -> tuple[PyTree, PyTree]:
     """`(f(x), jacobian(backend, f, x))`."""
     return _apply(value_and_jacobian, backend, f, x)
 
 
-def value_and_hessian(backend: AbstractBackend, f: Callable, x):
+def value_and_hessian(backend: AbstractBackend, f: Callable, x: PyTree) -> tuple[PyTree, PyTree]:
     """`(f(x), hessian(backend, f, x))`."""
     return _apply(value_and_hessian, backend, f, x)
 
 
-def value_gradient_and_hessian(backend: AbstractBackend, f: Callable, x):
+def value_gradient_and_hessian(backend: AbstractBackend, f: Callable, x: PyTree) -> tuple[PyTree, PyTree, PyTree]:
     """`(f(x), gradient(backend, f, x), hessian(backend, f, x))`."""
     return _apply(value_gradient_and_hessian, backend, f, x)
 
 
-def value_and_jvp(backend: AbstractBackend, f: Callable, x, v):
+def value_and_jvp(backend: AbstractBackend, f: Callable, x: PyTree, v: PyTree) -> tuple[PyTree, PyTree]:
     """`(f(x), jvp(backend, f, x, v))`."""
     return _apply(value_and_jvp, backend, f, x, v)
 
 
-def value_and_vjp(backend: AbstractBackend, f: Callable, x, w):
+def value_and_vjp(backend: AbstractBackend, f: Callable, x: PyTree, w: PyTree) -> tuple[PyTree, PyTree]:
     """`(f(x), vjp(backend, f, x, w))`."""
     return _apply(value_and_vjp, backend, f, x, w)
 
@@ -362,7 +363,7 @@ def _apply(operator: Callable, backend, f, x, *vectors):
     return _explained(backend, _prepared(op, backend, f, args, _cached), x, *vectors)
 
 
-def prepare(backend: AbstractBackend, op, f: Callable, x, *vectors) -> Callable:
+def prepare(backend: AbstractBackend, op, f: Callable, x: PyTree, *vectors: PyTree) -> Callable:
     """Do the per-function work (tracing, jit) once; return `g(x, *vectors)` for
     repeated calls of operator `op` (a function of this module or its name) at
     new points with the same shapes and dtypes as `x` (and `vectors`). `g` holds
@@ -376,13 +377,13 @@ def prepare(backend: AbstractBackend, op, f: Callable, x, *vectors) -> Callable:
     return call
 
 
-def pushforward(backend: AbstractBackend, f: Callable, x) -> Callable:
+def pushforward(backend: AbstractBackend, f: Callable, x: PyTree) -> Callable[[PyTree], PyTree]:
     """The linear map `v -> jvp(backend, f, x, v)` at `x`."""
     _arguments("pushforward", backend, f, x)
     return lambda v: jvp(backend, f, x, v)
 
 
-def pullback(backend: AbstractBackend, f: Callable, x) -> Callable:
+def pullback(backend: AbstractBackend, f: Callable, x: PyTree) -> Callable[[PyTree], PyTree]:
     """The linear map `w -> vjp(backend, f, x, w)` at `x`."""
     _arguments("pullback", backend, f, x)
     return lambda w: vjp(backend, f, x, w)
@@ -435,12 +436,12 @@ class LazyHessian:
     __rmatmul__ = __matmul__
 
 
-def lazy_jacobian(backend: AbstractBackend, f: Callable, x) -> LazyJacobian:
+def lazy_jacobian(backend: AbstractBackend, f: Callable, x: PyTree) -> LazyJacobian:
     """∂f/∂x at one array x as a lazy operator (`J @ v`, `w @ J`, `J.T`)."""
     return LazyJacobian(backend, f, x)
 
 
-def lazy_hessian(backend: AbstractBackend, f: Callable, x) -> LazyHessian:
+def lazy_hessian(backend: AbstractBackend, f: Callable, x: PyTree) -> LazyHessian:
     """∇²f(x) at one array x as a lazy operator (`H @ v`, `v @ H`)."""
     return LazyHessian(backend, f, x)
 
