@@ -6,24 +6,28 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import pathlib
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Float, PyTree, Real, Shaped
 
 import sciad.ad as ad
 from sciad._auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
 from sciad._auto import features as trace_features
+from sciad._custom_types import RealScalarLike
 from sciad._dae import dae_solver
 from sciad._problem import ODEProblem, check_saveat
 from sciad._solve import MASS_MATRIX_SENSEALGS, get_solver, solve
 from sciad._solver_choice import choose
-from sciad._stiff import with_stage_jacobian
+from sciad._stiff import AbstractStageJacobian, with_stage_jacobian
 from sciad._timing import compare, fastest
 from sciad.adjoints import (
     AbstractSensitivity,
@@ -40,7 +44,14 @@ from sciad.adjoints._base import is_implicit
 
 
 def features(
-    prob: ODEProblem, saveat, *, solver="auto", rtol=1e-6, atol=1e-6, max_steps=4096, memory_budget=None
+    prob: ODEProblem,
+    saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None,
+    *,
+    solver: str | dfx.AbstractSolver | None = "auto",
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    max_steps: int = 4096,
+    memory_budget: int | None = None,
 ) -> Features:
     """`sciad._auto.features` of `prob` saved at `saveat` with `solver` (a name, a diffrax solver, or
     "auto" as in `sciad.solve`)."""
@@ -116,17 +127,17 @@ def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
 def select_sensealg(
     prob: ODEProblem,
     *,
-    saveat=None,
-    loss: Callable | None = None,
-    autotune=False,
-    memory_budget=None,
-    budget=20.0,
-    solver="auto",
-    rtol=1e-6,
-    atol=1e-6,
-    max_steps=4096,
-    jacobian="auto",
-    cache_dir=None,
+    saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
+    loss: Callable[[PyTree[Shaped[Array, "T ..."]]], Float[ArrayLike, ""]] | None = None,
+    autotune: bool = False,
+    memory_budget: int | None = None,
+    budget: float = 20.0,
+    solver: str | dfx.AbstractSolver | None = "auto",
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    max_steps: int = 4096,
+    jacobian: str | AbstractStageJacobian = "auto",
+    cache_dir: str | os.PathLike | None = None,
 ) -> Choice:
     """Choose a sensealg (with its engine) for gradients with respect to p (its
     floating-point array leaves: any PyTree, an equinox model) of `loss(us)`
@@ -244,17 +255,17 @@ def _program(fn: Callable, *args) -> tuple:
 
 def measure(
     prob: ODEProblem,
-    ts,
-    loss: Callable,
-    candidates,
+    ts: Real[ArrayLike, " T"],
+    loss: Callable[[PyTree[Shaped[Array, "T ..."]]], Float[ArrayLike, ""]],
+    candidates: Sequence[tuple[AbstractSensitivity, str]],
     *,
     budget: float | None = None,
     deadline: float | None = None,
-    solver="auto",
-    rtol=1e-6,
-    atol=1e-6,
-    max_steps=4096,
-    max_rounds=50,
+    solver: str | dfx.AbstractSolver | None = "auto",
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    max_steps: int = 4096,
+    max_rounds: int = 50,
 ) -> list[dict]:
     """Time the gradient of `loss(us)` (a scalar) wrt p's floating-point array leaves for each
     `(sensealg, reason)`: one dict per candidate, in their order, `name` (`describe`), `reason` and

@@ -4,6 +4,7 @@ import dataclasses
 from collections.abc import Callable
 
 import numpy as np
+from jaxtyping import Array, Float, PyTree, Shaped
 
 from sciad._auto import size
 from sciad._problem import ODEProblem
@@ -19,8 +20,8 @@ class Benchmark:
 
     name: str
     problem: ODEProblem
-    saveat: np.ndarray
-    loss: Callable
+    saveat: Float[np.ndarray, " T"]
+    loss: Callable[[PyTree[Shaped[Array, "T ..."]]], Float[Array, ""]]
     rtol: float = 1e-6
     atol: float = 1e-6
     solver: str = "tsit5"

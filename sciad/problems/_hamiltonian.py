@@ -3,6 +3,7 @@
 import dataclasses
 
 import numpy as np
+from jaxtyping import Float
 
 from sciad._problem import ODEProblem
 from sciad.ad import namespace
@@ -36,7 +37,7 @@ class HamiltonianRHS:
         return np.concatenate([w1.ravel(), b, w2])
 
 
-def pendulum(u0: np.ndarray, ts: np.ndarray) -> np.ndarray:
+def pendulum(u0: Float[np.ndarray, " 2"], ts: Float[np.ndarray, " T"]) -> Float[np.ndarray, "T 2"]:
     """The pendulum q'' = −sin q from u0 = (q, q') at `ts` (T, 2), from a tight SciPy solve."""
     from scipy.integrate import solve_ivp  # SciPy comes with JAX
 

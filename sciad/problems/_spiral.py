@@ -3,6 +3,7 @@
 import dataclasses
 
 import numpy as np
+from jaxtyping import Float
 
 from sciad._problem import ODEProblem
 from sciad.ad import namespace
@@ -50,7 +51,7 @@ class SquaredError:
         return xp.sum((us - xp.asarray(self.data, dtype=us.dtype)) ** 2)
 
 
-def spiral_data(u0: np.ndarray, ts: np.ndarray) -> np.ndarray:
+def spiral_data(u0: Float[np.ndarray, " 2"], ts: Float[np.ndarray, " T"]) -> Float[np.ndarray, "T 2"]:
     """The true spiral at `ts` (T, 2), float32, from a tight float64 RK45 solve (NumPy, no JAX precision needed)."""
     from scipy.integrate import solve_ivp  # SciPy comes with JAX
 
