@@ -550,7 +550,7 @@ class AbstractSensitivity(eqx.Module):
             if cotangents is None:
                 return None
             sizes = res.sizes if res_axes.sizes else jnp.broadcast_to(res.sizes, (size, *res.sizes.shape))
-            return warn_if_chaotic(setup.rtol, eqx.tree_at(lambda r: r.sizes, res, sizes), w, *cotangents, True)
+            return warn_if_chaotic(setup.rtol, eqx.tree_at(lambda r: r.sizes, res, sizes), w, *cotangents, True)  # pyright: ignore[reportCallIssue]  # the two cotangents
 
         def pullback(res, w):
             w = w[0]

@@ -596,7 +596,7 @@ class Backsolved(AbstractSource):
             m = advance(march, Interval(rec.p, None, w_q), rec.t[j], budget)
             d = _largest(
                 setup.members,
-                lambda *u: self.drift(setup, *u, rec.steps),
+                lambda *u: self.drift(setup, *u, rec.steps),  # pyright: ignore[reportCallIssue]  # u: the state's parts
                 m.y[0],
                 rec.u_at[j, : setup.n],
                 rec.u_at[j + 1, : setup.n],
@@ -728,7 +728,7 @@ class ContinuousAdjoint(AbstractSensitivity):
         n = setup.n
         if not self.vjp.traced or setup.implicit or setup.consistent or dae.solver_mass(setup.solver, n) is not None:
             return None
-        members, batched = Members(size, n, setup.f.integrand_size, None), setup.batched(size)
+        members, batched = Members(size, n, setup.f.integrand_size, None), setup.batched(size)  # pyright: ignore[reportArgumentType]  # no norm read here
 
         def each(x, batched):
             return x if batched else jnp.broadcast_to(x, (size, *x.shape))
