@@ -1105,11 +1105,11 @@ def run_first_gradient(*, quick: bool, repeats: int | None = None, progress=None
     }
 
 
-# The family "small" (`run_small`): the fixed cost of a solve, against a compiled native solver (issue 41).
+# The family "small" (`run_small`): the fixed cost of a solve, against a compiled native solver.
 
 SMALL = "small"
 DIFFSOL = "diffsol-jax"
-SMALL_WARM_TARGET, SMALL_FIRST_TARGET = 1.5, 3.0  # issue 41: "auto" / diffsol-jax, warm and first gradient
+SMALL_WARM_TARGET, SMALL_FIRST_TARGET = 1.5, 3.0  # "auto" / diffsol-jax, warm and first gradient
 # Timed rounds (one call each, interleaved) and the seconds after which they stop, by quick: a call takes
 # 0.1 to 80 ms, so many rounds are cheap and steady the medians of the fastest.
 SMALL_ROUNDS = {True: (30, 5.0), False: (400, 60.0)}
@@ -1411,14 +1411,14 @@ def small_markdown(result) -> str:
             "trivial jitted call, split into build (the gradient function made: diffsol-jax compiles f there), "
             f'trace, lower, compile and the first call; medians of {first_repeats}; "new f, same process": '
             "a second first gradient in that process, of a new f (diffsol-jax reuses the native code of a DiffSL "
-            f"text it has compiled). Issue 41's targets: auto "
+            f"text it has compiled). The targets: auto "
             f"≤ {SMALL_WARM_TARGET:g}× diffsol-jax warm (aim: faster), ≤ {SMALL_FIRST_TARGET:g}× for the first "
             f"gradient. Machine: {_machine(result)}.\n",
             "## Warm gradient\n",
             small_table(result["records"]),
             "## First gradient (fresh processes)\n",
             small_first_table(result["first"]),
-            "## Targets (issue 41)\n",
+            "## Targets\n",
             targets_table(result["targets"]),
         ]
     )
