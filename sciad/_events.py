@@ -37,7 +37,7 @@ from sciad._dae import initialise, solver_mass
 from sciad._errors import check, error_if
 from sciad.ad._linear import linear_map
 from sciad.adjoints._base import AbstractSensitivity, Setup
-from sciad.adjoints._stepping import Stepper
+from sciad.adjoints._loop import Stepper, integrate
 
 DIRECTIONS = {"up": 1, "down": -1, "both": 0}
 # Segments of a solve with only continuous callbacks: events it may take before `max_events` must be raised.
@@ -404,67 +404,45 @@ def _event_time_jvp(primals, tangents, *, frame: _Frame):
 
 def first_crossing(setup: Setup, plan: Plan, u0, p, s0, s1):
     """(τ, j): the earliest time in (s0, s1] at which condition j crosses zero in its direction, on the
-    steps of `setup`'s solver and controller from u0 (n,) at s0 (each crossing in a step located by
-    bisection on the step's interpolant; ties to the lower j); (s1, -1) if none. Not differentiated."""
+    steps of `setup`'s solver and controller from u0 (n,) at s0 (sciad's loop, stopped at the first step
+    where an event fires; each crossing in a step located by bisection on the step's interpolant; ties to
+    the lower j); (s1, -1) if none. Not differentiated."""
     n = setup.n
-    stepper = Stepper.of(setup.term(), setup.solver, setup.controller())
-    y0 = setup.state(u0)
-    span = jnp.where(s1 > s0, s1, s0 + 1)  # a zero-length segment takes no step
-    t_next, solver_state, controller_state = stepper.init(s0, span, y0, p, setup.dt0)
     directions = jnp.asarray(plan.directions)
 
     def values(y, s):
         return plan.values(plan.conditions, y[:n], p, s)
 
-    def body(state):
-        s, y, t_next, solver_state, controller_state, made_jump, signs, steps, _, _ = state
-        s_try = jnp.where(t_next >= s1 - 1e-12 * jnp.abs(s1), s1, jnp.minimum(t_next, s1))
-        y1, error, dense, solver_state1, _ = stepper.step(s, s_try, y, p, solver_state, made_jump)
-        keep, _, t_next, made_jump, controller_state, _ = stepper.adapt(s, s_try, y, y1, p, error, controller_state)
-        crossed = keep & (values(y1, s_try) * signs <= 0)
+    def on_step(carried, s, s_end, y_end, interpolant):
+        signs = carried[0]
+        crossed = values(y_end, s_end) * signs <= 0
         fires = crossed & ((directions == 0) | (directions == -signs))
-        interpolant = stepper.interpolation(s, s_try, dense)
 
         def locate():  # only in the step where an event fires
-            return jax.vmap(lambda j, sign: _bisect(lambda t: values(interpolant.evaluate(t), t)[j] * sign, s, s_try))(
+            return jax.vmap(lambda j, sign: _bisect(lambda t: values(interpolant.evaluate(t), t)[j] * sign, s, s_end))(
                 jnp.arange(signs.shape[0]), signs
             )
 
         roots = jax.lax.cond(jnp.any(fires), locate, lambda: jnp.full_like(signs, jnp.inf))
         roots = jnp.where(fires, roots, jnp.inf)
-        j = jnp.where(jnp.any(fires), jnp.argmin(roots), -1)
-        return (
-            jnp.where(keep, s_try, s),
-            jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y),
-            t_next,
-            jax.tree.map(lambda a, b: jnp.where(keep, a, b), solver_state1, solver_state),
-            controller_state,
-            made_jump,
-            jnp.where(crossed, -signs, signs),
-            steps + 1,
-            jnp.min(roots),
-            j,
-        )
+        return jnp.where(crossed, -signs, signs), jnp.min(roots), jnp.where(jnp.any(fires), jnp.argmin(roots), -1)
 
-    def going(state):
-        s, steps, j = state[0], state[7], state[9]
-        return (s < s1) & (j < 0) & (steps < setup.max_steps)
-
-    signs = _armed_signs(setup, plan, u0, p, s0)
-    state = (
+    carried = (_armed_signs(setup, plan, u0, p, s0), jnp.asarray(s1), jnp.asarray(-1))
+    stepper = Stepper.of(setup.term(), setup.solver, setup.controller())
+    sol = integrate(
+        stepper,
+        setup.state(u0),
+        p,
         s0,
-        y0,
-        t_next,
-        solver_state,
-        controller_state,
-        jnp.asarray(False),
-        signs,
-        jnp.asarray(0),
         s1,
-        jnp.asarray(-1),
+        max_steps=setup.max_steps,
+        dt0=setup.dt0,
+        on_step=on_step,
+        carried=carried,
+        until=lambda carried: carried[2] >= 0,
     )
-    state = jax.lax.while_loop(going, body, state)
-    return jnp.where(state[9] >= 0, state[8], s1), state[9]
+    _, root, j = sol.carried
+    return jnp.where(j >= 0, root, s1), j
 
 
 def _bisect(fn: Callable, a, b):

@@ -188,7 +188,7 @@ def test_second_derivatives_replay_the_reverse_pass():
 def test_restep_is_the_solvers_own_step(solver):
     """The step DiscreteAdjoint's reverse pass pulls back (`Stepper.restep`: an explicit tableau's stages as a
     scan) gives the solver's own step after a jump: y1 and the dense output, to the last bit."""
-    from sciad.adjoints._stepping import Stepper
+    from sciad.adjoints._loop import Stepper
 
     def f(t, y, a):
         return jnp.stack([a * y[1] * jnp.cos(t), -(y[0] ** 3) + y[1] * t])

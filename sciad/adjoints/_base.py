@@ -25,6 +25,7 @@ from sciad._stability import (
     stability_steps,
 )
 from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only, summed_in_batches
+from sciad.adjoints._loop import Stepper, Trajectory, integrate
 
 
 class Setup(eqx.Module):
@@ -181,42 +182,49 @@ class Setup(eqx.Module):
         *,
         ts=None,
         dense=False,
-        steps: bool | int = False,
-        step_states=False,
+        steps: int = 0,
         adjoint=None,
         max_steps=None,
         norm=None,
         dt0=None,
         throw=True,
     ):
-        """One diffrax solve with this setup's solver and tolerances (t1 < t0 runs backwards),
-        saving at `ts` and, with `steps` = k, after every k-th accepted step (True: every one), in one
-        array. With `step_states`, the solution's `ts` and `ys` are pairs: at `ts`, and at t0 and
-        after every accepted step (max_steps + 1 entries, inf times after the last).
-        `dt0` is the first step (None: diffrax selects it, at two extra f evaluations).
-        Solves inside the rules run in diffrax's `ForwardMode` (JAX never reverse-differentiates
-        them, and an outer `jax.jvp` can enter them: second derivatives)."""
+        """One solve from t0 to t1 > t0 with this setup's solver and tolerances on sciad's loop (`integrate`:
+        forward-mode differentiable, so an outer `jax.jvp` enters it), saving at `ts` and, with `steps` = k,
+        after every k-th accepted step, in one array. `dt0` is the first step (None: the controller selects
+        it, at two extra f evaluations). `adjoint`: a diffrax adjoint to reverse-differentiate the solve
+        through (`diffrax.diffeqsolve`'s own loop)."""
         controller = self.controller(norm=norm)
-        saveat = (
-            dfx.SaveAt(subs=[dfx.SubSaveAt(ts=ts), dfx.SubSaveAt(t0=True, steps=True)])
-            if step_states
-            else dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
-        )
         max_steps = max_steps or self.max_steps
-        sol = dfx.diffeqsolve(
-            term,
-            self.solver,
-            t0,
-            t1,
-            dt0,
-            y0,
-            args=args,
-            saveat=saveat,
-            stepsize_controller=controller,
-            max_steps=max_steps,
-            adjoint=adjoint or dfx.ForwardMode(),
-            throw=False,
-        )
+        if adjoint is None:
+            sol = integrate(
+                Stepper.of(term, self.solver, controller),
+                y0,
+                args,
+                t0,
+                t1,
+                max_steps=max_steps,
+                dt0=dt0,
+                ts=ts,
+                every=int(steps),
+                dense=dense,
+            )
+        else:
+            saveat = dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
+            sol = dfx.diffeqsolve(
+                term,
+                self.solver,
+                t0,
+                t1,
+                dt0,
+                y0,
+                args=args,
+                saveat=saveat,
+                stepsize_controller=controller,
+                max_steps=max_steps,
+                adjoint=adjoint,
+                throw=False,
+            )
         if not throw:
             return sol
         return eqx.tree_at(lambda s: s.ys, sol, solver_failure(sol.ys, sol.result, max_steps))
@@ -382,7 +390,7 @@ def checked(setup: Setup, result, x):
     return solver_failure(x, result, setup.max_steps)
 
 
-def stats_vector(sol: dfx.Solution) -> jax.Array:
+def stats_vector(sol: "dfx.Solution | Trajectory") -> jax.Array:
     """(steps, accepted, rejected) (3,) int32."""
     s = sol.stats
     return jnp.stack([s["num_steps"], s["num_accepted_steps"], s["num_rejected_steps"]]).astype(jnp.int32)

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sciad._diffrax_internals import WrapTerm
 from sciad._errors import batch_any
 from sciad.ad._linear import accumulate_pullback
 from sciad.adjoints._base import (
@@ -21,7 +20,7 @@ from sciad.adjoints._base import (
     stats_vector,
     stored_steps,
 )
-from sciad.adjoints._stepping import Stepper
+from sciad.adjoints._loop import Position, Stepper, begin, integrate
 
 STORE_ALL_BYTES = 2**28  # auto's `stored-steps` rule: DiscreteAdjoint where max_steps states fit (256 MiB)
 STATE_COPIES = 1  # the stored reverse pass keeps each accepted step's state once (recomputing its stages)
@@ -143,7 +142,7 @@ CHECKPOINT_BYTES = 2**25
 
 def _segmented(count: int) -> Callable:
     """(setup, u0, p) -> (pb, us, stats, result): the solve in segments of at most `count` steps, each
-    resuming exactly where the last stopped (`_Start`), keeping the state at t0 and after each accepted
+    resuming exactly where the last stopped (a `Position`), keeping the state at t0 and after each accepted
     step of the last segment and each segment's start (`_Record`), and the pullback `pb` (`_pullback`)
     that runs back over them, re-solving the earlier segments from their starts. `count` and the
     checkpoints are sized by what a solve keeps, so a larger max_steps adds segments at run time, not
@@ -156,7 +155,8 @@ def _segmented(count: int) -> Callable:
         segments = -(-setup.max_steps // count)
         stride = -(-segments // max(1, min(segments, CHECKPOINT_BYTES // _bytes(start))))
         checkpoints = jax.tree.map(lambda x: jnp.zeros((-(-segments // stride), *x.shape), x.dtype), start)
-        steps = (jnp.zeros((count + 1,), y0.dtype), jnp.zeros((count + 1, *y0.shape), y0.dtype), jnp.asarray(0))
+        t_, y_ = start.t, start.y
+        steps = (jnp.zeros((count + 1,), t_.dtype), jnp.zeros((count + 1, *y_.shape), y_.dtype), jnp.asarray(0))
 
         def going(carry):
             k, _, _, _, _, _, result = carry
@@ -175,7 +175,7 @@ def _segmented(count: int) -> Callable:
             jnp.asarray(0),
             start,
             checkpoints,
-            jnp.zeros((ts.shape[0], *y0.shape), y0.dtype),
+            jnp.zeros((ts.shape[0], *y_.shape), y_.dtype),
             steps,
             jnp.zeros((3,), jnp.int32),
             dfx.RESULTS.successful,
@@ -189,153 +189,39 @@ def _segmented(count: int) -> Callable:
     return recording
 
 
-class _Resumable(dfx.AbstractAdaptiveStepSizeController):
-    """`controller`, its state also holding the step size it proposes next: a solve stopped after some
-    steps resumes from its final states as if it had not stopped (`_Start`)."""
-
-    controller: dfx.AbstractAdaptiveStepSizeController
-
-    @property
-    def rtol(self):
-        return self.controller.rtol
-
-    @property
-    def atol(self):
-        return self.controller.atol
-
-    @property
-    def norm(self):
-        return self.controller.norm
-
-    def wrap(self, direction):
-        return _Resumable(self.controller.wrap(direction))  # pyright: ignore[reportCallIssue]  # rtol etc.: properties
-
-    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
-        t_next, state = self.controller.init(terms, t0, t1, y0, dt0, args, func, error_order)
-        return t_next, (state, t_next - t0)
-
-    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
-        keep, t_prev, t_next, made_jump, state, result = self.controller.adapt_step_size(
-            t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state[0]
-        )
-        return keep, t_prev, t_next, made_jump, (state, t_next - t_prev), result
-
-
-class _Start(eqx.Module):
-    """Where a segment of the solve starts: time t, state y, the solver's state, the controller's
-    (`_Resumable`'s: with the step size to try first) and whether y just jumped."""
-
-    t: jax.Array
-    y: jax.Array
-    solver_state: object
-    controller_state: tuple
-    made_jump: jax.Array
-
-
 def _bytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _controller(setup: Setup) -> _Resumable:
-    return _Resumable(setup.controller())  # pyright: ignore[reportCallIssue]  # rtol, atol, norm: properties
+def _stepper(setup: Setup) -> Stepper:
+    return Stepper.of(setup.term(), setup.solver, setup.controller())
 
 
-def _initial(setup: Setup, y0, p) -> _Start:
-    """The solve's start at t0, as `diffrax.diffeqsolve` begins one (the controller's first step)."""
-    term, t0 = WrapTerm(setup.term(), 1), jnp.asarray(setup.t0, y0.dtype)
-    t_next, state = _controller(setup).init(
-        term, t0, setup.t1, y0, setup.dt0, p, setup.solver.func, setup.solver.error_order(term)
-    )
-    t_next = jnp.minimum(t_next, setup.t1)
-    start = _Start(t0, y0, setup.solver.init(term, t0, t_next, y0, p), (state[0], t_next - t0), jnp.asarray(False))
-    return jax.tree.map(jnp.asarray, start)  # the controller's state may hold Python scalars
+def _initial(setup: Setup, y0, p) -> Position:
+    """The solve's position at t0, before its first step."""
+    return begin(_stepper(setup), y0, p, setup.t0, setup.t1, setup.dt0, setup.ts)
 
 
-def _segment(setup: Setup, start: _Start, p, count: int, ts=None) -> tuple:
+def _segment(setup: Setup, start: Position, p, count: int, ts=None) -> tuple:
     """The solve from `start` towards t1 in at most `count` steps: (the saves at `ts` (inf where not
-    reached; omitted without `ts`), t (count + 1,) and y (count + 1, n + k) at the start and after each
-    accepted step (inf after the last), the accepted steps, the next segment's `_Start`, stats (3,)
+    reached; the end state without `ts`), t (count + 1,) and y (count + 1, n + k) at the start and after each
+    accepted step (inf after the last), the accepted steps, the next segment's start, stats (3,)
     int32, diffrax's result)."""
-    subs = [dfx.SubSaveAt(t0=True, steps=True)] + ([] if ts is None else [dfx.SubSaveAt(ts=ts)])
-    sol = dfx.diffeqsolve(
-        setup.term(),
-        setup.solver,
-        start.t,
-        setup.t1,
-        start.controller_state[1],
-        start.y,
-        args=p,
-        saveat=dfx.SaveAt(subs=subs, solver_state=True, controller_state=True, made_jump=True),
-        stepsize_controller=_controller(setup),
-        max_steps=count,
-        adjoint=dfx.ForwardMode(),
-        throw=False,
-        solver_state=start.solver_state,
-        controller_state=start.controller_state,
-        made_jump=start.made_jump,
-    )
-    (t, *_), (y, *saves) = sol.ts, sol.ys  # pyright: ignore[reportGeneralTypeIssues]  # saved: not None
-    accepted = sol.stats["num_accepted_steps"]
-    end = _Start(t[accepted], y[accepted], sol.solver_state, sol.controller_state, sol.made_jump)  # pyright: ignore[reportArgumentType]
-    return (*saves, t, y, accepted, end, stats_vector(sol), sol.result)
-
-
-def _resolved(setup: Setup, start: _Start, p, count: int) -> tuple:
-    """(the next segment's `_Start`, t (count + 1,), y (count + 1, n + k), the accepted steps): the
-    segment from `start` re-solved as `_segment` solved it (diffrax's loop: step, control, t1's clip)
-    with none of `diffrax.diffeqsolve`'s saving machinery."""
-    stepper = Stepper.of(WrapTerm(setup.term(), 1), setup.solver, setup.controller())
-    controller = _controller(setup)
-    t1 = jnp.asarray(setup.t1, start.t.dtype)
-    floor = jax.lax.fori_loop(0, 100, lambda _, t: jnp.nextafter(t, -jnp.inf), t1)  # t1 - 100 ULPs, as diffrax
-    t = jnp.full((count + 1,), jnp.inf, t1.dtype).at[0].set(start.t)
-    y = jnp.full((count + 1, *start.y.shape), jnp.inf, start.y.dtype).at[0].set(start.y)
-
-    def going(carry):
-        at, t_next, steps, accepted, ok, _, _ = carry
-        return (at.t < t1) & (steps < count) & ok
-
-    def step(carry):
-        at, t_next, steps, accepted, _, t, y = carry
-        y1, error, _, solver_state, solver_result = stepper.step(at.t, t_next, at.y, p, at.solver_state, at.made_jump)
-        error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), error)
-        keep, t_prev, t_next, made_jump, controller_state, result = controller.adapt_step_size(
-            at.t, t_next, at.y, y1, p, error, stepper.error_order, at.controller_state
-        )
-        t_prev = jnp.minimum(t_prev, t1)
-        t_next = jnp.where(t_next > floor, jnp.where(keep, t1, t_prev + 0.5 * (t1 - t_prev)), t_next)
-        select = lambda a, b: jax.tree.map(lambda x, z: jnp.where(keep, x, z), a, b)  # noqa: E731
-        at = _Start(
-            t_prev,
-            select(y1, at.y),
-            select(solver_state, at.solver_state),
-            controller_state,
-            select(made_jump, at.made_jump),
-        )
-        accepted = accepted + keep
-        solver_result = dfx.RESULTS.where(keep, solver_result, dfx.RESULTS.successful)  # a rejected step's: no failure
-        ok = dfx.is_successful(dfx.RESULTS.where(dfx.is_okay(solver_result), result, solver_result))
-        t = t.at[accepted].set(jnp.where(keep, at.t, t[accepted]))
-        y = y.at[accepted].set(jnp.where(keep, at.y, y[accepted]))
-        return at, t_next, steps + 1, accepted, ok, t, y
-
-    t_next = jnp.minimum(start.t + start.controller_state[1], t1)
-    at, _, _, accepted, _, t, y = jax.lax.while_loop(
-        going, step, (start, t_next, jnp.asarray(0), jnp.asarray(0), jnp.asarray(True), t, y)
-    )
-    return at, t, y, accepted
+    sol = integrate(_stepper(setup), None, p, start.t, setup.t1, max_steps=count, ts=ts, step_states=True, start=start)
+    (_, t), (saves, y) = sol.ts, sol.ys
+    return saves, t, y, sol.stats["num_accepted_steps"], sol.end, stats_vector(sol), sol.result
 
 
 class _Record(eqx.Module):
     """What DiscreteAdjoint's reverse pass reads: the last segment's states (t (S + 1,), y (S + 1, n + k) at
     its start and after each of its `accepted` steps), each segment's (or every stride-th segment's)
-    `_Start` (`checkpoints`), the index of the `last` segment, whether the solve took no step at all
+    start (`checkpoints`), the index of the `last` segment, whether the solve took no step at all
     (`none`), and p."""
 
     t: jax.Array
     y: jax.Array
     accepted: jax.Array
-    checkpoints: _Start
+    checkpoints: Position
     last: jax.Array
     none: jax.Array
     p: jax.Array
@@ -352,7 +238,8 @@ def _pullback(rest, stride: int, arrays, rec: _Record, w):
 
     def resolved(k):
         def again(_, carry):
-            return _resolved(setup, carry[0], rec.p, rec.t.shape[0] - 1)
+            _, t, y, accepted, end, _, _ = _segment(setup, carry[0], rec.p, rec.t.shape[0] - 1)
+            return end, t, y, accepted
 
         start = jax.tree.map(lambda c: c[k // stride], rec.checkpoints)
         return jax.lax.fori_loop(0, k % stride + 1, again, (start, *stored))[1:]

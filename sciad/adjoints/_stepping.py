@@ -22,11 +22,9 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from sciad._custom_types import RealScalarLike
-from sciad._diffrax_internals import use_stepsize_tol  # the marker: the controller's tolerances
 from sciad.adjoints._base import Setup
+from sciad.adjoints._loop import Stepper
 
 
 class March(eqx.Module):
@@ -46,88 +44,6 @@ class March(eqx.Module):
     def jumped(self, y) -> "March":
         """This march with its state replaced by `y` (a jump at the current time)."""
         return eqx.tree_at(lambda m: (m.y, m.made_jump), self, (y, jnp.asarray(True)))
-
-
-class Stepper(eqx.Module):
-    """A diffrax solver and its step-size controller for `terms`, prepared as `diffrax.diffeqsolve`
-    prepares them (in `ForwardMode`): stages as a plain `lax.while_loop` where the solver has a choice (its
-    default loop is a custom_vjp, which forward mode cannot enter; `forward_mode=False` keeps it, for
-    the steps `restep` leaves to the solver, which reverse mode differentiates), and an implicit solver's root
-    finder given the controller's rtol, atol and norm where it leaves them to the controller. Every
-    loop sciad runs over a solver's steps itself (the backward sweep, event location) steps one."""
-
-    terms: dfx.AbstractTerm
-    solver: dfx.AbstractSolver
-    controller: dfx.PIDController
-
-    @classmethod
-    def of(
-        cls, terms, solver: dfx.AbstractSolver, controller: dfx.PIDController, forward_mode: bool = True
-    ) -> "Stepper":
-        """`solver` on `terms` with adaptive steps by `controller` (`Setup.controller`)."""
-        if forward_mode and isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
-            solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
-        if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
-            for name in ("rtol", "atol", "norm"):
-                if getattr(solver.root_finder, name, None) is use_stepsize_tol:  # pyright: ignore[reportAttributeAccessIssue]
-                    solver = eqx.tree_at(lambda s: getattr(s.root_finder, name), solver, getattr(controller, name))
-        return cls(terms, solver, controller)
-
-    @property
-    def error_order(self) -> RealScalarLike:
-        # None only for a solver without an error estimate, which takes no adaptive steps
-        return self.solver.error_order(self.terms)  # pyright: ignore[reportReturnType]
-
-    def init(self, t0, t1, y0, args, dt0=None) -> tuple:
-        """(the next step's end, the solver's state, the controller's state) for a solve of y0 from t0
-        towards t1 (dt0: the first step, None: the controller's choice)."""
-        t_next, controller_state = self.controller.init(
-            self.terms, t0, t1, y0, dt0, args, self.solver.func, self.error_order
-        )
-        return t_next, self.solver.init(self.terms, t0, t_next, y0, args), controller_state
-
-    def step(self, t0, t1, y, args, solver_state, made_jump) -> tuple:
-        """One step from t0 to t1: (y1, error estimate, dense info, solver state, result), as `diffrax`'s."""
-        return self.solver.step(self.terms, t0, t1, y, args, solver_state, made_jump)
-
-    def restep(self, t0, t1, y, args) -> tuple:
-        """(y1, dense info): the step from t0 to t1 recomputed from y alone (first stage evaluated, as
-        after a jump), for reverse mode to pull back. An explicit Runge-Kutta tableau's stages run as a
-        `lax.scan` (one evaluation of f in the program), whose pullback under `jax.vmap` keeps the
-        cotangent of an input the batch shares (p) one sum, in each stage's own products; other
-        solvers take their own step."""
-        tableau = getattr(self.solver, "tableau", None)
-        if not (isinstance(self.solver, dfx.AbstractERK) and isinstance(tableau, dfx.ButcherTableau)):
-            y1, _, dense, _, _ = self.step(t0, t1, y, args, self.zero_state(t0, t1, y, args), True)
-            return y1, dense
-        stages = tableau.num_stages
-        a = np.zeros((stages, stages))
-        for i, row in enumerate(tableau.a_lower):
-            a[i + 1, : i + 1] = row
-        a, b = jnp.asarray(a, y.dtype), jnp.asarray(tableau.b_sol, y.dtype)
-        c = jnp.asarray(np.concatenate([[0.0], tableau.c]), jnp.result_type(t0))
-        control = self.terms.contr(t0, t1)
-
-        def stage(ks, i):
-            k = self.terms.vf_prod(t0 + c[i] * (t1 - t0), y + a[i] @ ks, args, control)
-            return ks.at[i].set(k), None
-
-        ks, _ = jax.lax.scan(stage, jnp.zeros((stages, *y.shape), y.dtype), jnp.arange(stages))
-        y1 = y + b @ ks
-        return y1, dict(y0=y, y1=y1, k=ks)
-
-    def zero_state(self, t0, t1, y, args):
-        """A solver state of zeros (what a step after a jump ignores)."""
-        shape = eqx.filter_eval_shape(self.solver.init, self.terms, t0, t1, y, args)
-        return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shape)
-
-    def adapt(self, t0, t1, y0, y1, args, error, controller_state) -> tuple:
-        """(keep, next t0, next t1, made_jump, controller state, result): the controller's verdict on a step."""
-        return self.controller.adapt_step_size(t0, t1, y0, y1, args, error, self.error_order, controller_state)
-
-    def interpolation(self, t0, t1, dense_info):
-        """The step's dense output on [t0, t1]."""
-        return self.solver.interpolation_cls(t0=t0, t1=t1, **dense_info)
 
 
 class Marcher(eqx.Module):

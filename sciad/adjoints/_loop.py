@@ -1,0 +1,319 @@
+"""sciad's loop over a solver's steps: a diffrax solver and its step-size controller, prepared once
+(`Stepper`), stepped from a `Position` in one `lax.while_loop` (`integrate`) that does per step only what
+its caller asks (saves, step states, dense output). Every solve sciad runs forward in time steps through it;
+the backward sweeps (`sciad.adjoints._stepping`) step the same `Stepper`."""
+
+import typing
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sciad._custom_types import RealScalarLike
+from sciad._diffrax_internals import WrapTerm, use_stepsize_tol
+
+
+class Stepper(eqx.Module):
+    """A diffrax solver and its step-size controller for `terms`, prepared as `diffrax.diffeqsolve`
+    prepares them (in `ForwardMode`): stages as a plain `lax.while_loop` where the solver has a choice (its
+    default loop is a custom_vjp, which forward mode cannot enter; `forward_mode=False` keeps it, for
+    the steps `restep` leaves to the solver, which reverse mode differentiates), and an implicit solver's root
+    finder given the controller's rtol, atol and norm where it leaves them to the controller. Every
+    loop sciad runs over a solver's steps itself (the backward sweep, event location) steps one."""
+
+    terms: dfx.AbstractTerm
+    solver: dfx.AbstractSolver
+    controller: dfx.PIDController
+
+    @classmethod
+    def of(
+        cls, terms, solver: dfx.AbstractSolver, controller: dfx.PIDController, forward_mode: bool = True
+    ) -> "Stepper":
+        """`solver` on `terms` with adaptive steps by `controller` (`Setup.controller`)."""
+        if forward_mode and isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
+            solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
+        if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
+            for name in ("rtol", "atol", "norm"):
+                if getattr(solver.root_finder, name, None) is use_stepsize_tol:  # pyright: ignore[reportAttributeAccessIssue]
+                    solver = eqx.tree_at(lambda s: getattr(s.root_finder, name), solver, getattr(controller, name))
+        return cls(terms, solver, controller)
+
+    @property
+    def error_order(self) -> RealScalarLike:
+        """The order the controller's step-size rule takes for the solver's error estimate."""
+        return self.solver.error_order(self.terms)  # pyright: ignore[reportReturnType]
+
+    def init(self, t0, t1, y0, args, dt0=None) -> tuple:
+        """(the next step's end, the solver's state, the controller's state) for a solve of y0 from t0
+        towards t1 (dt0: the first step, None: the controller's choice)."""
+        # On the term as diffrax.diffeqsolve hands it over (the first step size differs on the bare term).
+        t_next, controller_state = self.controller.init(
+            WrapTerm(self.terms, 1), t0, t1, y0, dt0, args, self.solver.func, self.error_order
+        )
+        t_next = jnp.minimum(t_next, t1)
+        return t_next, self.solver.init(self.terms, t0, t_next, y0, args), controller_state
+
+    def begin(self, t0, t1, y0, args, dt0=None) -> "Position":
+        """The position of a solve of y0 from t0 towards t1 before its first step."""
+        t_next, solver_state, controller_state = self.init(t0, t1, y0, args, dt0)
+        position = Position(t0, t_next, y0, solver_state, controller_state, jnp.asarray(False), t_next - t0)
+        return jax.tree.map(jnp.asarray, position)
+
+    def step(self, t0, t1, y, args, solver_state, made_jump) -> tuple:
+        """One step from t0 to t1: (y1, error estimate, dense info, solver state, result), as `diffrax`'s."""
+        return self.solver.step(self.terms, t0, t1, y, args, solver_state, made_jump)
+
+    def restep(self, t0, t1, y, args) -> tuple:
+        """(y1, dense info): the step from t0 to t1 recomputed from y alone (first stage evaluated, as
+        after a jump), for reverse mode to pull back. An explicit Runge-Kutta tableau's stages run as a
+        `lax.scan` (one evaluation of f in the program), whose pullback under `jax.vmap` keeps the
+        cotangent of an input the batch shares (p) one sum, in each stage's own products; other
+        solvers take their own step."""
+        tableau = getattr(self.solver, "tableau", None)
+        if not (isinstance(self.solver, dfx.AbstractERK) and isinstance(tableau, dfx.ButcherTableau)):
+            y1, _, dense, _, _ = self.step(t0, t1, y, args, self.zero_state(t0, t1, y, args), True)
+            return y1, dense
+        stages = tableau.num_stages
+        a = np.zeros((stages, stages))
+        for i, row in enumerate(tableau.a_lower):
+            a[i + 1, : i + 1] = row
+        a, b = jnp.asarray(a, y.dtype), jnp.asarray(tableau.b_sol, y.dtype)
+        c = jnp.asarray(np.concatenate([[0.0], tableau.c]), jnp.result_type(t0))
+        control = self.terms.contr(t0, t1)
+
+        def stage(ks, i):
+            k = self.terms.vf_prod(t0 + c[i] * (t1 - t0), y + a[i] @ ks, args, control)
+            return ks.at[i].set(k), None
+
+        ks, _ = jax.lax.scan(stage, jnp.zeros((stages, *y.shape), y.dtype), jnp.arange(stages))
+        y1 = y + b @ ks
+        return y1, dict(y0=y, y1=y1, k=ks)
+
+    def zero_state(self, t0, t1, y, args):
+        """A solver state of zeros (what a step after a jump ignores)."""
+        shape = eqx.filter_eval_shape(self.solver.init, self.terms, t0, t1, y, args)
+        return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shape)
+
+    def adapt(self, t0, t1, y0, y1, args, error, controller_state) -> tuple:
+        """(keep, next t0, next t1, made_jump, controller state, result): the controller's verdict on a step."""
+        return self.controller.adapt_step_size(t0, t1, y0, y1, args, error, self.error_order, controller_state)
+
+    def interpolation(self, t0, t1, dense_info):
+        """The step's dense output on [t0, t1]."""
+        return self.solver.interpolation_cls(t0=t0, t1=t1, **dense_info)
+
+
+class Position(eqx.Module):
+    """Where a solve stands between steps: time t, the end `t_next` of the step it tries next, the state
+    y, the solver's and the controller's states, whether y just jumped, and the step size `proposed` to try
+    past the end of this solve (the controller's last proposal before it was clipped to the end). A solve
+    stopped at a position (after a number of steps) resumes from it exactly as if it had not stopped; one
+    that reached its end continues past it with the step it proposed there (`onwards`)."""
+
+    t: jax.Array
+    t_next: jax.Array
+    y: typing.Any
+    solver_state: typing.Any
+    controller_state: typing.Any
+    made_jump: jax.Array
+    proposed: jax.Array
+
+    def onwards(self, t_end) -> "Position":
+        """This position, trying its proposed step next, clipped to t_end (a new end past the old one)."""
+        return eqx.tree_at(lambda at: at.t_next, self, jnp.minimum(self.t + self.proposed, t_end))
+
+
+class Trajectory(eqx.Module):
+    """What `integrate` returns: the saves `ts` (T,) and `ys` (T, ...) (a pair of each with step states),
+    the step counts `stats`, diffrax's `result`, the dense `interpolation` (or None), the `end` position and
+    what `on_step` `carried`."""
+
+    ts: typing.Any
+    ys: typing.Any
+    stats: dict
+    result: dfx.RESULTS
+    interpolation: dfx.DenseInterpolation | None
+    end: Position
+    carried: typing.Any = None
+
+
+def time_dtype(*times):
+    """The floating dtype diffrax solves times in: the times' common type (integers: the default float)."""
+    with jax.numpy_dtype_promotion("standard"):
+        dtype = jnp.result_type(*(t for t in times if t is not None))
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(float)
+
+
+def begin(stepper: Stepper, y0, args, t0, t1, dt0=None, ts=None) -> Position:
+    """The position before the first step of a solve of y0 from t0 to t1 (dt0: the first step, None: the
+    controller's choice), times and y0 in the dtypes diffrax solves them in."""
+    dtype = time_dtype(t0, t1, dt0, ts)
+    y0 = jax.tree.map(lambda y: jnp.asarray(y, jnp.result_type(y, dtype)), y0)
+    dt0 = None if dt0 is None else jnp.asarray(dt0, dtype)
+    return stepper.begin(jnp.asarray(t0, dtype), jnp.asarray(t1, dtype), y0, args, dt0)
+
+
+def integrate(
+    stepper: Stepper,
+    y0,
+    args,
+    t0,
+    t1,
+    *,
+    max_steps: int,
+    dt0=None,
+    ts=None,
+    every: int = 0,
+    step_states: bool = False,
+    dense: bool = False,
+    start: Position | None = None,
+    on_step: typing.Callable | None = None,
+    carried=None,
+    until: typing.Callable | None = None,
+    result=dfx.RESULTS.successful,
+) -> Trajectory:
+    """Steps y0 from t0 to t1 > t0 (or from `start`, a position of an earlier call) in at most `max_steps`
+    steps, as `diffrax.diffeqsolve` steps it (the same steps, step-size control and clipping to t1), in one
+    `lax.while_loop` that does per step only what is asked:
+    - `ts` (T,) increasing: y interpolated at each save time a step passes (T, ...); None: y at t1 (1, ...);
+    - `every` = k > 0: y after every k-th accepted step too, merged with the saves in time order
+      (T + max_steps // k entries, inf after the last);
+    - `step_states`: (t, y) at the start and after every accepted step as well (max_steps + 1 entries, inf after
+      the last): `ts` and `ys` are then pairs (saves, step states);
+    - `dense`: the steps' dense output, `Trajectory.interpolation`;
+    - `on_step(carried, t_start, t_end, y_end, interpolation) -> carried` on each accepted step, from
+      `carried`; the solve stops after the step where `until(carried)` holds.
+    A solve whose `result` already failed takes no step.
+    Forward-mode differentiable and batchable; failures (max_steps) are reported in `result`, not raised."""
+    dtype = time_dtype(t0, t1, dt0, ts)
+    t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    start = begin(stepper, y0, args, t0, t1, dt0) if start is None else start
+    y0 = start.y
+    ts = None if ts is None else jnp.asarray(ts, dtype)
+    # t1 - 100 ULPs, as diffrax (times past it end at t1); t1 itself may be differentiated, its floor is not.
+    floor = jax.lax.fori_loop(0, 100, lambda _, t: jnp.nextafter(t, -jnp.inf), jax.lax.stop_gradient(t1))
+    full = lambda size, x: jnp.full((size, *jnp.shape(x)), jnp.inf, jnp.result_type(x))  # noqa: E731
+    saves = 1 if ts is None else ts.shape[0]
+    buffers: dict[str, typing.Any] = {"saves": (0, jax.tree.map(lambda y: full(saves, y), y0))}
+    if every:
+        buffers["every"] = (0, full(max_steps // every, t0), jax.tree.map(lambda y: full(max_steps // every, y), y0))
+    if step_states:
+        buffers["states"] = (
+            full(max_steps + 1, t0).at[0].set(start.t),
+            jax.tree.map(lambda y: full(max_steps + 1, y).at[0].set(y), y0),
+        )
+    if dense:
+        info = eqx.filter_eval_shape(
+            stepper.step, start.t, start.t_next, y0, args, start.solver_state, start.made_jump
+        )[2]
+        buffers["dense"] = (
+            full(max_steps + 1, t0).at[0].set(start.t),
+            jax.tree.map(lambda x: full(max_steps, x), info),
+        )
+    counts = (jnp.asarray(0), jnp.asarray(0), jnp.asarray(0))  # steps, accepted, rejected
+
+    def going(carry):
+        at, counts, result, _, carried = carry
+        on = (at.t < t1) & dfx.is_successful(result) & (counts[0] < max_steps)
+        return on if until is None else on & ~until(carried)
+
+    def body(carry):
+        at, (steps, accepted, rejected), result, buffers, carried = carry
+        y1, error, info, solver_state, solver_result = stepper.step(
+            at.t, at.t_next, at.y, args, at.solver_state, at.made_jump
+        )
+        error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), error)
+        keep, t_prev, t_next, made_jump, controller_state, controller_result = stepper.adapt(
+            at.t, at.t_next, at.y, y1, args, error, at.controller_state
+        )
+        t_prev = jnp.minimum(t_prev, t1)
+        # Step sizes carry no derivative (times do: a step moves with its start, and the last one with t1).
+        t_next = t_prev + jax.lax.stop_gradient(t_next - t_prev)
+        # After a step that reached t1, the larger of the step it had before and the one proposed after it.
+        proposed = t_next - t_prev
+        proposed = jnp.where(keep & (at.t_next >= t1), jnp.maximum(proposed, at.proposed), proposed)
+        t_next = jnp.where(t_next > floor, jnp.where(keep, t1, t_prev + 0.5 * (t1 - t_prev)), t_next)
+        select = lambda a, b: jax.tree.map(lambda x, z: jnp.where(keep, x, z), a, b)  # noqa: E731
+        y = select(y1, at.y)
+        solver_result = dfx.RESULTS.where(keep, solver_result, dfx.RESULTS.successful)
+        result = dfx.RESULTS.where(dfx.is_okay(result), solver_result, result)
+        result = dfx.RESULTS.where(dfx.is_okay(result), controller_result, result)
+        accepted = accepted + jnp.where(keep, 1, 0)
+        buffers = dict(buffers)
+        interpolation = stepper.interpolation(at.t, at.t_next, info)
+        if on_step is not None:
+            carried = select(on_step(carried, at.t, at.t_next, y1, interpolation), carried)
+        if ts is not None:
+            times = ts
+
+            def passing(c):
+                return keep & (c[0] < times.shape[0]) & (times[jnp.minimum(c[0], times.shape[0] - 1)] <= at.t_next)
+
+            def save(c):
+                i, ys = c
+                return i + 1, jax.tree.map(lambda b, v: b.at[i].set(v), ys, interpolation.evaluate(times[i]))
+
+            buffers["saves"] = jax.lax.while_loop(passing, save, buffers["saves"])
+        if every:
+            k, bt, by = buffers["every"]
+            on = keep & (accepted % every == 0)
+            at_k = jnp.minimum(k, bt.shape[0] - 1)
+            put = lambda b, v: b.at[at_k].set(jnp.where(on, v, b[at_k]))  # noqa: E731
+            buffers["every"] = (k + jnp.where(on, 1, 0), put(bt, t_prev), jax.tree.map(put, by, y))
+        if step_states:
+            bt, by = buffers["states"]
+            put = lambda b, v: b.at[accepted].set(jnp.where(keep, v, b[accepted]))  # noqa: E731
+            buffers["states"] = (put(bt, t_prev), jax.tree.map(put, by, y))
+        if dense:
+            bt, binfo = buffers["dense"]
+            put = lambda b, v, i: b.at[i].set(jnp.where(keep, v, b[i]))  # noqa: E731
+            buffers["dense"] = (
+                put(bt, t_prev, accepted),
+                jax.tree.map(lambda b, v: put(b, v, accepted - 1), binfo, info),
+            )
+        at = Position(
+            t_prev,
+            t_next,
+            y,
+            select(solver_state, at.solver_state),
+            controller_state,
+            jnp.where(keep, made_jump, at.made_jump),
+            proposed,
+        )
+        return at, (steps + 1, accepted, rejected + jnp.where(keep, 0, 1)), result, buffers, carried
+
+    carry = (start, counts, result, buffers, carried)
+    end, (steps, accepted, rejected), result, buffers, carried = jax.lax.while_loop(going, body, carry)
+    result = dfx.RESULTS.where((end.t < t1) & dfx.is_successful(result), dfx.RESULTS.max_steps_reached, result)
+    if ts is None:
+        save_t, ys = end.t[None], jax.tree.map(lambda y: y[None], end.y)
+    else:
+        save_t = ts
+        none = t0 >= t1  # no step taken: every save is y0
+        ys = jax.tree.map(lambda b, y: jnp.where(none, jnp.broadcast_to(y, b.shape), b), buffers["saves"][1], y0)
+        reached = jnp.arange(ts.shape[0]) < jnp.where(none, ts.shape[0], buffers["saves"][0])
+        save_t = jnp.where(reached, ts, jnp.inf)
+    if every:
+        _, bt, by = buffers["every"]
+        times = jnp.concatenate([save_t, bt])
+        order = jnp.argsort(times, stable=True)
+        save_t = times[order]
+        ys = jax.tree.map(lambda a, b: jnp.concatenate([a, b])[order], ys, by)
+    interpolation = None
+    if dense:
+        bt, binfo = buffers["dense"]
+        interpolation = dfx.DenseInterpolation(
+            ts=bt,
+            ts_size=accepted + 1,
+            infos=binfo,
+            interpolation_cls=stepper.solver.interpolation_cls,
+            direction=1,
+            t0_if_trivial=t0,
+            y0_if_trivial=y0,
+        )
+    stats = {"num_steps": steps, "num_accepted_steps": accepted, "num_rejected_steps": rejected}
+    if step_states:
+        save_t, ys = (save_t, buffers["states"][0]), (ys, buffers["states"][1])
+    return Trajectory(save_t, ys, stats, result, interpolation, end, carried)
