@@ -635,9 +635,9 @@ def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p, members: bool = 
     axes = tuple(range(-2, 0)) if members else None
     tiny = jnp.finfo(w.dtype).tiny
     scale = jnp.sum(jnp.abs(w), axis=axes) * size_u  # (B,) for members
-    relative = [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0) / jnp.maximum(jnp.sum(scale), tiny)]
-    if g_p is None:
-        relative = []
+    relative = (
+        [] if g_p is None else [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0) / jnp.maximum(jnp.sum(scale), tiny)]
+    )
     if g_u0 is not None:
         own = jnp.max(jnp.abs(g_u0), axis=-1, initial=0.0) * size_u0 / jnp.maximum(scale, tiny)
         relative.append(jnp.max(own))
