@@ -6,6 +6,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, PyTree, Real
 
 from sciad._errors import raising_solve_errors
 from sciad.adjoints._base import AbstractSensitivity, Setup
@@ -19,8 +20,8 @@ class DenseOutput(eqx.Module):
     evaluation runs that sensealg's rules on [t0, t]."""
 
     setup: Setup
-    u0: jax.Array
-    p: jax.Array
+    u0: Float[Array, " n"]
+    p: Float[Array, " m"]
     frame: "_Frame"
     direction: int = eqx.field(static=True)
 
@@ -36,7 +37,7 @@ class DenseOutput(eqx.Module):
         return cls(setup, u0, p, _Frame(setup.bare(), sensealg, interpolation), direction)
 
     @raising_solve_errors  # its derivatives run the sensealg's rules: their run-time checks raise as SolveError
-    def __call__(self, t):
+    def __call__(self, t: Real[ArrayLike, "*t"]) -> PyTree[Array]:  # leaves: t's shape, then each u0 leaf's shape
         s = self.direction * jnp.asarray(t, self.u0.dtype)
         args = (self.u0, self.p, self.setup.f.held, self.setup.t0, self.setup.t1)
         values = jnp.vectorize(lambda s: _at(s, *args, frame=self.frame), signature="()->(n)")(s)

@@ -24,7 +24,7 @@ checks them, "none" takes the affect's state): the next segment starts consisten
 runs through the re-initialisation's implicit rule (its τ dependence included).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -32,7 +32,9 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Float, PyTree, Real
 
+from sciad._custom_types import RealScalarLike
 from sciad._dae import initialise, solver_mass
 from sciad._errors import check, error_if
 from sciad.ad._linear import linear_map
@@ -58,8 +60,8 @@ class ContinuousCallback(AbstractCallback):
     p, e.g. a coefficient of restitution); `affect=None` stops the solve there (`Solution.t_final`).
     A condition at zero where a segment starts (at t0, or just after an event) is not an event there."""
 
-    condition: Callable
-    affect: Callable | None = None
+    condition: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], Float[ArrayLike, ""]]
+    affect: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]] | None = None
     direction: str = eqx.field(static=True, default="both")
 
     def __check_init__(self):
@@ -84,8 +86,8 @@ class PresetTimeCallback(AbstractCallback):
     it. A time outside tspan is an error naming it (concrete times: a ValueError at the solve's call;
     traced ones: a `SolveError` when it runs), never silently skipped."""
 
-    times: Any
-    affect: Callable
+    times: Real[ArrayLike, " k"] | Sequence[RealScalarLike]
+    affect: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]]
 
     def __check_init__(self):
         if not callable(self.affect):
