@@ -60,13 +60,14 @@ The rule; each step is named (`Pick.rule`), its thresholds are `THRESHOLDS`
 """
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, PyTree, Real
 
 from sciad._timing import ties
 from sciad.adjoints import (
@@ -230,9 +231,9 @@ def size(tree) -> int:
 
 
 def features(
-    u0,
-    p,
-    ts,
+    u0: PyTree[ArrayLike],
+    p: PyTree[Any],
+    ts: Real[ArrayLike, " T"],
     *,
     solver: dfx.AbstractSolver,
     rtol: float,
@@ -396,9 +397,9 @@ def _rule(feat: Features, thresholds: Thresholds) -> Pick:
 
 
 def auto_sensealg(
-    u0,
-    p,
-    ts,
+    u0: PyTree[ArrayLike],
+    p: PyTree[Any],
+    ts: Real[ArrayLike, " T"],
     *,
     solver: dfx.AbstractSolver,
     rtol: float,
@@ -438,7 +439,14 @@ SDE_RULES = ("sde-few-parameters", "sde-reversible", "sde-many-parameters")
 
 
 def auto_sde_sensealg(
-    u0, p, ts, *, solver, steps: int, integral_entries: int = 0, thresholds: Thresholds = THRESHOLDS
+    u0: PyTree[ArrayLike],
+    p: PyTree[Any],
+    ts: Real[ArrayLike, " T"],
+    *,
+    solver,
+    steps: int,
+    integral_entries: int = 0,
+    thresholds: Thresholds = THRESHOLDS,
 ) -> Choice:
     """The `Choice` for pathwise gradients of an SDE solve on a fixed grid of `steps` steps by
     `solver` (a `sciad._sde_solvers` solver), from shapes alone (under `jax.jit` too):
