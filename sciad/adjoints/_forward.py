@@ -39,7 +39,7 @@ class ForwardSensitivity(AbstractSensitivity):
     jvp: ad.AbstractBackend
     seminorm: bool
 
-    def __init__(self, jvp="jax-forward", seminorm=False):
+    def __init__(self, jvp: str | ad.AbstractBackend = "jax-forward", seminorm: bool = False):
         self.jvp = ad.get(jvp)
         self.seminorm = bool(seminorm)
 

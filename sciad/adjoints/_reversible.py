@@ -32,7 +32,7 @@ class ReversibleAdjoint(AbstractSensitivity):
 
     vjp: ad.AbstractBackend
 
-    def __init__(self, vjp="jax-reverse"):
+    def __init__(self, vjp: str | ad.AbstractBackend = "jax-reverse"):
         self.vjp = ad.get(vjp)
 
     def forward(self, setup: Setup, u0, p, active):

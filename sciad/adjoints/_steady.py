@@ -45,7 +45,9 @@ class SteadyStateAdjoint(eqx.Module):
     vjp: ad.AbstractBackend
     linear_solver: Any = eqx.field(static=True)
 
-    def __init__(self, vjp="jax-reverse", linear_solver="auto"):
+    def __init__(
+        self, vjp: str | ad.AbstractBackend = "jax-reverse", linear_solver: str | lx.AbstractLinearSolver = "auto"
+    ):
         self.vjp = ad.get(vjp)
         if not (isinstance(linear_solver, lx.AbstractLinearSolver) or linear_solver in ("auto", "dense", "gmres")):
             raise ValueError(
