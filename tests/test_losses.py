@@ -269,6 +269,10 @@ def test_integral_and_final_time_with_each_engine(engine_name):
     np.testing.assert_allclose(np.array(g), np.array([d_k, d_t1]), rtol=1e-6, err_msg=engine_name)
 
 
+# XLA:CPU's older fusion emitters with XLA's optimisations off (this run's settings, tests/conftest.py) compile
+# InterpolatingAdjoint's program here wrong: its k-time entries off by up to 20 %, where the same program is right
+# with the optimisations on (users' default) or with the newer emitters. So this test runs optimised.
+@pytest.mark.usefixtures("xla_optimisations")
 @pytest.mark.parametrize("name", slow_except(NAMES, fast=["InterpolatingAdjoint"]))
 def test_hessian_in_the_times(name):
     """∂²/∂(k, t0, t) of u₁(t) + ∫_{t0}^{t1} |u|² dt, t a save time and t1 = 2 t: forward over reverse, the
