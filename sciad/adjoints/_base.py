@@ -632,15 +632,17 @@ def warn_if_chaotic(rtol: float, res: _Residuals, w, g_u0, g_p, members: bool = 
     For a batch's `members` (w (B, T, n), g_u0 (B, n), sizes (B, 2), g_p the batch's total): each
     member's ∂L/∂u0 against its own cotangent, the total ∂L/∂p against the members' together."""
     size_u0, size_u = jnp.moveaxis(res.sizes, -1, 0)
-    axes = tuple(range(-2, 0)) if members else None
     tiny = jnp.finfo(w.dtype).tiny
-    scale = jnp.sum(jnp.abs(w), axis=axes) * size_u  # (B,) for members
-    relative = (
-        [] if g_p is None else [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0) / jnp.maximum(jnp.sum(scale), tiny)]
-    )
-    if g_u0 is not None:
-        own = jnp.max(jnp.abs(g_u0), axis=-1, initial=0.0) * size_u0 / jnp.maximum(scale, tiny)
-        relative.append(jnp.max(own))
+    if members:
+        scale = jnp.maximum(jnp.sum(jnp.abs(w), axis=(-2, -1)) * size_u, tiny)  # (B,)
+        relative = [] if g_p is None else [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0) / jnp.sum(scale)]
+        if g_u0 is not None:
+            relative.append(jnp.max(jnp.max(jnp.abs(g_u0), axis=-1, initial=0.0) * size_u0 / scale))
+    else:
+        scale = jnp.maximum(jnp.sum(jnp.abs(w)) * size_u, tiny)
+        relative = [] if g_p is None else [jnp.max(jnp.abs(g_p * res.p_in), initial=0.0) / scale]
+        if g_u0 is not None:
+            relative.append(jnp.max(jnp.abs(g_u0), initial=0.0) * size_u0 / scale)
     if not relative:
         return g_u0, g_p
     amplification = jax.lax.stop_gradient(jnp.max(jnp.stack(relative)))
