@@ -58,7 +58,7 @@ class Stepper(eqx.Module):
     def begin(self, t0, t1, y0, args, dt0=None) -> "Position":
         """The position of a solve of y0 from t0 towards t1 before its first step."""
         t_next, solver_state, controller_state = self.init(t0, t1, y0, args, dt0)
-        position = Position(t0, t_next, y0, solver_state, controller_state, jnp.asarray(False))
+        position = Position(t0, t_next, y0, solver_state, controller_state, jnp.asarray(False), t_next - t0)
         return jax.tree.map(jnp.asarray, position)
 
     def step(self, t0, t1, y, args, solver_state, made_jump) -> tuple:
@@ -107,8 +107,10 @@ class Stepper(eqx.Module):
 
 class Position(eqx.Module):
     """Where a solve stands between steps: time t, the end `t_next` of the step it tries next, the state
-    y, the solver's and the controller's states, and whether y just jumped. A solve stopped at a position
-    (after a number of steps) resumes from it exactly as if it had not stopped."""
+    y, the solver's and the controller's states, whether y just jumped, and the step size `proposed` to try
+    past the end of this solve (the controller's last proposal before it was clipped to the end). A solve
+    stopped at a position (after a number of steps) resumes from it exactly as if it had not stopped; one
+    that reached its end continues past it with the step it proposed there (the backward march's intervals)."""
 
     t: jax.Array
     t_next: jax.Array
@@ -116,6 +118,7 @@ class Position(eqx.Module):
     solver_state: typing.Any
     controller_state: typing.Any
     made_jump: jax.Array
+    proposed: jax.Array
 
 
 class Trajectory(eqx.Module):
@@ -165,6 +168,7 @@ def integrate(
     on_step: typing.Callable | None = None,
     carried=None,
     until: typing.Callable | None = None,
+    result=dfx.RESULTS.successful,
 ) -> Trajectory:
     """Steps y0 from t0 to t1 > t0 (or from `start`, a position of an earlier call) in at most `max_steps`
     steps, as `diffrax.diffeqsolve` steps it (the same steps, step-size control and clipping to t1), in one
@@ -177,6 +181,7 @@ def integrate(
     - `dense`: the steps' dense output, `Trajectory.interpolation`;
     - `on_step(carried, t_start, t_end, y_end, interpolation) -> carried` on each accepted step, from
       `carried`; the solve stops after the step where `until(carried)` holds.
+    A solve whose `result` already failed takes no step.
     Forward-mode differentiable and batchable; failures (max_steps) are reported in `result`, not raised."""
     dtype = time_dtype(t0, t1, dt0, ts)
     t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
@@ -222,6 +227,9 @@ def integrate(
         t_prev = jnp.minimum(t_prev, t1)
         # Step sizes carry no derivative (times do: a step moves with its start, and the last one with t1).
         t_next = t_prev + jax.lax.stop_gradient(t_next - t_prev)
+        # After a step that reached t1, the larger of the step it had before and the one proposed after it.
+        proposed = t_next - t_prev
+        proposed = jnp.where(keep & (at.t_next >= t1), jnp.maximum(proposed, at.proposed), proposed)
         t_next = jnp.where(t_next > floor, jnp.where(keep, t1, t_prev + 0.5 * (t1 - t_prev)), t_next)
         select = lambda a, b: jax.tree.map(lambda x, z: jnp.where(keep, x, z), a, b)  # noqa: E731
         y = select(y1, at.y)
@@ -268,10 +276,11 @@ def integrate(
             select(solver_state, at.solver_state),
             controller_state,
             jnp.where(keep, made_jump, at.made_jump),
+            proposed,
         )
         return at, (steps + 1, accepted, rejected + jnp.where(keep, 0, 1)), result, buffers, carried
 
-    carry = (start, counts, dfx.RESULTS.successful, buffers, carried)
+    carry = (start, counts, result, buffers, carried)
     end, (steps, accepted, rejected), result, buffers, carried = jax.lax.while_loop(going, body, carry)
     result = dfx.RESULTS.where((end.t < t1) & dfx.is_successful(result), dfx.RESULTS.max_steps_reached, result)
     if ts is None:

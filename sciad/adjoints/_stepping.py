@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from sciad.adjoints._base import Setup
-from sciad.adjoints._loop import Stepper
+from sciad.adjoints._loop import Position, Stepper, integrate
 
 
 class March(eqx.Module):
@@ -82,52 +82,40 @@ class Marcher(eqx.Module):
         )
 
     def advance(self, march: March, args, t_to, max_steps: int, on_step: Callable | None = None) -> March:
-        """`march` stepped back to time t_to ≤ march.t in at most `max_steps` steps.
-        `on_step(quadrature, t_start, t_end, interpolation) -> quadrature` runs on each accepted
-        step (t_end < t_start; `interpolation.evaluate(t)` gives y inside it) and accumulates
+        """`march` stepped back to time t_to ≤ march.t in at most `max_steps` steps (sciad's loop,
+        `integrate`, in s = -t). `on_step(quadrature, t_start, t_end, interpolation) -> quadrature` runs on
+        each accepted step (t_end < t_start; `interpolation.evaluate(t)` gives y inside it) and accumulates
         into `march.quadrature`."""
-        stepper = self._stepper()
+        s = -march.t
         s_to = -jnp.asarray(t_to, march.dt.dtype)  # differentiable: λ at a breakpoint moves with it (Hessians in time)
-
-        def cond(carry):
-            m, steps = carry
-            return (-m.t < s_to) & dfx.is_successful(m.result)
-
-        def body(carry):
-            m, steps = carry
-            s = -m.t
-            clipped = m.dt >= s_to - s
-            s1 = jnp.where(clipped, s_to, s + m.dt)
-            y1, y_error, dense_info, solver_state, result = stepper.step(s, s1, m.y, args, m.solver_state, m.made_jump)
-            y_error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), y_error)
-            keep, next_s, next_s1, _, controller_state, _ = stepper.adapt(
-                s, s1, m.y, y1, args, y_error, m.controller_state
-            )
-            # After a step clipped to a breakpoint, resume with the step size proposed before it.
-            dt = jax.lax.stop_gradient(jnp.where(keep & clipped, jnp.maximum(next_s1 - next_s, m.dt), next_s1 - next_s))
-            select = lambda a, b: jax.tree.map(lambda x, y: jnp.where(keep, x, y), a, b)
-            quadrature = m.quadrature
-            if on_step is not None:
-                interpolation = stepper.interpolation(s, s1, dense_info)
-                quadrature = select(on_step(quadrature, -s, -s1, _Reversed(interpolation)), quadrature)
-            steps = steps + 1
-            result = dfx.RESULTS.where(keep, result, dfx.RESULTS.successful)
-            out_of_steps = (steps >= max_steps) & ~(keep & clipped) & dfx.is_successful(result)
-            result = dfx.RESULTS.where(out_of_steps, dfx.RESULTS.max_steps_reached, result)
-            m = March(
-                jnp.where(keep, -s1, m.t),
-                select(y1, m.y),
-                dt,
-                select(solver_state, m.solver_state),
-                controller_state,
-                jnp.where(keep, False, m.made_jump),
-                quadrature,
-                result,
-            )
-            return m, steps
-
-        march, _ = jax.lax.while_loop(cond, body, (march, jnp.asarray(0)))
-        return march
+        start = Position(
+            s,
+            jnp.minimum(s + march.dt, s_to),
+            march.y,
+            march.solver_state,
+            march.controller_state,
+            march.made_jump,
+            march.dt,
+        )
+        hook = None
+        if on_step is not None:
+            hook = lambda q, s0, s1, _, interpolation: on_step(q, -s0, -s1, _Reversed(interpolation))  # noqa: E731
+        sol = integrate(
+            self._stepper(),
+            None,
+            args,
+            s,
+            s_to,
+            max_steps=max_steps,
+            start=start,
+            on_step=hook,
+            carried=march.quadrature,
+            result=march.result,
+        )
+        end = sol.end
+        # Step sizes carry no derivative (as in diffrax's controllers); times do (second derivatives in time).
+        dt = jax.lax.stop_gradient(end.proposed)
+        return March(-end.t, end.y, dt, end.solver_state, end.controller_state, end.made_jump, sol.carried, sol.result)
 
 
 class _Reversed(eqx.Module):
