@@ -2,7 +2,7 @@
 
 - `use_stepsize_tol` (diffrax._root_finder, no public name): the marker an implicit solver's root
   finder holds in place of rtol, atol and norm when the step-size controller provides them.
-  sciad's `Stepper` (sciad.adjoints._stepping: the backward sweep and event location) steps a
+  sciad's `Stepper` (sciad.adjoints._loop: every solve sciad steps itself) steps a
   diffrax solver itself and fills them in, as `diffrax.diffeqsolve` does.
 - `WrapTerm` (diffrax._term): the term `diffrax.diffeqsolve` hands its controller and solver;
   DiscreteAdjoint starts and re-solves a solve as it does (the controller's first step size differs

@@ -1,7 +1,8 @@
 """sciad's loop over a solver's steps: a diffrax solver and its step-size controller, prepared once
 (`Stepper`), stepped from a `Position` in one `lax.while_loop` (`integrate`) that does per step only what
-its caller asks (saves, step states, dense output). Every solve sciad runs forward in time steps through it;
-the backward sweeps (`sciad.adjoints._stepping`) step the same `Stepper`."""
+its caller asks (saves, step states, dense output, an accumulator, a stop). Every solve sciad steps runs
+through it: the forward solves, DiscreteAdjoint's segments, event location and the continuous adjoints'
+backward sweeps (`sciad.adjoints._stepping`, in s = -t)."""
 
 import typing
 
