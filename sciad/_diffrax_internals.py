@@ -4,9 +4,9 @@
   finder holds in place of rtol, atol and norm when the step-size controller provides them.
   sciad's `Stepper` (sciad.adjoints._loop: every solve sciad steps itself) steps a
   diffrax solver itself and fills them in, as `diffrax.diffeqsolve` does.
-- `WrapTerm` (diffrax._term): the term `diffrax.diffeqsolve` hands its controller and solver;
-  DiscreteAdjoint starts and re-solves a solve as it does (the controller's first step size differs
-  on the bare term), to resume it in segments (sciad.adjoints._discrete).
+- `WrapTerm` (diffrax._term): the term `diffrax.diffeqsolve` hands its controller and solver; sciad's
+  loop starts a solve on it, as diffeqsolve does (the controller's first step size differs on the bare
+  term), so that its steps are diffrax's (sciad.adjoints._loop).
 
 The stepper also drives diffrax's solver and controller interfaces directly (`init`, `step`,
 `adapt_step_size`, `interpolation_cls`, `scan_kind`): public, but changed between minor
