@@ -46,19 +46,15 @@ class Stepper(eqx.Module):
         """The order the controller's step-size rule takes for the solver's error estimate."""
         return self.solver.error_order(self.terms)  # pyright: ignore[reportReturnType]
 
-    def init(self, t0, t1, y0, args, dt0=None) -> tuple:
-        """(the next step's end, the solver's state, the controller's state) for a solve of y0 from t0
-        towards t1 (dt0: the first step, None: the controller's choice)."""
+    def begin(self, t0, t1, y0, args, dt0=None) -> "Position":
+        """The position of a solve of y0 from t0 towards t1 before its first step (dt0: the first step, None:
+        the controller's choice)."""
         # On the term as diffrax.diffeqsolve hands it over (the first step size differs on the bare term).
         t_next, controller_state = self.controller.init(
             WrapTerm(self.terms, 1), t0, t1, y0, dt0, args, self.solver.func, self.error_order
         )
         t_next = jnp.minimum(t_next, t1)
-        return t_next, self.solver.init(self.terms, t0, t_next, y0, args), controller_state
-
-    def begin(self, t0, t1, y0, args, dt0=None) -> "Position":
-        """The position of a solve of y0 from t0 towards t1 before its first step."""
-        t_next, solver_state, controller_state = self.init(t0, t1, y0, args, dt0)
+        solver_state = self.solver.init(self.terms, t0, t_next, y0, args)
         position = Position(t0, t_next, y0, solver_state, controller_state, jnp.asarray(False), t_next - t0)
         return jax.tree.map(jnp.asarray, position)
 
