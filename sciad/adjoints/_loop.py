@@ -139,6 +139,15 @@ def time_dtype(*times):
     return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(float)
 
 
+def ulps_below(t, ulps: int):
+    """t moved `ulps` units in the last place towards -inf (as many `jnp.nextafter` steps), for finite t."""
+    itype = jnp.dtype(f"int{8 * jnp.dtype(t.dtype).itemsize}")
+    lowest = jnp.iinfo(itype).min
+    bits = jax.lax.bitcast_convert_type(t, itype)
+    ordered = jnp.where(bits < 0, lowest - bits, bits) - ulps  # the floats in order as integers (-0 = +0 = 0)
+    return jax.lax.bitcast_convert_type(jnp.where(ordered < 0, lowest - ordered, ordered), t.dtype)
+
+
 def begin(stepper: Stepper, y0, args, t0, t1, dt0=None, ts=None) -> Position:
     """The position before the first step of a solve of y0 from t0 to t1 (dt0: the first step, None: the
     controller's choice), times and y0 in the dtypes diffrax solves them in."""
@@ -186,7 +195,7 @@ def integrate(
     y0 = start.y
     ts = None if ts is None else jnp.asarray(ts, dtype)
     # t1 - 100 ULPs, as diffrax (times past it end at t1); t1 itself may be differentiated, its floor is not.
-    floor = jax.lax.fori_loop(0, 100, lambda _, t: jnp.nextafter(t, -jnp.inf), jax.lax.stop_gradient(t1))
+    floor = ulps_below(jax.lax.stop_gradient(t1), 100)
     full = lambda size, x: jnp.full((size, *jnp.shape(x)), jnp.inf, jnp.result_type(x))  # noqa: E731
     saves = 1 if ts is None else ts.shape[0]
     buffers: dict[str, typing.Any] = {"saves": (0, jax.tree.map(lambda y: full(saves, y), y0))}
@@ -197,10 +206,9 @@ def integrate(
             full(max_steps + 1, t0).at[0].set(start.t),
             jax.tree.map(lambda y: full(max_steps + 1, y).at[0].set(y), y0),
         )
+    info = eqx.filter_eval_shape(stepper.step, start.t, start.t_next, y0, args, start.solver_state, start.made_jump)[2]
+    info_zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), info)
     if dense:
-        info = eqx.filter_eval_shape(
-            stepper.step, start.t, start.t_next, y0, args, start.solver_state, start.made_jump
-        )[2]
         buffers["dense"] = (
             full(max_steps + 1, t0).at[0].set(start.t),
             jax.tree.map(lambda x: full(max_steps, x), info),
@@ -208,12 +216,13 @@ def integrate(
     counts = (jnp.asarray(0), jnp.asarray(0), jnp.asarray(0))  # steps, accepted, rejected
 
     def going(carry):
-        at, counts, result, _, carried = carry
+        at, counts, result, _, carried, _ = carry
         on = (at.t < t1) & dfx.is_successful(result) & (counts[0] < max_steps)
         return on if until is None else on & ~until(carried)
 
-    def body(carry):
-        at, (steps, accepted, rejected), result, buffers, carried = carry
+    def advance(at, counts, result, carried):
+        """One attempted step: the new position, counts, result, carried and what the buffers take of it."""
+        steps, accepted, rejected = counts
         y1, error, info, solver_state, solver_result = stepper.step(
             at.t, at.t_next, at.y, args, at.solver_state, at.made_jump
         )
@@ -233,40 +242,10 @@ def integrate(
         solver_result = dfx.RESULTS.where(keep, solver_result, dfx.RESULTS.successful)
         result = dfx.RESULTS.where(dfx.is_okay(result), solver_result, result)
         result = dfx.RESULTS.where(dfx.is_okay(result), controller_result, result)
-        accepted = accepted + jnp.where(keep, 1, 0)
-        buffers = dict(buffers)
-        interpolation = stepper.interpolation(at.t, at.t_next, info)
         if on_step is not None:
+            interpolation = stepper.interpolation(at.t, at.t_next, info)
             carried = select(on_step(carried, at.t, at.t_next, y1, interpolation), carried)
-        if ts is not None:
-            times = ts
-
-            def passing(c):
-                return keep & (c[0] < times.shape[0]) & (times[jnp.minimum(c[0], times.shape[0] - 1)] <= at.t_next)
-
-            def save(c):
-                i, ys = c
-                return i + 1, jax.tree.map(lambda b, v: b.at[i].set(v), ys, interpolation.evaluate(times[i]))
-
-            buffers["saves"] = jax.lax.while_loop(passing, save, buffers["saves"])
-        if every:
-            k, bt, by = buffers["every"]
-            on = keep & (accepted % every == 0)
-            at_k = jnp.minimum(k, bt.shape[0] - 1)
-            put = lambda b, v: b.at[at_k].set(jnp.where(on, v, b[at_k]))  # noqa: E731
-            buffers["every"] = (k + jnp.where(on, 1, 0), put(bt, t_prev), jax.tree.map(put, by, y))
-        if step_states:
-            bt, by = buffers["states"]
-            put = lambda b, v: b.at[accepted].set(jnp.where(keep, v, b[accepted]))  # noqa: E731
-            buffers["states"] = (put(bt, t_prev), jax.tree.map(put, by, y))
-        if dense:
-            bt, binfo = buffers["dense"]
-            put = lambda b, v, i: b.at[i].set(jnp.where(keep, v, b[i]))  # noqa: E731
-            buffers["dense"] = (
-                put(bt, t_prev, accepted),
-                jax.tree.map(lambda b, v: put(b, v, accepted - 1), binfo, info),
-            )
-        at = Position(
+        after = Position(
             t_prev,
             t_next,
             y,
@@ -275,10 +254,73 @@ def integrate(
             jnp.where(keep, made_jump, at.made_jump),
             proposed,
         )
-        return at, (steps + 1, accepted, rejected + jnp.where(keep, 0, 1)), result, buffers, carried
+        counts = (steps + 1, accepted + jnp.where(keep, 1, 0), rejected + jnp.where(keep, 0, 1))
+        return after, counts, result, carried, (keep, (at.t, at.t_next, info))
 
-    carry = (start, counts, result, buffers, carried)
-    end, (steps, accepted, rejected), result, buffers, carried = jax.lax.while_loop(going, body, carry)
+    put = lambda b, v, i: jax.lax.dynamic_update_index_in_dim(b, v, i, 0)  # noqa: E731
+
+    def record(buffers, state, accepted, step):
+        """The buffers after an accepted step (the `accepted`-th; `step`: its start, end and dense info) to
+        `state` (t, y)."""
+        t_start, t_end, info = step
+        buffers = dict(buffers)
+        if ts is not None:
+            times, last = ts, ts.shape[0] - 1
+
+            def passing(c):
+                return (c[0] <= last) & (times[jnp.minimum(c[0], last)] <= t_end)
+
+            def evaluated(i):
+                return stepper.interpolation(t_start, t_end, info).evaluate(times[i])
+
+            def write(i, ys):
+                # the interpolation's kernels in a branch of their own, beside the writes to the buffers
+                value = jax.lax.cond(i <= last, evaluated, lambda i: jax.tree.map(lambda b: b[0], ys), i)
+                return jax.tree.map(lambda b, v: put(b, v, i), ys, value)
+
+            def saved(c):
+                i, ys = c
+                return i + 1, jax.lax.cond(i <= last, write, lambda i, ys: ys, i, ys)
+
+            buffers["saves"] = jax.lax.while_loop(passing, saved, buffers["saves"])
+        if every:
+            k, bt, by = buffers["every"]
+            on = accepted % every == 0
+            at_k = jnp.minimum(k, bt.shape[0] - 1)
+            keep = lambda b, v: put(b, jnp.where(on, v, b[at_k]), at_k)  # noqa: E731
+            buffers["every"] = (k + jnp.where(on, 1, 0), keep(bt, state[0]), jax.tree.map(keep, by, state[1]))
+        if step_states:
+            bt, by = buffers["states"]
+            t, y = state
+            buffers["states"] = (put(bt, t, accepted), jax.tree.map(lambda b, v: put(b, v, accepted), by, y))
+        if dense:
+            bt, binfo = buffers["dense"]
+            buffers["dense"] = (
+                put(bt, t_end, accepted),
+                jax.tree.map(lambda b, v: put(b, v, accepted - 1), binfo, info),
+            )
+        return buffers
+
+    def trying(state):
+        at, counts, result, _, (keep, _) = state
+        return ~keep & (at.t < t1) & dfx.is_successful(result) & (counts[0] < max_steps)
+
+    def body(carry):
+        at, counts, result, buffers, carried, step = carry
+        # Steps are attempted in a loop of their own until one is accepted, and the buffers are written in a
+        # branch of their own: XLA:CPU runs a sequence of more than 8 kernels on its thread pool (several µs
+        # per step on small problems) when any of them touches a buffer over 512 bytes, as the buffers do;
+        # the step's own state is small.
+        attempted = (at, counts, result, carried, (jnp.asarray(False), step))
+        after, counts, result, carried, (keep, step) = jax.lax.while_loop(
+            trying, lambda state: advance(*state[:4]), attempted
+        )
+        state = (after.t, after.y) if every or step_states else None  # what the buffers take of the new state
+        buffers = jax.lax.cond(keep, record, lambda buffers, *_: buffers, buffers, state, counts[1], step)
+        return after, counts, result, buffers, carried, step
+
+    carry = (start, counts, result, buffers, carried, (start.t, start.t_next, info_zeros))
+    end, (steps, accepted, rejected), result, buffers, carried, _ = jax.lax.while_loop(going, body, carry)
     result = dfx.RESULTS.where((end.t < t1) & dfx.is_successful(result), dfx.RESULTS.max_steps_reached, result)
     if ts is None:
         save_t, ys = end.t[None], jax.tree.map(lambda y: y[None], end.y)
