@@ -66,8 +66,8 @@ class DiscreteAdjoint(AbstractSensitivity):
     reverse pass re-solves each earlier segment from its start (kept, at most
     `CHECKPOINT_BYTES` of them) before running back over it. The program is
     the same whatever `max_steps`: more steps add segments at run time, not
-    code to compile. An int sets the number of steps stored (diffrax's
-    `checkpoints`; memory ≈ stored_steps × the solver's state).
+    code to compile. An int sets the steps a segment stores (memory ≈
+    stored_steps × the state, plus one position per segment).
 
     Differentiated again (Hessians, forward-over-reverse), the reverse pass
     is replayed through diffrax's `DirectAdjoint`, which forward mode can
@@ -85,11 +85,10 @@ class DiscreteAdjoint(AbstractSensitivity):
             )
 
     def recording(self, setup: Setup, u0) -> Callable:
-        """How the forward pass records its reverse pass (`_recorded`): the solve in segments of
-        stored steps (`_segmented`), or the user's number of checkpoints."""
-        if self.stored_steps is not None:
-            return _checkpointed(self.stored_steps)
-        return _segmented(segment_steps(setup.max_steps, u0.size, u0.dtype.itemsize))
+        """How the forward pass records its reverse pass (`_recorded`): the solve in segments of stored
+        steps (`_segmented`), as many as the user's `stored_steps` or `segment_steps`."""
+        count = self.stored_steps or segment_steps(setup.max_steps, u0.size, u0.dtype.itemsize)
+        return _segmented(count)
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
@@ -120,19 +119,6 @@ def _zero_tangents(tree):
         lambda x: jnp.zeros_like(x) if jnp.issubdtype(x.dtype, jnp.inexact) else np.zeros(x.shape, jax.dtypes.float0),
         tree,
     )
-
-
-def _checkpointed(checkpoints: int | None) -> Callable:
-    """(setup, u0, p) -> (pb, us, stats, result): the solve under `jax.vjp` with diffrax's
-    `RecursiveCheckpointAdjoint(checkpoints)` and the pullback `pb` it makes."""
-
-    def recording(setup: Setup, u0, p):
-        _, pb, (us, stats, result) = jax.vjp(
-            _solution(setup, dfx.RecursiveCheckpointAdjoint(checkpoints)), u0, p, has_aux=True
-        )
-        return pb, us, stats, result
-
-    return recording
 
 
 # The segments' checkpoints at most (bytes): past it, one checkpoint serves several segments, each
