@@ -318,6 +318,7 @@ def every_option_changed(cls):
         "drift_tolerance": 7.5,
         "seminorm": True,
         "stored_steps": 17,
+        "coupling": 0.9,
     }
     names = set(inspect.signature(cls).parameters)  # a sensealg's options: its constructor's
     missing = names - set(changed)

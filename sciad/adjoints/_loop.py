@@ -26,11 +26,15 @@ class Stepper(eqx.Module):
 
     terms: dfx.AbstractTerm
     solver: dfx.AbstractSolver
-    controller: dfx.PIDController
+    controller: dfx.AbstractAdaptiveStepSizeController
 
     @classmethod
     def of(
-        cls, terms, solver: dfx.AbstractSolver, controller: dfx.PIDController, forward_mode: bool = True
+        cls,
+        terms,
+        solver: dfx.AbstractSolver,
+        controller: dfx.AbstractAdaptiveStepSizeController,
+        forward_mode: bool = True,
     ) -> "Stepper":
         """`solver` on `terms` with adaptive steps by `controller` (`Setup.controller`)."""
         if forward_mode and isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:

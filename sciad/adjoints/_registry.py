@@ -37,9 +37,8 @@ SENSEALGS: dict[str, type[AbstractSensitivity]] = {
         ReversibleAdjoint,
     )
 }
-# The sensealgs that differentiate ODE solves: all but ReversibleAdjoint (the exact gradient of an
-# algebraically reversible SDE solver, refused for ODEs naming what serves them).
-ODE_SENSEALGS = {name: cls for name, cls in SENSEALGS.items() if cls is not ReversibleAdjoint}
+# The sensealgs that differentiate ODE solves: every one.
+ODE_SENSEALGS = dict(SENSEALGS)
 # Names that `parse` reads besides the classes': functions returning a configured sensealg.
 ALIASES = {"QuadratureAdjoint": QuadratureAdjoint}
 # diffrax's adjoints by class name, and what to pass to sciad instead.

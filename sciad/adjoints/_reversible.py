@@ -1,48 +1,202 @@
-"""`ReversibleAdjoint`: the exact gradient of an algebraically reversible SDE solver (reversible
-Heun), its states reconstructed backwards step by step, in memory independent of the number of steps."""
+"""`ReversibleAdjoint`: the exact gradient of an algebraically reversible solver, its states
+reconstructed backwards step by step, in memory independent of the number of steps: for SDEs reversible
+Heun; for ODEs McCallum & Foster's reversible method on the solve's explicit Runge–Kutta solver."""
 
+import typing
+
+import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 import sciad.ad as ad
-from sciad.adjoints._base import AbstractSensitivity, Setup
-
-ODE_REFUSAL = (
-    "ReversibleAdjoint differentiates an algebraically reversible SDE solver (reversible Heun, "
-    "sciad.solve(sde_problem, solver='reversible_heun')); an ODE solve has none in sciad: pass "
-    "sensealg=sciad.DiscreteAdjoint() (the exact gradient of the solver's steps) or "
-    "sciad.InterpolatingAdjoint(checkpointing=True) (memory flat in the steps)"
-)
+from sciad.adjoints._base import AbstractSensitivity, Setup, checked, stats_vector
+from sciad.adjoints._loop import Stepper, integrate
 
 
 class ReversibleAdjoint(AbstractSensitivity):
-    """The exact gradient of reversible Heun (Kidger et al. 2021, torchsde's and diffrax's open
-    pull request): the backward pass reconstructs each step's state (y, ŷ) from the next one
-    algebraically, on the same Brownian increments, and pulls the cotangent back through the step
-    with one vector-Jacobian product of drift and diffusion per step (`vjp`: a `sciad.ad` JAX
-    engine or its name). The forward pass keeps only the final state: memory independent of the
+    """The exact gradient of an algebraically reversible solver: the backward pass reconstructs each
+    step's state from the next one algebraically and pulls the cotangent back through the step; the
+    forward pass keeps only the final state (and, for ODEs, the step times): memory independent of the
     number of steps. Reconstruction is exact in exact arithmetic; in floating point it follows the
-    forward states to rounding (tests/test_sde.py checks it against `DiscreteAdjoint`).
+    forward states to rounding.
 
-    SDE problems with `solver="reversible_heun"` only; other solvers and ODE problems are refused
-    naming what serves them. Forward mode (`jax.jvp`) runs through the steps, also in flat memory."""
+    ODEs (McCallum & Foster 2024): the solve's explicit solver Ψ (Tsit5, Dopri5, ...; Ψ_h(x) the
+    increment of its step of size h from x) made reversible on a pair (y, z), y0 = z0 = u0:
+    y_{n+1} = λ y_n + (1 − λ) z_n + Ψ_h(z_n), z_{n+1} = z_n − Ψ_{−h}(y_{n+1}) (λ = `coupling`, in
+    (0, 1]; below 1 the scheme is stable where Ψ is), steps adapted on Ψ's error estimate and landing on
+    the save times, y linear between steps. Two steps of Ψ per step forwards, four and their pullbacks
+    backwards. Implicit solvers and mass matrices are refused.
+
+    SDEs (Kidger et al. 2021): reversible Heun (`solver="reversible_heun"`), one vector-Jacobian product
+    of drift and diffusion per step (`vjp`: a `sciad.ad` JAX engine or its name).
+
+    Forward mode (`jax.jvp`) runs through the steps, also in flat memory."""
 
     stores_interpolation = False
+    follows_steps = True
 
     vjp: ad.AbstractBackend
+    coupling: float
 
-    def __init__(self, vjp: str | ad.AbstractBackend = "jax-reverse"):
+    def __init__(self, vjp: str | ad.AbstractBackend = "jax-reverse", coupling: float = 0.999):
+        if not 0.0 < coupling <= 1.0:
+            raise ValueError(f"ReversibleAdjoint(coupling=...) must be in (0, 1], got {coupling!r}")
         self.vjp = ad.get(vjp)
+        self.coupling = float(coupling)
 
     def forward(self, setup: Setup, u0, p, active):
-        raise ValueError(ODE_REFUSAL)
+        sol = _solve(setup, self.coupling, u0, p)
+        ys, _ = sol.ys
+        (y_end, z_end), (_, times) = sol.end.y, sol.carried
+        residuals = _Steps(times, sol.stats["num_accepted_steps"], y_end, z_end, u0, p, sol.result, active)
+        return checked(setup, sol.result, ys), stats_vector(sol), residuals
 
-    def pullback(self, setup: Setup, residuals, w):
-        raise ValueError(ODE_REFUSAL)
+    def pushforward(self, setup: Setup, res: "_Steps", du0, dp):
+        return jax.jvp(lambda u0, p: _solve(setup, self.coupling, u0, p).ys[0], (res.u0, res.p), (du0, dp))[1]
 
-    def pushforward(self, setup: Setup, residuals, du0, dp):
-        raise ValueError(ODE_REFUSAL)
+    def pullback(self, setup: Setup, res: "_Steps", w):
+        u_bar, p_bar = _pullback(setup, self.coupling, res, w)
+        u_bar = checked(setup, res.result, u_bar)
+        return (u_bar if res.active.u0 else None), (p_bar if res.active.p else None)
+
+
+class _Reversible(dfx.AbstractSolver):
+    """McCallum & Foster's reversible method on the explicit solver `base`, on states (y, z) (`ReversibleAdjoint`),
+    its error estimate Ψ's on z's step, linear between steps."""
+
+    base: dfx.AbstractSolver
+    coupling: float = eqx.field(static=True)
+
+    term_structure: typing.ClassVar = dfx.AbstractTerm
+    interpolation_cls: typing.ClassVar = dfx.LocalLinearInterpolation
+
+    def order(self, terms):
+        return self.base.order(terms)
+
+    def error_order(self, terms):
+        return self.base.error_order(terms)
+
+    def func(self, terms, t0, y0, args):
+        return jax.tree.map(lambda x: self.base.func(terms, t0, x, args), y0)
+
+    def init(self, terms, t0, t1, y0, args):
+        return None
+
+    def increment(self, terms, t0, t1, x, args):
+        """(Ψ from t0 to t1 on x, its error estimate, result): the base solver's step, its first stage evaluated."""
+        state = self.base.init(terms, t0, t1, x, args)
+        x1, error, _, _, result = self.base.step(terms, t0, t1, x, args, state, True)
+        return x1 - x, error, result
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        y, z = y0
+        lam = self.coupling
+        forwards, error, result = self.increment(terms, t0, t1, z, args)
+        y1 = lam * y + (1 - lam) * z + forwards
+        backwards, _, back_result = self.increment(terms, t1, t0, y1, args)
+        z1 = z - backwards
+        result = dfx.RESULTS.where(dfx.is_okay(result), back_result, result)
+        return (y1, z1), (error, error), dict(y0=y0, y1=(y1, z1)), None, result
+
+    def reconstruct(self, terms, t0, t1, y1, args):
+        """The state (y, z) at t0 from the state y1 = (y, z) at t1 after a step from t0."""
+        y, z = y1
+        z0 = z + self.increment(terms, t1, t0, y, args)[0]
+        return (y - (1 - self.coupling) * z0 - self.increment(terms, t0, t1, z0, args)[0]) / self.coupling, z0
+
+
+def _reversible(setup: Setup, coupling: float, forward_mode: bool) -> _Reversible:
+    """The reversible method on the setup's solver, its stages in a plain loop where `forward_mode`, else in
+    one that reverse and forward mode both enter (the pullback, and its derivative); refuses what it cannot
+    serve."""
+    if setup.implicit or setup.mass is not None:
+        raise ValueError(
+            f"sensealg=ReversibleAdjoint needs an explicit solver for an ODE solve, got {type(setup.solver).__name__}"
+            "; for this solver pass sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or "
+            "sciad.InterpolatingAdjoint(checkpointing=True) (memory flat in the steps)"
+        )
+    base = setup.solver
+    if isinstance(base, dfx.AbstractRungeKutta) and base.scan_kind is None:
+        kind = "lax" if forward_mode else "bounded"
+        base = eqx.tree_at(lambda s: s.scan_kind, base, kind, is_leaf=lambda x: x is None)
+    return _Reversible(base, coupling)
+
+
+def _solve(setup: Setup, coupling: float, u0, p):
+    """The reversible solve of (y, z) from (u0, u0) (`Trajectory`; saves (y, z)), steps landing on the
+    save times, its accepted steps' end times carried ((count, times (max_steps + 1,)))."""
+    y0 = setup.state(setup.initialised(u0, p))
+    ts = jnp.asarray(setup.ts, y0.dtype)
+    controller = dfx.ClipStepSizeController(setup.controller(), step_ts=ts)
+    stepper = Stepper(setup.term(), _reversible(setup, coupling, forward_mode=True), controller)
+    times = jnp.full((setup.max_steps + 1,), jnp.inf, ts.dtype).at[0].set(setup.t0)
+
+    def record(carried, t_start, t_end, y_end, interpolation):
+        count, times = carried
+        return count + 1, times.at[count + 1].set(t_end)
+
+    return integrate(
+        stepper,
+        (y0, y0),
+        p,
+        setup.t0,
+        setup.t1,
+        max_steps=setup.max_steps,
+        dt0=setup.dt0,
+        ts=ts,
+        on_step=record,
+        carried=(jnp.asarray(0), times),
+    )
+
+
+class _Steps(eqx.Module):
+    """ReversibleAdjoint's residuals for an ODE solve: the accepted steps' end `times` (max_steps + 1,) from
+    t0 (inf after the last), their `count`, the final (y, z), u0, p, the solve's result and which of u0
+    and p are differentiated."""
+
+    times: jax.Array
+    count: jax.Array
+    y: jax.Array
+    z: jax.Array
+    u0: jax.Array
+    p: jax.Array
+    result: dfx.RESULTS
+    active: typing.Any = eqx.field(static=True)
+
+
+def _pullback(setup: Setup, coupling: float, res: _Steps, w):
+    """wᵀ ∂ys/∂(u0, p) (n,), (m,) for the cotangent w (T, n + k) of the saves: back over the steps, each
+    state reconstructed from the next, the saves' cotangents entering through the steps' linear
+    interpolation, each step pulled back from its reconstructed start."""
+    solver = _reversible(setup, coupling, forward_mode=False)
+    terms, p, times = setup.term(), res.p, res.times
+    ts = jnp.asarray(setup.ts, times.dtype)
+
+    def back(carry):
+        i, state, (y_bar, z_bar), p_bar = carry
+        t0, t1 = times[i], times[i + 1]
+        # the step saved ts[lo:hi]: those in (t0, t1], and the first step those at t0 too
+        lo = jnp.where(i > 0, jnp.searchsorted(ts, t0, side="right"), 0)
+        hi = jnp.searchsorted(ts, t1, side="right")
+        start = solver.reconstruct(terms, t0, t1, state, p)
+
+        def save(k, bars):
+            theta = (ts[k] - t0) / (t1 - t0)
+            return bars[0] + (1 - theta) * w[k], bars[1] + theta * w[k]
+
+        zero = jnp.zeros_like(y_bar)
+        at_start, at_end = jax.lax.fori_loop(lo, hi, save, (zero, zero))
+        step = lambda start, p: solver.step(terms, t0, t1, start, p, None, False)[0]  # noqa: E731
+        (y_bar, z_bar), p_step = jax.vjp(step, start, p)[1]((y_bar + at_end, z_bar))
+        return i - 1, start, (y_bar + at_start, z_bar), p_bar + p_step
+
+    zero = jnp.zeros_like(res.y)
+    carry = (res.count - 1, (res.y, res.z), (zero, zero), jnp.zeros_like(p))
+    _, _, (y_bar, z_bar), p_bar = jax.lax.while_loop(lambda c: c[0] >= 0, back, carry)
+    # a solve of no steps saved y0 at every save time
+    y_bar = y_bar + jnp.where(res.count == 0, jnp.sum(w, axis=0), 0.0)
+    return (y_bar + z_bar)[: setup.n], p_bar
 
 
 class _Final(eqx.Module):
