@@ -69,9 +69,9 @@ class DiscreteAdjoint(AbstractSensitivity):
     code to compile. An int sets the steps a segment stores (memory ≈
     stored_steps × the state, plus one position per segment).
 
-    Differentiated again (Hessians, forward-over-reverse), the reverse pass
-    is replayed through diffrax's `DirectAdjoint`, which forward mode can
-    enter: the same discrete derivative, at more memory."""
+    Differentiated again (Hessians, forward-over-reverse), the solve is
+    recorded again and its reverse pass run under forward mode: the same
+    discrete derivative, at the tangents' memory more."""
 
     stores_interpolation = False
     follows_steps = True
@@ -100,7 +100,8 @@ class DiscreteAdjoint(AbstractSensitivity):
         return solver_pushforward(setup, tape.u0, tape.p, du0, dp)
 
     def pullback(self, setup: Setup, tape: "Tape", w):
-        return checked(setup, tape.result, _replayed(setup)(tape.u0, tape.p, tape.pullback, w))
+        replayed = _replayed(setup, self.recording(setup, tape.u0))
+        return checked(setup, tape.result, replayed(tape.u0, tape.p, tape.pullback, w))
 
 
 class Tape(eqx.Module):
@@ -318,10 +319,10 @@ def _recorded(setup: Setup, recording: Callable):
     return recorded
 
 
-def _replayed(setup: Setup):
-    """(u0, p, pb, w) -> pb(w) = wᵀ ∂us/∂(u0, p); its derivative in (u0, p, w) is forward mode
-    through the reverse pass of a `DirectAdjoint` solve (recursive checkpoints admit no jvp)."""
-    arrays, rest = eqx.partition(setup, eqx.is_array)
+def _replayed(setup: Setup, recording: Callable):
+    """(u0, p, pb, w) -> pb(w) = wᵀ ∂us/∂(u0, p); its derivative in (u0, p, w) is forward mode through the
+    solve recorded again by `recording` and its pullback (the solver's stages in a loop both modes enter)."""
+    arrays, rest = eqx.partition(_both_modes(setup), eqx.is_array)
 
     @jax.custom_jvp
     def replay(u0, p, pb, w, arrays):
@@ -333,13 +334,20 @@ def _replayed(setup: Setup):
         du0, dp, _, dw, d_arrays = tangents
 
         def pullback(u0, p, w, arrays):  # arrays: the setup's traced parts (times), which move it too
-            setup = eqx.combine(arrays, rest)
-            return jax.vjp(lambda u0, p: setup.forward(u0, p, adjoint=dfx.DirectAdjoint()).ys, u0, p)[1](w)
+            return recording(eqx.combine(arrays, rest), u0, p)[0](w)
 
         _, tangent = jax.jvp(pullback, (u0, p, w, arrays), (du0, dp, dw, d_arrays))
         return pb(w), tangent
 
     return lambda u0, p, pb, w: replay(u0, p, pb, w, arrays)
+
+
+def _both_modes(setup: Setup) -> Setup:
+    """`setup` with a Runge-Kutta solver's stages in a loop that forward and reverse mode both enter."""
+    solver = setup.solver
+    if isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
+        solver = eqx.tree_at(lambda s: s.scan_kind, solver, "bounded", is_leaf=lambda x: x is None)
+    return eqx.tree_at(lambda s: s.solver, setup, solver)
 
 
 class ForwardDiffSensitivity(AbstractSensitivity):
