@@ -183,7 +183,6 @@ class Setup(eqx.Module):
         ts=None,
         dense=False,
         steps: int = 0,
-        adjoint=None,
         max_steps=None,
         norm=None,
         dt0=None,
@@ -192,42 +191,22 @@ class Setup(eqx.Module):
         """One solve from t0 to t1 > t0 with this setup's solver and tolerances on sciad's loop (`integrate`:
         forward-mode differentiable, so an outer `jax.jvp` enters it), saving at `ts` and, with `steps` = k,
         after every k-th accepted step, in one array. `dt0` is the first step (None: the controller selects
-        it, at two extra f evaluations). `adjoint`: a diffrax adjoint to reverse-differentiate the solve
-        through (`diffrax.diffeqsolve`'s own loop)."""
-        controller = self.controller(norm=norm)
-        max_steps = max_steps or self.max_steps
-        if adjoint is None:
-            sol = integrate(
-                Stepper.of(term, self.solver, controller),
-                y0,
-                args,
-                t0,
-                t1,
-                max_steps=max_steps,
-                dt0=dt0,
-                ts=ts,
-                every=int(steps),
-                dense=dense,
-            )
-        else:
-            saveat = dfx.SaveAt(ts=ts, t1=ts is None and not steps, steps=steps, dense=dense)
-            sol = dfx.diffeqsolve(
-                term,
-                self.solver,
-                t0,
-                t1,
-                dt0,
-                y0,
-                args=args,
-                saveat=saveat,
-                stepsize_controller=controller,
-                max_steps=max_steps,
-                adjoint=adjoint,
-                throw=False,
-            )
+        it, at two extra f evaluations)."""
+        sol = integrate(
+            Stepper.of(term, self.solver, self.controller(norm=norm)),
+            y0,
+            args,
+            t0,
+            t1,
+            max_steps=max_steps or self.max_steps,
+            dt0=dt0,
+            ts=ts,
+            every=int(steps),
+            dense=dense,
+        )
         if not throw:
             return sol
-        return eqx.tree_at(lambda s: s.ys, sol, solver_failure(sol.ys, sol.result, max_steps))
+        return eqx.tree_at(lambda s: s.ys, sol, solver_failure(sol.ys, sol.result, max_steps or self.max_steps))
 
     def initialised(self, u0, p):
         """u0 (n,), its algebraic states solved from its differential ones where `consistent`

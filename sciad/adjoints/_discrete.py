@@ -40,11 +40,11 @@ def stored_steps_bytes(max_steps: int, states: int, itemsize: int) -> int:
     return segment_steps(max_steps, states, itemsize) * STATE_COPIES * states * itemsize
 
 
-def _solution(setup: Setup, adjoint=None, throw=True):
+def _solution(setup: Setup):
     """(u0, p) -> (us, (us, stats, result)): a solve shaped for jax.vjp / jax.jacfwd with has_aux."""
 
     def solve(u0, p):
-        sol = setup.forward(u0, p, adjoint=adjoint, throw=throw)
+        sol = setup.forward(u0, p)
         return sol.ys, (sol.ys, stats_vector(sol), sol.result)
 
     return solve
