@@ -81,3 +81,19 @@ def test_refusals_name_the_fix():
         sciad.ReversibleAdjoint(coupling=0.0)
     with pytest.raises(ValueError, match="needs an explicit solver.*DiscreteAdjoint"):
         jax.grad(loss, argnums=1)(U0, P, solver="rodas5p")
+
+
+def test_drift_raises_instead_of_a_wrong_number():
+    """The scheme's limits, refused where they bite: its second mode grows forwards where a step damps more
+    than 1 - coupling (a decaying problem at coupling 1), and the reconstruction amplifies rounding by about
+    1/coupling per step (coupling 0.5 over a few dozen steps)."""
+    decay = sciad.ODEProblem(lambda u, p, t: -p * u, np.array([1.0]), (0.0, 40.0), np.array([1.0]))
+
+    def final(p, coupling):
+        sol = sciad.solve(decay, p=p, saveat=[40.0], sensealg=sciad.ReversibleAdjoint(coupling=coupling))
+        return sol.us[-1, 0]
+
+    with pytest.raises(sciad.SolveError, match="two states drifted apart"):
+        jax.grad(final)(jnp.array([1.0]), 1.0)
+    with pytest.raises(sciad.SolveError, match="did not reconstruct u0"):
+        jax.grad(loss, argnums=1)(U0, P, sciad.ReversibleAdjoint(coupling=0.5))

@@ -10,8 +10,25 @@ import jax
 import jax.numpy as jnp
 
 import sciad.ad as ad
+from sciad._errors import error_if
 from sciad.adjoints._base import AbstractSensitivity, Setup, checked, stats_vector
 from sciad.adjoints._loop import Stepper, integrate
+
+# |y - z| at the end of a solve, in tolerances (atol + rtol |y|) per accepted step, past which the pair has
+# drifted apart: the two differ by their steps' local errors (a few tolerances a step), and where the base
+# solver's steps damp the solution by more than 1 - coupling the scheme's second mode grows exponentially.
+PAIR_TOLERANCES = 100.0
+DRIFTED = (
+    "sensealg=ReversibleAdjoint: the reversible method's two states drifted apart in the forward solve (its "
+    "second mode grows where the base solver's steps damp the solution by more than 1 - coupling each): pass "
+    "a smaller coupling, e.g. ReversibleAdjoint(coupling=0.99), or sensealg=sciad.DiscreteAdjoint()"
+)
+UNRECONSTRUCTED = (
+    "sensealg=ReversibleAdjoint: the backward pass did not reconstruct u0 to within the solve's tolerance (the "
+    "reconstruction amplifies rounding by about 1/coupling per step, more over many steps): pass a coupling "
+    "closer to 1, e.g. ReversibleAdjoint(coupling=0.9999), or sensealg=sciad.DiscreteAdjoint() (exact, memory "
+    "~ steps) or sciad.InterpolatingAdjoint(checkpointing=True) (memory flat in the steps)"
+)
 
 
 class ReversibleAdjoint(AbstractSensitivity):
@@ -50,7 +67,10 @@ class ReversibleAdjoint(AbstractSensitivity):
         ys, _ = sol.ys
         (y_end, z_end), (_, times) = sol.end.y, sol.carried
         residuals = _Steps(times, sol.stats["num_accepted_steps"], y_end, z_end, u0, p, sol.result, active)
-        return checked(setup, sol.result, ys), stats_vector(sol), residuals
+        apart = jnp.max(jnp.abs(y_end - z_end) / (setup.atol + setup.rtol * jnp.abs(y_end)))
+        steps = jnp.maximum(residuals.count, 1)
+        ys = error_if(checked(setup, sol.result, ys), apart > PAIR_TOLERANCES * steps, DRIFTED)
+        return ys, stats_vector(sol), residuals
 
     def pushforward(self, setup: Setup, res: "_Steps", du0, dp):
         return jax.jvp(lambda u0, p: _solve(setup, self.coupling, u0, p).ys[0], (res.u0, res.p), (du0, dp))[1]
@@ -193,10 +213,12 @@ def _pullback(setup: Setup, coupling: float, res: _Steps, w):
 
     zero = jnp.zeros_like(res.y)
     carry = (res.count - 1, (res.y, res.z), (zero, zero), jnp.zeros_like(p))
-    _, _, (y_bar, z_bar), p_bar = jax.lax.while_loop(lambda c: c[0] >= 0, back, carry)
+    _, start, (y_bar, z_bar), p_bar = jax.lax.while_loop(lambda c: c[0] >= 0, back, carry)
     # a solve of no steps saved y0 at every save time
     y_bar = y_bar + jnp.where(res.count == 0, jnp.sum(w, axis=0), 0.0)
-    return (y_bar + z_bar)[: setup.n], p_bar
+    y0 = setup.state(res.u0)
+    missed = jnp.max(jnp.abs(jnp.stack(start) - y0) / (setup.atol + setup.rtol * jnp.abs(y0)))
+    return error_if(((y_bar + z_bar)[: setup.n], p_bar), missed > 1.0, UNRECONSTRUCTED)
 
 
 class _Final(eqx.Module):
