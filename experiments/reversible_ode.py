@@ -4,8 +4,8 @@
 the suite sizes it) at horizons T = 100 and 1000. For each sensealg: XLA's buffers of the compiled gradient
 (temporaries, arguments and outputs; compiled, not run), their growth from T = 100 to 1000, the gradient's
 relative difference from DiscreteAdjoint's (ReversibleAdjoint differentiates its own reversible solution,
-close to Tsit5's) or the error it raised, and, with `--time`, the warm gradient at T = 100 in interleaved rounds in this process
-(medians) and its ratio to DiscreteAdjoint's.
+close to Tsit5's) or the error it raised, and, with `--time`, the warm gradient at T = 100 in interleaved
+rounds in this process (medians) and its ratio to DiscreteAdjoint's.
 
     PYTHONPATH=. python experiments/reversible_ode.py [--time] [--rounds 20]
 """

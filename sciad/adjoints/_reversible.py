@@ -43,7 +43,11 @@ class ReversibleAdjoint(AbstractSensitivity):
     y_{n+1} = λ y_n + (1 − λ) z_n + Ψ_h(z_n), z_{n+1} = z_n − Ψ_{−h}(y_{n+1}) (λ = `coupling`, in
     (0, 1]; below 1 the scheme is stable where Ψ is), steps adapted on Ψ's error estimate and landing on
     the save times, y linear between steps. Two steps of Ψ per step forwards, four and their pullbacks
-    backwards. Implicit solvers and mass matrices are refused.
+    backwards. Implicit solvers and mass matrices are refused. The scheme has two limits, each checked
+    when the program runs and raised rather than returned as a wrong number: its second mode grows
+    forwards where Ψ's steps damp the solution by more than 1 − λ (y and z drift apart), and the
+    reconstruction amplifies rounding by about 1/λ per step (u0 not recovered to the solve's tolerance):
+    long solves of thousands of steps may meet one or the other.
 
     SDEs (Kidger et al. 2021): reversible Heun (`solver="reversible_heun"`), one vector-Jacobian product
     of drift and diffusion per step (`vjp`: a `sciad.ad` JAX engine or its name).
