@@ -15,7 +15,7 @@ from jaxtyping import Array, ArrayLike, PRNGKeyArray, PyTree, Real, Shaped
 
 from sciad._brownian import BrownianPath
 from sciad._custom_types import RealScalarLike
-from sciad._errors import raising_solve_errors
+from sciad._errors import error_if, raising_solve_errors
 from sciad._events import PresetTimeCallback, _check_affect
 from sciad._problem import _traced, check_inputs, check_integrand, check_params, check_saveat, check_state, check_tspan
 from sciad._pytrees import Layout, leaf_names
@@ -183,8 +183,18 @@ def grid(t0: float, t1: float, dt0) -> tuple[int, float]:
     return steps, (t1 - t0) / steps
 
 
-def save_steps(ts, t0: float, dt: float) -> tuple:
-    """The grid steps of the save times `ts`, each within `ON_GRID` steps of a grid point."""
+def save_steps(ts, t0: float, dt: float):
+    """The grid steps (T,) int32 of the save times `ts`, each within `ON_GRID` steps of a grid point:
+    NumPy, checked now, for concrete times; traced, checked when the program runs, for traced ones."""
+    if isinstance(ts, jax.core.Tracer):
+        position = (ts - t0) / dt
+        steps = jnp.rint(position)
+        off = jnp.abs(position - steps) > ON_GRID * jnp.maximum(1.0, position)
+        message = (
+            f"saveat times must be on the step grid t0 + k dt (dt = {dt:g}): pass save times on it, or a dt0 "
+            "that divides them"
+        )
+        return error_if(steps, jnp.any(off), message).astype(jnp.int32)
     position = (np.asarray(ts, float) - t0) / dt
     steps = np.rint(position)
     off = np.abs(position - steps) > ON_GRID * np.maximum(1.0, position)
@@ -193,7 +203,7 @@ def save_steps(ts, t0: float, dt: float) -> tuple:
             f"saveat time {float(np.asarray(ts)[np.argmax(off)])} is not on the step grid t0 + k dt "
             f"(dt = {dt:g}): pass save times on it, or a dt0 that divides them"
         )
-    return tuple(int(s) for s in steps)
+    return steps.astype(np.int32)
 
 
 def event_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> list:
@@ -213,7 +223,7 @@ def event_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> list:
                 f"lie outside tspan ({t0}, {t1}): drop them or widen tspan"
             )
         _check_affect(callback.affect, u0, p, jnp.asarray(t0), i)
-        events += [(k, callback.affect) for k in save_steps(times, t0, dt)]
+        events += [(int(k), callback.affect) for k in save_steps(times, t0, dt)]
     return sorted(events, key=lambda e: e[0])
 
 
@@ -316,9 +326,7 @@ def solve(
     if t1 < t0:
         raise ValueError(f"tspan=({t0}, {t1}): SDEs run forwards in time here: pass t1 > t0")
     steps, dt = grid(t0, t1, dt0)
-    if isinstance(saveat, jax.core.Tracer):
-        raise ValueError("saveat of an SDE solve must be concrete grid times (traced times are not supported)")
-    ts = np.asarray(check_saveat(saveat, t0, t1, 1), float)
+    ts = check_saveat(saveat, t0, t1, 1)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
 
     def extra(u, p, t):
@@ -335,8 +343,10 @@ def solve(
     )
     merged = field.with_closure(field.held, merged=True)
     system = System(merged, noise, entries, prob.calculus).in_calculus(solver.calculus)
-    kept, repeats = np.unique(save_steps(ts, t0, dt), return_inverse=True)  # repeated save times: saved once
-    saves = tuple(int(k) for k in kept) + ((steps,) if entries else ())
+    saves = save_steps(ts, t0, dt)
+    T = saves.shape[0]
+    if entries:  # the integral's solve saves the last step once more
+        saves = (jnp if isinstance(saves, jax.core.Tracer) else np).append(saves, np.int32(steps))
     setup = SDESetup(system, solver, path, float(t0), float(dt), int(steps), saves)
     if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):
         from sciad._auto import auto_sde_sensealg
@@ -349,22 +359,28 @@ def solve(
     u0_flat = jnp.asarray(field.u.ravel(u0), dtype)
     y = jnp.concatenate([u0_flat, jnp.zeros((entries,), dtype)])
     events = event_steps(callbacks, u0, p, t0, t1, dt)
+    if events and isinstance(saves, jax.core.Tracer):
+        raise ValueError(
+            "saveat of an SDE solve with callbacks must be concrete times (traced save times are taken "
+            "without callbacks): pass them as NumPy or Python numbers"
+        )
     pieces = []
-    for start, stop, local in segments(steps, saves, [k for k, _ in events]):
+    spans = segments(steps, saves, [k for k, _ in events]) if events else [(0, steps, saves)]
+    for start, stop, local in spans:
         for k, affect in events:  # the state saved at an event time is the state after it
             if k == start:
                 new = field.u.ravel(affect(field.u.unravel(y[:n]), p, jnp.asarray(setup.time(k), dtype)))
                 y = y.at[:n].set(jnp.asarray(new, dtype))
-        segment = SDESetup(system, solver, path, float(t0), float(dt), stop - start, (*local, stop - start), start)
+        local = jnp.append(jnp.asarray(local, jnp.int32), stop - start).astype(jnp.int32)
+        segment = SDESetup(system, solver, path, float(t0), float(dt), stop - start, local, start)
         ys = pathwise.solve(sensealg, segment, merged, y, theta)  # the segment's saves, then its end
         pieces.append(ys[:-1])
         y = ys[-1]
     ys = jnp.concatenate(pieces)
-    T = len(kept)
     integral = None
     if integrand is not None:
         integral = Layout.of(eqx.filter_eval_shape(integrand, u0, p, jnp.asarray(t0, dtype)), dtype).unravel(ys[T, n:])
-    us = jax.vmap(field.u.unravel)(ys[:T, :n][repeats])
+    us = jax.vmap(field.u.unravel)(ys[:T, :n])
     return SDESolution(jnp.asarray(ts, dtype), us, {"steps": jnp.asarray(steps, jnp.int32)}, path, integral)
 
 

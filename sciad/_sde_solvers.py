@@ -25,7 +25,6 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sciad._brownian import grid_increment
 
@@ -237,8 +236,8 @@ def default_sde_solver(calculus: str, noise: str) -> AbstractSDESolver:
 class SDESetup(eqx.Module):
     """A fixed-step solve: the `system`, the `solver`, the Brownian `path`, `steps` steps of the grid
     t_k = t0 + k dt from step `start` (a segment between events starts past 0), and the save steps
-    (T,) (indices into the segment's steps 0 .. steps, increasing; the integral's solve saves the
-    last step once more at the end)."""
+    (T,) int32 (indices into the segment's steps 0 .. steps, non-decreasing, repeats allowed, traced or
+    not; the integral's solve saves the last step once more at the end)."""
 
     system: System
     solver: AbstractSDESolver
@@ -246,7 +245,7 @@ class SDESetup(eqx.Module):
     t0: float = eqx.field(static=True)
     dt: float = eqx.field(static=True)
     steps: int = eqx.field(static=True)
-    save_steps: tuple = eqx.field(static=True)
+    save_steps: jax.Array
     start: int = eqx.field(static=True, default=0)
 
     def time(self, k):
@@ -261,26 +260,28 @@ class SDESetup(eqx.Module):
         """The forward solve: ys (T, n + k) at the save steps; with `every_step` also every grid
         step's y (steps + 1, n + k); with `final_state` the solver's state at the last step."""
         solver, system = self.solver, self.system
-        saves = np.asarray(self.save_steps)
-        buffer = jnp.zeros((len(saves) + 1, y0.shape[0]), y0.dtype)  # a last row for the steps not saved
-        first = int(np.sum(saves == 0))
-        buffer = buffer.at[:first].set(y0)
+        saves = self.save_steps
+        T = saves.shape[0]
+        # Each step's y goes to the first save at its step (a last row for the steps not saved); repeats read it.
+        first = jnp.searchsorted(saves, saves, side="left")
+        after = jnp.append(jnp.searchsorted(saves, saves, side="right"), T)  # the next save past each one's step
+        buffer = jnp.zeros((T + 1, y0.shape[0]), y0.dtype).at[0].set(y0)
+        start_j = jnp.where(saves[0] == 0, after[0], 0).astype(jnp.int32)
 
         def body(carry, _):  # the step index rides in the carry: no per-step input (memory flat in steps)
             state, buffer, j, k = carry
             dW = self.increment(k).astype(y0.dtype)
             state = solver.step(system, state, theta, jnp.asarray(self.time(k), y0.dtype), self.dt, dW)
             y = solver.value(state)
-            hit = jnp.asarray(saves)[jnp.minimum(j, len(saves) - 1)] == k + 1
-            slot = jnp.where(hit, j, len(saves))
-            buffer = jax.lax.dynamic_update_index_in_dim(buffer, y, slot, 0)
-            return (state, buffer, j + hit.astype(j.dtype), k + 1), (y if every_step else None)
+            hit = saves[jnp.minimum(j, T - 1)] == k + 1
+            buffer = jax.lax.dynamic_update_index_in_dim(buffer, y, jnp.where(hit, j, T), 0)
+            return (state, buffer, jnp.where(hit, after[j], j).astype(j.dtype), k + 1), (y if every_step else None)
 
         state0 = solver.init(system, y0, theta, jnp.asarray(self.time(0), y0.dtype))
-        start = (state0, buffer, jnp.asarray(first, jnp.int32), jnp.asarray(0, jnp.int32))
+        start = (state0, buffer, start_j, jnp.asarray(0, jnp.int32))
         (state, buffer, _, _), path = jax.lax.scan(body, start, None, length=self.steps)
         final = solver.value(state)  # the saves at the last step (the integral's among them) hold it
-        out = [jnp.where(jnp.asarray(saves == self.steps)[:, None], final, buffer[:-1])]
+        out = [jnp.where((saves == self.steps)[:, None], final, buffer[first])]
         if every_step:
             out.append(jnp.concatenate([y0[None], path]))  # pyright: ignore[reportArgumentType]  # every_step: the path
         if final_state:
