@@ -227,8 +227,8 @@ def event_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> list:
     return sorted(events, key=lambda e: e[0])
 
 
-def segments(steps: int, saves: tuple, events: list) -> list:
-    """(start, stop, local saves) of the grid's segments between event steps: each segment's saves are
+def segments(steps: int, saves, events: list) -> list:
+    """(start, stop, local saves) of the grid's segments between event steps (`saves`: concrete save steps): each segment's saves are
     its steps' from its start (the state after the event there) up to its end, exclusive, but for the
     last segment, inclusive; an event at the last step adds a last segment of no steps after it."""
     bounds = sorted({0, steps, *(k for k in events if 0 < k < steps)})

@@ -25,6 +25,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sciad._brownian import grid_increment
 
@@ -245,7 +246,7 @@ class SDESetup(eqx.Module):
     t0: float = eqx.field(static=True)
     dt: float = eqx.field(static=True)
     steps: int = eqx.field(static=True)
-    save_steps: jax.Array
+    save_steps: jax.Array | np.ndarray
     start: int = eqx.field(static=True, default=0)
 
     def time(self, k):
