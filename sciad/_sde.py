@@ -228,9 +228,10 @@ def event_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> list:
 
 
 def segments(steps: int, saves, events: list) -> list:
-    """(start, stop, local saves) of the grid's segments between event steps (`saves`: concrete save steps): each segment's saves are
-    its steps' from its start (the state after the event there) up to its end, exclusive, but for the
-    last segment, inclusive; an event at the last step adds a last segment of no steps after it."""
+    """(start, stop, local saves) of the grid's segments between event steps, from the concrete save steps
+    `saves`: each segment's saves are its steps' from its start (the state after the event there) up to
+    its end, exclusive, but for the last segment, inclusive; an event at the last step adds a last segment
+    of no steps after it."""
     bounds = sorted({0, steps, *(k for k in events if 0 < k < steps)})
     spans = list(zip(bounds[:-1], bounds[1:])) + ([(steps, steps)] if steps in events else [])
     out = []
