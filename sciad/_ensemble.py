@@ -1,5 +1,6 @@
-"""`ensemble`: one problem solved for many members at once — batches of u0, p and save times —
-vmapped, and sharded over a device mesh when one is given. Differentiable like `solve`.
+"""`ensemble`: one problem solved for many members at once — batches of u0, p, save times and, for
+an SDE, Brownian paths' keys — vmapped, and sharded over a device mesh when one is given.
+Differentiable like `solve`.
 
     mesh = jax.make_mesh((8,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
     sols = sciad.ensemble(prob, ps=ps, saveat=ts, mesh=mesh)      # ps: p's PyTree, leaves (B, ...)
@@ -18,36 +19,44 @@ from jaxtyping import ArrayLike, PyTree, Real, Shaped
 
 from sciad._problem import ODEProblem
 from sciad._pytrees import leaf_names
+from sciad._sde import SDEProblem
 from sciad._solve import Solution, solve
 
-BATCHED = {"u0s": "u0", "ps": "p", "saveats": "saveat"}  # batched argument -> the solve argument it batches
+# batched argument -> the solve argument it batches
+BATCHED = {"u0s": "u0", "ps": "p", "saveats": "saveat", "keys": "key"}
 
 
 def ensemble(
-    prob: ODEProblem,
+    prob: ODEProblem | SDEProblem,
     *,
     u0s: PyTree[Shaped[ArrayLike, "B ..."]] | None = None,
     ps: PyTree[Shaped[ArrayLike, "B ..."]] | None = None,
     saveats: Real[ArrayLike, "B T"] | None = None,
+    keys: Shaped[ArrayLike, "B ..."] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     **solve_options: Any,
 ) -> Solution:
     """`solve(prob, ...)` for B members: `u0s`, `ps` (u0's, p's PyTree with a leading member axis B on
-    every array leaf) and `saveats` (B, T) vary per member; `u0=`, `p=`, `saveat=` and the other
-    `solve` options (`sensealg`, `solver`, ...) are shared by all. Returns a `Solution` whose leaves
-    have a leading axis B (`us`: (B, T, ...)).
+    every array leaf), `saveats` (B, T) and, for an `SDEProblem`, `keys` (B,) (the members' Brownian
+    paths: `jax.random.split(key, B)`) vary per member; `u0=`, `p=`, `saveat=`, `key=` and the other
+    `solve` options (`sensealg`, `solver`, `dt0`, ...) are shared by all. Returns a `Solution` (an
+    `SDESolution` for an SDE) whose leaves have a leading axis B (`us`: (B, T, ...)).
 
     With `mesh` (axes of type `Auto`), the member axis is sharded over all the mesh's devices
     (under jax.distributed, a global mesh spans hosts); B is padded to a multiple of the device count
     by repeating the last member, and the padding is dropped from the result. Composes with
     `jax.jit`, `jax.grad` (with respect to batched and shared inputs alike) and `jax.vmap`.
     """
-    if not isinstance(prob, ODEProblem):
-        raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
-    given = {"u0s": u0s, "ps": ps, "saveats": saveats}
+    if not isinstance(prob, (ODEProblem, SDEProblem)):
+        raise TypeError(f"prob must be a sciad.ODEProblem or sciad.SDEProblem, got {type(prob).__name__}")
+    if keys is not None and not isinstance(prob, SDEProblem):
+        raise ValueError("keys= batches the Brownian paths of an SDEProblem; an ODE problem has none")
+    given = {"u0s": u0s, "ps": ps, "saveats": saveats, "keys": keys}
     batched = {BATCHED[name]: tree for name, tree in given.items() if tree is not None}
     if not batched:
-        raise ValueError("ensemble needs at least one batched argument: u0s, ps or saveats (leading axis: members)")
+        raise ValueError(
+            "ensemble needs at least one batched argument: u0s, ps, saveats or keys (leading axis: members)"
+        )
     for name, one in BATCHED.items():
         if one in batched and one in solve_options:
             raise ValueError(f"ensemble got both {name} (one per member) and {one} (shared by all): pass one of them")
@@ -75,12 +84,16 @@ def ensemble(
     return sols if padded == size else _map_arrays(lambda x: x[:size], sols)
 
 
-def _members(prob: ODEProblem, name: str, tree) -> int:
+def _members(prob: ODEProblem | SDEProblem, name: str, tree) -> int:
     """The number of members B in batched argument `name`; a clear error for a leaf without the
     leading member axis, with a member of the wrong shape, or with another B than its siblings."""
     one = BATCHED[name]
     if one == "saveat":
         member_shapes = [None] * len(jax.tree.leaves(tree))  # (T,), any T
+    elif one == "key":
+        if not (eqx.is_array(tree) and np.ndim(tree) >= 1):
+            raise ValueError(f"keys must be PRNG keys with a leading member axis, got {type(tree).__name__}")
+        return np.shape(tree)[0]
     else:
         like = getattr(prob, one)
         if jax.tree.structure(tree) != jax.tree.structure(like):

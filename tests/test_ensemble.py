@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -41,7 +42,8 @@ def run_child(*cases: str) -> dict:
 
 @pytest.mark.slow
 def test_sharded_ensembles_match_unsharded_vmap_and_single_solves():
-    out = run_child("recipes", "pytree")
+    out = run_child("recipes", "pytree", "sde")
+    assert out["sde"]["rel"] < 1e-12 and out["sde"]["us"]["devices"] == DEVICES  # Brownian paths sharded
     recipes = out["recipes"]
     assert recipes["rel"] < 1e-12 and recipes["norm"] > 0  # helper sharded = unsharded
     assert recipes["us"] == {"devices": DEVICES, "spec": "P('batch',)"}
@@ -68,6 +70,22 @@ def test_every_sensealg_sharded_equals_unsharded_and_per_device_loops():
 @pytest.fixture(scope="module")
 def lv():
     return lotka_volterra().problem
+
+
+def test_ensemble_of_brownian_paths():
+    """An SDE ensemble over keys: each member the solve of its own path; the gradient the members' sum."""
+    prob = sciad.SDEProblem(lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] * u, np.ones(2), (0.0, 1.0), np.ones(2))
+    keys, p = jax.random.split(jax.random.key(0), 3), jnp.array([0.5, 0.3])
+
+    def member(p, key):
+        return sciad.solve(prob, key=key, p=p, dt0=0.05, saveat=[0.5, 1.0]).us
+
+    sols = sciad.ensemble(prob, keys=keys, p=p, dt0=0.05, saveat=[0.5, 1.0])
+    np.testing.assert_array_equal(sols.us, np.stack([member(p, k) for k in keys]))
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(sciad.ensemble(prob, keys=keys, p=p, dt0=0.05, saveat=[0.5, 1.0]).us)))
+    np.testing.assert_allclose(grad(p), sum(jax.grad(lambda p: jnp.sum(member(p, k)))(p) for k in keys), rtol=1e-12)
+    with pytest.raises(ValueError, match="keys= batches the Brownian paths of an SDEProblem"):
+        sciad.ensemble(lotka_volterra().problem, keys=keys)
 
 
 def test_ensemble_needs_a_batch_and_one_value_per_argument(lv):

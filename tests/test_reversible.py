@@ -81,6 +81,8 @@ def test_refusals_name_the_fix():
         sciad.ReversibleAdjoint(coupling=0.0)
     with pytest.raises(ValueError, match="needs an explicit solver.*DiscreteAdjoint"):
         jax.grad(loss, argnums=1)(U0, P, solver="rodas5p")
+    with pytest.raises(ValueError, match="pass a JAX engine"):
+        jax.grad(loss, argnums=1)(U0, P, sciad.ReversibleAdjoint("finite-differences"))
 
 
 def test_drift_raises_instead_of_a_wrong_number():

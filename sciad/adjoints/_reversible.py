@@ -40,14 +40,14 @@ class ReversibleAdjoint(AbstractSensitivity):
 
     ODEs (McCallum & Foster 2024): the solve's explicit solver Ψ (Tsit5, Dopri5, ...; Ψ_h(x) the
     increment of its step of size h from x) made reversible on a pair (y, z), y0 = z0 = u0:
-    y_{n+1} = λ y_n + (1 − λ) z_n + Ψ_h(z_n), z_{n+1} = z_n − Ψ_{−h}(y_{n+1}) (λ = `coupling`, in
-    (0, 1]; below 1 the scheme is stable where Ψ is), steps adapted on Ψ's error estimate and landing on
-    the save times, y linear between steps. Two steps of Ψ per step forwards, four and their pullbacks
-    backwards. Implicit solvers and mass matrices are refused. The scheme has two limits, each checked
-    when the program runs and raised rather than returned as a wrong number: its second mode grows
-    forwards where Ψ's steps damp the solution by more than 1 − λ (y and z drift apart), and the
-    reconstruction amplifies rounding by about 1/λ per step (u0 not recovered to the solve's tolerance):
-    long solves of thousands of steps may meet one or the other.
+    y_{n+1} = λ y_n + (1 − λ) z_n + Ψ_h(z_n), z_{n+1} = z_n − Ψ_{−h}(y_{n+1}) (λ = `coupling`, in (0, 1]),
+    steps adapted on Ψ's error estimate and landing on the save times, y linear between steps. Two steps
+    of Ψ per step forwards, four and their pullbacks backwards (JAX's, through the solver's steps, as
+    DiscreteAdjoint's: `vjp` must be a JAX engine). Implicit solvers and mass matrices are refused. The
+    scheme has two limits, each checked when the program runs and raised rather than returned as a wrong
+    number: its second mode grows forwards where Ψ's steps damp the solution by more than 1 − λ (y and z
+    drift apart), and the reconstruction amplifies rounding by about 1/λ per step (u0 not recovered to
+    the solve's tolerance): long solves of thousands of steps may meet one or the other.
 
     SDEs (Kidger et al. 2021): reversible Heun (`solver="reversible_heun"`), one vector-Jacobian product
     of drift and diffusion per step (`vjp`: a `sciad.ad` JAX engine or its name).
@@ -67,6 +67,7 @@ class ReversibleAdjoint(AbstractSensitivity):
         self.coupling = float(coupling)
 
     def forward(self, setup: Setup, u0, p, active):
+        _reversible(setup, self.coupling, True, self.engines())  # refuses what it cannot serve
         sol = _solve(setup, self.coupling, u0, p)
         ys, _ = sol.ys
         (y_end, z_end), (_, times) = sol.end.y, sol.carried
@@ -130,10 +131,15 @@ class _Reversible(dfx.AbstractSolver):
         return (y - (1 - self.coupling) * z0 - self.increment(terms, t0, t1, z0, args)[0]) / self.coupling, z0
 
 
-def _reversible(setup: Setup, coupling: float, forward_mode: bool) -> _Reversible:
+def _reversible(setup: Setup, coupling: float, forward_mode: bool, engines=()) -> _Reversible:
     """The reversible method on the setup's solver, its stages in a plain loop where `forward_mode`, else in
     one that reverse and forward mode both enter (the pullback, and its derivative); refuses what it cannot
-    serve."""
+    serve (`engines`: the sensealg's)."""
+    if not all(e.traced for e in engines):
+        raise ValueError(
+            "sensealg=ReversibleAdjoint on an ODE solve pulls back through the solver's steps with JAX: pass "
+            "a JAX engine (vjp='jax-reverse'), or sensealg=sciad.InterpolatingAdjoint(vjp=...) for another engine"
+        )
     if setup.implicit or setup.mass is not None:
         raise ValueError(
             f"sensealg=ReversibleAdjoint needs an explicit solver for an ODE solve, got {type(setup.solver).__name__}"

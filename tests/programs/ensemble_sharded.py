@@ -4,7 +4,7 @@ devices its XLA_FLAGS give it (JAX reads them when it starts), against the unsha
 
     python tests/programs/ensemble_sharded.py CASE...
 
-A CASE is "recipes", "pytree" or a sensealg as `sciad.adjoints.parse` reads it. Prints one line: RESULT
+A CASE is "recipes", "pytree", "sde" or a sensealg as `sciad.adjoints.parse` reads it. Prints one line: RESULT
 and a JSON object of the device count and each case's results.
 """
 
@@ -118,10 +118,25 @@ def pytree_case():
     }
 
 
+def sde_case():
+    """An SDE ensemble over 12 Brownian paths (padded to 16), sharded: its gradient against the unsharded one."""
+    prob = sciad.SDEProblem(lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] * u, np.ones(2), (0.0, 1.0), np.ones(2))
+    keys = jax.random.split(jax.random.key(0), 12)
+
+    def loss(p, mesh):
+        return jnp.sum(sciad.ensemble(prob, keys=keys, p=p, dt0=0.05, saveat=[0.5, 1.0], mesh=mesh).us ** 2)
+
+    p = jnp.array([0.5, 0.3])
+    sharded = jax.jit(jax.grad(lambda p: loss(p, mesh)))(p)
+    sols = jax.jit(lambda: sciad.ensemble(prob, keys=keys, p=p, dt0=0.05, saveat=[0.5, 1.0], mesh=mesh))()
+    return {"rel": rel(sharded, jax.jit(jax.grad(lambda p: loss(p, None)))(p)), "us": spread(sols.us)}
+
+
 def main(cases):
     out = {"devices": jax.device_count()}
     for case in cases:
-        out[case] = {"recipes": recipes_case, "pytree": pytree_case}.get(case, lambda: sensealg_case(case)[0])()
+        named = {"recipes": recipes_case, "pytree": pytree_case, "sde": sde_case}
+        out[case] = named.get(case, lambda: sensealg_case(case)[0])()
     print("RESULT " + json.dumps(out))
 
 
