@@ -52,8 +52,8 @@ def test_backsolve_refuses_exactly_the_wrong_gradients_held_out(name):
 
 
 def test_a_stiff_refusal_stops_after_a_few_backward_steps_per_forward_step():
-    """Fisher–KPP (100 states, Kvaerno5): the backward solve is cut off at BACKWARD_STEPS per forward step;
-    with max_steps as its only bound it ran 216 s here."""
-    case = CALIBRATION["Fisher–KPP, 100 states, Kvaerno5"]
+    """Fisher–KPP (50 states, Kvaerno5): the backward solve is cut off at BACKWARD_STEPS per forward step
+    (at 100 states, with max_steps as its only bound, it ran 216 s here)."""
+    case = backsolve_corpus.fisher_kpp(50)
     with pytest.raises(Exception, match=f"more than {continuous.BACKWARD_STEPS} steps per forward step"):
         jax.block_until_ready(backsolve_corpus.gradient(case, sciad.BacksolveAdjoint()))
