@@ -4,6 +4,8 @@ accumulates it step by step, and by the continuous adjoints' one sweep of the ba
 whose steps, held to the largest of the members' errors, agree with theirs to the tolerances), and
 with p batched too, each member's own."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,10 +56,15 @@ def _loss(sensealg, integrand=None):
     return loss
 
 
+@functools.cache
+def _member_grad(name):
+    """A member's jitted gradient in (u0, p), compiled once per sensealg for the module."""
+    return jax.jit(jax.grad(_loss(sciad.adjoints.parse(name)), argnums=(0, 1)))
+
+
 @pytest.mark.parametrize("name", SENSEALGS)
 def test_vmap_equals_members(name):
-    grad = jax.jit(jax.grad(_loss(sciad.adjoints.parse(name)), argnums=(0, 1)))
-    members = [grad(u0, P) for u0 in U0S]
+    members = [_member_grad(name)(u0, P) for u0 in U0S]
     g_u0, g_p = jax.jit(
         jax.grad(lambda u0s, p: jnp.sum(jax.vmap(_loss(sciad.adjoints.parse(name)), (0, None))(u0s, p)), argnums=(0, 1))
     )(U0S, P)
@@ -82,7 +89,7 @@ def test_gradient_of_a_jitted_batch(name):
     """jax.grad of a jitted vmapped solve (as of diffrax's own jitted diffeqsolve under a user's grad): JAX
     linearises the compiled batch, reading the rules' outputs with the batch axes of their value."""
     loss = jax.jit(lambda p: jnp.sum(jax.vmap(_loss(sciad.adjoints.parse(name)), (0, None))(U0S, p)))
-    member = jax.jit(jax.grad(_loss(sciad.adjoints.parse(name)), 1))
+    member = jax.jit(jax.grad(_loss(sciad.adjoints.parse(name)), 1))  # not in u0: ForwardSensitivity steps on p's only
     np.testing.assert_allclose(jax.grad(loss)(P), sum(member(u0, P) for u0 in U0S), rtol=1e-10, atol=1e-12)
 
 
@@ -108,8 +115,7 @@ def test_vmap_with_a_differentiated_closure_equals_members(name):
 def test_vmap_with_batched_p_equals_members():
     """p batched with u0 (per-member parameters): each member's own p cotangent, not the batch's sum."""
     ps = P + 0.1 * jnp.arange(3.0)[:, None]
-    loss = _loss(sciad.DiscreteAdjoint())
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    loss, grad = _loss(sciad.DiscreteAdjoint()), _member_grad("DiscreteAdjoint()")
     g_u0, g_p = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1))))(U0S, ps)
     for i, (u0, p) in enumerate(zip(U0S, ps)):
         m_u0, m_p = grad(u0, p)

@@ -57,18 +57,21 @@ def _value_and_grad(loss, argnums=1):
     return jax.jit(jax.value_and_grad(loss, argnums, has_aux=True), static_argnums=0)
 
 
+def _sum_of_squares(adjoint, y0, args):
+    sol = _solve(adjoint, y0, args)
+    return jnp.sum(sol.ys[:, 0] ** 2), sol
+
+
+_SUM_OF_SQUARES = _value_and_grad(_sum_of_squares, (1, 2))  # diffrax's reference compiled once for the module
+
+
 @pytest.mark.parametrize("sensealg,rtol", [("auto", 1e-12), ("GaussAdjoint", 1e-6), ("InterpolatingAdjoint", 1e-6)])
 def test_diffraxs_solution_and_its_gradient(sensealg, rtol):
     """The solution is diffrax's to rounding (the same steps: the controller's gains and limits and dt0
     are diffrax's; a save at t1 is interpolated there); the gradient in y0 and args is
     RecursiveCheckpointAdjoint's (exactly, by "auto"'s DiscreteAdjoint), under jit."""
-
-    def loss(adjoint, y0, args):
-        sol = _solve(adjoint, y0, args)
-        return jnp.sum(sol.ys[:, 0] ** 2), sol
-
-    (_, ours), our_grads = _value_and_grad(loss, (1, 2))(sciad.diffrax_adjoint(sensealg), Y0, P)
-    (_, theirs), their_grads = _value_and_grad(loss, (1, 2))(dfx.RecursiveCheckpointAdjoint(), Y0, P)
+    (_, ours), our_grads = _SUM_OF_SQUARES(sciad.diffrax_adjoint(sensealg), Y0, P)
+    (_, theirs), their_grads = _SUM_OF_SQUARES(dfx.RecursiveCheckpointAdjoint(), Y0, P)
     np.testing.assert_allclose(ours.ys, theirs.ys, rtol=1e-14)
     np.testing.assert_array_equal(ours.ts, theirs.ts)
     for key in ("num_steps", "num_accepted_steps", "num_rejected_steps"):

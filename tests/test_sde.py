@@ -97,13 +97,15 @@ def final(p, calculus, solver, sensealg, key=KEY, dt=DT):
     return sciad.solve(GBM[calculus], p=p, key=key, dt0=dt, solver=solver, sensealg=sensealg).us[-1, 0]
 
 
+GRAD_FINAL = jax.jit(jax.grad(final), static_argnums=(1, 2, 3))  # one program per case, shared by the module
+
+
 @pytest.mark.parametrize("name,solver", CASES)
 def test_pathwise_gradients_match_the_closed_form_and_the_steps(name, solver):
     """Each sensealg's gradient of u(T) in (μ, σ) on one path: against the closed form's derivative
     (to the solver's strong order) and, for those exact for the steps, against DiscreteAdjoint to
     rounding; the continuous adjoints against it to their own discretisation error."""
-    calculus = "ito"
-    grad = jax.jit(jax.grad(final), static_argnums=(1, 2, 3))
+    calculus, grad = "ito", GRAD_FINAL
     g = np.asarray(grad(P, calculus, solver, name))
     _, exact = gbm_exact(calculus, P, brownian_at_T())
     tolerance = 3e-2 if solver == "euler" else 6e-3
@@ -131,7 +133,7 @@ def test_engines_give_the_same_products(sensealg, solver):
 
 def test_discrete_derivative_matches_finite_differences_on_the_same_key():
     h = 1e-6
-    g = jax.grad(final)(P, "ito", "milstein", "DiscreteAdjoint")
+    g = GRAD_FINAL(P, "ito", "milstein", "DiscreteAdjoint")
     fd = [
         (
             final(P + h * e, "ito", "milstein", "DiscreteAdjoint")
