@@ -20,7 +20,7 @@ from sciad.adjoints._base import (
     stats_vector,
     stored_steps,
 )
-from sciad.adjoints._loop import Position, Stepper, begin, integrate
+from sciad.adjoints._loop import Position, Stepper, begin, integrate, stage_loop
 
 STORE_ALL_BYTES = 2**28  # auto's `stored-steps` rule: DiscreteAdjoint where max_steps states fit (256 MiB)
 STATE_COPIES = 1  # the stored reverse pass keeps each accepted step's state once (recomputing its stages)
@@ -344,10 +344,7 @@ def _replayed(setup: Setup, recording: Callable):
 
 def _both_modes(setup: Setup) -> Setup:
     """`setup` with a Runge-Kutta solver's stages in a loop that forward and reverse mode both enter."""
-    solver = setup.solver
-    if isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
-        solver = eqx.tree_at(lambda s: s.scan_kind, solver, "bounded", is_leaf=lambda x: x is None)
-    return eqx.tree_at(lambda s: s.solver, setup, solver)
+    return eqx.tree_at(lambda s: s.solver, setup, stage_loop(setup.solver, "bounded"))
 
 
 class ForwardDiffSensitivity(AbstractSensitivity):

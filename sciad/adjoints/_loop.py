@@ -37,8 +37,8 @@ class Stepper(eqx.Module):
         forward_mode: bool = True,
     ) -> "Stepper":
         """`solver` on `terms` with adaptive steps by `controller` (`Setup.controller`)."""
-        if forward_mode and isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
-            solver = eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
+        if forward_mode:
+            solver = stage_loop(solver, "lax")
         if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
             for name in ("rtol", "atol", "norm"):
                 if getattr(solver.root_finder, name, None) is use_stepsize_tol:  # pyright: ignore[reportAttributeAccessIssue]
@@ -104,6 +104,14 @@ class Stepper(eqx.Module):
     def interpolation(self, t0, t1, dense_info):
         """The step's dense output on [t0, t1]."""
         return self.solver.interpolation_cls(t0=t0, t1=t1, **dense_info)
+
+
+def stage_loop(solver: dfx.AbstractSolver, kind: str) -> dfx.AbstractSolver:
+    """A Runge-Kutta `solver` whose stages run in diffrax's loop `kind` where it leaves the choice to diffrax
+    ("lax": forward mode enters it; "bounded": forward and reverse mode both do); other solvers as they are."""
+    if isinstance(solver, dfx.AbstractRungeKutta) and solver.scan_kind is None:
+        return eqx.tree_at(lambda s: s.scan_kind, solver, kind, is_leaf=lambda x: x is None)
+    return solver
 
 
 class Position(eqx.Module):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import sciad.ad as ad
 from sciad._errors import error_if
 from sciad.adjoints._base import AbstractSensitivity, Setup, checked, stats_vector
-from sciad.adjoints._loop import Stepper, integrate
+from sciad.adjoints._loop import Stepper, integrate, stage_loop
 
 # |y - z| at the end of a solve, in tolerances (atol + rtol |y|) per accepted step, past which the pair has
 # drifted apart: the two differ by their steps' local errors (a few tolerances a step), and where the base
@@ -67,8 +67,7 @@ class ReversibleAdjoint(AbstractSensitivity):
         self.coupling = float(coupling)
 
     def forward(self, setup: Setup, u0, p, active):
-        _reversible(setup, self.coupling, True, self.engines())  # refuses what it cannot serve
-        sol = _solve(setup, self.coupling, u0, p)
+        sol = _solve(setup, self.coupling, u0, p, self.engines())
         ys, _ = sol.ys
         (y_end, z_end), (_, times) = sol.end.y, sol.carried
         residuals = _Steps(times, sol.stats["num_accepted_steps"], y_end, z_end, u0, p, sol.result, active)
@@ -146,20 +145,17 @@ def _reversible(setup: Setup, coupling: float, forward_mode: bool, engines=()) -
             "; for this solver pass sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or "
             "sciad.InterpolatingAdjoint(checkpointing=True) (memory flat in the steps)"
         )
-    base = setup.solver
-    if isinstance(base, dfx.AbstractRungeKutta) and base.scan_kind is None:
-        kind = "lax" if forward_mode else "bounded"
-        base = eqx.tree_at(lambda s: s.scan_kind, base, kind, is_leaf=lambda x: x is None)
-    return _Reversible(base, coupling)
+    return _Reversible(stage_loop(setup.solver, "lax" if forward_mode else "bounded"), coupling)
 
 
-def _solve(setup: Setup, coupling: float, u0, p):
+def _solve(setup: Setup, coupling: float, u0, p, engines=()):
     """The reversible solve of (y, z) from (u0, u0) (`Trajectory`; saves (y, z)), steps landing on the
-    save times, its accepted steps' end times carried ((count, times (max_steps + 1,)))."""
+    save times, its accepted steps' end times carried ((count, times (max_steps + 1,))); refuses what it
+    cannot serve (`engines`: the sensealg's)."""
     y0 = setup.state(setup.initialised(u0, p))
     ts = jnp.asarray(setup.ts, y0.dtype)
     controller = dfx.ClipStepSizeController(setup.controller(), step_ts=ts)
-    stepper = Stepper(setup.term(), _reversible(setup, coupling, forward_mode=True), controller)
+    stepper = Stepper(setup.term(), _reversible(setup, coupling, True, engines), controller)
     times = jnp.full((setup.max_steps + 1,), jnp.inf, ts.dtype).at[0].set(setup.t0)
 
     def record(carried, t_start, t_end, y_end, interpolation):
