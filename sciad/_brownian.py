@@ -16,6 +16,7 @@ import numpy as np
 
 # Stream tags: the increments and the bridges draw from independent keys derived from the user's key.
 _INCREMENTS, _BRIDGES = 0, 1
+ON_GRID = 1e-9  # a time within this fraction of a step of a grid point is on it
 
 
 class BrownianPath(eqx.Module):
@@ -50,26 +51,35 @@ class BrownianPath(eqx.Module):
         """Every step's increment (steps, *shape) (what `increment(k)` gives for k = 0 .. steps - 1)."""
         return jax.vmap(self.increment)(jnp.arange(self.steps))
 
-    def _at(self, t) -> jax.Array:
-        """W(t) - W(t0): the whole steps before t, then a bridge inside t's step."""
-        t = jnp.asarray(t, self.dtype)
-        position = (t - self.t0) / self.dt
+    def _step_of(self, t):
+        """(k, fraction): t's grid step and where in it, in [0, 1]; a time within `ON_GRID` steps of a
+        grid point is that point (the steps a solver takes on the grid meet it exactly)."""
+        position = (jnp.asarray(t, self.dtype) - self.t0) / self.dt
+        nearest = jnp.rint(position)
+        position = jnp.where(jnp.abs(position - nearest) <= ON_GRID * jnp.maximum(1.0, nearest), nearest, position)
         k = jnp.clip(jnp.floor(position), 0, self.steps - 1).astype(jnp.int32)
-        fraction = jnp.clip(position - k, 0.0, 1.0)  # where in step k, in [0, 1]
-        before = jnp.arange(self.steps) < k
-        increments = self.increments()
-        w_k = jnp.tensordot(before.astype(self.dtype), increments, axes=1)
+        return k, jnp.clip(position - k, 0.0, 1.0)
+
+    def _bridge(self, k, fraction):
+        """W(t) - W(t_k) for t at `fraction` of step k: the Brownian bridge between its ends."""
         z = jax.random.normal(self._key(_BRIDGES, k), self.shape, self.dtype)
-        bridge = fraction * increments[k] + jnp.sqrt(fraction * (1 - fraction) * self.dt) * z
-        return w_k + bridge
+        return fraction * self.increment(k) + jnp.sqrt(fraction * (1 - fraction) * self.dt) * z
 
     def evaluate(self, t0, t1=None) -> jax.Array:
         """W(t1) - W(t0) (`shape`), or W(t0) - W(path start) without t1; times inside the path's span
-        (traced allowed). Exact on the grid (a sum of the steps' increments); a Brownian bridge
-        between its step's ends for a time off it."""
+        (traced allowed), t0 ≤ t1. Exact on the grid (a sum of the steps' increments: one draw for one
+        step); a Brownian bridge between its step's ends for a time off it. Costs one draw per step
+        between t0 and t1."""
         if t1 is None:
-            return self._at(t0)
-        return self._at(t1) - self._at(t0)
+            t0, t1 = self.t0, t0
+        (j, a), (k, b) = self._step_of(t0), self._step_of(t1)
+        one_step = (a == 0) & (b == 1) & (k == j) | (a == 0) & (b == 0) & (k == j + 1)
+
+        def general(_):
+            whole = jax.lax.fori_loop(j, k, lambda i, w: w + self.increment(i), jnp.zeros(self.shape, self.dtype))
+            return whole + self._bridge(k, b) - self._bridge(j, a)
+
+        return jax.lax.cond(one_step, lambda _: self.increment(j), general, None)
 
 
 def grid_increment(path, t0: float, dt: float, k) -> jax.Array:

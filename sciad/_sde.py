@@ -19,10 +19,20 @@ from sciad._errors import error_if, raising_solve_errors
 from sciad._events import PresetTimeCallback, _check_affect
 from sciad._problem import _traced, check_inputs, check_integrand, check_params, check_saveat, check_state, check_tspan
 from sciad._pytrees import Layout, leaf_names
-from sciad._sde_solvers import SDE_SOLVERS, AbstractSDESolver, Noise, SDESetup, System, default_sde_solver
+from sciad._sde_solvers import (
+    LOOP_SOLVERS,
+    SDE_SOLVERS,
+    AbstractSDESolver,
+    Noise,
+    SDEField,
+    SDESetup,
+    System,
+    default_sde_solver,
+)
 from sciad._vector_field import VectorField
 from sciad.adjoints import _pathwise as pathwise
-from sciad.adjoints._base import AbstractSensitivity
+from sciad.adjoints._base import AbstractSensitivity, Setup
+from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints._registry import resolve
 
 NOISES = ("diagonal", "scalar")  # or an int m: general noise of m Brownian motions
@@ -354,6 +364,29 @@ def solve(
 
         sensealg = auto_sde_sensealg(u0, p, ts, solver=solver, steps=steps, integral_entries=entries).sensealg
     sensealg = resolve(sensealg)
+    on_loop = isinstance(sensealg, ForwardDiffSensitivity) or (
+        isinstance(sensealg, DiscreteAdjoint) and not solver.reversible
+    )
+    if on_loop and not callbacks:  # on the one loop
+        loop_solver = LOOP_SOLVERS[_name_of(solver)]()
+        field = VectorField.of(prob.drift, u0, p, t0, host=False, integrand=extra)
+        system = System(field, noise, entries, prob.calculus).in_calculus(solver.calculus)
+        times = saves.astype(dtype) * dtype.type(dt) + dtype.type(t0)  # on the grid, in its own arithmetic
+        setup = Setup(
+            SDEField(system, path),
+            loop_solver,
+            jnp.asarray(t0, dtype),
+            jnp.asarray(t1, dtype),
+            times,
+            0.0,
+            0.0,
+            steps,
+            stepsize_controller=dfx.ConstantStepSize(),
+            dt0=jnp.asarray(dt, dtype),
+        )
+        p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
+        ys, stats = sensealg.solve(setup, jnp.asarray(field.u.ravel(u0), dtype), p_flat)
+        return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
     why = pathwise.refusal(sensealg, setup)
     if why:
         raise ValueError(why)
@@ -378,11 +411,20 @@ def solve(
         pieces.append(ys[:-1])
         y = ys[-1]
     ys = jnp.concatenate(pieces)
+    return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, steps, path)
+
+
+def _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, steps, path) -> SDESolution:
+    """The `SDESolution` of the saves ys (T (+1 with an integrand), n + k)."""
     integral = None
     if integrand is not None:
         integral = Layout.of(eqx.filter_eval_shape(integrand, u0, p, jnp.asarray(t0, dtype)), dtype).unravel(ys[T, n:])
     us = jax.vmap(field.u.unravel)(ys[:T, :n])
     return SDESolution(jnp.asarray(ts, dtype), us, {"steps": jnp.asarray(steps, jnp.int32)}, path, integral)
+
+
+def _name_of(solver: AbstractSDESolver) -> str:
+    return next(name for name, cls in SDE_SOLVERS.items() if type(solver) is cls)
 
 
 def dispatching(ode_solve: Callable) -> Callable:

@@ -19,9 +19,11 @@ against the closed form on each path, as dt halves):
 """
 
 import abc
+import typing
 from collections.abc import Callable
 from typing import ClassVar
 
+import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -288,3 +290,145 @@ class SDESetup(eqx.Module):
         if final_state:
             out.append(state)
         return out[0] if len(out) == 1 else tuple(out)
+
+
+class Diffusion(dfx.AbstractTerm):
+    """The noise term σ(u, θ, t) dW of the state y = (u, q) (n + k,), driven by a Brownian `path`: `vf`
+    is σ (d,) raveled as `Noise` says, `contr` the path's increment dW (m,), `prod` σ dW with zeros for
+    the integral q (it has no noise). Held by `SDEField.terms` beside the drift's `diffrax.ODETerm`."""
+
+    sigma: Callable  # (t, y, args) -> σ (d,)
+    noise: Noise
+    k: int = eqx.field(static=True)
+    path: typing.Any
+
+    def vf(self, t, y, args):
+        return self.sigma(t, y, args)
+
+    def contr(self, t0, t1, **kwargs):
+        return jnp.asarray(self.path.evaluate(t0, t1))
+
+    def prod(self, vf, control):
+        du = self.noise.apply(vf, control.astype(vf.dtype))
+        return jnp.concatenate([du, jnp.zeros((self.k,), du.dtype)]) if self.k else du
+
+
+class SDEField(eqx.Module):
+    """An SDE as a problem kind of sciad's solve: the `system` (drift, diffusion and integrand on flat
+    vectors, in the calculus of the solver that steps it) and the Brownian `path` that drives it (None in a
+    setup's bare copy, whose rules receive it as an input: `driving`, `driven`). What the solve's `Setup`
+    asks of its field: `__call__(u, θ, t)` is the drift of y = (u, q) (n + k,) (what a time's derivative
+    and the ODE parts of the pipeline read), `terms` the drift and the noise as the solver takes them."""
+
+    system: System
+    path: typing.Any
+
+    @property
+    def F(self):  # noqa: N802  (the field's name in `System`)
+        return self.system.F
+
+    @property
+    def u(self):
+        return self.F.u
+
+    @property
+    def p(self):
+        return self.F.p
+
+    @property
+    def held(self):
+        return self.F.held
+
+    @property
+    def dtype(self):
+        return self.F.dtype
+
+    @property
+    def integrand_size(self) -> int:
+        return self.system.k
+
+    def with_closure(self, c, merged: bool) -> "SDEField":
+        return SDEField(eqx.tree_at(lambda s: s.F, self.system, self.F.with_closure(c, merged)), self.path)
+
+    def driving(self) -> tuple:
+        """The path's arrays (PRNG keys as their raw data): the inputs a custom rule takes the path as."""
+        leaves = jax.tree.leaves(eqx.filter(self.path, eqx.is_array))
+        return tuple(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x for x in leaves)
+
+    def driven(self, arrays, like: "SDEField") -> "SDEField":
+        """This field driven by the path of `like` made of `arrays` (`driving`'s), or by none (`arrays` None)."""
+        if arrays is None:
+            return SDEField(self.system, None)
+        template, rest = eqx.partition(like.path, eqx.is_array)
+        leaves, treedef = jax.tree.flatten(template)
+        leaves = [
+            jax.random.wrap_key_data(a, impl=jax.random.key_impl(x))
+            if jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+            else a
+            for x, a in zip(leaves, arrays)
+        ]
+        return SDEField(self.system, eqx.combine(jax.tree.unflatten(treedef, leaves), rest))
+
+    def __call__(self, u, theta, t):
+        """The drift of y = (u, q): [a; g] (n + k,), a with the calculus correction."""
+        y = jnp.concatenate([u, jnp.zeros((self.system.k,), u.dtype)]) if self.system.k else u
+        return self.system.rates(y, theta, t)[0]
+
+    def terms(self, drift=None):
+        """The drift `drift(t, y, args)` (default: the field's) as a `diffrax.ODETerm` and the noise, a
+        `Diffusion` along the path: the `diffrax.MultiTerm` an SDE solver steps."""
+        system, n = self.system, self.system.n
+        drift = drift or (lambda t, y, theta: system.rates(y, theta, t)[0])
+        sigma = lambda t, y, theta: system.sigma(y[:n], theta, jnp.asarray(t, y.dtype))  # noqa: E731
+        return dfx.MultiTerm(dfx.ODETerm(drift), Diffusion(sigma, system.noise, system.k, self.path))
+
+
+class DiagonalMilstein(dfx.AbstractItoSolver):
+    """Milstein's method (Itô) for diagonal and scalar noise on `SDEField.terms`: Euler–Maruyama plus
+    ½ (∂σ/∂u · σ) ⊙ (ΔW² - dt), one Jacobian-vector product per step (σᵢ depending on uᵢ alone, or
+    scalar noise: strong order 1; 1/2 otherwise), as SciML's RKMil. Fixed steps (no error estimate)."""
+
+    term_structure: ClassVar = dfx.MultiTerm[tuple[dfx.AbstractTerm, dfx.AbstractTerm]]
+    interpolation_cls: ClassVar = dfx.LocalLinearInterpolation
+
+    def order(self, terms):
+        return None
+
+    def strong_order(self, terms):
+        return 1
+
+    def init(self, terms, t0, t1, y0, args):
+        return None
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        del solver_state, made_jump
+        drift, diffusion = terms.terms
+        dt, dW = drift.contr(t0, t1), diffusion.contr(t0, t1)
+        n = diffusion.noise.n
+        sigma, lin = jax.linearize(lambda u: diffusion.vf(t0, jnp.concatenate([u, y0[n:]]), args), y0[:n])
+        dW = dW.astype(y0.dtype)
+        squares = (dW**2 if diffusion.noise.kind == "diagonal" else dW[0] ** 2) - dt
+        step = drift.vf_prod(t0, y0, args, dt) + diffusion.prod(sigma, dW)
+        y1 = y0 + step.at[:n].add(0.5 * lin(sigma) * squares)
+        return y1, None, dict(y0=y0, y1=y1), None, dfx.RESULTS.successful
+
+    def func(self, terms, t0, y0, args):
+        return terms.vf(t0, y0, args)
+
+
+# sciad's names of the SDE solvers stepped on the one loop (diffrax's, and Milstein's diagonal form)
+LOOP_SOLVERS: dict[str, Callable[[], dfx.AbstractSolver]] = {
+    "euler": dfx.Euler,
+    "milstein": DiagonalMilstein,
+    "heun": dfx.Heun,
+    "reversible_heun": dfx.ReversibleHeun,
+}
+
+
+def calculus_of(solver: dfx.AbstractSolver) -> str | None:
+    """The calculus a diffrax solver's SDE solutions converge in, as diffrax declares it; None for an ODE solver."""
+    if isinstance(solver, dfx.AbstractItoSolver):
+        return "ito"
+    if isinstance(solver, dfx.AbstractStratonovichSolver):
+        return "stratonovich"
+    return None

@@ -73,6 +73,13 @@ class VectorField(eqx.Module):
         held = jnp.zeros((0,), c.dtype) if merged else c
         return VectorField(self.fn, self.u, self.p, self.c, self.q, self.static_p, held, self.dtype, merged)
 
+    def driving(self) -> tuple:
+        """What drives a solve besides u0 and p (an SDE's path: `sciad._sde_solvers.SDEField`): nothing."""
+        return ()
+
+    def driven(self, arrays, like) -> "VectorField":
+        return self
+
     def __call__(self, u, p, t):
         return self.open()(u, p, self.held, t)
 

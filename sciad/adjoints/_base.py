@@ -57,7 +57,8 @@ class Setup(eqx.Module):
     # The rules' inputs whose cotangent p's is (`AbstractSensitivity.solve`: p, and c where merged): the slots a
     # pullback accumulates p's cotangent into (`sciad.ad._linear.accumulate_pullback`).
     parameter_slots: tuple = eqx.field(static=True, default=(1,))
-    stepsize_controller: dfx.PIDController | None = None  # the user's, in this setup's time (else `step_controller`'s)
+    # the user's, in this setup's time (else `step_controller`'s); a ConstantStepSize: fixed steps of dt0
+    stepsize_controller: dfx.PIDController | dfx.ConstantStepSize | None = None
     dt0: typing.Any = None  # the forward solve's first step (None: the controller's choice)
     members: "Members | None" = eqx.field(static=True, default=None)  # a batch as one state (`batched`)
 
@@ -69,7 +70,9 @@ class Setup(eqx.Module):
             self.atol if self.adjoint_atol is None else self.adjoint_atol,
         )
 
-    def controller(self, rtol: float | None = None, atol: float | None = None, norm=None) -> dfx.PIDController:
+    def controller(
+        self, rtol: float | None = None, atol: float | None = None, norm=None
+    ) -> dfx.PIDController | dfx.ConstantStepSize:
         """The step-size controller at rtol, atol (default: the forward solve's) and `norm` (None: the
         user's controller's, else the RMS norm)."""
         return step_controller(
@@ -116,21 +119,25 @@ class Setup(eqx.Module):
         mass matrix (NumPy, read at trace time) is held as a static field until then, so a rule that
         takes the bare setup as an input (traced) still reads it (`sciad._dae.held_mass`)."""
         bare = eqx.tree_at(
-            lambda s: (s.f.held, s.ts, s.t0, s.t1, s.dt0),
+            lambda s: (s.f, s.ts, s.t0, s.t1, s.dt0),
             self,
-            (None, None, None, None, None),
+            (self.f.with_closure(None, False).driven(None, self.f), None, None, None, None),
             is_leaf=lambda x: x is None,
         )
         solver, mass = held_mass(self.solver)
         return dataclasses.replace(bare, solver=solver, mass=mass)
 
-    def bound(self, c, ts, t0, t1, merged: bool = False, dt0=None) -> "Setup":
+    def bound(self, c, ts, t0, t1, merged: bool = False, dt0=None, driving=None, like=None) -> "Setup":
         """This setup with f holding the closure values `c` (appended to p where `merged`), saving at
-        `ts`, from t0 to t1, first trying the step dt0 (a bare setup's solver with its mass matrix again)."""
+        `ts`, from t0 to t1, first trying the step dt0, driven by `driving` (the arrays of the field `like`'s
+        `driving`, an SDE's Brownian path; None: as it is) (a bare setup's solver with its mass matrix again)."""
+        f = self.f.with_closure(c, merged)
+        if driving is not None:
+            f = f.driven(driving, like)
         setup = eqx.tree_at(
             lambda s: (s.f, s.ts, s.t0, s.t1, s.dt0),
             self,
-            (self.f.with_closure(c, merged), ts, t0, t1, dt0),
+            (f, ts, t0, t1, dt0),
             is_leaf=lambda x: x is None,
         )
         setup = dataclasses.replace(setup, parameter_slots=(1, 2) if merged else (1,))
@@ -142,7 +149,7 @@ class Setup(eqx.Module):
         """This setup for a batch of `size` members sharing p, the times and f's closure, solved as one
         state (`Members`): every step size is controlled by the largest of the members' norms, so each
         member's error is held as on its own. For explicit solvers without a mass matrix."""
-        like = self.controller()
+        like = typing.cast(dfx.PIDController, self.controller())  # the ODE solves batched so are adaptive
         members = Members(size, self.n, self.f.integrand_size, like.norm)
         return dataclasses.replace(
             self,
@@ -155,6 +162,9 @@ class Setup(eqx.Module):
         """`vector_field(t, y, args)` (default: the state's rate) as the term the solver takes; IMEX
         solvers (KenCarp) get it as their implicit part, with a zero explicit part."""
         vector_field = vector_field or (lambda t, y, p: self.rate(y, p, t))
+        kind_terms = getattr(self.f, "terms", None)  # a kind that adds terms of its own (an SDE's noise)
+        if kind_terms is not None:
+            return kind_terms(vector_field)
         term = dfx.ODETerm(vector_field)
         if typing.get_origin(self.solver.term_structure) is dfx.MultiTerm:
             zero = dfx.ODETerm(lambda t, y, args: jax.tree.map(jnp.zeros_like, y))
@@ -341,12 +351,19 @@ def leading_seminorm(parts: int = 1) -> Callable:
 
 
 def step_controller(
-    solver: dfx.AbstractSolver, rtol: float, atol: float, norm=None, like: dfx.PIDController | None = None
-) -> dfx.PIDController:
+    solver: dfx.AbstractSolver,
+    rtol: float,
+    atol: float,
+    norm=None,
+    like: dfx.PIDController | dfx.ConstantStepSize | None = None,
+) -> dfx.PIDController | dfx.ConstantStepSize:
     """Adaptive steps at rtol, atol: integral control, or for implicit solvers PI control
     (pcoeff 0.4, icoeff 0.3, as diffrax suggests for stiff problems: Kvaerno5 rejects about
     half its steps on the Oregonator under integral control, a fifth under PI); or the controller
-    `like` (its gains and limits) at rtol, atol and `norm` (None: its own)."""
+    `like` (its gains and limits) at rtol, atol and `norm` (None: its own); `like` a
+    `diffrax.ConstantStepSize`: itself (fixed steps of the solve's `dt0`)."""
+    if isinstance(like, dfx.ConstantStepSize):  # fixed steps (an SDE on its grid): nothing to control
+        return like
     if like is not None:
         return eqx.tree_at(lambda c: (c.rtol, c.atol, c.norm), like, (rtol, atol, norm or like.norm))
     gains = {"pcoeff": 0.4, "icoeff": 0.3} if is_implicit(solver) else {}
@@ -473,18 +490,22 @@ class AbstractSensitivity(eqx.Module):
         m = p.shape[0]
         c, times = setup.f.held, (setup.ts, setup.t0, setup.t1)
         first = () if setup.dt0 is None else (setup.dt0,)  # the first step: an input, never differentiated
-        # The rules see c, the times and the first step as their own inputs only, never the caller's (traced) values.
+        driving = setup.f.driving()  # what drives the solve besides (an SDE's Brownian path): never differentiated
+        first = (*first, *driving)
+        # The rules see c, the times, the first step and the path as their own inputs only, never the caller's
+        # (traced) values.
         rules_setup = setup.bare()
 
         def bind(c, times, merged: bool, first=()) -> Setup:
-            return rules_setup.bound(c, *times, merged, *first)  # pyright: ignore[reportCallIssue]  # times: 3
+            dt0, arrays = (first[0] if setup.dt0 is not None else None), first[len(first) - len(driving) :]
+            return rules_setup.bound(c, *times, merged, dt0, arrays if driving else None, setup.f)  # pyright: ignore[reportCallIssue]  # times: 3
 
         # The rules' outputs are all differentiable (one linear map gives their tangents): the stats
         # cross them as floats (exact up to 2^24 steps in float32) and leave as int32.
         def forward(u0, p, c, ts, t0, t1, *first, active):
             if active is None:
                 ys, stats, residuals = self.forward(bind(c, (ts, t0, t1), False, first), u0, p, None)
-                return (ys, stats.astype(ys.dtype)), residuals
+                return (ys, _as_saves(stats, ys)), residuals
             d_u0, d_p, merged, d_ts, d_t0 = active[:5]  # one flag per input of the rules
             p_in = jnp.concatenate([p, c]) if merged else p
             bound = bind(c, (ts, t0, t1), merged, first)
@@ -492,7 +513,7 @@ class AbstractSensitivity(eqx.Module):
             ys, stats, residuals = self.forward(bound, u0, p_in, Active(d_u0 or d_t0, d_p or merged))
             if self.follows_steps:
                 ys, stats, residuals = stability_limited(self, bound, u0, p_in, (ys, stats, residuals))
-            stats = stats.astype(ys.dtype)
+            stats = _as_saves(stats, ys)
             rates = _Rates(
                 jax.vmap(lambda y, t: bound.derivative(y, p_in, t))(ys, ts) if d_ts else None,
                 bound.derivative(bound.state(bound.initialised(u0, p_in)), p_in, t0) if d_t0 else None,
@@ -553,6 +574,13 @@ class AbstractSensitivity(eqx.Module):
 
         ys, stats = ad.custom_linear_rules(forward, pushforward, pullback)(u0, p, c, *times, *first)
         return ys, stats.astype(jnp.int32)
+
+
+def _as_saves(stats, ys):
+    """The stats (3,) in the saves' dtype and batched with them under `jax.vmap`: a plain solve's and a
+    differentiated one's outputs must batch alike, and a fixed grid's step counts depend on no batched input
+    of the plain solve (an SDE's paths) where the differentiated one carries them with the saves."""
+    return stats.astype(ys.dtype) + jnp.isfinite(ys[0, 0]).astype(ys.dtype) * 0
 
 
 def _t0_cotangent(g_u0, w, rate0, n: int):
@@ -646,7 +674,7 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
     solve. A solver without an explicit tableau, or a solve of fewer than `STABILITY_CHECKED_STEPS`
     accepted steps (in every member of a vmap batch), passes unchecked."""
     beta = stability_boundary(setup.solver)
-    if beta is None:
+    if beta is None or isinstance(setup.stepsize_controller, dfx.ConstantStepSize):  # fixed steps: none controlled
         return outputs
     ys, stats = outputs[0], outputs[1]
     n = setup.n

@@ -93,6 +93,12 @@ class DiscreteAdjoint(AbstractSensitivity):
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
+        if not _stepper(setup).restartable(setup.t0, setup.t1, setup.state(u0), p):
+            raise ValueError(
+                f"sensealg=DiscreteAdjoint() recomputes each step from its start, but {type(setup.solver).__name__} "
+                "carries a state between steps that the start does not give: pass sensealg=sciad."
+                "ForwardDiffSensitivity() (forward mode through the same steps), or another solver"
+            )
         us, stats, result, pb = _recorded(setup, self.recording(setup, u0))(u0, p)
         return checked(setup, result, us), stats, Tape(u0, p, pb, result)
 

@@ -26,17 +26,17 @@ class Stepper(eqx.Module):
 
     terms: dfx.AbstractTerm
     solver: dfx.AbstractSolver
-    controller: dfx.AbstractAdaptiveStepSizeController
+    controller: dfx.AbstractStepSizeController
 
     @classmethod
     def of(
         cls,
         terms,
         solver: dfx.AbstractSolver,
-        controller: dfx.AbstractAdaptiveStepSizeController,
+        controller: dfx.AbstractStepSizeController,
         forward_mode: bool = True,
     ) -> "Stepper":
-        """`solver` on `terms` with adaptive steps by `controller` (`Setup.controller`)."""
+        """`solver` on `terms` with steps by `controller` (`Setup.controller`)."""
         if forward_mode:
             solver = stage_loop(solver, "lax")
         if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
@@ -91,6 +91,13 @@ class Stepper(eqx.Module):
         ks, _ = jax.lax.scan(stage, jnp.zeros((stages, *y.shape), y.dtype), jnp.arange(stages))
         y1 = y + b @ ks
         return y1, dict(y0=y, y1=y1, k=ks)
+
+    def restartable(self, t0, t1, y, args) -> bool:
+        """Whether a step from y alone (`restep`: as after a jump) is the step the solve took: the solver
+        keeps no state between steps, or a Runge-Kutta solver's first stage, which a jump re-evaluates
+        (not so for reversible Heun, whose state carries a second solution)."""
+        state = eqx.filter_eval_shape(self.solver.init, self.terms, t0, t1, y, args)
+        return state is None or isinstance(self.solver, dfx.AbstractRungeKutta)
 
     def zero_state(self, t0, t1, y, args):
         """A solver state of zeros (what a step after a jump ignores)."""

@@ -154,7 +154,7 @@ def _solve(setup: Setup, coupling: float, u0, p, engines=()):
     cannot serve (`engines`: the sensealg's)."""
     y0 = setup.state(setup.initialised(u0, p))
     ts = jnp.asarray(setup.ts, y0.dtype)
-    controller = dfx.ClipStepSizeController(setup.controller(), step_ts=ts)
+    controller = dfx.ClipStepSizeController(typing.cast(dfx.PIDController, setup.controller()), step_ts=ts)
     stepper = Stepper(setup.term(), _reversible(setup, coupling, True, engines), controller)
     times = jnp.full((setup.max_steps + 1,), jnp.inf, ts.dtype).at[0].set(setup.t0)
 
