@@ -133,7 +133,8 @@ def error_where(x, preds, messages):
     """`x` (a PyTree of arrays), raising `SolveError(messages[i])` for the first `preds[i]` that holds
     when the program runs (under `jax.vmap`: for some batch member), in one check."""
     held = jnp.stack([jnp.any(pred) for pred in preds])
-    return _checked(x, jnp.any(held), jnp.argmax(held), messages)
+    keys, values = eqx.partition(x, lambda y: eqx.is_array(y) and jnp.issubdtype(y.dtype, jax.dtypes.prng_key))
+    return eqx.combine(keys, _checked(values, jnp.any(held), jnp.argmax(held), messages))  # keys pass as they are
 
 
 def check(x, pred, message: str):

@@ -17,27 +17,40 @@ from sciad._brownian import BrownianPath
 from sciad._custom_types import RealScalarLike
 from sciad._errors import error_if, raising_solve_errors
 from sciad._events import PresetTimeCallback, _check_affect
-from sciad._problem import _traced, check_inputs, check_integrand, check_params, check_saveat, check_state, check_tspan
+from sciad._problem import (
+    _traced,
+    check_inputs,
+    check_integrand,
+    check_params,
+    check_saveat,
+    check_state,
+    check_tolerances,
+    check_tspan,
+)
 from sciad._pytrees import Layout, leaf_names
 from sciad._sde_solvers import (
     LOOP_SOLVERS,
     SDE_SOLVERS,
     AbstractSDESolver,
+    DiagonalMilstein,
     Noise,
     SDEField,
     SDESetup,
     System,
+    calculus_of,
     default_sde_solver,
 )
 from sciad._vector_field import VectorField
 from sciad.adjoints import _pathwise as pathwise
 from sciad.adjoints._base import AbstractSensitivity, Setup
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
-from sciad.adjoints._registry import resolve
+from sciad.adjoints._registry import describe, resolve
 
 NOISES = ("diagonal", "scalar")  # or an int m: general noise of m Brownian motions
 CALCULI = ("ito", "stratonovich")
 ON_GRID = 1e-9  # a save time is on the grid within this fraction of a step
+SDE_TOLERANCE = 1e-3  # adaptive steps' default rtol and atol (a strong error: Heun's is O(h))
+TREE_TOLERANCE = 2.0**-16  # the VirtualBrownianTree of adaptive steps resolves times to this fraction of tspan
 
 
 class SDEProblem(eqx.Module):
@@ -155,34 +168,83 @@ class SDESolution(eqx.Module):
     integral: PyTree[Array] | None = None
 
 
-def get_sde_solver(solver, calculus: str, noise: Noise) -> AbstractSDESolver:
-    """The solver `solver` names (or is), or the default for the calculus and noise; a clear error for
-    a diffrax solver, an unknown name, or one that does not serve the noise."""
+# diffrax's SDE solvers that step `SDEField.terms` (their stages take the noise term's products); the rest say why not
+LOOP_SOLVER_TYPES = (
+    dfx.Euler,
+    dfx.EulerHeun,
+    dfx.Heun,
+    dfx.Midpoint,
+    dfx.Ralston,
+    dfx.ReversibleHeun,
+    DiagonalMilstein,
+)
+WHY_NOT = {
+    dfx.AbstractSRK: "it needs the Brownian path's space-time Lévy areas, which sciad's paths do not give yet",
+    dfx.ItoMilstein: "it materialises the diffusion as diffrax's structured matrix: pass solver='milstein'",
+    dfx.StratonovichMilstein: "it materialises the diffusion as diffrax's structured matrix: pass solver='heun'",
+}
+
+
+def loop_solver(solver, calculus: str, noise: Noise, adaptive: bool) -> dfx.AbstractSolver:
+    """The diffrax solver that steps the solve: `solver` itself (one of diffrax's SDE solvers that serve), by
+    its name in `LOOP_SOLVERS`, or the default (adaptive steps: Heun, which has an error estimate; fixed
+    steps: `default_sde_solver`'s); a clear error for an ODE solver, one that does not serve the noise, and
+    for adaptive steps one without an error estimate."""
     if solver is None:
-        return default_sde_solver(calculus, noise.kind)
-    if isinstance(solver, dfx.AbstractSolver):
-        raise ValueError(
-            f"solver={type(solver).__name__}(): diffrax's solvers are not stepped by sciad's SDE solve "
-            f"(fixed steps in one scan); pass one of {sorted(SDE_SOLVERS)}"
-        )
+        solver = "heun" if adaptive else _name_of(default_sde_solver(calculus, noise.kind))
     if isinstance(solver, AbstractSDESolver):
-        chosen = solver
-    elif solver in SDE_SOLVERS:
-        chosen = SDE_SOLVERS[solver]()
-    else:
-        raise ValueError(f"unknown SDE solver {solver!r}; choose one of {sorted(SDE_SOLVERS)}")
-    if noise.kind not in chosen.noises:
+        solver = _name_of(solver)
+    if isinstance(solver, str):
+        if solver not in LOOP_SOLVERS:
+            raise ValueError(f"unknown SDE solver {solver!r}; choose one of {sorted(LOOP_SOLVERS)} or pass diffrax's")
+        solver = LOOP_SOLVERS[solver]()
+    if not isinstance(solver, dfx.AbstractSolver):
+        raise TypeError(f"solver= must be a name in {sorted(LOOP_SOLVERS)} or a diffrax solver, got {solver!r}")
+    name = type(solver).__name__
+    if calculus_of(solver) is None:
         raise ValueError(
-            f"solver {type(chosen).__name__} does not serve {noise.kind} noise (it needs the iterated "
-            "integrals of general noise): pass solver='euler' (Itô) or 'heun' (Stratonovich)"
+            f"solver={name}() is an ODE solver (diffrax declares no calculus for it): pass an SDE solver, "
+            f"one of {sorted(LOOP_SOLVERS)} or diffrax's Euler, Heun, ReversibleHeun, ..."
         )
-    return chosen
+    if not isinstance(solver, LOOP_SOLVER_TYPES):
+        why = next((why for cls, why in WHY_NOT.items() if isinstance(solver, cls)), "it is not one sciad steps")
+        raise ValueError(
+            f"solver={name}() does not step sciad's SDE solves: {why}. Pass one of diffrax's "
+            f"{', '.join(cls.__name__ for cls in LOOP_SOLVER_TYPES[:-1])}, or a name in {sorted(LOOP_SOLVERS)}"
+        )
+    if isinstance(solver, DiagonalMilstein) and noise.kind not in ("diagonal", "scalar"):
+        raise ValueError(
+            "solver 'milstein' serves diagonal and scalar noise (general noise needs its iterated integrals): "
+            "pass solver='euler' (Itô) or 'heun' (Stratonovich)"
+        )
+    if adaptive and _error_estimate(solver) is None:
+        raise ValueError(
+            f"solver={name}() has no error estimate, so it takes fixed steps: pass dt0=... (the step), or "
+            "an adaptive solver (solver='heun', diffrax.ReversibleHeun())"
+        )
+    return solver
+
+
+def _error_estimate(solver: dfx.AbstractSolver):
+    """The structure of `solver`'s error estimate on a one-state SDE (None: it has none)."""
+    terms = dfx.MultiTerm(dfx.ODETerm(lambda t, y, args: -y), dfx.ControlTerm(lambda t, y, args: y[:, None], _NoPath()))
+    y = jnp.zeros((1,))
+    state = eqx.filter_eval_shape(solver.init, terms, 0.0, 1.0, y, None)
+    return eqx.filter_eval_shape(solver.step, terms, 0.0, 1.0, y, None, state, False)[1]
+
+
+class _NoPath(dfx.AbstractPath):
+    """A Brownian path's shape alone (for `_error_estimate`'s abstract step)."""
+
+    t0 = 0.0
+    t1 = 1.0
+
+    def evaluate(self, t0, t1=None, left=True):
+        return jnp.zeros((1,))
 
 
 def grid(t0: float, t1: float, dt0) -> tuple[int, float]:
     """(steps, dt): the fewest steps of at most `dt0` (an exact divisor where dt0 divides the span)."""
-    if dt0 is None:
-        raise ValueError("an SDE solve steps on a fixed grid: pass dt0=..., the step (e.g. (t1 - t0) / 100)")
     if isinstance(dt0, jax.core.Tracer):
         raise ValueError("dt0 must be a concrete number (it sets the grid's steps), not a traced value")
     dt0 = float(dt0)
@@ -251,19 +313,27 @@ def segments(steps: int, saves, events: list) -> list:
     return out
 
 
-def brownian_path(brownian, key, t0: float, dt: float, steps: int, shape: tuple, dtype):
+def brownian_path(brownian, key, t0: float, t1: float, dt: float | None, steps: int, shape: tuple, dtype):
     """The Brownian path of a solve: `brownian` (a `BrownianPath` on this grid, or a diffrax Brownian
-    path covering tspan), else a new `BrownianPath` from `key`."""
+    path covering tspan), else a new path from `key`: a `BrownianPath` on the grid of `steps` steps of dt, or for
+    adaptive steps (dt None) a `diffrax.VirtualBrownianTree` resolving times to `TREE_TOLERANCE` of tspan."""
     if brownian is None:
         if key is None:
             raise ValueError(
                 "an SDE solve draws its Brownian path from a key: pass key=jax.random.key(0) (or "
                 "brownian=sol.brownian to reuse a path)"
             )
+        if dt is None:
+            return dfx.VirtualBrownianTree(t0, t1, TREE_TOLERANCE * (t1 - t0), shape, key)
         return BrownianPath(key, float(t0), float(dt), int(steps), shape, np.dtype(dtype))
     if key is not None:
         raise ValueError("pass key= or brownian=, not both (a path carries its own key)")
     if isinstance(brownian, BrownianPath):
+        if dt is None:
+            raise ValueError(
+                "brownian= is a sciad BrownianPath, exact on its grid's steps: pass dt0=... (its step), or a "
+                "diffrax.VirtualBrownianTree for adaptive steps"
+            )
         if (
             (brownian.steps, brownian.shape) != (steps, shape)
             or not np.isclose(brownian.dt, dt)
@@ -295,7 +365,7 @@ def solve(
     key: PRNGKeyArray | None = None,
     dt0: RealScalarLike | None = None,
     saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
-    solver: str | AbstractSDESolver | None = None,
+    solver: str | AbstractSDESolver | dfx.AbstractSolver | None = None,
     sensealg: str | AbstractSensitivity = "auto",
     u0: PyTree[ArrayLike] | None = None,
     p: PyTree[Any] = None,
@@ -303,13 +373,21 @@ def solve(
     brownian: BrownianPath | dfx.AbstractBrownianPath | None = None,
     tspan: tuple[RealScalarLike, RealScalarLike] | None = None,
     callbacks: Sequence[PresetTimeCallback] = (),
+    rtol: float = SDE_TOLERANCE,
+    atol: float = SDE_TOLERANCE,
+    max_steps: int = 4096,
 ) -> SDESolution:
-    """Solve `prob` on the fixed grid t_k = t0 + k dt (dt = dt0, or the largest step below it that
-    divides tspan) along the Brownian path from `key` (`BrownianPath`: exact increments per step,
-    reconstructible, flat memory) or `brownian` (a path to reuse, or a `diffrax.VirtualBrownianTree`),
-    saving u at `saveat` (grid times; default t0 and t1). `solver`: a name in `SDE_SOLVERS` (default:
+    """Solve `prob` along the Brownian path from `key` or `brownian`, saving u at `saveat` (default t0 and t1).
+
+    Steps: with `dt0`, fixed, on the grid t_k = t0 + k dt (dt = dt0, or the largest step below it that divides
+    tspan; save times on the grid), along a `BrownianPath` (exact increments per step, reconstructible, flat
+    memory) or `brownian` (a path to reuse, or a diffrax Brownian path); without `dt0`, adaptive (PID control
+    at `rtol`, `atol` of the solver's error estimate, steps landing on the save times, at most `max_steps`)
+    along a `diffrax.VirtualBrownianTree` from `key` (or `brownian`, a diffrax path). `solver`: a name in
+    `LOOP_SOLVERS` or one of diffrax's SDE solvers (`LOOP_SOLVER_TYPES`; default: adaptive, Heun; fixed,
     Milstein for Itô diagonal and scalar noise, Euler–Maruyama for Itô general noise, Heun for
-    Stratonovich); a solver of the other calculus solves the problem with the drift corrected.
+    Stratonovich); a solver of the other calculus (diffrax's declared one) solves the problem with the drift
+    corrected.
 
     Differentiable pathwise (the derivative of this path's solution) in `u0`, `p` and values the
     functions close over, by `sensealg` (default "auto": `sciad._auto`'s SDE rule), under `jax.jit`,
@@ -317,9 +395,11 @@ def solve(
     g(u, p, t) gives `SDESolution.integral` = ∫ g dt, stepped with u. `callbacks`:
     `sciad.PresetTimeCallback`s at grid times (doses): the grid is solved in segments between them,
     the affects applied between segments (the state saved at an event time is the one after it), so
-    every sensealg differentiates through them, values the affects close over included. Not yet:
-    adaptive steps, diffrax's SDE solvers, state-dependent events, traced times and t1 < t0 (each
-    refused naming the fix)."""
+    every sensealg differentiates through them, values the affects close over included.
+    ForwardDiffSensitivity and DiscreteAdjoint step the solve on sciad's loop (`sciad.adjoints._loop`: every
+    solver and step choice above); the other sensealgs take fixed steps of sciad's solvers by name, without
+    callbacks for now (`sciad.adjoints._pathwise`), and say so. Not yet: state-dependent events, traced
+    tspan and t1 < t0 (each refused naming the fix)."""
     if not isinstance(prob, SDEProblem):
         raise TypeError(f"prob must be a sciad.SDEProblem, got {type(prob).__name__}")
     if not all(isinstance(c, PresetTimeCallback) for c in callbacks):
@@ -336,7 +416,10 @@ def solve(
     t0, t1 = prob.tspan if tspan is None else check_tspan(tspan)
     if t1 < t0:
         raise ValueError(f"tspan=({t0}, {t1}): SDEs run forwards in time here: pass t1 > t0")
-    steps, dt = grid(t0, t1, dt0)
+    adaptive = dt0 is None
+    if adaptive:
+        check_tolerances(rtol, atol, max_steps)
+    steps, dt = (int(max_steps), 0.0) if adaptive else grid(t0, t1, dt0)
     ts = check_saveat(saveat, t0, t1, 1)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
 
@@ -347,50 +430,64 @@ def solve(
     field = VectorField.of(prob.drift, u0, p, t0, host=False, integrand=extra)
     n, dtype = field.u.size, field.dtype
     noise = noise_of(prob, n)
-    solver = get_sde_solver(solver, prob.calculus, noise)
-    path = brownian_path(brownian, key, t0, dt, steps, (noise.m,), dtype)
+    stepping = loop_solver(solver, prob.calculus, noise, adaptive)
+    path = brownian_path(brownian, key, t0, t1, None if adaptive else dt, steps, (noise.m,), dtype)
+    if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):
+        from sciad._auto import auto_sde_sensealg
+
+        sensealg = auto_sde_sensealg(u0, p, ts, solver=stepping, steps=steps, integral_entries=entries).sensealg
+    sensealg = resolve(sensealg)
+    T = np.shape(ts)[0]
+    u0_flat = jnp.asarray(field.u.ravel(u0), dtype)
+    restartable = not isinstance(stepping, dfx.ReversibleHeun)  # DiscreteAdjoint's steps from their starts
+    name = next((name for name, cls in LOOP_SOLVERS.items() if type(stepping) is cls), None)
+    on_loop = isinstance(sensealg, ForwardDiffSensitivity) or (isinstance(sensealg, DiscreteAdjoint) and restartable)
+    if on_loop and not callbacks:
+        system = System(field, noise, entries, prob.calculus).in_calculus(calculus_of(stepping))  # pyright: ignore[reportArgumentType]  # an SDE solver
+        times = jnp.asarray(ts, dtype)
+        if adaptive:  # steps land on the save times
+            controller = dfx.ClipStepSizeController(dfx.PIDController(rtol=rtol, atol=atol), step_ts=times)
+        else:  # the saves on the grid, in its own arithmetic
+            times = save_steps(ts, t0, dt).astype(dtype) * dtype.type(dt) + dtype.type(t0)
+            controller = dfx.ConstantStepSize()
+        if entries:  # q(t1) is saved last
+            times = jnp.append(times, dtype.type(t1))
+        setup = Setup(
+            SDEField(system, path),
+            stepping,
+            jnp.asarray(t0, dtype),
+            jnp.asarray(t1, dtype),
+            times,
+            float(rtol),
+            float(atol),
+            steps,
+            stepsize_controller=controller,
+            dt0=None if adaptive else jnp.asarray(dt, dtype),
+        )
+        p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
+        ys, stats = sensealg.solve(setup, u0_flat, p_flat)
+        return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
+    if adaptive or name is None:
+        raise ValueError(
+            f"sensealg={describe(sensealg)} differentiates SDE solves on a fixed grid by sciad's solvers for now"
+            + (" (so do all sensealgs with callbacks)" if on_loop else "")
+            + f": pass dt0=... and solver= one of {sorted(SDE_SOLVERS)}"
+            + ("" if on_loop else ", or sensealg=sciad.DiscreteAdjoint() or sciad.ForwardDiffSensitivity(), which ")
+            + ("" if on_loop else "take adaptive steps and diffrax's solvers")
+        )
+    solver = SDE_SOLVERS[name]()
     theta = jnp.concatenate(
         [jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype), jnp.asarray(field.held, dtype)]
     )
     merged = field.with_closure(field.held, merged=True)
     system = System(merged, noise, entries, prob.calculus).in_calculus(solver.calculus)
     saves = save_steps(ts, t0, dt)
-    T = saves.shape[0]
     if entries:  # the integral's solve saves the last step once more
         saves = (jnp if isinstance(saves, jax.core.Tracer) else np).append(saves, np.int32(steps))
     setup = SDESetup(system, solver, path, float(t0), float(dt), int(steps), saves)
-    if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):
-        from sciad._auto import auto_sde_sensealg
-
-        sensealg = auto_sde_sensealg(u0, p, ts, solver=solver, steps=steps, integral_entries=entries).sensealg
-    sensealg = resolve(sensealg)
-    on_loop = isinstance(sensealg, ForwardDiffSensitivity) or (
-        isinstance(sensealg, DiscreteAdjoint) and not solver.reversible
-    )
-    if on_loop and not callbacks:  # on the one loop
-        loop_solver = LOOP_SOLVERS[_name_of(solver)]()
-        field = VectorField.of(prob.drift, u0, p, t0, host=False, integrand=extra)
-        system = System(field, noise, entries, prob.calculus).in_calculus(solver.calculus)
-        times = saves.astype(dtype) * dtype.type(dt) + dtype.type(t0)  # on the grid, in its own arithmetic
-        setup = Setup(
-            SDEField(system, path),
-            loop_solver,
-            jnp.asarray(t0, dtype),
-            jnp.asarray(t1, dtype),
-            times,
-            0.0,
-            0.0,
-            steps,
-            stepsize_controller=dfx.ConstantStepSize(),
-            dt0=jnp.asarray(dt, dtype),
-        )
-        p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
-        ys, stats = sensealg.solve(setup, jnp.asarray(field.u.ravel(u0), dtype), p_flat)
-        return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
     why = pathwise.refusal(sensealg, setup)
     if why:
         raise ValueError(why)
-    u0_flat = jnp.asarray(field.u.ravel(u0), dtype)
     y = jnp.concatenate([u0_flat, jnp.zeros((entries,), dtype)])
     events = event_steps(callbacks, u0, p, t0, t1, dt)
     if events and isinstance(saves, jax.core.Tracer):

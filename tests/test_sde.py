@@ -3,6 +3,7 @@ every sensealg's pathwise gradient against the closed form's derivative and agai
 on the same key, the Brownian path itself, composition (jit, vmap over keys, PyTrees, integrals,
 Hessians, float32) and the errors at the boundary."""
 
+import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -244,6 +245,45 @@ def test_diffrax_virtual_brownian_tree_as_the_path():
     sol = sciad.solve(GBM["stratonovich"], brownian=tree, dt0=2.0**-6, solver="heun")
     exact, _ = gbm_exact("stratonovich", P, float(tree.evaluate(0.0, T)[0]))
     assert abs(float(sol.us[-1, 0]) - exact) < 1e-3
+
+
+@pytest.fixture
+def optimised():
+    """XLA's optimisations on for one test: with them off and the older fusion emitter (conftest's settings for
+    fast compiles) XLA:CPU computes reverse mode through a diffrax.VirtualBrownianTree wrongly (diffrax's own
+    RecursiveCheckpointAdjoint too: another gradient under jit than eagerly)."""
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", True)
+
+
+@pytest.mark.usefixtures("optimised")
+@pytest.mark.parametrize("solver", ["heun", dfx.ReversibleHeun()], ids=["heun", "diffrax-ReversibleHeun"])
+def test_adaptive_steps_on_a_virtual_brownian_tree(solver):
+    """Without dt0 the steps are adaptive (PID control of the solver's error estimate) on a
+    VirtualBrownianTree from the key, landing on the save times (traced under jit): the Itô problem solved in
+    Stratonovich form (drift corrected) matches the closed form on the tree's path at every save time, its
+    gradient in (μ, σ) the closed form's, and DiscreteAdjoint ForwardDiffSensitivity's to rounding (the
+    exact derivative of the same steps; reversible Heun's state is not recomputed from a step's start, so
+    only forward mode goes through its steps)."""
+    ts = jnp.array([0.0, 0.37, T])
+
+    def run(p, ts, sensealg):
+        sol = sciad.solve(GBM["ito"], key=KEY, p=p, saveat=ts, solver=solver, sensealg=sensealg, rtol=1e-5, atol=1e-5)
+        return sol.us[-1, 0], sol
+
+    names = ("ForwardDiffSensitivity",) + (("DiscreteAdjoint",) if solver == "heun" else ())
+    grads = {}
+    for name in names:
+        (u, sol), grads[name] = jax.jit(jax.value_and_grad(run, has_aux=True), static_argnums=2)(P, ts, name)
+    assert 100 < int(sol.stats["steps"]) < 4096
+    W = np.array([float(sol.brownian.evaluate(0.0, t)[0]) for t in (0.37, T)])
+    exact = U0 * np.exp((MU - SIGMA**2 / 2) * np.array([0.37, T]) + SIGMA * W)  # Itô GBM at t on the path
+    np.testing.assert_allclose(np.asarray(sol.us[1:, 0]), exact, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(sol.ts), ts)
+    np.testing.assert_allclose(grads["ForwardDiffSensitivity"], gbm_exact("ito", P, W[-1])[1], rtol=1e-3)
+    if "DiscreteAdjoint" in grads:
+        np.testing.assert_allclose(grads["DiscreteAdjoint"], grads["ForwardDiffSensitivity"], rtol=1e-11)
 
 
 def test_ensembles_by_vmap_over_keys_under_jit():
@@ -490,8 +530,16 @@ def test_errors_name_the_argument_and_the_fix():
     with pytest.raises(TypeError, match="drift must be callable"):
         sciad.SDEProblem(None, diffusion, np.array([1.0]), (0.0, 1.0), P)
     prob = GBM["ito"]
-    with pytest.raises(ValueError, match="pass dt0"):
-        sciad.solve(prob, key=KEY)
+    with pytest.raises(ValueError, match="has no error estimate, so it takes fixed steps: pass dt0"):
+        sciad.solve(prob, key=KEY, solver="euler")  # adaptive steps (no dt0)
+    with pytest.raises(ValueError, match="is an ODE solver"):
+        sciad.solve(prob, key=KEY, solver=dfx.Tsit5())
+    with pytest.raises(ValueError, match="Lévy areas"):
+        sciad.solve(prob, key=KEY, solver=dfx.SRA1())
+    with pytest.raises(ValueError, match="on a fixed grid by sciad's solvers for now: pass dt0"):
+        sciad.solve(prob, key=KEY, sensealg="InterpolatingAdjoint")
+    with pytest.raises(ValueError, match="BrownianPath, exact on its grid's steps: pass dt0"):
+        sciad.solve(prob, brownian=sciad.solve(prob, key=KEY, dt0=0.1).brownian)
     with pytest.raises(ValueError, match="key=jax.random.key"):
         sciad.solve(prob, dt0=0.1)
     with pytest.raises(ValueError, match="not on the step grid"):

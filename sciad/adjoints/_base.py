@@ -57,8 +57,8 @@ class Setup(eqx.Module):
     # The rules' inputs whose cotangent p's is (`AbstractSensitivity.solve`: p, and c where merged): the slots a
     # pullback accumulates p's cotangent into (`sciad.ad._linear.accumulate_pullback`).
     parameter_slots: tuple = eqx.field(static=True, default=(1,))
-    # the user's, in this setup's time (else `step_controller`'s); a ConstantStepSize: fixed steps of dt0
-    stepsize_controller: dfx.PIDController | dfx.ConstantStepSize | None = None
+    # the user's PIDController, in this setup's time (else `step_controller`'s), or a kind's own (an SDE's)
+    stepsize_controller: dfx.AbstractStepSizeController | None = None
     dt0: typing.Any = None  # the forward solve's first step (None: the controller's choice)
     members: "Members | None" = eqx.field(static=True, default=None)  # a batch as one state (`batched`)
 
@@ -72,7 +72,7 @@ class Setup(eqx.Module):
 
     def controller(
         self, rtol: float | None = None, atol: float | None = None, norm=None
-    ) -> dfx.PIDController | dfx.ConstantStepSize:
+    ) -> dfx.AbstractStepSizeController:
         """The step-size controller at rtol, atol (default: the forward solve's) and `norm` (None: the
         user's controller's, else the RMS norm)."""
         return step_controller(
@@ -355,14 +355,14 @@ def step_controller(
     rtol: float,
     atol: float,
     norm=None,
-    like: dfx.PIDController | dfx.ConstantStepSize | None = None,
-) -> dfx.PIDController | dfx.ConstantStepSize:
+    like: dfx.AbstractStepSizeController | None = None,
+) -> dfx.AbstractStepSizeController:
     """Adaptive steps at rtol, atol: integral control, or for implicit solvers PI control
     (pcoeff 0.4, icoeff 0.3, as diffrax suggests for stiff problems: Kvaerno5 rejects about
     half its steps on the Oregonator under integral control, a fifth under PI); or the controller
-    `like` (its gains and limits) at rtol, atol and `norm` (None: its own); `like` a
-    `diffrax.ConstantStepSize`: itself (fixed steps of the solve's `dt0`)."""
-    if isinstance(like, dfx.ConstantStepSize):  # fixed steps (an SDE on its grid): nothing to control
+    `like` (its gains and limits) at rtol, atol and `norm` (None: its own); `like` another controller:
+    itself (an SDE's: fixed steps of the solve's `dt0`, or steps clipped to its save times)."""
+    if like is not None and not isinstance(like, dfx.PIDController):  # a kind's own (an SDE's grid, its save times)
         return like
     if like is not None:
         return eqx.tree_at(lambda c: (c.rtol, c.atol, c.norm), like, (rtol, atol, norm or like.norm))
