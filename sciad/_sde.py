@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, PRNGKeyArray, PyTree, Real, Shaped
 
+from sciad import _events
 from sciad._brownian import BrownianPath
 from sciad._custom_types import RealScalarLike
 from sciad._errors import error_if, raising_solve_errors
@@ -442,15 +443,14 @@ def solve(
     restartable = not isinstance(stepping, dfx.ReversibleHeun)  # DiscreteAdjoint's steps from their starts
     name = next((name for name, cls in LOOP_SOLVERS.items() if type(stepping) is cls), None)
     on_loop = isinstance(sensealg, ForwardDiffSensitivity) or (isinstance(sensealg, DiscreteAdjoint) and restartable)
-    if on_loop and not callbacks:
+    if on_loop:
         system = System(field, noise, entries, prob.calculus).in_calculus(calculus_of(stepping))  # pyright: ignore[reportArgumentType]  # an SDE solver
         times = jnp.asarray(ts, dtype)
-        if adaptive:  # steps land on the save times
-            controller = dfx.ClipStepSizeController(dfx.PIDController(rtol=rtol, atol=atol), step_ts=times)
-        else:  # the saves on the grid, in its own arithmetic
+        controller = None  # adaptive: sciad's PID control at rtol, atol, steps landing on the save times
+        if not adaptive:  # the saves on the grid, in its own arithmetic
             times = save_steps(ts, t0, dt).astype(dtype) * dtype.type(dt) + dtype.type(t0)
             controller = dfx.ConstantStepSize()
-        if entries:  # q(t1) is saved last
+        if entries and not callbacks:  # q(t1) is saved last
             times = jnp.append(times, dtype.type(t1))
         setup = Setup(
             SDEField(system, path),
@@ -463,17 +463,24 @@ def solve(
             steps,
             stepsize_controller=controller,
             dt0=None if adaptive else jnp.asarray(dt, dtype),
+            steps_at_saves=adaptive,
         )
         p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
-        ys, stats = sensealg.solve(setup, u0_flat, p_flat)
+        if not callbacks:
+            ys, stats = sensealg.solve(setup, u0_flat, p_flat)
+            return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
+        if not adaptive:
+            event_steps(callbacks, u0, p, t0, t1, dt)  # preset times on the grid
+        plan = _events.Plan.of(callbacks, field, u0, p, (t0, t1), 1, None, "none")
+        us, q, stats, _ = _events.solve(setup, sensealg, plan, u0_flat, p_flat)
+        ys = jnp.concatenate([us, jnp.zeros((T, entries), dtype)], axis=1)
+        ys = jnp.concatenate([ys, jnp.concatenate([us[-1], q])[None]]) if entries else ys
         return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
     if adaptive or name is None:
         raise ValueError(
-            f"sensealg={describe(sensealg)} differentiates SDE solves on a fixed grid by sciad's solvers for now"
-            + (" (so do all sensealgs with callbacks)" if on_loop else "")
-            + f": pass dt0=... and solver= one of {sorted(SDE_SOLVERS)}"
-            + ("" if on_loop else ", or sensealg=sciad.DiscreteAdjoint() or sciad.ForwardDiffSensitivity(), which ")
-            + ("" if on_loop else "take adaptive steps and diffrax's solvers")
+            f"sensealg={describe(sensealg)} differentiates SDE solves on a fixed grid by sciad's solvers for now: "
+            f"pass dt0=... and solver= one of {sorted(SDE_SOLVERS)}, or sensealg=sciad.DiscreteAdjoint() or "
+            "sciad.ForwardDiffSensitivity(), which take adaptive steps and diffrax's solvers"
         )
     solver = SDE_SOLVERS[name]()
     theta = jnp.concatenate(

@@ -461,11 +461,14 @@ def test_save_times_traced_under_jit(name, solver):
         ("ReversibleAdjoint", "reversible_heun"),
         ("InterpolatingAdjoint", "heun"),
         ("ForwardDiffSensitivity", "euler"),
+        ("ForwardDiffSensitivity", "adaptive"),
     ],
 )
 def test_preset_time_events(name, solver):
     """A dose u += d at t = 0.5 (and u *= 2 at t1) on GBM (Stratonovich): u(1) = 2 (u(½) + d) e^{μ/2 + σ (W_1 -
-    W_½)}, saved at 0.5 after the dose; gradients in (μ, σ) and d, which the affect closes over."""
+    W_½)}, saved at 0.5 after the dose; gradients in (μ, σ) and d, which the affect closes over. "adaptive":
+    Heun's adaptive steps on a VirtualBrownianTree, the segments ending at the doses."""
+    steps = {"rtol": 1e-5, "atol": 1e-5, "solver": "heun"} if solver == "adaptive" else {"dt0": DT, "solver": solver}
 
     @jax.jit
     def run(p, d):
@@ -477,11 +480,10 @@ def test_preset_time_events(name, solver):
             GBM["stratonovich"],
             p=p,
             key=KEY,
-            dt0=DT,
             saveat=[0.0, 0.5, T],
-            solver=solver,
             sensealg=name,
             callbacks=doses,
+            **steps,
         )
         return sol.us[:, 0], (sol.brownian.evaluate(0.0, 0.5)[0], sol.brownian.evaluate(0.5, T)[0])
 

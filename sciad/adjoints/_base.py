@@ -40,7 +40,8 @@ class Setup(eqx.Module):
     DAE's algebraic states still to solve (`initialised`, in every forward solve): for the sensealgs
     whose tangents pass through the initialisation (`AbstractSensitivity.initialises`).
     `stepsize_controller`: a `diffrax.PIDController` whose gains and limits every solve takes (None: sciad's,
-    `step_controller`); `dt0`: the forward solve's first step (None: the controller selects it)."""
+    `step_controller`); `dt0`: the forward solve's first step (None: the controller selects it);
+    `steps_at_saves`: adaptive steps clipped to land on the save times."""
 
     f: Callable
     solver: dfx.AbstractSolver
@@ -61,6 +62,7 @@ class Setup(eqx.Module):
     stepsize_controller: dfx.AbstractStepSizeController | None = None
     dt0: typing.Any = None  # the forward solve's first step (None: the controller's choice)
     members: "Members | None" = eqx.field(static=True, default=None)  # a batch as one state (`batched`)
+    steps_at_saves: bool = eqx.field(static=True, default=False)  # adaptive steps land on the save times (SDEs)
 
     @property
     def adjoint_tolerances(self) -> tuple[float, float]:
@@ -75,13 +77,16 @@ class Setup(eqx.Module):
     ) -> dfx.AbstractStepSizeController:
         """The step-size controller at rtol, atol (default: the forward solve's) and `norm` (None: the
         user's controller's, else the RMS norm)."""
-        return step_controller(
+        controller = step_controller(
             self.solver,
             self.rtol if rtol is None else rtol,
             self.atol if atol is None else atol,
             norm,
             self.stepsize_controller,
         )
+        if self.steps_at_saves:  # from the bound save times: a custom rule's own inputs
+            return dfx.ClipStepSizeController(controller, step_ts=self.ts)  # pyright: ignore[reportArgumentType]  # adaptive
+        return controller
 
     @property
     def implicit(self) -> bool:
