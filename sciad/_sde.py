@@ -1,5 +1,5 @@
-"""`SDEProblem` and its solve: du = a(u, p, t) dt + σ(u, p, t) dW on a fixed step grid, its Brownian
-path from a key, differentiable pathwise by every sensealg (`sciad.adjoints._pathwise`)."""
+"""`SDEProblem` and its solve: du = a(u, p, t) dt + σ(u, p, t) dW on a fixed step grid or adaptive steps, its
+Brownian path from a key, differentiable pathwise by every sensealg (`solve`)."""
 
 import functools
 from collections.abc import Callable, Sequence
@@ -44,6 +44,7 @@ from sciad._sde_solvers import (
 from sciad._vector_field import VectorField
 from sciad.adjoints import _pathwise as pathwise
 from sciad.adjoints._base import AbstractSensitivity, Setup
+from sciad.adjoints._continuous import ContinuousAdjoint
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
 from sciad.adjoints._registry import describe, resolve
 
@@ -397,9 +398,11 @@ def solve(
     `sciad.PresetTimeCallback`s at grid times (doses): the grid is solved in segments between them,
     the affects applied between segments (the state saved at an event time is the one after it), so
     every sensealg differentiates through them, values the affects close over included.
-    ForwardDiffSensitivity and DiscreteAdjoint step the solve on sciad's loop (`sciad.adjoints._loop`: every
-    solver and step choice above); the other sensealgs take fixed steps of sciad's solvers by name, without
-    callbacks for now (`sciad.adjoints._pathwise`), and say so. Not yet: state-dependent events, traced
+    ForwardDiffSensitivity, DiscreteAdjoint and the continuous adjoints (Interpolating, Backsolve, Gauss: the
+    adjoint SDE in Stratonovich form by Heun, on fixed steps) differentiate it through the ODE solves' pipeline
+    on sciad's loop (`SDEField`: the kind's drift and noise terms; every solver and step choice above);
+    ForwardSensitivity and ReversibleAdjoint (and DiscreteAdjoint with reversible Heun) take fixed steps of
+    sciad's solvers by name (`sciad.adjoints._pathwise`), and say so. Not yet: state-dependent events, traced
     tspan and t1 < t0 (each refused naming the fix)."""
     if not isinstance(prob, SDEProblem):
         raise TypeError(f"prob must be a sciad.SDEProblem, got {type(prob).__name__}")
@@ -442,7 +445,22 @@ def solve(
     u0_flat = jnp.asarray(field.u.ravel(u0), dtype)
     restartable = not isinstance(stepping, dfx.ReversibleHeun)  # DiscreteAdjoint's steps from their starts
     name = next((name for name, cls in LOOP_SOLVERS.items() if type(stepping) is cls), None)
-    on_loop = isinstance(sensealg, ForwardDiffSensitivity) or (isinstance(sensealg, DiscreteAdjoint) and restartable)
+    on_loop = isinstance(sensealg, (ForwardDiffSensitivity, ContinuousAdjoint)) or (
+        isinstance(sensealg, DiscreteAdjoint) and restartable
+    )
+    if adaptive and isinstance(sensealg, ContinuousAdjoint):
+        raise ValueError(
+            f"sensealg={describe(sensealg)} solves the adjoint SDE on a fixed grid (backward steps of its own would "
+            "not meet the forward steps the stored path interpolates between): pass dt0=..., or "
+            "sensealg=sciad.DiscreteAdjoint() or sciad.ForwardDiffSensitivity() for adaptive steps"
+        )
+    host = [e.name for e in sensealg.engines() if not e.traced]
+    if host:
+        raise ValueError(
+            f"sensealg={describe(sensealg)}: SDE solves take JAX engines for their products (the drift correction "
+            f"and the solver's own Jacobian-vector products differentiate again), got {host[0]!r}: pass "
+            "'jax-reverse', 'jax-forward' or 'jax-transpose'"
+        )
     if on_loop:
         system = System(field, noise, entries, prob.calculus).in_calculus(calculus_of(stepping))  # pyright: ignore[reportArgumentType]  # an SDE solver
         times = jnp.asarray(ts, dtype)

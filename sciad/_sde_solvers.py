@@ -19,6 +19,7 @@ against the closed form on each path, as dt halves):
 """
 
 import abc
+import dataclasses
 import typing
 from collections.abc import Callable
 from typing import ClassVar
@@ -369,18 +370,73 @@ class SDEField(eqx.Module):
         ]
         return SDEField(self.system, eqx.combine(jax.tree.unflatten(treedef, leaves), rest))
 
+    def open(self) -> Callable:
+        """The drift as g(u, θ, c, t), the closure values c an argument (`sciad.adjoints._base.Products`)."""
+        F, system = self.F.open(), self.system
+
+        def drift(u, theta, c, t):
+            closed = eqx.tree_at(lambda s: s.F, system, lambda u, theta, t: F(u, theta, c, t))
+            y = jnp.concatenate([u, jnp.zeros((system.k,), u.dtype)]) if system.k else u
+            return closed.rates(y, theta, t)[0]
+
+        return drift
+
+    def noise_pullback(self, u, theta, t, dW, lam):
+        """(σ dW (n,), λᵀ∂(σ dW)/∂u (n,), λᵀ∂(σ dW)/∂θ (m,)) at u (n,): one vector-Jacobian product of the
+        noise's increment (what the adjoint SDE's noise term is made of)."""
+        system = self.system
+        value, pb = jax.vjp(lambda u, th: system.noise.apply(system.sigma(u, th, t), dW.astype(u.dtype)), u, theta)
+        return (value, *pb(lam))
+
+    def backward(self, setup):
+        """The setup the continuous adjoints solve backwards on: this SDE in its Stratonovich form (the adjoint
+        SDE's calculus), stepped by Heun, steps clipped only at the sweep's breakpoints."""
+        return dataclasses.replace(
+            setup,
+            f=SDEField(self.system.in_calculus("stratonovich"), self.path),
+            solver=dfx.Heun(),
+            steps_at_saves=False,
+        )
+
     def __call__(self, u, theta, t):
         """The drift of y = (u, q): [a; g] (n + k,), a with the calculus correction."""
         y = jnp.concatenate([u, jnp.zeros((self.system.k,), u.dtype)]) if self.system.k else u
         return self.system.rates(y, theta, t)[0]
 
-    def terms(self, drift=None):
-        """The drift `drift(t, y, args)` (default: the field's) as a `diffrax.ODETerm` and the noise, a
-        `Diffusion` along the path: the `diffrax.MultiTerm` an SDE solver steps."""
+    def terms(self, drift=None, noise=None):
+        """The drift `drift(t, y, args)` (default: the field's) as a `diffrax.ODETerm` and the noise: a
+        `Diffusion` along the path, or `noise(s, y, args, dW)`, the increment a backward sweep in s = -t takes
+        over a step whose forward increment is dW (`Reversed`): the `diffrax.MultiTerm` an SDE solver steps."""
         system, n = self.system, self.system.n
         drift = drift or (lambda t, y, theta: system.rates(y, theta, t)[0])
+        if noise is not None:
+            return dfx.MultiTerm(dfx.ODETerm(drift), Reversed(noise, self.path))
         sigma = lambda t, y, theta: system.sigma(y[:n], theta, jnp.asarray(t, y.dtype))  # noqa: E731
         return dfx.MultiTerm(dfx.ODETerm(drift), Diffusion(sigma, system.noise, system.k, self.path))
+
+
+class Reversed(dfx.AbstractTerm):
+    """A noise term stepped backwards in s = -t: over [s0, s1] its control is the forward path's increment
+    dW = W(-s0) - W(-s1) over the same stretch, and `product(s, y, args, dW)` the state's increment (one
+    vector-Jacobian product of the noise per stage for an adjoint: never the matrix)."""
+
+    product: Callable
+    path: typing.Any
+
+    def vf(self, t, y, args):
+        raise NotImplementedError("a reversed noise term has products only (vf_prod)")
+
+    def contr(self, t0, t1, **kwargs):
+        return jnp.asarray(self.path.evaluate(-t1, -t0))
+
+    def prod(self, vf, control):
+        raise NotImplementedError("a reversed noise term has products only (vf_prod)")
+
+    def vf_prod(self, t, y, args, control):
+        return self.product(t, y, args, control)
+
+    def is_vf_expensive(self, t0, t1, y, args) -> bool:
+        return True
 
 
 class DiagonalMilstein(dfx.AbstractItoSolver):

@@ -286,6 +286,16 @@ def test_adaptive_steps_on_a_virtual_brownian_tree(solver):
         np.testing.assert_allclose(grads["DiscreteAdjoint"], grads["ForwardDiffSensitivity"], rtol=1e-11)
 
 
+def test_checkpointed_adjoint_sde_matches_the_stored_one():
+    """InterpolatingAdjoint(checkpointing=True) re-solves the forward path between checkpoints on the same
+    Brownian path: the same adjoint SDE on the same grid as the stored path's, so the same gradient."""
+    grads = [
+        jax.jit(jax.grad(lambda p: sciad.solve(GBM["ito"], p=p, key=KEY, dt0=DT, sensealg=s).us[-1, 0]))(P)
+        for s in (sciad.InterpolatingAdjoint(), sciad.InterpolatingAdjoint(checkpointing=True, checkpoints=(0.25, 0.5)))
+    ]
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12)
+
+
 def test_ensembles_by_vmap_over_keys_under_jit():
     keys = jax.random.split(KEY, 64)
 
@@ -539,6 +549,8 @@ def test_errors_name_the_argument_and_the_fix():
     with pytest.raises(ValueError, match="Lévy areas"):
         sciad.solve(prob, key=KEY, solver=dfx.SRA1())
     with pytest.raises(ValueError, match="on a fixed grid by sciad's solvers for now: pass dt0"):
+        sciad.solve(prob, key=KEY, sensealg="ForwardSensitivity")
+    with pytest.raises(ValueError, match="solves the adjoint SDE on a fixed grid"):
         sciad.solve(prob, key=KEY, sensealg="InterpolatingAdjoint")
     with pytest.raises(ValueError, match="BrownianPath, exact on its grid's steps: pass dt0"):
         sciad.solve(prob, brownian=sciad.solve(prob, key=KEY, dt0=0.1).brownian)
@@ -553,8 +565,6 @@ def test_errors_name_the_argument_and_the_fix():
     general = sciad.SDEProblem(drift, lambda u, p, t: jnp.ones((1, 2)), np.array([1.0]), (0.0, 1.0), P, noise=2)
     with pytest.raises(ValueError, match="solver='euler'"):
         sciad.solve(general, key=KEY, dt0=0.1, solver="milstein")
-    with pytest.raises(ValueError, match="checkpointing"):
-        sciad.solve(prob, key=KEY, dt0=0.1, sensealg=sciad.InterpolatingAdjoint(checkpointing=True))
     with pytest.raises(ValueError, match="JAX engines"):
         sciad.solve(prob, key=KEY, dt0=0.1, sensealg=sciad.InterpolatingAdjoint(vjp="finite-differences"))
     with pytest.raises(ValueError, match="PresetTimeCallback only"):

@@ -118,6 +118,12 @@ class Setup(eqx.Module):
         n = self.n
         return rate.at[:n].set(consistent_derivative(mass, lambda u, t: self.f(u, p, t)[:n], y[:n], t))
 
+    def backward(self) -> "Setup":
+        """The setup a continuous adjoint's backward sweep solves on: this one, or its kind's own (an SDE's
+        Stratonovich form, by Heun)."""
+        kind = getattr(self.f, "backward", None)
+        return self if kind is None else kind(self)
+
     def bare(self) -> "Setup":
         """This setup without its traced parts (f's closure values, save times, t0, t1): what a custom
         rule holds fixed, the rest arriving as the rule's own inputs (`bound`). A Rosenbrock solver's
@@ -163,13 +169,14 @@ class Setup(eqx.Module):
             members=members,
         )
 
-    def term(self, vector_field: Callable | None = None):
+    def term(self, vector_field: Callable | None = None, noise: Callable | None = None):
         """`vector_field(t, y, args)` (default: the state's rate) as the term the solver takes; IMEX
-        solvers (KenCarp) get it as their implicit part, with a zero explicit part."""
+        solvers (KenCarp) get it as their implicit part, with a zero explicit part. A kind that adds terms
+        of its own (an SDE's noise: `noise(s, y, args, dW)`, a backward sweep's) makes them."""
         vector_field = vector_field or (lambda t, y, p: self.rate(y, p, t))
-        kind_terms = getattr(self.f, "terms", None)  # a kind that adds terms of its own (an SDE's noise)
+        kind_terms = getattr(self.f, "terms", None)
         if kind_terms is not None:
-            return kind_terms(vector_field)
+            return kind_terms(vector_field, noise)
         term = dfx.ODETerm(vector_field)
         if typing.get_origin(self.solver.term_structure) is dfx.MultiTerm:
             zero = dfx.ODETerm(lambda t, y, args: jax.tree.map(jnp.zeros_like, y))

@@ -138,6 +138,10 @@ class AbstractBackward(eqx.Module):
         """(F(u, p, t) (n + k,), dz/dt) at u = u(t) (F: the same product's primal)."""
 
     @abc.abstractmethod
+    def noise(self, vu, vp):
+        """An SDE's noise part of dz/dt from λᵀ∂(σ dW)/∂u (n,) and λᵀ∂(σ dW)/∂p (m,) (rhs's sign)."""
+
+    @abc.abstractmethod
     def lam(self, z):
         """λ (n,) in z."""
 
@@ -175,6 +179,9 @@ class LambdaMu(AbstractBackward):
         rate, vu, vp = adjoint_rhs(prods, u, p, t, z[0], w_q)
         return rate, (vu, vp)
 
+    def noise(self, vu, vp):
+        return -vu, -vp
+
     def lam(self, z):
         return z[0]
 
@@ -205,6 +212,9 @@ class LambdaGauss(AbstractBackward):
         rate, vu, _ = adjoint_rhs(prods, u, p, t, lam, w_q)
         return rate, vu
 
+    def noise(self, vu, vp):
+        return -vu
+
     def lam(self, lam):
         return lam
 
@@ -216,6 +226,7 @@ class LambdaGauss(AbstractBackward):
 
     def quadrature(self, setup, prods):
         nodes, weights = np.polynomial.legendre.leggauss(_gauss_nodes(setup))
+        noisy = getattr(setup.f, "noise_pullback", None)  # an SDE's noise
 
         def add(mu, t_start, t_end, at, args):
             ts = t_end + (t_start - t_end) * jnp.asarray((nodes + 1) / 2, mu.dtype)
@@ -225,12 +236,37 @@ class LambdaGauss(AbstractBackward):
                 return -adjoint_rhs(prods, u, args.p, t, lam, args.w_q)[2]
 
             vp = jax.vmap(vp_at)(ts)
-            return mu + (t_start - t_end) / 2 * jnp.tensordot(jnp.asarray(weights, mu.dtype), vp, axes=1)
+            mu = mu + (t_start - t_end) / 2 * jnp.tensordot(jnp.asarray(weights, mu.dtype), vp, axes=1)
+            return mu if noisy is None else mu + _noise_quadrature(noisy, setup.f.path, at, args.p, t_start, t_end)
 
         return jnp.zeros_like, add
 
     def gradients(self, lam, mu):
         return lam, mu
+
+
+def _noise_quadrature(noise_pullback: Callable, path, at, p, t_start, t_end):
+    """An SDE's ∫ λᵀ∂σ/∂p ∘dW over the step from t_start back to t_end (`at(t) -> (u(t), λ(t))`): the
+    trapezoid, the Stratonovich integral's consistent quadrature."""
+    dW = path.evaluate(t_end, t_start)
+
+    def at_end(t):
+        u, lam = at(t)
+        return noise_pullback(u, p, t, dW, lam)[2]
+
+    return 0.5 * (at_end(t_start) + at_end(t_end))
+
+
+def _adjoint_noise(noise_pullback: Callable, source: "AbstractSource", backward: AbstractBackward) -> Callable:
+    """The adjoint SDE's noise term in the march's state: noise(t, y, args, dW) (rhs's sign), u's own noise
+    σ dW where u is part of the state."""
+
+    def noise(t, y, args, dW):
+        z = source.adjoint(y)
+        value, vu, vp = noise_pullback(source.u(t, y, args), args.p, t, dW, backward.lam(z))
+        return source.state(value, backward.noise(vu, vp))
+
+    return noise
 
 
 def _gauss_nodes(setup: Setup) -> int:
@@ -753,7 +789,8 @@ class ContinuousAdjoint(AbstractSensitivity):
         w_q = jnp.cumsum(jumps[::-1, n:], axis=0)[::-1]  # the integral's cotangent after each breakpoint
         t = rec.t.astype(rec.u0.dtype)
         last = jnp.searchsorted(t, t[-1])
-        prods, backward = Products(setup.f, self.vjp), self.backward
+        march_setup = setup.backward()  # with a mass matrix M: u's M, λ's Mᵀ (the adjoint DAE), the rest's identity
+        prods, backward = Products(march_setup.f, self.vjp), self.backward
         mass = dae.solver_mass(setup.solver, n)
         jumps_at = Jumps(mass)
 
@@ -761,7 +798,9 @@ class ContinuousAdjoint(AbstractSensitivity):
             rate, dz = backward.rhs(prods, t, source.adjoint(y), source.u(t, y, args), args.p, args.w_q)
             return source.state(rate[:n], dz)
 
-        march_setup = setup  # with a mass matrix M: u's M, λ's Mᵀ (the adjoint DAE), the rest's identity
+        noisy = getattr(march_setup.f, "noise_pullback", None)  # an SDE's noise: the adjoint SDE's noise term
+        noise = None if noisy is None else _adjoint_noise(noisy, source, backward)
+
         if mass is not None:
             blocks = jax.tree.leaves(source.state(mass.matrix, backward.mass(mass.transposed, rec.p)))
             march_setup = eqx.tree_at(lambda s: s.solver, setup, dae.with_mass(setup.solver, blocks))
@@ -774,8 +813,8 @@ class ContinuousAdjoint(AbstractSensitivity):
             )
             own = jax.tree.map(lambda x: x.shape == (1,), shapes)
             norm = setup.members.largest(norm or setup.members.norm, own)
-        marcher = Marcher(march_setup, rhs, norm)
-        quadrature = backward.quadrature(setup, prods)
+        marcher = Marcher(march_setup, rhs, norm, noise)
+        quadrature = backward.quadrature(march_setup, prods)
 
         def advance(march, args, t_to, max_steps):
             def on_step(q, t_start, t_end, y_of):  # y_of: the march's state inside the step

@@ -1,29 +1,16 @@
-"""Pathwise derivatives of an SDE solve: every sensealg differentiates the solution of one Brownian
-path (the gradient of this path's solution), on the fixed grid of `sciad._sde_solvers.SDESetup`.
+"""Pathwise derivatives of an SDE solve on the fixed grid of `sciad._sde_solvers.SDESetup`, for the sensealgs
+that do not step SDEs on sciad's one loop yet (ForwardDiffSensitivity, DiscreteAdjoint and the continuous
+adjoints do: `sciad._sde.solve`):
 
-- `ForwardDiffSensitivity`: forward mode through the solver's steps (one tangent per input).
 - `ForwardSensitivity`: the pathwise sensitivity SDE S' = ∂a/∂u S + ∂a/∂θ, ∂σ/∂u S + ∂σ/∂θ on the
   same increments, discretised by the forward solver itself (S rides in the scan with y); on a fixed
   grid that is the forward-mode derivative of the steps, with the products from its `jvp` engine.
-- `DiscreteAdjoint`: reverse mode through the steps (JAX's tape of the scan: memory ~ steps).
-- `BacksolveAdjoint`: the backward Stratonovich adjoint SDE (Li et al. 2020) for (u, λ, μ) on the
-  same path, by Heun backwards, u re-solved backwards and reset at every save time; an Itô problem
-  is adjointed in its Stratonovich form (the drift correction, and its derivatives). Its drift check
-  (`on_instability`, `drift_tolerance`) is an ODE solve's: not made here.
-- `InterpolatingAdjoint`: the same adjoint SDE for (λ, μ) alone on the stored forward path (every
-  grid step's y: memory ~ steps).
-- `GaussAdjoint`: λ alone by Heun on the stored path, ∂L/∂θ by the trapezoid rule on λ's steps (the
-  Stratonovich integral's consistent quadrature; one product more per step).
+- `DiscreteAdjoint` with reversible Heun (whose state a step's start does not give): reverse mode through
+  the steps (JAX's tape of the scan: memory ~ steps).
 - `ReversibleAdjoint`: exact gradient of reversible Heun, flat memory (`_reversible`).
 
-The continuous adjoints converge to the pathwise derivative as dt → 0 (their error is of the
-solver's strong order); ForwardDiffSensitivity, ForwardSensitivity, DiscreteAdjoint and
-ReversibleAdjoint give the discrete solution's exact derivative. Options of the ODE sensealgs that
-concern adaptive steps (`seminorm`, tolerances) change nothing on the fixed grid; `checkpointing=True`
-is refused. The products are the sensealg's engine's, JAX engines only (the drift correction and
-Milstein's term differentiate them again): the adjoints' vector-Jacobian products of drift and
-diffusion are the engine's own pullbacks (`System.pulled`), and ForwardSensitivity's steps run on F
-wrapped by `sciad.ad.differentiate_with`.
+The products are the sensealg's engine's, JAX engines only (the drift correction and Milstein's term
+differentiate them again): ForwardSensitivity's steps run on F wrapped by `sciad.ad.differentiate_with`.
 """
 
 from collections.abc import Callable
@@ -33,11 +20,10 @@ import jax
 import jax.numpy as jnp
 
 import sciad.ad as ad
-from sciad.adjoints._continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint
-from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
+from sciad.adjoints._discrete import DiscreteAdjoint
 from sciad.adjoints._forward import ForwardSensitivity
 from sciad.adjoints._registry import describe
-from sciad.adjoints._reversible import ReversibleAdjoint, reversible_rules, through_steps
+from sciad.adjoints._reversible import ReversibleAdjoint, reversible_rules
 
 
 class EngineField(eqx.Module):
@@ -60,25 +46,16 @@ def refusal(sensealg, setup) -> str | None:
     """Why `sensealg` cannot differentiate the SDE solve `setup`, naming what can (None if it can)."""
     name = describe(sensealg)
     if type(sensealg) not in RULES:
-        return f"sensealg={name} does not differentiate SDE solves; pass one of {sorted(cls.__name__ for cls in RULES)}"
+        return (
+            f"sensealg={name} does not differentiate SDE solves; pass one of {sorted(cls.__name__ for cls in RULES)}, "
+            "or those that step them on sciad's loop: ForwardDiffSensitivity, DiscreteAdjoint, InterpolatingAdjoint, "
+            "BacksolveAdjoint, GaussAdjoint"
+        )
     if isinstance(sensealg, ReversibleAdjoint) and not setup.solver.reversible:
         return (
             f"sensealg=ReversibleAdjoint needs an algebraically reversible solver, got "
             f"{type(setup.solver).__name__}: pass solver='reversible_heun', or keep this solver with "
             "sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or sciad.InterpolatingAdjoint()"
-        )
-    if getattr(sensealg, "checkpointing", False):
-        return (
-            f"sensealg={name}: checkpointing is not available for SDE solves yet (the stored path is every "
-            "grid step's state); for memory flat in the steps pass solver='reversible_heun' with "
-            "sensealg=sciad.ReversibleAdjoint(), or sciad.BacksolveAdjoint()"
-        )
-    host = [e.name for e in sensealg.engines() if not e.traced]
-    if host:
-        return (
-            f"sensealg={name}: SDE solves take JAX engines for their products (the drift correction and the "
-            f"solver's own Jacobian-vector products differentiate again), got {host[0]!r}: pass "
-            "'jax-reverse', 'jax-forward' or 'jax-transpose'"
         )
     return None
 
@@ -145,89 +122,8 @@ def _forward_mode(sensealg):
     return forward, pushforward, pullback
 
 
-class _Stored(eqx.Module):
-    """A continuous adjoint's residuals: y0, θ, the saves, and every grid step's y (None for
-    BacksolveAdjoint, which keeps the final y)."""
-
-    y0: jax.Array
-    theta: jax.Array
-    ys: jax.Array
-    path: jax.Array | None
-    final: jax.Array | None
-
-
-def _continuous(sensealg):
-    """The backward Stratonovich adjoint SDE, by Heun on the grid backwards with the forward pass's
-    increments: (u, λ, μ) for BacksolveAdjoint, (λ, μ) on the stored path for InterpolatingAdjoint,
-    λ with μ by the trapezoid rule for GaussAdjoint."""
-    backsolve = isinstance(sensealg, BacksolveAdjoint)
-    trapezoid = isinstance(sensealg, GaussAdjoint)
-
-    def forward(setup, y0, theta, active):
-        if active is None:
-            return setup.run(y0, theta), None
-        if backsolve:
-            ys, state = setup.run(y0, theta, final_state=True)
-            return ys, _Stored(y0, theta, ys, None, setup.solver.value(state))
-        ys, path = setup.run(y0, theta, every_step=True)
-        return ys, _Stored(y0, theta, ys, path, None)
-
-    def pullback(setup, res, w):
-        theta = res.theta
-        adjoint = setup.system.in_calculus("stratonovich")
-        saves = jnp.asarray(setup.save_steps)
-        dt, n = setup.dt, setup.system.n
-
-        def products(y, lam, t, dW):
-            """(Δ = a dt + σ dW, λᵀ∂Δ/∂y, λᵀ∂Δ/∂θ) at y, in the Stratonovich form."""
-            rates, pb = adjoint.pulled(sensealg.vjp, y, theta, t)
-            ybar, tbar = pb(lam * dt, adjoint.noise_cotangent(lam[:n], dW))
-            return adjoint.increment(*rates, dt, dW), ybar, tbar
-
-        def jump(k):
-            return (saves == k).astype(w.dtype) @ w
-
-        def body(carry, xs):  # backwards: the step index rides in the carry
-            y1, lam1, mu1, k = carry
-            k = k - 1
-            y_k, y_k1 = (None, None) if backsolve else xs
-            t1, t = (jnp.asarray(setup.time(j), w.dtype) for j in (k + 1, k))
-            dW = setup.increment(k).astype(w.dtype)
-            step1, g1, m1 = products(y1 if backsolve else y_k1, lam1, t1, dW)
-            lam_p = lam1 + g1
-            y_p = y1 - step1 if backsolve else y_k
-            step2, g2, m2 = products(y_p, lam_p, t, dW)
-            lam = lam1 + 0.5 * (g1 + g2)
-            if trapezoid:
-                m2 = products(y_k, lam, t, dW)[2]
-            mu = mu1 + 0.5 * (m1 + m2)
-            y = y1 - 0.5 * (step1 + step2) if backsolve else y_k
-            if backsolve:  # reset to the saved state at a save time
-                y = _reset(y, saves == k, res.ys)
-            return (y, lam + jump(k), mu, k), None
-
-        N = setup.steps
-        last = res.final if backsolve else res.path[N]
-        carry = (last, jump(N), jnp.zeros_like(theta), jnp.asarray(N, jnp.int32))
-        stored = None if backsolve else (res.path[:-1], res.path[1:])
-        (_, lam0, mu0, _), _ = jax.lax.scan(body, carry, stored, length=N, reverse=True)
-        return lam0, mu0
-
-    return forward, through_steps, pullback
-
-
-def _reset(y, hit, ys):
-    """The saved state where a save is at this step (the first such save), else y."""
-    index = jnp.argmax(hit)
-    return jnp.where(jnp.any(hit), ys[index], y)
-
-
 RULES = {
-    ForwardDiffSensitivity: _forward_mode,
     ForwardSensitivity: _forward_mode,
     DiscreteAdjoint: None,
-    BacksolveAdjoint: _continuous,
-    InterpolatingAdjoint: _continuous,
-    GaussAdjoint: _continuous,
     ReversibleAdjoint: reversible_rules,
 }

@@ -48,15 +48,18 @@ class March(eqx.Module):
 
 class Marcher(eqx.Module):
     """Steps `rhs(t, y, args)` backwards in time with `setup`'s solver at its adjoint tolerances
-    (`norm`: the controller's norm, None for the RMS norm over all of y)."""
+    (`norm`: the controller's norm, None for the RMS norm over all of y); an SDE's `noise(t, y, args, dW)`
+    beside it, the state's increment from the noise over a step whose forward increment is dW (rhs's sign)."""
 
     setup: Setup
     rhs: Callable
     norm: Callable | None = None
+    noise: Callable | None = None  # an SDE's: noise(t, y, args, dW), the increment's rate form beside rhs's
 
     def _stepper(self) -> Stepper:
-        rhs = self.rhs
-        terms = self.setup.term(lambda s, y, args: jax.tree.map(jnp.negative, rhs(-s, y, args)))
+        rhs, noise = self.rhs, self.noise
+        backwards = None if noise is None else lambda s, y, args, dW: jax.tree.map(jnp.negative, noise(-s, y, args, dW))
+        terms = self.setup.term(lambda s, y, args: jax.tree.map(jnp.negative, rhs(-s, y, args)), backwards)
         return Stepper.of(terms, self.setup.solver, self.setup.controller(*self.setup.adjoint_tolerances, self.norm))
 
     def start(self, y, args, t, dt0, quadrature=None) -> March:
