@@ -296,6 +296,23 @@ def test_checkpointed_adjoint_sde_matches_the_stored_one():
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12)
 
 
+def test_backsolve_drift_check_on_sdes():
+    """BacksolveAdjoint re-solves u backwards on the same path and checks it against the stored forward states:
+    a mildly mean-reverting Ornstein–Uhlenbeck process passes (DiscreteAdjoint's gradient to the adjoint's
+    discretisation error), a strongly reverting one (e^{θ T} = e^{50} growth backwards) raises, naming why."""
+
+    def gradient(theta, sensealg):
+        prob = sciad.SDEProblem(
+            lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] + 0 * u, np.array([1.0]), (0.0, 1.0), np.array([theta, 0.3])
+        )
+        loss = lambda p: sciad.solve(prob, p=p, key=KEY, dt0=2**-8, sensealg=sensealg, solver="heun").us[-1, 0]  # noqa: E731
+        return jax.grad(loss)(prob.p)
+
+    np.testing.assert_allclose(gradient(1.0, "BacksolveAdjoint"), gradient(1.0, "DiscreteAdjoint"), rtol=1e-6)
+    with pytest.raises(sciad.SolveError, match="re-solved backwards in time departs from the forward solution"):
+        gradient(50.0, "BacksolveAdjoint")
+
+
 def test_ensembles_by_vmap_over_keys_under_jit():
     keys = jax.random.split(KEY, 64)
 
