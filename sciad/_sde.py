@@ -25,6 +25,7 @@ from sciad._problem import (
     check_params,
     check_saveat,
     check_state,
+    check_time_span,
     check_tolerances,
     check_tspan,
 )
@@ -402,8 +403,9 @@ def solve(
     adjoint SDE in Stratonovich form by Heun, on fixed steps) differentiate it through the ODE solves' pipeline
     on sciad's loop (`SDEField`: the kind's drift and noise terms; every solver and step choice above);
     ForwardSensitivity and ReversibleAdjoint (and DiscreteAdjoint with reversible Heun) take fixed steps of
-    sciad's solvers by name (`sciad.adjoints._pathwise`), and say so. Not yet: state-dependent events, traced
-    tspan and t1 < t0 (each refused naming the fix)."""
+    sciad's solvers by name (`sciad.adjoints._pathwise`), and say so. A traced `tspan` takes adaptive steps.
+    Not differentiable in the times (a Brownian path has no derivative in time). Not yet: state-dependent
+    events and t1 < t0 (each refused naming the fix)."""
     if not isinstance(prob, SDEProblem):
         raise TypeError(f"prob must be a sciad.SDEProblem, got {type(prob).__name__}")
     if not all(isinstance(c, PresetTimeCallback) for c in callbacks):
@@ -412,15 +414,16 @@ def solve(
             "ContinuousCallback, are not supported for SDEs yet)"
         )
     u0, p = check_inputs(prob, u0, p)  # pyright: ignore[reportArgumentType]  # an SDEProblem has u0 and p as an ODEProblem
-    if tspan is not None and any(isinstance(t, jax.core.Tracer) for t in tspan):
-        raise ValueError(
-            "tspan of an SDE solve must be concrete (it sets the grid): traced times are not "
-            "differentiated for SDEs yet"
-        )
-    t0, t1 = prob.tspan if tspan is None else check_tspan(tspan)
-    if t1 < t0:
-        raise ValueError(f"tspan=({t0}, {t1}): SDEs run forwards in time here: pass t1 > t0")
     adaptive = dt0 is None
+    traced = tspan is not None and any(isinstance(t, jax.core.Tracer) for t in tspan)
+    if traced and not adaptive:
+        raise ValueError(
+            "a traced tspan of an SDE solve takes adaptive steps (a fixed grid's steps are counted at trace time): "
+            "pass no dt0, or a concrete tspan"
+        )
+    t0, t1, sign = check_time_span(tspan, prob.tspan)
+    if sign < 0:
+        raise ValueError(f"tspan=({t0}, {t1}): SDEs run forwards in time here: pass t1 > t0")
     if adaptive:
         check_tolerances(rtol, atol, max_steps)
     steps, dt = (int(max_steps), 0.0) if adaptive else grid(t0, t1, dt0)

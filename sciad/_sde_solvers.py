@@ -323,6 +323,11 @@ class SDEField(eqx.Module):
 
     system: System
     path: typing.Any
+    no_time_derivative: typing.ClassVar[str] = (
+        "an SDE solve is not differentiable in its times (tspan, saveat, event times): a Brownian path has no "
+        "derivative in time; differentiate in u0, p and the values the functions close over, with the times "
+        "held (jax.lax.stop_gradient)"
+    )
 
     @property
     def F(self):  # noqa: N802  (the field's name in `System`)

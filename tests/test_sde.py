@@ -313,6 +313,24 @@ def test_backsolve_drift_check_on_sdes():
         gradient(50.0, "BacksolveAdjoint")
 
 
+def test_traced_tspan_takes_adaptive_steps_and_refuses_time_derivatives():
+    """A traced tspan (jit) takes adaptive steps: the same solution and gradient in p as the concrete one;
+    a derivative in a time is refused (a Brownian path has none), as is a traced tspan with a fixed grid."""
+    stratonovich = GBM["stratonovich"]
+
+    def final(p, t1, sensealg="ForwardDiffSensitivity"):
+        return sciad.solve(stratonovich, p=p, key=KEY, tspan=(0.0, t1), rtol=1e-4, atol=1e-4, sensealg=sensealg).us[
+            -1, 0
+        ]
+
+    np.testing.assert_allclose(jax.jit(final)(P, T), final(P, T), rtol=1e-13)
+    np.testing.assert_allclose(jax.jit(jax.grad(final))(P, T), jax.grad(final)(P, T), rtol=1e-12)
+    with pytest.raises(ValueError, match="not differentiable in its times"):
+        jax.grad(final, argnums=1)(P, T)
+    with pytest.raises(ValueError, match="a traced tspan of an SDE solve takes adaptive steps"):
+        jax.jit(lambda t1: sciad.solve(stratonovich, key=KEY, dt0=0.1, tspan=(0.0, t1)).us)(T)
+
+
 def test_ensembles_by_vmap_over_keys_under_jit():
     keys = jax.random.split(KEY, 64)
 

@@ -110,7 +110,11 @@ class Setup(eqx.Module):
     def derivative(self, y, p, t):
         """y' (n + k,) at the state y (n + k,) at t: F(u, p, t), or for M u' = f (a Rosenbrock solver's
         mass matrix), the consistent u' (`sciad._dae.consistent_derivative`: a DAE's algebraic states
-        move with its algebraic equations) and q' = g. What a save time's or an event time's derivative is."""
+        move with its algebraic equations) and q' = g. What a save time's or an event time's derivative is;
+        a kind whose solutions have none (an SDE's paths) says so here."""
+        no_derivative = getattr(self.f, "no_time_derivative", None)
+        if no_derivative:
+            raise ValueError(no_derivative)
         rate = self.rate(y, p, t)
         mass = solver_mass(self.solver, self.n)
         if mass is None:
