@@ -67,11 +67,13 @@ class BrownianPath(eqx.Module):
 
     def evaluate(self, t0, t1=None) -> jax.Array:
         """W(t1) - W(t0) (`shape`), or W(t0) - W(path start) without t1; times inside the path's span
-        (traced allowed), t0 ≤ t1. Exact on the grid (a sum of the steps' increments: one draw for one
+        (traced allowed), in either order. Exact on the grid (a sum of the steps' increments: one draw for one
         step); a Brownian bridge between its step's ends for a time off it. Costs one draw per step
         between t0 and t1."""
         if t1 is None:
             t0, t1 = self.t0, t0
+        sign = jnp.where(jnp.asarray(t1) < jnp.asarray(t0), -1.0, 1.0).astype(self.dtype)  # W(t1) - W(t0) either way
+        t0, t1 = jnp.minimum(t0, t1), jnp.maximum(t0, t1)
         (j, a), (k, b) = self._step_of(t0), self._step_of(t1)
         one_step = (a == 0) & (b == 1) & (k == j) | (a == 0) & (b == 0) & (k == j + 1)
 
@@ -79,7 +81,7 @@ class BrownianPath(eqx.Module):
             whole = jax.lax.fori_loop(j, k, lambda i, w: w + self.increment(i), jnp.zeros(self.shape, self.dtype))
             return whole + self._bridge(k, b) - self._bridge(j, a)
 
-        return jax.lax.cond(one_step, lambda _: self.increment(j), general, None)
+        return sign * jax.lax.cond(one_step, lambda _: self.increment(j), general, None)
 
 
 def grid_increment(path, t0: float, dt: float, k) -> jax.Array:

@@ -217,6 +217,8 @@ def test_brownian_path_is_exact_reusable_and_checkable():
     assert increments.shape == (10, 1)
     np.testing.assert_allclose(path.evaluate(0.0, 1.0), increments.sum(0), rtol=1e-12)
     np.testing.assert_allclose(path.evaluate(0.2, 0.5), increments[2:5].sum(0), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(path.evaluate(0.5, 0.2), -increments[2:5].sum(0), rtol=1e-12, atol=1e-14)  # reversed
+    np.testing.assert_allclose(path.evaluate(0.3, 0.4), increments[3], rtol=1e-12, atol=1e-14)  # one step: one draw
     np.testing.assert_allclose(path.increment(3), increments[3])
     # the Euler steps by hand on the same increments
     u = U0
