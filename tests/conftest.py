@@ -43,27 +43,35 @@ def pytest_generate_tests(metafunc):
 
 
 HELD_BYTES = 3 * 2**30  # a worker's resident memory past which its compiled programs are freed
+GROWN_BYTES = 2**28  # and the growth since it last freed them past which it frees them again
 
 
-def resident_bytes() -> int:
-    """This process's resident memory (Linux); the limit itself where /proc is not there (so programs are freed
-    after every module)."""
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux); None where /proc is not there (programs are then freed after
+    every module)."""
     try:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
-        return HELD_BYTES
+        return None
+
+
+_freed_at = [0]  # the resident bytes when this worker last freed its compiled programs
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _compiled_programs_freed():
-    """After a module, a worker holding more than `HELD_BYTES` frees its compiled programs: one that runs a
-    hundred modules would otherwise hold every program it compiled until it exits (and freeing after every
-    module would recompile the library's own helpers each time)."""
+    """After a module, a worker holding more than `HELD_BYTES`, `GROWN_BYTES` more than when it last freed its
+    compiled programs, frees them: one that runs a hundred modules would otherwise hold every program it compiled
+    until it exits (and freeing after every module would recompile the library's own helpers each time). The
+    memory freed stays resident, reused by the programs compiled next, so the growth, not the level, says when
+    to free again (the level alone freed after every module once past it)."""
     yield
-    if resident_bytes() >= HELD_BYTES:
+    resident = resident_bytes()
+    if resident is None or (resident >= HELD_BYTES and resident - _freed_at[0] >= GROWN_BYTES):
         jax.clear_caches()
         gc.collect()
+        _freed_at[0] = resident_bytes() or 0
 
 
 @pytest.fixture(scope="module")
