@@ -448,8 +448,9 @@ def auto_sde_sensealg(
     integral_entries: int = 0,
     thresholds: Thresholds = THRESHOLDS,
 ) -> Choice:
-    """The `Choice` for pathwise gradients of an SDE solve on a fixed grid of `steps` steps by
-    `solver` (a `sciad._sde_solvers` solver), from shapes alone (under `jax.jit` too):
+    """The `Choice` for pathwise gradients of an SDE solve of at most `steps` steps (a fixed grid's, or
+    adaptive steps' `max_steps`) by `solver` (the diffrax solver that steps it), from shapes alone (under
+    `jax.jit` too):
 
     - `sde-few-parameters`: n + m ≤ `forward_mode_parameters` tangents → `ForwardDiffSensitivity`
       (forward mode through the steps, no tape);
