@@ -408,16 +408,39 @@ class SDEField(eqx.Module):
         y = jnp.concatenate([u, jnp.zeros((self.system.k,), u.dtype)]) if self.system.k else u
         return self.system.rates(y, theta, t)[0]
 
-    def terms(self, drift=None, noise=None):
-        """The drift `drift(t, y, args)` (default: the field's) as a `diffrax.ODETerm` and the noise: a
-        `Diffusion` along the path, or `noise(s, y, args, dW)`, the increment a backward sweep in s = -t takes
-        over a step whose forward increment is dW (`Reversed`): the `diffrax.MultiTerm` an SDE solver steps."""
+    def terms(self, solver: dfx.AbstractSolver, drift=None, noise=None):
+        """What `solver` steps: the SDE itself (no `drift` given) as one `Increment` term where the solver
+        takes any term (drift and diffusion from one evaluation of the field per stage), else the drift
+        `drift(t, y, args)` (default: the field's) as a `diffrax.ODETerm` beside the noise in a
+        `diffrax.MultiTerm`: a `Diffusion` along the path, or `noise(s, y, args, dW)`, the increment a backward
+        sweep in s = -t takes over a step whose forward increment is dW (`Reversed`)."""
         system, n = self.system, self.system.n
+        if drift is None and noise is None and typing.get_origin(solver.term_structure) is not dfx.MultiTerm:
+            return Increment(system, self.path)
         drift = drift or (lambda t, y, theta: system.rates(y, theta, t)[0])
         if noise is not None:
             return dfx.MultiTerm(dfx.ODETerm(drift), Reversed(noise, self.path))
         sigma = lambda t, y, theta: system.sigma(y[:n], theta, jnp.asarray(t, y.dtype))  # noqa: E731
         return dfx.MultiTerm(dfx.ODETerm(drift), Diffusion(sigma, system.noise, system.k, self.path))
+
+
+class Increment(dfx.AbstractTerm):
+    """The SDE as one term: control (dt, dW) over a step (dW the path's increment), vector field (a, σ) at y
+    from one evaluation of the field (drift with the calculus correction, diffusion), product a dt + σ dW
+    (the integral's q with no noise)."""
+
+    system: System
+    path: typing.Any
+
+    def vf(self, t, y, args):
+        return self.system.rates(y, args, jnp.asarray(t, y.dtype))
+
+    def contr(self, t0, t1, **kwargs):
+        return t1 - t0, jnp.asarray(self.path.evaluate(t0, t1))
+
+    def prod(self, vf, control):
+        (a, sigma), (dt, dW) = vf, control
+        return self.system.increment(a, sigma, jnp.asarray(dt, a.dtype), dW.astype(a.dtype))
 
 
 class Reversed(dfx.AbstractTerm):

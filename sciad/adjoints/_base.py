@@ -177,10 +177,10 @@ class Setup(eqx.Module):
         """`vector_field(t, y, args)` (default: the state's rate) as the term the solver takes; IMEX
         solvers (KenCarp) get it as their implicit part, with a zero explicit part. A kind that adds terms
         of its own (an SDE's noise: `noise(s, y, args, dW)`, a backward sweep's) makes them."""
-        vector_field = vector_field or (lambda t, y, p: self.rate(y, p, t))
         kind_terms = getattr(self.f, "terms", None)
         if kind_terms is not None:
-            return kind_terms(vector_field, noise)
+            return kind_terms(self.solver, vector_field, noise)
+        vector_field = vector_field or (lambda t, y, p: self.rate(y, p, t))
         term = dfx.ODETerm(vector_field)
         if typing.get_origin(self.solver.term_structure) is dfx.MultiTerm:
             zero = dfx.ODETerm(lambda t, y, args: jax.tree.map(jnp.zeros_like, y))
