@@ -47,6 +47,7 @@ from sciad.adjoints import _pathwise as pathwise
 from sciad.adjoints._base import AbstractSensitivity, Setup
 from sciad.adjoints._continuous import ContinuousAdjoint
 from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
+from sciad.adjoints._loop import Stepper
 from sciad.adjoints._registry import describe, resolve
 
 NOISES = ("diagonal", "scalar")  # or an int m: general noise of m Brownian motions
@@ -446,7 +447,12 @@ def solve(
     sensealg = resolve(sensealg)
     T = np.shape(ts)[0]
     u0_flat = jnp.asarray(field.u.ravel(u0), dtype)
-    restartable = not isinstance(stepping, dfx.ReversibleHeun)  # DiscreteAdjoint's steps from their starts
+    system = System(field, noise, entries, prob.calculus).in_calculus(calculus_of(stepping))  # pyright: ignore[reportArgumentType]  # an SDE solver
+    y0 = jnp.concatenate([u0_flat, jnp.zeros((entries,), dtype)])
+    p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
+    # DiscreteAdjoint recomputes each step from its start: not so for a solver whose state carries more
+    terms = SDEField(system, path).terms(stepping)
+    restartable = Stepper(terms, stepping, dfx.ConstantStepSize()).restartable(t0, t1, y0, p_flat)
     name = next((name for name, cls in LOOP_SOLVERS.items() if type(stepping) is cls), None)
     on_loop = isinstance(sensealg, (ForwardDiffSensitivity, ContinuousAdjoint)) or (
         isinstance(sensealg, DiscreteAdjoint) and restartable
@@ -465,7 +471,6 @@ def solve(
             "'jax-reverse', 'jax-forward' or 'jax-transpose'"
         )
     if on_loop:
-        system = System(field, noise, entries, prob.calculus).in_calculus(calculus_of(stepping))  # pyright: ignore[reportArgumentType]  # an SDE solver
         times = jnp.asarray(ts, dtype)
         controller = None  # adaptive: sciad's PID control at rtol, atol, steps landing on the save times
         if not adaptive:  # the saves on the grid, in its own arithmetic
@@ -486,7 +491,6 @@ def solve(
             dt0=None if adaptive else jnp.asarray(dt, dtype),
             steps_at_saves=adaptive,
         )
-        p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
         if not callbacks:
             ys, stats = sensealg.solve(setup, u0_flat, p_flat)
             return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
@@ -516,7 +520,7 @@ def solve(
     why = pathwise.refusal(sensealg, setup)
     if why:
         raise ValueError(why)
-    y = jnp.concatenate([u0_flat, jnp.zeros((entries,), dtype)])
+    y = y0
     events = event_steps(callbacks, u0, p, t0, t1, dt)
     if events and isinstance(saves, jax.core.Tracer):
         raise ValueError(
