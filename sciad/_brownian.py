@@ -72,6 +72,7 @@ class BrownianPath(eqx.Module):
         between t0 and t1."""
         if t1 is None:
             t0, t1 = self.t0, t0
+        t0, t1 = jax.lax.stop_gradient((t0, t1))  # a Brownian path has no derivative in time
         sign = jnp.where(jnp.asarray(t1) < jnp.asarray(t0), -1.0, 1.0).astype(self.dtype)  # W(t1) - W(t0) either way
         t0, t1 = jnp.minimum(t0, t1), jnp.maximum(t0, t1)
         (j, a), (k, b) = self._step_of(t0), self._step_of(t1)
@@ -83,11 +84,3 @@ class BrownianPath(eqx.Module):
 
         return sign * jax.lax.cond(one_step, lambda _: self.increment(j), general, None)
 
-
-def grid_increment(path, t0: float, dt: float, k) -> jax.Array:
-    """Step k's increment of `path` on the grid t_k = t0 + k dt: `path.increment(k)` for a
-    `BrownianPath` (no descent), else `path.evaluate(t_k, t_k + dt)` (a diffrax Brownian path)."""
-    if isinstance(path, BrownianPath):
-        return path.increment(k)
-    tk = t0 + k * dt
-    return jnp.asarray(path.evaluate(tk, tk + dt))

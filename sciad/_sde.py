@@ -30,24 +30,11 @@ from sciad._problem import (
     check_tspan,
 )
 from sciad._pytrees import Layout, leaf_names
-from sciad._sde_solvers import (
-    LOOP_SOLVERS,
-    SDE_SOLVERS,
-    AbstractSDESolver,
-    DiagonalMilstein,
-    Noise,
-    SDEField,
-    SDESetup,
-    System,
-    calculus_of,
-    default_sde_solver,
-)
+from sciad._sde_solvers import SDE_SOLVERS, DiagonalMilstein, Noise, SDEField, System, calculus_of
 from sciad._vector_field import VectorField
-from sciad.adjoints import _pathwise as pathwise
 from sciad.adjoints._base import AbstractSensitivity, Setup
+from sciad.adjoints._loop import GridSteps
 from sciad.adjoints._continuous import ContinuousAdjoint
-from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
-from sciad.adjoints._loop import Stepper
 from sciad.adjoints._registry import describe, resolve
 
 NOISES = ("diagonal", "scalar")  # or an int m: general noise of m Brownian motions
@@ -191,30 +178,28 @@ WHY_NOT = {
 
 def loop_solver(solver, calculus: str, noise: Noise, adaptive: bool) -> dfx.AbstractSolver:
     """The diffrax solver that steps the solve: `solver` itself (one of diffrax's SDE solvers that serve), by
-    its name in `LOOP_SOLVERS`, or the default (adaptive steps: Heun, which has an error estimate; fixed
+    its name in `SDE_SOLVERS`, or the default (adaptive steps: Heun, which has an error estimate; fixed
     steps: `default_sde_solver`'s); a clear error for an ODE solver, one that does not serve the noise, and
     for adaptive steps one without an error estimate."""
     if solver is None:
-        solver = "heun" if adaptive else _name_of(default_sde_solver(calculus, noise.kind))
-    if isinstance(solver, AbstractSDESolver):
-        solver = _name_of(solver)
+        solver = default_sde_solver(calculus, noise, adaptive)
     if isinstance(solver, str):
-        if solver not in LOOP_SOLVERS:
-            raise ValueError(f"unknown SDE solver {solver!r}; choose one of {sorted(LOOP_SOLVERS)} or pass diffrax's")
-        solver = LOOP_SOLVERS[solver]()
+        if solver not in SDE_SOLVERS:
+            raise ValueError(f"unknown SDE solver {solver!r}; choose one of {sorted(SDE_SOLVERS)} or pass diffrax's")
+        solver = SDE_SOLVERS[solver]()
     if not isinstance(solver, dfx.AbstractSolver):
-        raise TypeError(f"solver= must be a name in {sorted(LOOP_SOLVERS)} or a diffrax solver, got {solver!r}")
+        raise TypeError(f"solver= must be a name in {sorted(SDE_SOLVERS)} or a diffrax solver, got {solver!r}")
     name = type(solver).__name__
     if calculus_of(solver) is None:
         raise ValueError(
             f"solver={name}() is an ODE solver (diffrax declares no calculus for it): pass an SDE solver, "
-            f"one of {sorted(LOOP_SOLVERS)} or diffrax's Euler, Heun, ReversibleHeun, ..."
+            f"one of {sorted(SDE_SOLVERS)} or diffrax's Euler, Heun, ReversibleHeun, ..."
         )
     if not isinstance(solver, LOOP_SOLVER_TYPES):
         why = next((why for cls, why in WHY_NOT.items() if isinstance(solver, cls)), "it is not one sciad steps")
         raise ValueError(
             f"solver={name}() does not step sciad's SDE solves: {why}. Pass one of diffrax's "
-            f"{', '.join(cls.__name__ for cls in LOOP_SOLVER_TYPES[:-1])}, or a name in {sorted(LOOP_SOLVERS)}"
+            f"{', '.join(cls.__name__ for cls in LOOP_SOLVER_TYPES[:-1])}, or a name in {sorted(SDE_SOLVERS)}"
         )
     if isinstance(solver, DiagonalMilstein) and noise.kind not in ("diagonal", "scalar"):
         raise ValueError(
@@ -227,6 +212,14 @@ def loop_solver(solver, calculus: str, noise: Noise, adaptive: bool) -> dfx.Abst
             "an adaptive solver (solver='heun', diffrax.ReversibleHeun())"
         )
     return solver
+
+
+def default_sde_solver(calculus: str, noise: Noise, adaptive: bool) -> str:
+    """The name of the default solver: adaptive steps, Heun (it has an error estimate); fixed steps, Itô: Milstein
+    for diagonal and scalar noise (strong order 1), Euler–Maruyama for general noise; Stratonovich: Heun."""
+    if adaptive or calculus == "stratonovich":
+        return "heun"
+    return "milstein" if noise.kind in ("diagonal", "scalar") else "euler"
 
 
 def _error_estimate(solver: dfx.AbstractSolver):
@@ -282,15 +275,14 @@ def save_steps(ts, t0: float, dt: float):
     return steps.astype(np.int32)
 
 
-def event_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> list:
-    """(grid step, affect) of every preset event, in time order (simultaneous ones in the order given):
-    concrete times inside tspan and on the grid, affects returning u0's structure (checked by tracing)."""
-    events = []
+def preset_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> None:
+    """Checks the preset events of a fixed grid: concrete times inside tspan and on the grid, affects returning
+    u0's structure (checked by tracing)."""
     for i, callback in enumerate(callbacks):
         if any(isinstance(t, jax.core.Tracer) for t in jax.tree.leaves(callback.times)):
             raise ValueError(
-                f"callbacks[{i}]: the preset times of an SDE solve must be concrete grid times, "
-                "Python or NumPy numbers (traced times are not differentiated for SDEs yet)"
+                f"callbacks[{i}]: the preset times of an SDE solve on a fixed grid must be concrete grid times, "
+                "Python or NumPy numbers (or pass no dt0: adaptive steps land on traced times)"
             )
         times = np.atleast_1d(np.asarray(callback.times, float))
         if np.any((times < t0) | (times > t1)):
@@ -299,22 +291,7 @@ def event_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> list:
                 f"lie outside tspan ({t0}, {t1}): drop them or widen tspan"
             )
         _check_affect(callback.affect, u0, p, jnp.asarray(t0), i)
-        events += [(int(k), callback.affect) for k in save_steps(times, t0, dt)]
-    return sorted(events, key=lambda e: e[0])
-
-
-def segments(steps: int, saves, events: list) -> list:
-    """(start, stop, local saves) of the grid's segments between event steps, from the concrete save steps
-    `saves`: each segment's saves are its steps' from its start (the state after the event there) up to
-    its end, exclusive, but for the last segment, inclusive; an event at the last step adds a last segment
-    of no steps after it."""
-    bounds = sorted({0, steps, *(k for k in events if 0 < k < steps)})
-    spans = list(zip(bounds[:-1], bounds[1:])) + ([(steps, steps)] if steps in events else [])
-    out = []
-    for i, (start, stop) in enumerate(spans):
-        last = i == len(spans) - 1
-        out.append((start, stop, tuple(s - start for s in saves if start <= s < stop or (last and s == stop))))
-    return out
+        save_steps(times, t0, dt)
 
 
 def brownian_path(brownian, key, t0: float, t1: float, dt: float | None, steps: int, shape: tuple, dtype):
@@ -369,7 +346,7 @@ def solve(
     key: PRNGKeyArray | None = None,
     dt0: RealScalarLike | None = None,
     saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
-    solver: str | AbstractSDESolver | dfx.AbstractSolver | None = None,
+    solver: str | dfx.AbstractSolver | None = None,
     sensealg: str | AbstractSensitivity = "auto",
     u0: PyTree[ArrayLike] | None = None,
     p: PyTree[Any] = None,
@@ -388,7 +365,7 @@ def solve(
     memory) or `brownian` (a path to reuse, or a diffrax Brownian path); without `dt0`, adaptive (PID control
     at `rtol`, `atol` of the solver's error estimate, steps landing on the save times, at most `max_steps`)
     along a `diffrax.VirtualBrownianTree` from `key` (or `brownian`, a diffrax path). `solver`: a name in
-    `LOOP_SOLVERS` or one of diffrax's SDE solvers (`LOOP_SOLVER_TYPES`; default: adaptive, Heun; fixed,
+    `SDE_SOLVERS` or one of diffrax's SDE solvers (`LOOP_SOLVER_TYPES`; default: adaptive, Heun; fixed,
     Milstein for Itô diagonal and scalar noise, Euler–Maruyama for Itô general noise, Heun for
     Stratonovich); a solver of the other calculus (diffrax's declared one) solves the problem with the drift
     corrected.
@@ -397,14 +374,13 @@ def solve(
     functions close over, by `sensealg` (default "auto": `sciad._auto`'s SDE rule), under `jax.jit`,
     `jax.vmap` (over keys: ensembles), `jax.grad`, `jax.jvp` and second derivatives. `integrand`
     g(u, p, t) gives `SDESolution.integral` = ∫ g dt, stepped with u. `callbacks`:
-    `sciad.PresetTimeCallback`s at grid times (doses): the grid is solved in segments between them,
-    the affects applied between segments (the state saved at an event time is the one after it), so
-    every sensealg differentiates through them, values the affects close over included.
-    ForwardDiffSensitivity, DiscreteAdjoint and the continuous adjoints (Interpolating, Backsolve, Gauss: the
-    adjoint SDE in Stratonovich form by Heun, on fixed steps) differentiate it through the ODE solves' pipeline
-    on sciad's loop (`SDEField`: the kind's drift and noise terms; every solver and step choice above);
-    ForwardSensitivity and ReversibleAdjoint (and DiscreteAdjoint with reversible Heun) take fixed steps of
-    sciad's solvers by name (`sciad.adjoints._pathwise`), and say so. A traced `tspan` takes adaptive steps.
+    `sciad.PresetTimeCallback`s (doses; on a fixed grid, at grid times): the solve runs in segments between
+    them, the affects applied between segments (the state saved at an event time is the one after it), so
+    every sensealg differentiates through them, values the affects close over included. Every sensealg
+    differentiates it through the ODE solves' pipeline on sciad's loop (`SDEField`: the kind's drift and
+    noise terms): ForwardDiffSensitivity, ForwardSensitivity and DiscreteAdjoint through the steps,
+    ReversibleAdjoint by reversible Heun's own reversal, the continuous adjoints (Interpolating, Backsolve,
+    Gauss) by the adjoint SDE in Stratonovich form, by Heun on fixed steps. A traced `tspan` takes adaptive steps.
     Not differentiable in the times (a Brownian path has no derivative in time). Not yet: state-dependent
     events and t1 < t0 (each refused naming the fix)."""
     if not isinstance(prob, SDEProblem):
@@ -448,15 +424,7 @@ def solve(
     T = np.shape(ts)[0]
     u0_flat = jnp.asarray(field.u.ravel(u0), dtype)
     system = System(field, noise, entries, prob.calculus).in_calculus(calculus_of(stepping))  # pyright: ignore[reportArgumentType]  # an SDE solver
-    y0 = jnp.concatenate([u0_flat, jnp.zeros((entries,), dtype)])
     p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
-    # DiscreteAdjoint recomputes each step from its start: not so for a solver whose state carries more
-    terms = SDEField(system, path).terms(stepping)
-    restartable = Stepper(terms, stepping, dfx.ConstantStepSize()).restartable(t0, t1, y0, p_flat)
-    name = next((name for name, cls in LOOP_SOLVERS.items() if type(stepping) is cls), None)
-    on_loop = isinstance(sensealg, (ForwardDiffSensitivity, ContinuousAdjoint)) or (
-        isinstance(sensealg, DiscreteAdjoint) and restartable
-    )
     if adaptive and isinstance(sensealg, ContinuousAdjoint):
         raise ValueError(
             f"sensealg={describe(sensealg)} solves the adjoint SDE on a fixed grid (backward steps of its own would "
@@ -470,77 +438,36 @@ def solve(
             f"and the solver's own Jacobian-vector products differentiate again), got {host[0]!r}: pass "
             "'jax-reverse', 'jax-forward' or 'jax-transpose'"
         )
-    if on_loop:
-        times = jnp.asarray(ts, dtype)
-        controller = None  # adaptive: sciad's PID control at rtol, atol, steps landing on the save times
-        if not adaptive:  # the saves on the grid, in its own arithmetic
-            times = save_steps(ts, t0, dt).astype(dtype) * dtype.type(dt) + dtype.type(t0)
-            controller = dfx.ConstantStepSize()
-        if entries and not callbacks:  # q(t1) is saved last
-            times = jnp.append(times, dtype.type(t1))
-        setup = Setup(
-            SDEField(system, path),
-            stepping,
-            jnp.asarray(t0, dtype),
-            jnp.asarray(t1, dtype),
-            times,
-            float(rtol),
-            float(atol),
-            steps,
-            stepsize_controller=controller,
-            dt0=None if adaptive else jnp.asarray(dt, dtype),
-            steps_at_saves=adaptive,
-        )
-        if not callbacks:
-            ys, stats = sensealg.solve(setup, u0_flat, p_flat)
-            return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
-        if not adaptive:
-            event_steps(callbacks, u0, p, t0, t1, dt)  # preset times on the grid
-        plan = _events.Plan.of(callbacks, field, u0, p, (t0, t1), 1, None, "none")
-        us, q, stats, _ = _events.solve(setup, sensealg, plan, u0_flat, p_flat)
-        ys = jnp.concatenate([us, jnp.zeros((T, entries), dtype)], axis=1)
-        ys = jnp.concatenate([ys, jnp.concatenate([us[-1], q])[None]]) if entries else ys
-        return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
-    if adaptive or name is None:
-        raise ValueError(
-            f"sensealg={describe(sensealg)} differentiates SDE solves on a fixed grid by sciad's solvers for now: "
-            f"pass dt0=... and solver= one of {sorted(SDE_SOLVERS)}, or sensealg=sciad.DiscreteAdjoint() or "
-            "sciad.ForwardDiffSensitivity(), which take adaptive steps and diffrax's solvers"
-        )
-    solver = SDE_SOLVERS[name]()
-    theta = jnp.concatenate(
-        [jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype), jnp.asarray(field.held, dtype)]
+    times = jnp.asarray(ts, dtype)
+    controller = None  # adaptive: sciad's PID control at rtol, atol, steps landing on the save times
+    if not adaptive:  # the saves on the grid, in its own arithmetic
+        times = save_steps(ts, t0, dt).astype(dtype) * dtype.type(dt) + dtype.type(t0)
+        controller = GridSteps()
+    if entries and not callbacks:  # q(t1) is saved last
+        times = jnp.append(times, dtype.type(t1))
+    setup = Setup(
+        SDEField(system, path),
+        stepping,
+        jnp.asarray(t0, dtype),
+        jnp.asarray(t1, dtype),
+        times,
+        float(rtol),
+        float(atol),
+        steps,
+        stepsize_controller=controller,
+        dt0=None if adaptive else jnp.asarray(dt, dtype),
+        steps_at_saves=adaptive,
     )
-    merged = field.with_closure(field.held, merged=True)
-    system = System(merged, noise, entries, prob.calculus).in_calculus(solver.calculus)
-    saves = save_steps(ts, t0, dt)
-    if entries:  # the integral's solve saves the last step once more
-        saves = (jnp if isinstance(saves, jax.core.Tracer) else np).append(saves, np.int32(steps))
-    setup = SDESetup(system, solver, path, float(t0), float(dt), int(steps), saves)
-    why = pathwise.refusal(sensealg, setup)
-    if why:
-        raise ValueError(why)
-    y = y0
-    events = event_steps(callbacks, u0, p, t0, t1, dt)
-    if events and isinstance(saves, jax.core.Tracer):
-        raise ValueError(
-            "saveat of an SDE solve with callbacks must be concrete times (traced save times are taken "
-            "without callbacks): pass them as NumPy or Python numbers"
-        )
-    pieces = []
-    spans = segments(steps, saves, [k for k, _ in events]) if events else [(0, steps, saves)]
-    for start, stop, local in spans:
-        for k, affect in events:  # the state saved at an event time is the state after it
-            if k == start:
-                new = field.u.ravel(affect(field.u.unravel(y[:n]), p, jnp.asarray(setup.time(k), dtype)))
-                y = y.at[:n].set(jnp.asarray(new, dtype))
-        local = jnp.append(jnp.asarray(local, jnp.int32), stop - start).astype(jnp.int32)
-        segment = SDESetup(system, solver, path, float(t0), float(dt), stop - start, local, start)
-        ys = pathwise.solve(sensealg, segment, merged, y, theta)  # the segment's saves, then its end
-        pieces.append(ys[:-1])
-        y = ys[-1]
-    ys = jnp.concatenate(pieces)
-    return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, steps, path)
+    if not callbacks:
+        ys, stats = sensealg.solve(setup, u0_flat, p_flat)
+        return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
+    if not adaptive:
+        preset_steps(callbacks, u0, p, t0, t1, dt)  # preset times on the grid
+    plan = _events.Plan.of(callbacks, field, u0, p, (t0, t1), 1, None, "none")
+    us, q, stats, _ = _events.solve(setup, sensealg, plan, u0_flat, p_flat)
+    ys = jnp.concatenate([us, jnp.zeros((T, entries), dtype)], axis=1)
+    ys = jnp.concatenate([ys, jnp.concatenate([us[-1], q])[None]]) if entries else ys
+    return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
 
 
 def _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, steps, path) -> SDESolution:
@@ -550,10 +477,6 @@ def _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, steps, path) -> 
         integral = Layout.of(eqx.filter_eval_shape(integrand, u0, p, jnp.asarray(t0, dtype)), dtype).unravel(ys[T, n:])
     us = jax.vmap(field.u.unravel)(ys[:T, :n])
     return SDESolution(jnp.asarray(ts, dtype), us, {"steps": jnp.asarray(steps, jnp.int32)}, path, integral)
-
-
-def _name_of(solver: AbstractSDESolver) -> str:
-    return next(name for name, cls in SDE_SOLVERS.items() if type(solver) is cls)
 
 
 def dispatching(ode_solve: Callable) -> Callable:

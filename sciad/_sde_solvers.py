@@ -1,12 +1,13 @@
-"""Fixed-step SDE solvers on flat vectors, stepped in one `jax.lax.scan` over the grid.
+"""SDEs as a problem kind of sciad's solve, stepped by diffrax's solvers on sciad's loop.
 
 `System` is the SDE inside sciad: drift and diffusion side by side in one function F(u, θ, t) =
 [a (n); σ (d); g (k)] (σ the diffusion raveled: d = n for diagonal noise and for scalar noise,
 n · m for m general Brownian motions; g an integrand, whose integral q rides in the state y =
 (u, q) with drift g and no noise), converted to the solver's calculus by the Itô–Stratonovich drift
-correction where the problem's differs. The solvers (`SDE_SOLVERS`) step y on the grid t_k = t0 +
-k dt with the increments of a Brownian path (`sciad._brownian`); `SDESetup.run` is the forward
-solve the sensealgs differentiate or reconstruct.
+correction where the problem's differs. `SDEField` is what the kind adds to a solve's `Setup`: its
+terms (`Increment`: drift and diffusion from one evaluation per stage; or the drift's `ODETerm` beside
+a `Diffusion` or, backwards, a `Reversed` noise), its Brownian path as the rules' inputs, its backward
+sweep's setup. `SDE_SOLVERS` names the solvers (diffrax's, and `DiagonalMilstein`).
 
 Strong orders (checked in tests/test_sde_convergence.py: the mean error at t1 over many paths
 against the closed form on each path, as dt halves):
@@ -18,7 +19,6 @@ against the closed form on each path, as dt halves):
   1/2 in general); algebraically reversible (`ReversibleAdjoint` reconstructs its states backwards).
 """
 
-import abc
 import dataclasses
 import typing
 from collections.abc import Callable
@@ -28,9 +28,7 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from sciad._brownian import grid_increment
 
 
 class Noise(eqx.Module):
@@ -108,189 +106,10 @@ class System(eqx.Module):
             a = a.at[:n].add(self.shift * c)
         return a, sigma
 
-    def pulled(self, backend, y, theta, t):
-        """((a, σ) at y, pb): pb(ā, σ̄) = (ȳ (n + k,), θ̄ (m,)), the cotangents through the rates by
-        `backend`'s pullback (a `sciad.ad` backend: its own vector-Jacobian product)."""
-        size = y.shape[0]
-        rates, pb = backend.value_and_pullback(lambda y, th: jnp.concatenate(self.rates(y, th, t)), (y, theta))
-        return (rates[:size], rates[size:]), lambda a_bar, sigma_bar: tuple(pb(jnp.concatenate([a_bar, sigma_bar])))
-
     def increment(self, a, sigma, dt, dW):
         """a dt + σ dW (n + k,) (the integral q has no noise)."""
         du = self.noise.apply(sigma, dW)
         return a * dt + (jnp.concatenate([du, jnp.zeros((self.k,), du.dtype)]) if self.k else du)
-
-    def noise_cotangent(self, lam, dW):
-        """The cotangent of σ (d,) from λ (n,) through σ dW: its transpose."""
-        if self.noise.kind == "diagonal":
-            return lam * dW
-        if self.noise.kind == "scalar":
-            return lam * dW[0]
-        return jnp.outer(lam, dW).reshape(-1)
-
-
-class AbstractSDESolver(eqx.Module):
-    """A fixed-step SDE solver: `init` its state from y0, `step` it over [t, t + dt] with the
-    increment dW, `value` the y (n + k,) it holds. `calculus` is the one it solves in (a problem in
-    the other gets the drift correction); `noises` the noise kinds it serves."""
-
-    calculus: ClassVar[str]
-    noises: ClassVar[tuple] = ("diagonal", "scalar", "general")
-    reversible: ClassVar[bool] = False
-
-    def init(self, system: System, y0, theta, t0):
-        return y0
-
-    def value(self, state):
-        return state
-
-    @abc.abstractmethod
-    def step(self, system: System, state, theta, t, dt, dW):
-        """The state at t + dt from `state` at t, with the Brownian increment dW over the step."""
-
-
-class Euler(AbstractSDESolver):
-    """Euler–Maruyama (Itô): y + a dt + σ dW. Strong order 1/2 (1 with additive noise)."""
-
-    calculus = "ito"
-
-    def step(self, system: System, y, theta, t, dt, dW):
-        a, sigma = system.rates(y, theta, t)
-        return y + system.increment(a, sigma, dt, dW)
-
-
-class Milstein(AbstractSDESolver):
-    """Milstein (Itô, diagonal or scalar noise): Euler–Maruyama plus ½ (∂σ/∂u · σ) ⊙ (ΔW² - dt),
-    one Jacobian-vector product per step. Strong order 1 for commutative noise (σᵢ depending on
-    uᵢ alone, or scalar noise), as SciML's RKMil; 1/2 otherwise."""
-
-    calculus = "ito"
-    noises = ("diagonal", "scalar")
-
-    def step(self, system: System, y, theta, t, dt, dW):
-        n = system.n
-        (a, sigma), lin = jax.linearize(lambda u: system.rates(jnp.concatenate([u, y[n:]]), theta, t), y[:n])
-        moved = lin(sigma)[1]  # ∂σ/∂u · σ
-        squares = (dW**2 if system.noise.kind == "diagonal" else dW[0] ** 2) - dt
-        extra = 0.5 * moved * squares
-        step = system.increment(a, sigma, dt, dW)
-        return y + step.at[:n].add(extra)
-
-
-class Heun(AbstractSDESolver):
-    """Heun's method (Stratonovich): predictor ỹ = y + a dt + σ dW, then the trapezoid of both ends.
-    Strong order 1 for scalar and commutative diagonal noise, 1/2 in general."""
-
-    calculus = "stratonovich"
-
-    def step(self, system: System, y, theta, t, dt, dW):
-        first = system.increment(*system.rates(y, theta, t), dt, dW)
-        second = system.increment(*system.rates(y + first, theta, t + dt), dt, dW)
-        return y + 0.5 * (first + second)
-
-
-class ReversibleHeun(AbstractSDESolver):
-    """Reversible Heun (Stratonovich; Kidger, Foster, Li, Lyons 2021): the state (y, ŷ, a(ŷ), σ(ŷ)),
-    ŷ' = 2y - ŷ + a(ŷ) dt + σ(ŷ) dW, y' = y + ½ (a(ŷ) + a(ŷ')) dt + ½ (σ(ŷ) + σ(ŷ')) dW: one
-    evaluation of drift and diffusion per step, and algebraically reversible (`reverse`). Strong
-    order 1/2 (1 with additive noise)."""
-
-    calculus = "stratonovich"
-    reversible = True
-
-    def init(self, system: System, y0, theta, t0):
-        return (y0, y0, *system.rates(y0, theta, t0))
-
-    def value(self, state):
-        return state[0]
-
-    def step(self, system: System, state, theta, t, dt, dW):
-        y, yh, a, sigma = state
-        first = system.increment(a, sigma, dt, dW)
-        yh_next = 2 * y - yh + first
-        a_next, sigma_next = system.rates(yh_next, theta, t + dt)
-        return y + 0.5 * (first + system.increment(a_next, sigma_next, dt, dW)), yh_next, a_next, sigma_next
-
-    def reverse(self, system: System, state, theta, t, dt, dW):
-        """The state at t from the state at t + dt (the step `step` took with dW), exactly in
-        exact arithmetic."""
-        y_next, yh_next, a_next, sigma_next = state
-        second = system.increment(a_next, sigma_next, dt, dW)
-        yh = 2 * y_next - yh_next - second
-        a, sigma = system.rates(yh, theta, t)
-        return y_next - 0.5 * (system.increment(a, sigma, dt, dW) + second), yh, a, sigma
-
-
-SDE_SOLVERS: dict[str, type[AbstractSDESolver]] = {
-    "euler": Euler,
-    "milstein": Milstein,
-    "heun": Heun,
-    "reversible_heun": ReversibleHeun,
-}
-
-
-def default_sde_solver(calculus: str, noise: str) -> AbstractSDESolver:
-    """Itô: Milstein for diagonal and scalar noise (strong order 1), Euler–Maruyama for general
-    noise; Stratonovich: Heun."""
-    if calculus == "stratonovich":
-        return Heun()
-    return Milstein() if noise in Milstein.noises else Euler()
-
-
-class SDESetup(eqx.Module):
-    """A fixed-step solve: the `system`, the `solver`, the Brownian `path`, `steps` steps of the grid
-    t_k = t0 + k dt from step `start` (a segment between events starts past 0), and the save steps
-    (T,) int32 (indices into the segment's steps 0 .. steps, non-decreasing, repeats allowed, traced or
-    not; the integral's solve saves the last step once more at the end)."""
-
-    system: System
-    solver: AbstractSDESolver
-    path: eqx.Module
-    t0: float = eqx.field(static=True)
-    dt: float = eqx.field(static=True)
-    steps: int = eqx.field(static=True)
-    save_steps: jax.Array | np.ndarray
-    start: int = eqx.field(static=True, default=0)
-
-    def time(self, k):
-        """t at the segment's step k."""
-        return self.t0 + (self.start + k) * self.dt
-
-    def increment(self, k):
-        """The segment's step k's Brownian increment (m,)."""
-        return jnp.asarray(grid_increment(self.path, self.t0, self.dt, self.start + k))
-
-    def run(self, y0, theta, *, every_step: bool = False, final_state: bool = False):
-        """The forward solve: ys (T, n + k) at the save steps; with `every_step` also every grid
-        step's y (steps + 1, n + k); with `final_state` the solver's state at the last step."""
-        solver, system = self.solver, self.system
-        saves = self.save_steps
-        T = saves.shape[0]
-        # Each step's y goes to the first save at its step (a last row for the steps not saved); repeats read it.
-        first = jnp.searchsorted(saves, saves, side="left")
-        after = jnp.append(jnp.searchsorted(saves, saves, side="right"), T)  # the next save past each one's step
-        buffer = jnp.zeros((T + 1, y0.shape[0]), y0.dtype).at[0].set(y0)
-        start_j = jnp.where(saves[0] == 0, after[0], 0).astype(jnp.int32)
-
-        def body(carry, _):  # the step index rides in the carry: no per-step input (memory flat in steps)
-            state, buffer, j, k = carry
-            dW = self.increment(k).astype(y0.dtype)
-            state = solver.step(system, state, theta, jnp.asarray(self.time(k), y0.dtype), self.dt, dW)
-            y = solver.value(state)
-            hit = saves[jnp.minimum(j, T - 1)] == k + 1
-            buffer = jax.lax.dynamic_update_index_in_dim(buffer, y, jnp.where(hit, j, T), 0)
-            return (state, buffer, jnp.where(hit, after[j], j).astype(j.dtype), k + 1), (y if every_step else None)
-
-        state0 = solver.init(system, y0, theta, jnp.asarray(self.time(0), y0.dtype))
-        start = (state0, buffer, start_j, jnp.asarray(0, jnp.int32))
-        (state, buffer, _, _), path = jax.lax.scan(body, start, None, length=self.steps)
-        final = solver.value(state)  # the saves at the last step (the integral's among them) hold it
-        out = [jnp.where((saves == self.steps)[:, None], final, buffer[first])]
-        if every_step:
-            out.append(jnp.concatenate([y0[None], path]))  # pyright: ignore[reportArgumentType]  # every_step: the path
-        if final_state:
-            out.append(state)
-        return out[0] if len(out) == 1 else tuple(out)
 
 
 class Diffusion(dfx.AbstractTerm):
@@ -323,6 +142,9 @@ class SDEField(eqx.Module):
 
     system: System
     path: typing.Any
+    # ForwardSensitivity's sensitivity SDE, discretised by the solver on the same increments, is the forward-mode
+    # derivative of the steps: it differentiates them, its products from its engine (`with_products`)
+    sensitivities_through_steps: typing.ClassVar[bool] = True
     no_time_derivative: typing.ClassVar[str] = (
         "an SDE solve is not differentiable in its times (tspan, saveat, event times): a Brownian path has no "
         "derivative in time; differentiate in u0, p and the values the functions close over, with the times "
@@ -355,6 +177,10 @@ class SDEField(eqx.Module):
 
     def with_closure(self, c, merged: bool) -> "SDEField":
         return SDEField(eqx.tree_at(lambda s: s.F, self.system, self.F.with_closure(c, merged)), self.path)
+
+    def with_products(self, backend) -> "SDEField":
+        """This SDE with drift's and diffusion's derivative products computed by `backend`."""
+        return SDEField(eqx.tree_at(lambda s: s.F, self.system, self.F.with_products(backend)), self.path)
 
     def driving(self) -> tuple:
         """The path's arrays (PRNG keys as their raw data): the inputs a custom rule takes the path as."""
@@ -500,8 +326,8 @@ class DiagonalMilstein(dfx.AbstractItoSolver):
         return terms.vf(t0, y0, args)
 
 
-# sciad's names of the SDE solvers stepped on the one loop (diffrax's, and Milstein's diagonal form)
-LOOP_SOLVERS: dict[str, Callable[[], dfx.AbstractSolver]] = {
+# sciad's names of the SDE solvers (diffrax's, and Milstein's diagonal form)
+SDE_SOLVERS: dict[str, Callable[[], dfx.AbstractSolver]] = {
     "euler": dfx.Euler,
     "milstein": DiagonalMilstein,
     "heun": dfx.Heun,

@@ -1,6 +1,7 @@
 """The user's f(u, p, t) on PyTrees as f(u, p, t) on flat vectors: the one wrapper of f inside sciad
 (with an integrand g(u, p, t), the two side by side: F = (f, g))."""
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,7 @@ import jax.core
 import jax.numpy as jnp
 
 from sciad._pytrees import Layout
-from sciad.ad import namespace
+from sciad.ad import differentiate_with, namespace
 from sciad.ad._trees import check_host
 
 
@@ -38,6 +39,7 @@ class VectorField(eqx.Module):
     held: jax.Array
     dtype: Any = eqx.field(static=True)
     merged: bool = eqx.field(static=True, default=False)
+    products: Any = None  # a `sciad.ad` backend computing the field's derivative products (`with_products`)
 
     @classmethod
     def of(cls, f: Callable, u0, p, t0, *, host: bool, integrand: Callable | None = None) -> "VectorField":
@@ -71,7 +73,12 @@ class VectorField(eqx.Module):
     def with_closure(self, c, merged: bool) -> "VectorField":
         """This field holding the closure values `c` (k,), or with them appended to p (`merged`)."""
         held = jnp.zeros((0,), c.dtype) if merged else c
-        return VectorField(self.fn, self.u, self.p, self.c, self.q, self.static_p, held, self.dtype, merged)
+        return dataclasses.replace(self, held=held, merged=merged)
+
+    def with_products(self, backend) -> "VectorField":
+        """This field with its derivative products (its Jacobian-vector and vector-Jacobian products, where
+        it is differentiated) computed by `backend` (`sciad.ad.differentiate_with`)."""
+        return dataclasses.replace(self, products=backend)
 
     def driving(self) -> tuple:
         """What drives a solve besides u0 and p (an SDE's path: `sciad._sde_solvers.SDEField`): nothing."""
@@ -86,7 +93,7 @@ class VectorField(eqx.Module):
     def open(self) -> Callable:
         """`g(u, p, c, t)`: f with the closure values as an argument (an engine sees no traced value
         it closes over); merged, c is empty and p = [p; c]."""
-        return functools.partial(
+        g = functools.partial(
             _evaluate,
             self.fn,
             self.u,
@@ -97,6 +104,7 @@ class VectorField(eqx.Module):
             self.dtype,
             self.p.size if self.merged else None,
         )
+        return g if self.products is None else differentiate_with(g, self.products)
 
 
 def _side_by_side(f: Callable, g: Callable) -> Callable:

@@ -25,7 +25,7 @@ from sciad._stability import (
     stability_steps,
 )
 from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only, summed_in_batches
-from sciad.adjoints._loop import Stepper, Trajectory, integrate
+from sciad.adjoints._loop import GridSteps, Stepper, Trajectory, integrate
 
 
 class Setup(eqx.Module):
@@ -690,7 +690,7 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
     solve. A solver without an explicit tableau, or a solve of fewer than `STABILITY_CHECKED_STEPS`
     accepted steps (in every member of a vmap batch), passes unchecked."""
     beta = stability_boundary(setup.solver)
-    if beta is None or isinstance(setup.stepsize_controller, dfx.ConstantStepSize):  # fixed steps: none controlled
+    if beta is None or isinstance(setup.stepsize_controller, GridSteps):  # fixed steps: none controlled
         return outputs
     ys, stats = outputs[0], outputs[1]
     n = setup.n

@@ -1,6 +1,7 @@
 """Differentiating through the solver's steps: discretise-then-optimise."""
 
 import functools
+import typing
 from collections.abc import Callable
 
 import diffrax as dfx
@@ -93,12 +94,6 @@ class DiscreteAdjoint(AbstractSensitivity):
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
-        if not _stepper(setup).restartable(setup.t0, setup.t1, setup.state(u0), p):
-            raise ValueError(
-                f"sensealg=DiscreteAdjoint() recomputes each step from its start, but {type(setup.solver).__name__} "
-                "carries a state between steps that the start does not give: pass sensealg=sciad."
-                "ForwardDiffSensitivity() (forward mode through the same steps), or another solver"
-            )
         us, stats, result, pb = _recorded(setup, self.recording(setup, u0))(u0, p)
         return checked(setup, result, us), stats, Tape(u0, p, pb, result)
 
@@ -148,8 +143,9 @@ def _segmented(count: int) -> Callable:
         segments = -(-setup.max_steps // count)
         stride = -(-segments // max(1, min(segments, CHECKPOINT_BYTES // _bytes(start))))
         checkpoints = jax.tree.map(lambda x: jnp.zeros((-(-segments // stride), *x.shape), x.dtype), start)
-        t_, y_ = start.t, start.y
-        steps = (jnp.zeros((count + 1,), t_.dtype), jnp.zeros((count + 1, *y_.shape), y_.dtype), jnp.asarray(0))
+        stepped = (start.y, start.solver_state) if _keeps_state(setup, start.y, p) else start.y
+        stored = jax.tree.map(lambda x: jnp.zeros((count + 1, *x.shape), x.dtype), stepped)
+        steps = (jnp.zeros((count + 1,), start.t.dtype), stored, jnp.asarray(0))
 
         def going(carry):
             k, _, _, _, _, _, result = carry
@@ -168,7 +164,7 @@ def _segmented(count: int) -> Callable:
             jnp.asarray(0),
             start,
             checkpoints,
-            jnp.zeros((ts.shape[0], *y_.shape), y_.dtype),
+            jnp.zeros((ts.shape[0], *start.y.shape), start.y.dtype),
             steps,
             jnp.zeros((3,), jnp.int32),
             dfx.RESULTS.successful,
@@ -195,12 +191,19 @@ def _initial(setup: Setup, y0, p) -> Position:
     return begin(_stepper(setup), y0, p, setup.t0, setup.t1, setup.dt0, setup.ts)
 
 
+def _keeps_state(setup: Setup, y, p) -> bool:
+    """Whether a step starts from y and the solver's state (reversible Heun's second solution), not y alone
+    (`Stepper.restartable`): the reverse pass then stores and pulls back both."""
+    return not _stepper(setup).restartable(setup.t0, setup.t1, y, p)
+
+
 def _segment(setup: Setup, start: Position, p, count: int, ts=None) -> tuple:
     """The solve from `start` towards t1 in at most `count` steps: (the saves at `ts` (inf where not
     reached; the end state without `ts`), t (count + 1,) and y (count + 1, n + k) at the start and after each
-    accepted step (inf after the last), the accepted steps, the next segment's start, stats (3,)
-    int32, diffrax's result)."""
-    sol = integrate(_stepper(setup), None, p, start.t, setup.t1, max_steps=count, ts=ts, step_states=True, start=start)
+    accepted step (inf after the last; with the solver's state, a pair, where `_keeps_state`), the accepted
+    steps, the next segment's start, stats (3,) int32, diffrax's result)."""
+    states = "solver" if _keeps_state(setup, start.y, p) else True
+    sol = integrate(_stepper(setup), None, p, start.t, setup.t1, max_steps=count, ts=ts, step_states=states, start=start)
     (_, t), (saves, y) = sol.ts, sol.ys
     return saves, t, y, sol.stats["num_accepted_steps"], sol.end, stats_vector(sol), sol.result
 
@@ -212,7 +215,7 @@ class _Record(eqx.Module):
     (`none`), and p."""
 
     t: jax.Array
-    y: jax.Array
+    y: typing.Any
     accepted: jax.Array
     checkpoints: Position
     last: jax.Array
@@ -228,6 +231,8 @@ def _pullback(rest, stride: int, arrays, rec: _Record, w):
     stepper = Stepper.of(setup.term(), setup.solver, setup.controller(), forward_mode=False)
     saves = jnp.asarray(setup.ts, rec.t.dtype)
     stored = (rec.t, rec.y, rec.accepted)
+    start = jax.tree.map(lambda c: c[0], rec.checkpoints)  # the solve's start
+    keeps_state = _keeps_state(setup, start.y, rec.p)
 
     def resolved(k):
         def again(_, carry):
@@ -247,25 +252,34 @@ def _pullback(rest, stride: int, arrays, rec: _Record, w):
             lambda: jax.tree.map(lambda a, b: jnp.where(k == rec.last, a, b), stored, resolved(k)),
             lambda: stored,
         )
-        y_bar, p_bar = _reverse_steps(setup, stepper, saves, t, y, jnp.where(on, accepted, 0), rec.p, w, y_bar, p_bar)
+        accepted = jnp.where(on, accepted, 0)
+        y_bar, p_bar = _reverse_steps(setup, stepper, saves, t, y, accepted, rec.p, w, y_bar, p_bar, keeps_state)
         return k - 1, y_bar, p_bar
 
     # A solve of no steps (t0 = t1) saved y0 at every save time.
-    y_bar = jnp.where(rec.none, jnp.sum(w, axis=0), jnp.zeros_like(rec.y[0]))
+    y_bar = jnp.where(rec.none, jnp.sum(w, axis=0), jnp.zeros_like(start.y))
+    if keeps_state:
+        y_bar = (y_bar, jax.tree.map(jnp.zeros_like, start.solver_state))
     # The loops run while any member of a batch has steps left (an unbatched condition), so that p's
     # cotangent, where the batch shares p, stays one sum over the batch (`accumulate_pullback`).
     _, y_bar, p_bar = jax.lax.while_loop(
         lambda carry: batch_any(carry[0] >= 0), back, (rec.last, y_bar, jnp.zeros_like(rec.p))
     )
+    if keeps_state:  # the solver's first state from y0 (and p)
+        y_bar, state_bar = y_bar
+        initial = lambda y, p: stepper.solver.init(stepper.terms, start.t, start.t_next, y, p)  # noqa: E731
+        from_state, p_bar = accumulate_pullback(initial, start.y, rec.p, state_bar, p_bar, setup.parameter_slots)
+        y_bar = y_bar + from_state
     return y_bar[: setup.n], p_bar
 
 
-def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, y_bar, p_bar):
+def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, y_bar, p_bar, keeps_state=False):
     """(the cotangent of y at t[0], p_bar plus the steps' wᵀ ∂ys/∂p) back over `accepted` stored steps (t (S + 1,)
     and y (S + 1, n + k) from t[0]) from `y_bar`, the cotangent of their end state: each step from its
     start recomputed and pulled back (`Stepper.restep`: the forward solve's step, its first stage
     re-evaluated instead of carried) from the cotangents of its end state and of the saves (at
-    `saves`) its dense output gave: those in (t[i], t[i + 1]], and for a first step from t0, at t0 too."""
+    `saves`) its dense output gave: those in (t[i], t[i + 1]], and for a first step from t0, at t0 too.
+    `keeps_state`: y and y_bar are pairs (y, the solver's state), each step taken from both (`_keeps_state`)."""
     first = jnp.searchsorted(saves, t, side="right")  # step i gave saves[first[i]:first[i + 1]]
     first = first.at[0].set(jnp.where(t[0] > setup.t0, first[0], 0))
 
@@ -276,10 +290,15 @@ def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, 
         t0, t1 = t[i], t[i + 1]
 
         def step(y0, p):
-            return stepper.restep(t0, t1, y0, p)
+            if not keeps_state:
+                return stepper.restep(t0, t1, y0, p)
+            (y0, state0) = y0
+            y1, _, dense, state, _ = stepper.step(t0, t1, y0, p, state0, False)
+            return (y1, state), dense
 
+        y_i = jax.tree.map(lambda x: x[i], y)
         # A step's dense output is linear in its dense info: the saves' cotangents need no forward step.
-        dense = eqx.filter_eval_shape(step, y[i], p)[1]
+        dense = eqx.filter_eval_shape(step, y_i, p)[1]
         zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), dense)
 
         def save(k, dense_bar):
@@ -289,8 +308,8 @@ def _reverse_steps(setup: Setup, stepper: Stepper, saves, t, y, accepted, p, w, 
         lo, hi = first[i], first[i + 1]
         dense_bar = jax.lax.cond(hi > lo, lambda: jax.lax.fori_loop(lo, hi, save, zero), lambda: zero)
         cotangent = jax.tree.map(lambda c: jnp.where(on, c, jnp.zeros_like(c)), (y_bar, dense_bar))
-        y_bar_i, p_bar = accumulate_pullback(step, y[i], p, cotangent, p_bar, setup.parameter_slots)
-        return i - 1, jnp.where(on, y_bar_i, y_bar), p_bar
+        y_bar_i, p_bar = accumulate_pullback(step, y_i, p, cotangent, p_bar, setup.parameter_slots)
+        return i - 1, jax.tree.map(lambda a, b: jnp.where(on, a, b), y_bar_i, y_bar), p_bar
 
     _, y_bar, p_bar = jax.lax.while_loop(lambda carry: batch_any(carry[0] >= 0), back, (accepted - 1, y_bar, p_bar))
     return y_bar, p_bar

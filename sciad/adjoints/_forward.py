@@ -1,11 +1,14 @@
 """The forward sensitivity equations."""
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 import sciad.ad as ad
 from sciad._dae import consistent_tangents, solver_mass, with_mass
+from sciad.adjoints._discrete import ForwardDiffSensitivity
 from sciad.adjoints._base import AbstractSensitivity, Products, Setup, leading_seminorm, plain_forward, stats_vector
 
 SLOW_IMPLICIT_STATES = 16  # states from which ForwardSensitivity with an implicit solver gets a warning
@@ -28,6 +31,10 @@ class ForwardSensitivity(AbstractSensitivity):
     With a mass matrix (M u' = f, a DAE where M is singular) S solves the sensitivity DAE
     M S' = (∂f/∂u) S + ∂f/∂p with the same Rosenbrock solver (mass matrix M on each column), from
     consistent tangents: the derivative of the consistent initialisation (`sciad._dae`).
+
+    For an SDE the sensitivity SDE dS = (∂a/∂u S + ∂a/∂p) dt + (∂σ/∂u S + ∂σ/∂p) ∘ dW is discretised by the
+    forward solver on the same increments and steps: that is the forward-mode derivative of the steps, which
+    it takes, with the products from `jvp`.
     """
 
     stores_interpolation = False
@@ -55,6 +62,11 @@ class ForwardSensitivity(AbstractSensitivity):
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
+        if getattr(setup.f, "sensitivities_through_steps", False):  # a kind whose sensitivity equations they are
+            through = dataclasses.replace(setup, f=setup.f.with_products(self.jvp))
+            ys, stats, jacs = ForwardDiffSensitivity().forward(through, u0, p, active)
+            columns = (None if j is None else jnp.moveaxis(j, -1, 1) for j in (jacs.u0, jacs.p))
+            return ys, stats, Sensitivities(*columns, ys.shape)
         n, m = u0.shape[0], p.shape[0]
         u0 = setup.initialised(u0, p)
         y0 = setup.state(u0)

@@ -121,6 +121,29 @@ def stage_loop(solver: dfx.AbstractSolver, kind: str) -> dfx.AbstractSolver:
     return solver
 
 
+class GridSteps(dfx.AbstractStepSizeController):
+    """Fixed steps of dt0 from the solve's start t0: step k ends at t0 + k dt0, each time computed from k, never
+    accumulated (the last at t1, where the loop clips it), so that a pass back over the steps computes their
+    times (`time`) instead of storing them."""
+
+    def wrap(self, direction):
+        return self
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        if dt0 is None:
+            raise ValueError("fixed steps take their step size dt0: pass dt0=...")
+        return t0 + dt0, (jnp.asarray(1), t0, dt0)
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+        k, start, dt = controller_state
+        return True, t1, start + (k + 1) * dt, False, (k + 1, start, dt), dfx.RESULTS.successful
+
+    @staticmethod
+    def time(t0, t1, dt0, k, steps):
+        """The end of step k (the start of the solve at k = 0) of a solve from t0 to t1 that took `steps` steps."""
+        return jnp.where(k >= steps, t1, t0 + k * dt0)
+
+
 class Position(eqx.Module):
     """Where a solve stands between steps: time t, the end `t_next` of the step it tries next, the state
     y, the solver's and the controller's states, whether y just jumped, and the step size `proposed` to try
@@ -187,7 +210,7 @@ def integrate(
     dt0=None,
     ts=None,
     every: int = 0,
-    step_states: bool = False,
+    step_states: bool | str = False,
     dense: bool = False,
     start: Position | None = None,
     on_step: typing.Callable | None = None,
@@ -202,7 +225,8 @@ def integrate(
     - `every` = k > 0: y after every k-th accepted step too, merged with the saves in time order
       (T + max_steps // k entries, inf after the last);
     - `step_states`: (t, y) at the start and after every accepted step as well (max_steps + 1 entries, inf after
-      the last): `ts` and `ys` are then pairs (saves, step states);
+      the last): `ts` and `ys` are then pairs (saves, step states); "solver": y as the pair (y, the solver's state)
+      (what a step starts from, for a solver that carries more than y between steps);
     - `dense`: the steps' dense output, `Trajectory.interpolation`;
     - `on_step(carried, t_start, t_end, y_end, interpolation) -> carried` on each accepted step, from
       `carried`; the solve stops after the step where `until(carried)` holds.
@@ -220,10 +244,11 @@ def integrate(
     buffers: dict[str, typing.Any] = {"saves": (0, jax.tree.map(lambda y: full(saves, y), y0))}
     if every:
         buffers["every"] = (0, full(max_steps // every, t0), jax.tree.map(lambda y: full(max_steps // every, y), y0))
+    stepped = (lambda at: (at.y, at.solver_state)) if step_states == "solver" else (lambda at: at.y)
     if step_states:
         buffers["states"] = (
             full(max_steps + 1, t0).at[0].set(start.t),
-            jax.tree.map(lambda y: full(max_steps + 1, y).at[0].set(y), y0),
+            jax.tree.map(lambda y: full(max_steps + 1, y).at[0].set(y), stepped(start)),
         )
     info = eqx.filter_eval_shape(stepper.step, start.t, start.t_next, y0, args, start.solver_state, start.made_jump)[2]
     info_zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), info)
@@ -307,7 +332,8 @@ def integrate(
             on = accepted % every == 0
             at_k = jnp.minimum(k, bt.shape[0] - 1)
             keep = lambda b, v: put(b, jnp.where(on, v, b[at_k]), at_k)  # noqa: E731
-            buffers["every"] = (k + jnp.where(on, 1, 0), keep(bt, state[0]), jax.tree.map(keep, by, state[1]))
+            y = state[1][0] if step_states == "solver" else state[1]
+            buffers["every"] = (k + jnp.where(on, 1, 0), keep(bt, state[0]), jax.tree.map(keep, by, y))
         if step_states:
             bt, by = buffers["states"]
             t, y = state
@@ -334,7 +360,7 @@ def integrate(
         after, counts, result, carried, (keep, step) = jax.lax.while_loop(
             trying, lambda state: advance(*state[:4]), attempted
         )
-        state = (after.t, after.y) if every or step_states else None  # what the buffers take of the new state
+        state = (after.t, stepped(after)) if every or step_states else None  # what the buffers take of the new state
         buffers = jax.lax.cond(keep, record, lambda buffers, *_: buffers, buffers, state, counts[1], step)
         return after, counts, result, buffers, carried, step
 

@@ -1,7 +1,10 @@
 """`ReversibleAdjoint`: the exact gradient of an algebraically reversible solver, its states
-reconstructed backwards step by step, in memory independent of the number of steps: for SDEs reversible
-Heun; for ODEs McCallum & Foster's reversible method on the solve's explicit Runge–Kutta solver."""
+reconstructed backwards step by step, in memory independent of the number of steps: reversible Heun
+(`diffrax.ReversibleHeun`, SDEs and ODEs), or McCallum & Foster's reversible method on an ODE solve's
+explicit Runge–Kutta solver. Each is a `Reversal`: the solver the forward solve steps on sciad's loop
+and one step's reconstruction and pullback; the loop back over the steps is shared."""
 
+import abc
 import typing
 
 import diffrax as dfx
@@ -12,7 +15,7 @@ import jax.numpy as jnp
 import sciad.ad as ad
 from sciad._errors import error_if
 from sciad.adjoints._base import AbstractSensitivity, Setup, checked, stats_vector
-from sciad.adjoints._loop import Stepper, integrate, stage_loop
+from sciad.adjoints._loop import GridSteps, Stepper, Trajectory, integrate, stage_loop
 
 # |y - z| at the end of a solve, in tolerances (atol + rtol |y|) per accepted step, past which the pair has
 # drifted apart: the two differ by their steps' local errors (a few tolerances a step), and where the base
@@ -34,25 +37,27 @@ UNRECONSTRUCTED = (
 class ReversibleAdjoint(AbstractSensitivity):
     """The exact gradient of an algebraically reversible solver: the backward pass reconstructs each
     step's state from the next one algebraically and pulls the cotangent back through the step; the
-    forward pass keeps only the final state (and, for ODEs, the step times): memory independent of the
-    number of steps. Reconstruction is exact in exact arithmetic; in floating point it follows the
-    forward states to rounding.
+    forward pass keeps only the final state and the step times: memory independent of the number of
+    steps. Reconstruction is exact in exact arithmetic; in floating point it follows the forward states
+    to rounding.
 
-    ODEs (McCallum & Foster 2024): the solve's explicit solver Ψ (Tsit5, Dopri5, ...; Ψ_h(x) the
-    increment of its step of size h from x) made reversible on a pair (y, z), y0 = z0 = u0:
+    A solve by reversible Heun (`solver="reversible_heun"` or `diffrax.ReversibleHeun()`; Kidger et al.
+    2021), an SDE's or an ODE's: its own steps reversed, one vector-Jacobian product of the field per step
+    backwards (drift and diffusion together for an SDE).
+
+    Other explicit solvers of an ODE (McCallum & Foster 2024): the solve's solver Ψ (Tsit5, Dopri5, ...;
+    Ψ_h(x) the increment of its step of size h from x) made reversible on a pair (y, z), y0 = z0 = u0:
     y_{n+1} = λ y_n + (1 − λ) z_n + Ψ_h(z_n), z_{n+1} = z_n − Ψ_{−h}(y_{n+1}) (λ = `coupling`, in (0, 1]),
     steps adapted on Ψ's error estimate and landing on the save times, y linear between steps. Two steps
     of Ψ per step forwards, four and their pullbacks backwards (JAX's, through the solver's steps, as
-    DiscreteAdjoint's: `vjp` must be a JAX engine). Implicit solvers and mass matrices are refused. The
-    scheme has two limits, each checked when the program runs and raised rather than returned as a wrong
-    number: its second mode grows forwards where Ψ's steps damp the solution by more than 1 − λ (y and z
-    drift apart), and the reconstruction amplifies rounding by about 1/λ per step (u0 not recovered to
-    the solve's tolerance): long solves of thousands of steps may meet one or the other.
+    DiscreteAdjoint's). Implicit solvers and mass matrices are refused. The scheme has two limits, each
+    checked when the program runs and raised rather than returned as a wrong number: its second mode
+    grows forwards where Ψ's steps damp the solution by more than 1 − λ (y and z drift apart), and the
+    reconstruction amplifies rounding by about 1/λ per step (u0 not recovered to the solve's tolerance):
+    long solves of thousands of steps may meet one or the other.
 
-    SDEs (Kidger et al. 2021): reversible Heun (`solver="reversible_heun"`), one vector-Jacobian product
-    of drift and diffusion per step (`vjp`: a `sciad.ad` JAX engine or its name).
-
-    Forward mode (`jax.jvp`) runs through the steps, also in flat memory."""
+    `vjp`: a `sciad.ad` JAX engine or its name (the pullbacks run through JAX). Forward mode (`jax.jvp`)
+    runs through the steps, also in flat memory."""
 
     stores_interpolation = False
     follows_steps = True
@@ -67,22 +72,137 @@ class ReversibleAdjoint(AbstractSensitivity):
         self.coupling = float(coupling)
 
     def forward(self, setup: Setup, u0, p, active):
-        sol = _solve(setup, self.coupling, u0, p, self.engines())
-        ys, _ = sol.ys
-        (y_end, z_end), (_, times) = sol.end.y, sol.carried
-        residuals = _Steps(times, sol.stats["num_accepted_steps"], y_end, z_end, u0, p, sol.result, active)
-        apart = jnp.max(jnp.abs(y_end - z_end) / (setup.atol + setup.rtol * jnp.abs(y_end)))
-        steps = jnp.maximum(residuals.count, 1)
-        ys = error_if(checked(setup, sol.result, ys), apart > PAIR_TOLERANCES * steps, DRIFTED)
-        return ys, stats_vector(sol), residuals
+        reversal = _reversal(setup, self.coupling, True, self.engines())
+        sol = _solve(setup, reversal, u0, p)
+        count = sol.stats["num_accepted_steps"]
+        residuals = _Steps(sol.carried, count, reversal.final(sol), u0, p, sol.result, active)
+        ys = reversal.checked_pair(setup, reversal.saved(sol.ys), residuals.state, jnp.maximum(count, 1))
+        return checked(setup, sol.result, ys), stats_vector(sol), residuals
 
     def pushforward(self, setup: Setup, res: "_Steps", du0, dp):
-        return jax.jvp(lambda u0, p: _solve(setup, self.coupling, u0, p).ys[0], (res.u0, res.p), (du0, dp))[1]
+        reversal = _reversal(setup, self.coupling, True)
+        solve = lambda u0, p: reversal.saved(_solve(setup, reversal, u0, p).ys)  # noqa: E731
+        return jax.jvp(solve, (res.u0, res.p), (du0, dp))[1]
 
     def pullback(self, setup: Setup, res: "_Steps", w):
-        u_bar, p_bar = _pullback(setup, self.coupling, res, w)
+        u_bar, p_bar = _pullback(setup, _reversal(setup, self.coupling, False), res, w)
         u_bar = checked(setup, res.result, u_bar)
         return (u_bar if res.active.u0 else None), (p_bar if res.active.p else None)
+
+
+class Reversal(eqx.Module):
+    """An algebraically reversible solve: the `solver` its forward solve steps, and what the loop back over
+    its steps (`_pullback`) asks of it. A step's `state` is what reconstructs the one before it; its
+    cotangent `bar` is a PyTree like the state's differentiated part."""
+
+    solver: eqx.AbstractVar[dfx.AbstractSolver]
+
+    def start(self, y0):
+        """The forward solve's initial state from y0 (n + k,)."""
+        return y0
+
+    def saved(self, ys):
+        """The saves of y (T, n + k) from the forward solve's saves."""
+        return ys
+
+    def final(self, sol: Trajectory):
+        """The state at the end of the forward solve, which the backward pass reconstructs from."""
+        return sol.end.y
+
+    def checked_pair(self, setup: Setup, ys, state, steps):
+        """ys, with a run-time check of the final state (none by default)."""
+        return ys
+
+    @abc.abstractmethod
+    def last(self, terms, time, count, state, y_bar, p):
+        """(state, bar, p_bar) at the end of `count` steps (`time(i)`: the end of step i, t0 at 0) from the
+        cotangent y_bar of the final y."""
+
+    @abc.abstractmethod
+    def back(self, terms, time, i, state, bar, p, saves_at):
+        """(state, bar, p_bar of the step) at the start of step i (from time(i) to time(i + 1)) from those
+        at its end; `saves_at(i)`: the saves' cotangent of y at time(i)."""
+
+    @abc.abstractmethod
+    def initial(self, state, bar) -> tuple:
+        """(the reconstructed initial states, each like y0, and the cotangent of y0) from the state and
+        cotangent at the start of the first step."""
+
+
+class _Pair(Reversal):
+    """McCallum & Foster's reversible method on an explicit solver: the state (y, z) (`_Reversible`)."""
+
+    solver: "_Reversible"
+
+    def start(self, y0):
+        return y0, y0
+
+    def saved(self, ys):
+        return ys[0]
+
+    def checked_pair(self, setup: Setup, ys, state, steps):
+        y_end, z_end = state
+        apart = jnp.max(jnp.abs(y_end - z_end) / (setup.atol + setup.rtol * jnp.abs(y_end)))
+        return error_if(ys, apart > PAIR_TOLERANCES * steps, DRIFTED)
+
+    def last(self, terms, time, count, state, y_bar, p):
+        return state, (y_bar, jnp.zeros_like(y_bar)), jnp.zeros_like(p)
+
+    def back(self, terms, time, i, state, bar, p, saves_at):
+        t0, t1 = time(i), time(i + 1)
+        start = self.solver.reconstruct(terms, t0, t1, state, p)
+        step = lambda start, p: self.solver.step(terms, t0, t1, start, p, None, False)[0]  # noqa: E731
+        (y_bar, z_bar), p_bar = jax.vjp(step, start, p)[1](bar)
+        return start, (y_bar + saves_at(i), z_bar), p_bar
+
+    def initial(self, state, bar):
+        return state, bar[0] + bar[1]
+
+
+class _Heun(Reversal):
+    """Reversible Heun's own steps: with V = vf(ŷ) (the field at the second state ŷ) and P_n the product
+    with the control of step n, ŷ_{n+1} = 2 y_n − ŷ_n + P_n V_n, y_{n+1} = y_n + ½ P_n (V_n + V_{n+1}).
+    Backwards the state is (y, ŷ, V, the control of the step before), and each step's V_n and its
+    pullback come from one vector-Jacobian product at the reconstructed ŷ_n."""
+
+    solver: dfx.ReversibleHeun
+
+    def final(self, sol: Trajectory):
+        return (sol.end.y, *sol.end.solver_state)
+
+    def last(self, terms, time, count, state, y_bar, p):
+        y, yh, v = state
+        control = terms.contr(time(jnp.maximum(count - 1, 0)), time(count))
+        _, pb = jax.vjp(lambda y, p: terms.vf(time(count), y, p), yh, p)
+        yh_bar, p_bar = pb(_transposed(terms, control, v, 0.5 * y_bar))
+        return (y, yh, v, control), (y_bar, yh_bar), p_bar
+
+    def back(self, terms, time, i, state, bar, p, saves_at):
+        y1, yh1, v1, control = state
+        y_bar1, yh_bar1 = bar
+        t0 = time(i)
+        yh0 = 2 * y1 - yh1 - terms.prod(v1, control)
+        v0, pb = jax.vjp(lambda y, p: terms.vf(t0, y, p), yh0, p)
+        y0 = y1 - 0.5 * terms.prod(jax.tree.map(jnp.add, v0, v1), control)
+        y_bar0 = y_bar1 + 2 * yh_bar1 + saves_at(i)
+        # the step before (none at i = 0: the first step's, weighted 0; a path's increment over no time can be NaN in
+        # forward mode)
+        before = terms.contr(time(jnp.maximum(i - 1, 0)), time(jnp.maximum(i, 1)))
+        v_bar = jax.tree.map(
+            jnp.add,
+            _transposed(terms, control, v0, 0.5 * y_bar1 + yh_bar1),
+            _transposed(terms, before, v0, jnp.where(i > 0, 0.5, 0.0) * y_bar0),
+        )
+        yh_bar, p_bar = pb(v_bar)
+        return (y0, yh0, v0, before), (y_bar0, yh_bar - yh_bar1), p_bar
+
+    def initial(self, state, bar):
+        return state[:2], bar[0] + bar[1]  # ŷ_0 = y_0
+
+
+def _transposed(terms, control, v, x):
+    """Pᵀ x: the transpose of the product v ↦ terms.prod(v, control) (linear in v, at v's structure)."""
+    return jax.linear_transpose(lambda v: terms.prod(v, control), v)(x)[0]
 
 
 class _Reversible(dfx.AbstractSolver):
@@ -130,14 +250,24 @@ class _Reversible(dfx.AbstractSolver):
         return (y - (1 - self.coupling) * z0 - self.increment(terms, t0, t1, z0, args)[0]) / self.coupling, z0
 
 
-def _reversible(setup: Setup, coupling: float, forward_mode: bool, engines=()) -> _Reversible:
-    """The reversible method on the setup's solver, its stages in a plain loop where `forward_mode`, else in
-    one that reverse and forward mode both enter (the pullback, and its derivative); refuses what it cannot
-    serve (`engines`: the sensealg's)."""
+def _reversal(setup: Setup, coupling: float, forward_mode: bool, engines=()) -> Reversal:
+    """The reversal of the setup's solve: reversible Heun's own where it steps it, else the reversible method
+    on an ODE's explicit solver (its stages in a plain loop where `forward_mode`, else in one that reverse
+    and forward mode both enter: the pullback, and its derivative); refuses what it cannot serve
+    (`engines`: the sensealg's)."""
     if not all(e.traced for e in engines):
         raise ValueError(
-            "sensealg=ReversibleAdjoint on an ODE solve pulls back through the solver's steps with JAX: pass "
-            "a JAX engine (vjp='jax-reverse'), or sensealg=sciad.InterpolatingAdjoint(vjp=...) for another engine"
+            "sensealg=ReversibleAdjoint pulls back through the solver's steps with JAX: pass a JAX engine "
+            "(vjp='jax-reverse'), or sensealg=sciad.InterpolatingAdjoint(vjp=...) for another engine"
+        )
+    if isinstance(setup.solver, dfx.ReversibleHeun):
+        return _Heun(setup.solver)
+    if setup.f.driving():  # a path drives the solve: the reversible method's backward steps meet its noise at
+        # the step's end, which converges to another SDE
+        raise ValueError(
+            f"sensealg=ReversibleAdjoint needs an algebraically reversible solver for an SDE solve, got "
+            f"{type(setup.solver).__name__}: pass solver='reversible_heun', or keep this solver with "
+            "sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or sciad.InterpolatingAdjoint()"
         )
     if setup.implicit or setup.mass is not None:
         raise ValueError(
@@ -145,151 +275,89 @@ def _reversible(setup: Setup, coupling: float, forward_mode: bool, engines=()) -
             "; for this solver pass sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or "
             "sciad.InterpolatingAdjoint(checkpointing=True) (memory flat in the steps)"
         )
-    return _Reversible(stage_loop(setup.solver, "lax" if forward_mode else "bounded"), coupling)
+    return _Pair(_Reversible(stage_loop(setup.solver, "lax" if forward_mode else "bounded"), coupling))
 
 
-def _solve(setup: Setup, coupling: float, u0, p, engines=()):
-    """The reversible solve of (y, z) from (u0, u0) (`Trajectory`; saves (y, z)), steps landing on the
-    save times, its accepted steps' end times carried ((count, times (max_steps + 1,))); refuses what it
-    cannot serve (`engines`: the sensealg's)."""
+def _solve(setup: Setup, reversal: Reversal, u0, p) -> Trajectory:
+    """The reversible solve from u0 (`Trajectory`), steps landing on the save times, its accepted steps' end
+    times (max_steps + 1,) carried (None where they are computed: fixed steps, `GridSteps`)."""
     y0 = setup.state(setup.initialised(u0, p))
     ts = jnp.asarray(setup.ts, y0.dtype)
-    controller = dfx.ClipStepSizeController(typing.cast(dfx.PIDController, setup.controller()), step_ts=ts)
-    stepper = Stepper(setup.term(), _reversible(setup, coupling, True, engines), controller)
-    times = jnp.full((setup.max_steps + 1,), jnp.inf, ts.dtype).at[0].set(setup.t0)
+    controller = setup.controller()
+    if isinstance(controller, dfx.PIDController):
+        controller = dfx.ClipStepSizeController(controller, step_ts=ts)
+    recorded = not isinstance(controller, GridSteps)
 
     def record(carried, t_start, t_end, y_end, interpolation):
         count, times = carried
         return count + 1, times.at[count + 1].set(t_end)
 
-    return integrate(
-        stepper,
-        (y0, y0),
+    carried = None
+    if recorded:
+        carried = (jnp.asarray(0), jnp.full((setup.max_steps + 1,), jnp.inf, ts.dtype).at[0].set(setup.t0))
+    sol = integrate(
+        Stepper(setup.term(), reversal.solver, controller),
+        reversal.start(y0),
         p,
         setup.t0,
         setup.t1,
         max_steps=setup.max_steps,
         dt0=setup.dt0,
         ts=ts,
-        on_step=record,
-        carried=(jnp.asarray(0), times),
+        on_step=record if recorded else None,
+        carried=carried,
     )
+    return eqx.tree_at(lambda s: s.carried, sol, sol.carried[1] if recorded else None, is_leaf=lambda x: x is None)
 
 
 class _Steps(eqx.Module):
-    """ReversibleAdjoint's residuals for an ODE solve: the accepted steps' end `times` (max_steps + 1,) from
-    t0 (inf after the last), their `count`, the final (y, z), u0, p, the solve's result and which of u0
+    """ReversibleAdjoint's residuals: the accepted steps' end `times` (max_steps + 1,) from t0 (inf after the
+    last; None where computed), their `count`, the final `state` (`Reversal.final`), u0, p, the solve's result and which of u0
     and p are differentiated."""
 
-    times: jax.Array
+    times: jax.Array | None
     count: jax.Array
-    y: jax.Array
-    z: jax.Array
+    state: typing.Any
     u0: jax.Array
     p: jax.Array
     result: dfx.RESULTS
     active: typing.Any = eqx.field(static=True)
 
 
-def _pullback(setup: Setup, coupling: float, res: _Steps, w):
+def _pullback(setup: Setup, reversal: Reversal, res: _Steps, w):
     """wᵀ ∂ys/∂(u0, p) (n,), (m,) for the cotangent w (T, n + k) of the saves: back over the steps, each
-    state reconstructed from the next, the saves' cotangents entering through the steps' linear
-    interpolation, each step pulled back from its reconstructed start."""
-    solver = _reversible(setup, coupling, forward_mode=False)
-    terms, p, times = setup.term(), res.p, res.times
-    ts = jnp.asarray(setup.ts, times.dtype)
+    state reconstructed from the next and the step pulled back from it (`Reversal.back`), the saves'
+    cotangents entering through the steps' linear interpolation."""
+    terms, p, count = setup.term(), res.p, res.count
+    ts = jnp.asarray(setup.ts, jnp.result_type(setup.t0, res.u0))
+    if res.times is None:
+        time = lambda i: GridSteps.time(setup.t0, setup.t1, setup.dt0, i, count)  # noqa: E731
+    else:
+        time = lambda i: res.times[jnp.clip(i, 0, res.times.shape[0] - 1)]  # noqa: E731
+
+    def part(i, weight):
+        """Σ weight(θ) w over the saves step i (from time(i); none past the last) interpolated at θ: those in
+        (time(i), time(i + 1)], and for the first step those at t0 too."""
+        t0, t1 = time(i), time(i + 1)
+        lo = jnp.where(i > 0, jnp.searchsorted(ts, t0, side="right"), 0)
+        hi = jnp.where((i >= 0) & (i < count), jnp.searchsorted(ts, t1, side="right"), lo)
+        add = lambda k, bar: bar + weight((ts[k] - t0) / (t1 - t0)) * w[k]  # noqa: E731
+        return jax.lax.fori_loop(lo, hi, add, jnp.zeros_like(w[0]))
+
+    def saves_at(i):
+        """The saves' cotangent of y at time(i): the end of step i - 1 and the start of step i."""
+        return part(i - 1, lambda theta: theta) + part(i, lambda theta: 1 - theta)
+
+    state, bar, p_bar = reversal.last(terms, time, count, res.state, saves_at(count), p)
 
     def back(carry):
-        i, state, (y_bar, z_bar), p_bar = carry
-        t0, t1 = times[i], times[i + 1]
-        # the step saved ts[lo:hi]: those in (t0, t1], and the first step those at t0 too
-        lo = jnp.where(i > 0, jnp.searchsorted(ts, t0, side="right"), 0)
-        hi = jnp.searchsorted(ts, t1, side="right")
-        start = solver.reconstruct(terms, t0, t1, state, p)
+        i, state, bar, p_bar = carry
+        state, bar, p_step = reversal.back(terms, time, i, state, bar, p, saves_at)
+        return i - 1, state, bar, p_bar + p_step
 
-        def save(k, bars):
-            theta = (ts[k] - t0) / (t1 - t0)
-            return bars[0] + (1 - theta) * w[k], bars[1] + theta * w[k]
-
-        zero = jnp.zeros_like(y_bar)
-        at_start, at_end = jax.lax.fori_loop(lo, hi, save, (zero, zero))
-        step = lambda start, p: solver.step(terms, t0, t1, start, p, None, False)[0]  # noqa: E731
-        (y_bar, z_bar), p_step = jax.vjp(step, start, p)[1]((y_bar + at_end, z_bar))
-        return i - 1, start, (y_bar + at_start, z_bar), p_bar + p_step
-
-    zero = jnp.zeros_like(res.y)
-    carry = (res.count - 1, (res.y, res.z), (zero, zero), jnp.zeros_like(p))
-    _, start, (y_bar, z_bar), p_bar = jax.lax.while_loop(lambda c: c[0] >= 0, back, carry)
-    # a solve of no steps saved y0 at every save time
-    y_bar = y_bar + jnp.where(res.count == 0, jnp.sum(w, axis=0), 0.0)
+    _, state, bar, p_bar = jax.lax.while_loop(lambda c: c[0] >= 0, back, (count - 1, state, bar, p_bar))
+    starts, u_bar = reversal.initial(state, bar)
+    u_bar = u_bar + jnp.where(count == 0, jnp.sum(w, axis=0), 0.0)  # a solve of no steps saved y0 throughout
     y0 = setup.state(res.u0)
-    missed = jnp.max(jnp.abs(jnp.stack(start) - y0) / (setup.atol + setup.rtol * jnp.abs(y0)))
-    return error_if(((y_bar + z_bar)[: setup.n], p_bar), missed > 1.0, UNRECONSTRUCTED)
-
-
-class _Final(eqx.Module):
-    """ReversibleAdjoint's residuals: the solver's final state (y, ŷ, a(ŷ), σ(ŷ)), y0 and θ."""
-
-    state: tuple
-    y0: jax.Array
-    theta: jax.Array
-
-
-def through_steps(setup, res, vs):
-    """The tangent of the saves by forward mode through the steps, from the residuals' y0 and θ."""
-    return jax.jvp(lambda y0, theta: setup.run(y0, theta), (res.y0, res.theta), vs)[1]
-
-
-def reversible_rules(sensealg):
-    """(forward, pushforward, pullback), each taking the solve's setup (a reversible-Heun
-    `sciad._sde_solvers.SDESetup`) first, for `sciad.ad.custom_linear_rules` over (y0, θ)."""
-
-    def forward(setup, y0, theta, active):
-        ys, state = setup.run(y0, theta, final_state=True)
-        return ys, _Final(state, y0, theta)
-
-    def pullback(setup, res, w):
-        system = setup.system
-        saves = jnp.asarray(setup.save_steps)
-        dt = setup.dt
-        y_N, yh_N, a_N, sigma_N = res.state
-        theta = res.theta
-        n, N = system.n, setup.steps
-
-        def jump(k):
-            return (saves == k).astype(w.dtype) @ w
-
-        def pulled(yh, t, cot_a, cot_sigma):
-            """(a, σ) at ŷ and the cotangent (ŷ̄, θ̄) of (cot_a, cot_σ) through them."""
-            rates, pb = jax.vjp(lambda x, th: system.rates(x, th, t), yh, theta)
-            return rates, pb((cot_a, cot_sigma))
-
-        def later_use(ybar, k):
-            """The cotangent on (a, σ)(ŷ_k) from y_k = y_{k-1} + ... + ½ Δ_{k-1}(ŷ_k) (none for k = 0)."""
-            c2 = jnp.where(k > 0, 0.5, 0.0) * ybar
-            dW = setup.increment(jnp.maximum(k - 1, 0)).astype(w.dtype)
-            return c2 * dt, system.noise_cotangent(c2[:n], dW)
-
-        ybar_N = jump(N)
-        cot = later_use(ybar_N, N)
-        _, (ghat_N, theta_bar) = pulled(yh_N, setup.time(N), *cot)
-
-        def body(carry, _):  # the step index rides in the carry (memory flat in the steps)
-            (y1, yh1, a1, s1), ybar1, ghat1, theta_bar, k = carry
-            k = k - 1
-            t = jnp.asarray(setup.time(k), y1.dtype)
-            dW = setup.increment(k).astype(y1.dtype)
-            second = system.increment(a1, s1, dt, dW)
-            yh = 2 * y1 - yh1 - second
-            c1 = 0.5 * ybar1 + ghat1
-            ybar = ybar1 + 2 * ghat1 + jump(k)
-            later_a, later_sigma = later_use(ybar, k)
-            (a, s), (xbar, tbar) = pulled(yh, t, c1 * dt + later_a, system.noise_cotangent(c1[:n], dW) + later_sigma)
-            y = y1 - 0.5 * (system.increment(a, s, dt, dW) + second)
-            return ((y, yh, a, s), ybar, -ghat1 + xbar, theta_bar + tbar, k), None
-
-        carry = ((y_N, yh_N, a_N, sigma_N), ybar_N, ghat_N, theta_bar, jnp.asarray(N, jnp.int32))
-        (_, ybar0, ghat0, theta_bar, _), _ = jax.lax.scan(body, carry, None, length=N)
-        return ybar0 + ghat0, theta_bar
-
-    return forward, through_steps, pullback
+    missed = jnp.max(jnp.abs(jnp.stack(starts) - y0) / (setup.atol + setup.rtol * jnp.abs(y0)))
+    return error_if((u_bar[: setup.n], p_bar), missed > 1.0, UNRECONSTRUCTED)
