@@ -83,4 +83,3 @@ class BrownianPath(eqx.Module):
             return whole + self._bridge(k, b) - self._bridge(j, a)
 
         return sign * jax.lax.cond(one_step, lambda _: self.increment(j), general, None)
-

@@ -33,8 +33,8 @@ from sciad._pytrees import Layout, leaf_names
 from sciad._sde_solvers import SDE_SOLVERS, DiagonalMilstein, Noise, SDEField, System, calculus_of
 from sciad._vector_field import VectorField
 from sciad.adjoints._base import AbstractSensitivity, Setup
-from sciad.adjoints._loop import GridSteps
 from sciad.adjoints._continuous import ContinuousAdjoint
+from sciad.adjoints._loop import GridSteps
 from sciad.adjoints._registry import describe, resolve
 
 NOISES = ("diagonal", "scalar")  # or an int m: general noise of m Brownian motions

@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 
 
-
 class Noise(eqx.Module):
     """How the diffusion σ (d,) meets the Brownian increments dW (m,): `kind` "diagonal" (σ ⊙ dW,
     m = n), "scalar" (σ dW, m = 1) or "general" (σ as an (n, m) matrix times dW)."""

@@ -203,7 +203,8 @@ def _segment(setup: Setup, start: Position, p, count: int, ts=None) -> tuple:
     accepted step (inf after the last; with the solver's state, a pair, where `_keeps_state`), the accepted
     steps, the next segment's start, stats (3,) int32, diffrax's result)."""
     states = "solver" if _keeps_state(setup, start.y, p) else True
-    sol = integrate(_stepper(setup), None, p, start.t, setup.t1, max_steps=count, ts=ts, step_states=states, start=start)
+    stepper = _stepper(setup)
+    sol = integrate(stepper, None, p, start.t, setup.t1, max_steps=count, ts=ts, step_states=states, start=start)
     (_, t), (saves, y) = sol.ts, sol.ys
     return saves, t, y, sol.stats["num_accepted_steps"], sol.end, stats_vector(sol), sol.result
 

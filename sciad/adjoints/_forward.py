@@ -8,8 +8,8 @@ import jax.numpy as jnp
 
 import sciad.ad as ad
 from sciad._dae import consistent_tangents, solver_mass, with_mass
-from sciad.adjoints._discrete import ForwardDiffSensitivity
 from sciad.adjoints._base import AbstractSensitivity, Products, Setup, leading_seminorm, plain_forward, stats_vector
+from sciad.adjoints._discrete import ForwardDiffSensitivity
 
 SLOW_IMPLICIT_STATES = 16  # states from which ForwardSensitivity with an implicit solver gets a warning
 
@@ -65,8 +65,8 @@ class ForwardSensitivity(AbstractSensitivity):
         if getattr(setup.f, "sensitivities_through_steps", False):  # a kind whose sensitivity equations they are
             through = dataclasses.replace(setup, f=setup.f.with_products(self.jvp))
             ys, stats, jacs = ForwardDiffSensitivity().forward(through, u0, p, active)
-            columns = (None if j is None else jnp.moveaxis(j, -1, 1) for j in (jacs.u0, jacs.p))
-            return ys, stats, Sensitivities(*columns, ys.shape)
+            s_u0, s_p = (None if j is None else jnp.moveaxis(j, -1, 1) for j in (jacs.u0, jacs.p))  # pyright: ignore[reportOptionalMemberAccess]  # differentiated: Jacobians
+            return ys, stats, Sensitivities(s_u0, s_p, ys.shape)
         n, m = u0.shape[0], p.shape[0]
         u0 = setup.initialised(u0, p)
         y0 = setup.state(u0)

@@ -114,12 +114,12 @@ class Reversal(eqx.Module):
         return ys
 
     @abc.abstractmethod
-    def last(self, terms, time, count, state, y_bar, p):
+    def last(self, terms, time, count, state, y_bar, p) -> tuple:
         """(state, bar, p_bar) at the end of `count` steps (`time(i)`: the end of step i, t0 at 0) from the
         cotangent y_bar of the final y."""
 
     @abc.abstractmethod
-    def back(self, terms, time, i, state, bar, p, saves_at):
+    def back(self, terms, time, i, state, bar, p, saves_at) -> tuple:
         """(state, bar, p_bar of the step) at the start of step i (from time(i) to time(i + 1)) from those
         at its end; `saves_at(i)`: the saves' cotangent of y at time(i)."""
 
@@ -312,8 +312,8 @@ def _solve(setup: Setup, reversal: Reversal, u0, p) -> Trajectory:
 
 class _Steps(eqx.Module):
     """ReversibleAdjoint's residuals: the accepted steps' end `times` (max_steps + 1,) from t0 (inf after the
-    last; None where computed), their `count`, the final `state` (`Reversal.final`), u0, p, the solve's result and which of u0
-    and p are differentiated."""
+    last; None where computed), their `count`, the final `state` (`Reversal.final`), u0, p, the solve's result
+    and which of u0 and p are differentiated."""
 
     times: jax.Array | None
     count: jax.Array
@@ -330,10 +330,11 @@ def _pullback(setup: Setup, reversal: Reversal, res: _Steps, w):
     cotangents entering through the steps' linear interpolation."""
     terms, p, count = setup.term(), res.p, res.count
     ts = jnp.asarray(setup.ts, jnp.result_type(setup.t0, res.u0))
-    if res.times is None:
+    times = res.times
+    if times is None:
         time = lambda i: GridSteps.time(setup.t0, setup.t1, setup.dt0, i, count)  # noqa: E731
     else:
-        time = lambda i: res.times[jnp.clip(i, 0, res.times.shape[0] - 1)]  # noqa: E731
+        time = lambda i: times[jnp.clip(i, 0, times.shape[0] - 1)]  # noqa: E731
 
     def part(i, weight):
         """Σ weight(θ) w over the saves step i (from time(i); none past the last) interpolated at θ: those in
