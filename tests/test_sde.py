@@ -355,6 +355,27 @@ def test_ensembles_by_vmap_over_keys_under_jit():
     assert abs(float(mean_final(P)) - np.exp(MU * T)) < 3 * float(jnp.std(single)) / 8
 
 
+def test_parameter_cotangents_of_paths_under_vmap_are_summed_in_the_loop():
+    """Under `jax.vmap` over keys the exact sensealgs keep one cotangent of the shared parameters, summed as
+    the backward pass goes, not one per path: XLA's temporaries of the gradient grow with the paths by far
+    less than a parameter cotangent per path (m = 4,096 parameters, 2 states)."""
+    weights = np.linspace(0.5, 1.5, 4096)
+    prob = sciad.SDEProblem(lambda u, p, t: -u * jnp.mean(p), lambda u, p, t: 0.1 * u, np.ones(2), (0.0, 1.0), weights)
+
+    def temporaries(name, solver, paths):
+        keys = jax.random.split(KEY, paths)
+
+        def loss(p):
+            solve = lambda k: sciad.solve(prob, p=p, key=k, dt0=0.1, solver=solver, sensealg=name).us[-1]  # noqa: E731
+            return jnp.sum(jax.vmap(solve)(keys))
+
+        return jax.jit(jax.grad(loss)).lower(weights).compile().memory_analysis().temp_size_in_bytes
+
+    per_path = 4096 * 8
+    for name, solver in (("ReversibleAdjoint", "reversible_heun"), ("DiscreteAdjoint", "euler")):
+        assert temporaries(name, solver, 64) - temporaries(name, solver, 8) < 56 * per_path / 4, name
+
+
 def test_pytree_state_and_mlp_parameters():
     mlp = eqx.nn.MLP(2, 2, 8, 1, activation=jnp.tanh, key=jax.random.key(1), dtype=jnp.float64)
 

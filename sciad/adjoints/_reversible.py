@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 import sciad.ad as ad
-from sciad._errors import error_if
+from sciad._errors import batch_any, error_if
+from sciad.ad._linear import accumulate_pullback
 from sciad.adjoints._base import AbstractSensitivity, Setup, checked, stats_vector
 from sciad.adjoints._loop import GridSteps, Stepper, Trajectory, integrate, stage_loop
 
@@ -114,14 +115,15 @@ class Reversal(eqx.Module):
         return ys
 
     @abc.abstractmethod
-    def last(self, terms, time, count, state, y_bar, p) -> tuple:
+    def last(self, terms, time, count, state, y_bar, p, slots) -> tuple:
         """(state, bar, p_bar) at the end of `count` steps (`time(i)`: the end of step i, t0 at 0) from the
         cotangent y_bar of the final y."""
 
     @abc.abstractmethod
-    def back(self, terms, time, i, state, bar, p, saves_at) -> tuple:
-        """(state, bar, p_bar of the step) at the start of step i (from time(i) to time(i + 1)) from those
-        at its end; `saves_at(i)`: the saves' cotangent of y at time(i)."""
+    def back(self, terms, time, i, state, bar, p, p_bar, saves_at, slots) -> tuple:
+        """(state, bar, p_bar plus the step's) at the start of step i (from time(i) to time(i + 1)) from those
+        at its end; `saves_at(i)`: the saves' cotangent of y at time(i). p's cotangent accumulates by
+        `accumulate_pullback` (`slots`: p's inputs), one sum for a `jax.vmap` batch sharing p."""
 
     @abc.abstractmethod
     def initial(self, state, bar) -> tuple:
@@ -145,14 +147,14 @@ class _Pair(Reversal):
         apart = jnp.max(jnp.abs(y_end - z_end) / (setup.atol + setup.rtol * jnp.abs(y_end)))
         return error_if(ys, apart > PAIR_TOLERANCES * steps, DRIFTED)
 
-    def last(self, terms, time, count, state, y_bar, p):
+    def last(self, terms, time, count, state, y_bar, p, slots):
         return state, (y_bar, jnp.zeros_like(y_bar)), jnp.zeros_like(p)
 
-    def back(self, terms, time, i, state, bar, p, saves_at):
+    def back(self, terms, time, i, state, bar, p, p_bar, saves_at, slots):
         t0, t1 = time(i), time(i + 1)
         start = self.solver.reconstruct(terms, t0, t1, state, p)
         step = lambda start, p: self.solver.step(terms, t0, t1, start, p, None, False)[0]  # noqa: E731
-        (y_bar, z_bar), p_bar = jax.vjp(step, start, p)[1](bar)
+        (y_bar, z_bar), p_bar = accumulate_pullback(step, start, p, bar, p_bar, slots)
         return start, (y_bar + saves_at(i), z_bar), p_bar
 
     def initial(self, state, bar):
@@ -170,19 +172,21 @@ class _Heun(Reversal):
     def final(self, sol: Trajectory):
         return (sol.end.y, *sol.end.solver_state)
 
-    def last(self, terms, time, count, state, y_bar, p):
+    def last(self, terms, time, count, state, y_bar, p, slots):
         y, yh, v = state
         control = terms.contr(time(jnp.maximum(count - 1, 0)), time(count))
-        _, pb = jax.vjp(lambda y, p: terms.vf(time(count), y, p), yh, p)
-        yh_bar, p_bar = pb(_transposed(terms, control, v, 0.5 * y_bar))
+        field = lambda y, p: terms.vf(time(count), y, p)  # noqa: E731
+        v_bar = _transposed(terms, control, v, 0.5 * y_bar)
+        yh_bar, p_bar = accumulate_pullback(field, yh, p, v_bar, jnp.zeros_like(p), slots)
         return (y, yh, v, control), (y_bar, yh_bar), p_bar
 
-    def back(self, terms, time, i, state, bar, p, saves_at):
+    def back(self, terms, time, i, state, bar, p, p_bar, saves_at, slots):
         y1, yh1, v1, control = state
         y_bar1, yh_bar1 = bar
         t0 = time(i)
         yh0 = 2 * y1 - yh1 - terms.prod(v1, control)
-        v0, pb = jax.vjp(lambda y, p: terms.vf(t0, y, p), yh0, p)
+        field = lambda y, p: terms.vf(t0, y, p)  # noqa: E731
+        v0 = field(yh0, p)
         y0 = y1 - 0.5 * terms.prod(jax.tree.map(jnp.add, v0, v1), control)
         y_bar0 = y_bar1 + 2 * yh_bar1 + saves_at(i)
         # the step before (none at i = 0: the first step's, weighted 0; a path's increment over no time can be NaN in
@@ -193,7 +197,7 @@ class _Heun(Reversal):
             _transposed(terms, control, v0, 0.5 * y_bar1 + yh_bar1),
             _transposed(terms, before, v0, jnp.where(i > 0, 0.5, 0.0) * y_bar0),
         )
-        yh_bar, p_bar = pb(v_bar)
+        yh_bar, p_bar = accumulate_pullback(field, yh0, p, v_bar, p_bar, slots)
         return (y0, yh0, v0, before), (y_bar0, yh_bar - yh_bar1), p_bar
 
     def initial(self, state, bar):
@@ -349,14 +353,23 @@ def _pullback(setup: Setup, reversal: Reversal, res: _Steps, w):
         """The saves' cotangent of y at time(i): the end of step i - 1 and the start of step i."""
         return part(i - 1, lambda theta: theta) + part(i, lambda theta: 1 - theta)
 
-    state, bar, p_bar = reversal.last(terms, time, count, res.state, saves_at(count), p)
+    slots = setup.parameter_slots
+    state, bar, p_bar = reversal.last(terms, time, count, res.state, saves_at(count), p, slots)
 
     def back(carry):
         i, state, bar, p_bar = carry
-        state, bar, p_step = reversal.back(terms, time, i, state, bar, p, saves_at)
-        return i - 1, state, bar, p_bar + p_step
+        on = i >= 0  # a member of a vmap batch that is back at its start runs on, its cotangents zero
+        masked = lambda k: jnp.where(on, saves_at(k), 0.0)  # noqa: E731
+        zeroed = jax.tree.map(lambda b: jnp.where(on, b, jnp.zeros_like(b)), bar)
+        i_on = jnp.maximum(i, 0)
+        earlier, bar_earlier, p_bar = reversal.back(terms, time, i_on, state, zeroed, p, p_bar, masked, slots)
+        keep = lambda a, b: jax.tree.map(lambda a, b: jnp.where(on, a, b), a, b)  # noqa: E731
+        return i - 1, keep(earlier, state), keep(bar_earlier, bar), p_bar
 
-    _, state, bar, p_bar = jax.lax.while_loop(lambda c: c[0] >= 0, back, (count - 1, state, bar, p_bar))
+    # While any member of a batch has steps left (an unbatched condition), so that p's cotangent, where the batch
+    # shares p, stays one sum over the batch (`accumulate_pullback`).
+    carry = (count - 1, state, bar, p_bar)
+    _, state, bar, p_bar = jax.lax.while_loop(lambda c: batch_any(c[0] >= 0), back, carry)
     starts, u_bar = reversal.initial(state, bar)
     u_bar = u_bar + jnp.where(count == 0, jnp.sum(w, axis=0), 0.0)  # a solve of no steps saved y0 throughout
     y0 = setup.state(res.u0)
