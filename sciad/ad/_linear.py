@@ -398,7 +398,14 @@ jax_ad.deflinear2(total_p, lambda ct, x, axis_name: [total_p.bind(ct, axis_name=
 
 
 def accumulate_pullback(fun: Callable, x, p, cotangent, p_bar, slots: tuple):
-    """(xᵀ: the cotangent of x, p_bar + pᵀ) for `fun(x, p)` pulled back from `cotangent`: a step of a
+    """(xᵀ: the cotangent of x, p_bar + pᵀ) for `fun(x, p)` pulled back from `cotangent`
+    (`value_and_accumulated_pullback`'s, without the value)."""
+    return value_and_accumulated_pullback(fun, x, p, cotangent, p_bar, slots)[1:]
+
+
+def value_and_accumulated_pullback(fun: Callable, x, p, cotangent, p_bar, slots: tuple) -> tuple:
+    """(fun(x, p), xᵀ: the cotangent of x, p_bar + pᵀ) for `fun(x, p)` pulled back from `cotangent`, from one
+    evaluation of fun: a step of a
     transpose that accumulates the cotangent `p_bar` of its linear inputs `slots` (their keys in
     `linear_map`). Under the batch axis of a transpose whose inputs `slots` the batch shares (p and
     p_bar unbatched), p_bar stays unbatched: the batch's total, added to by one pullback of the
@@ -406,11 +413,13 @@ def accumulate_pullback(fun: Callable, x, p, cotangent, p_bar, slots: tuple):
     through these steps (an unbatched p_bar is a total, not a member's)."""
     x_flat, x_tree = jax.tree.flatten(x)
     p_flat, p_tree = jax.tree.flatten(p)
+    out_tree = []
 
     def flat_fun(*args):
-        return jax.tree.leaves(
-            fun(jax.tree.unflatten(x_tree, args[: len(x_flat)]), jax.tree.unflatten(p_tree, args[len(x_flat) :]))
-        )
+        out = fun(jax.tree.unflatten(x_tree, args[: len(x_flat)]), jax.tree.unflatten(p_tree, args[len(x_flat) :]))
+        leaves, structure = jax.tree.flatten(out)
+        out_tree[:] = [structure]
+        return leaves
 
     jaxpr, consts = _trace(flat_fun, [*x_flat, *p_flat])
     ct_flat = jax.tree.leaves(cotangent)
@@ -429,7 +438,9 @@ def accumulate_pullback(fun: Callable, x, p, cotangent, p_bar, slots: tuple):
         num_p=len(p_flat),
         slots=tuple(slots),
     )
-    return jax.tree.unflatten(x_tree, out[: len(x_flat)]), jax.tree.unflatten(p_tree, out[len(x_flat) :])
+    x_bar = jax.tree.unflatten(x_tree, out[: len(x_flat)])
+    p_bar = jax.tree.unflatten(p_tree, out[len(x_flat) : len(x_flat) + len(acc_flat)])
+    return jax.tree.unflatten(out_tree[0], out[len(x_flat) + len(acc_flat) :]), x_bar, p_bar
 
 
 accumulate_p = core.Primitive("sciad_accumulate_pullback")
@@ -444,15 +455,16 @@ def _split_accumulate(args, num_consts, num_x, num_p):
 
 
 def _accumulate_impl(*args, jaxpr, num_consts, num_x, num_p, slots):
+    """[x̄, p_bar + p̄, fun(x, p)]: the pullback and fun's value from one evaluation."""
     consts, x, p, ct, acc = _split_accumulate(args, num_consts, num_x, num_p)
-    _, pullback = jax.vjp(lambda x, p: _run(jaxpr, *consts, *x, *p), list(x), list(p))
+    y, pullback = jax.vjp(lambda x, p: _run(jaxpr, *consts, *x, *p), list(x), list(p))
     x_bar, p_bar = pullback(list(ct))
-    return [*x_bar, *(a + g for a, g in zip(acc, p_bar))]
+    return [*x_bar, *(a + g for a, g in zip(acc, p_bar)), *y]
 
 
 def _accumulate_abstract_eval(*args, jaxpr, num_consts, num_x, num_p, slots):
     _, x, p, _, acc = _split_accumulate(args, num_consts, num_x, num_p)
-    return [*x, *acc]
+    return [*x, *acc, *jaxpr.out_avals]
 
 
 def _accumulate_batch(axis_data, args, dims, *, jaxpr, num_consts, num_x, num_p, slots):
@@ -477,8 +489,9 @@ def _accumulate_batch(axis_data, args, dims, *, jaxpr, num_consts, num_x, num_p,
     def batched(x, p):
         return jax.vmap(lambda c, x: _run(jaxpr, *c, *x, *p), in_axes=(c_axes, 0))(list(consts), x)
 
-    x_bar, p_bar = jax.vjp(batched, list(x), p)[1](list(ct))
-    return [*x_bar, *(a + g for a, g in zip(acc, p_bar))], [0] * num_x + [None] * num_p
+    y, pullback = jax.vjp(batched, list(x), p)
+    x_bar, p_bar = pullback(list(ct))
+    return [*x_bar, *(a + g for a, g in zip(acc, p_bar)), *y], [0] * num_x + [None] * num_p + [0] * len(y)
 
 
 def _accumulate_jvp(primals, tangents, *, jaxpr, num_consts, num_x, num_p, slots):
@@ -493,10 +506,10 @@ def _accumulate_jvp(primals, tangents, *, jaxpr, num_consts, num_x, num_p, slots
         y, dy = jax.jvp(lambda c, x, p: _run(jaxpr, *c, *x, *p), (list(consts), x, p), (list(dconsts), dx, dp))
         return y, dy
 
-    (dx_bar, x_bar), (dp_bar, p_bar) = accumulate_pullback(
+    (y, dy), (dx_bar, x_bar), (dp_bar, p_bar) = value_and_accumulated_pullback(
         doubled, (list(x), list(dx)), (list(p), list(dp)), (list(dct), list(ct)), (list(dacc), list(acc)), slots
     )
-    return [*x_bar, *p_bar], [*dx_bar, *dp_bar]
+    return [*x_bar, *p_bar, *y], [*dx_bar, *dp_bar, *dy]
 
 
 def _accumulate_transpose(*args, **params):

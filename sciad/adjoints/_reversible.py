@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 import sciad.ad as ad
 from sciad._errors import batch_any, error_if
-from sciad.ad._linear import accumulate_pullback
+from sciad.ad._linear import accumulate_pullback, value_and_accumulated_pullback
 from sciad.adjoints._base import AbstractSensitivity, Setup, checked, stats_vector
 from sciad.adjoints._loop import GridSteps, Stepper, Trajectory, integrate, stage_loop
 
@@ -185,19 +185,18 @@ class _Heun(Reversal):
         y_bar1, yh_bar1 = bar
         t0 = time(i)
         yh0 = 2 * y1 - yh1 - terms.prod(v1, control)
-        field = lambda y, p: terms.vf(t0, y, p)  # noqa: E731
-        v0 = field(yh0, p)
-        y0 = y1 - 0.5 * terms.prod(jax.tree.map(jnp.add, v0, v1), control)
         y_bar0 = y_bar1 + 2 * yh_bar1 + saves_at(i)
         # the step before (none at i = 0: the first step's, weighted 0; a path's increment over no time can be NaN in
         # forward mode)
         before = terms.contr(time(jnp.maximum(i - 1, 0)), time(jnp.maximum(i, 1)))
-        v_bar = jax.tree.map(
+        v_bar = jax.tree.map(  # V's structure is V_{n+1}'s
             jnp.add,
-            _transposed(terms, control, v0, 0.5 * y_bar1 + yh_bar1),
-            _transposed(terms, before, v0, jnp.where(i > 0, 0.5, 0.0) * y_bar0),
+            _transposed(terms, control, v1, 0.5 * y_bar1 + yh_bar1),
+            _transposed(terms, before, v1, jnp.where(i > 0, 0.5, 0.0) * y_bar0),
         )
-        yh_bar, p_bar = accumulate_pullback(field, yh0, p, v_bar, p_bar, slots)
+        field = lambda y, p: terms.vf(t0, y, p)  # noqa: E731
+        v0, yh_bar, p_bar = value_and_accumulated_pullback(field, yh0, p, v_bar, p_bar, slots)
+        y0 = y1 - 0.5 * terms.prod(jax.tree.map(jnp.add, v0, v1), control)
         return (y0, yh0, v0, before), (y_bar0, yh_bar - yh_bar1), p_bar
 
     def initial(self, state, bar):
