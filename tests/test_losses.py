@@ -199,7 +199,7 @@ def test_integral_with_auto():
         return sciad.solve(PROB, p={"k": k}, integrand=energy, rtol=TOL, atol=TOL, sensealg=sensealg).integral
 
     _, d_k, _, _, _ = closed_energy(K, U0, 0.0, 2.0)
-    close(jax.grad(loss)(K, "auto"), d_k, "auto")
+    close(jax.jit(jax.grad(loss), static_argnums=1)(K, "auto"), d_k, "auto")
     choice = sciad._auto.auto_sensealg(
         U0, PROB.p, np.array([0.0, 2.0]), solver=get_solver("tsit5"), rtol=TOL, atol=TOL, integral_entries=1
     )
