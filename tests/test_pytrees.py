@@ -52,7 +52,7 @@ def diffrax_gradient():
         )
         return squares(sol.ys)
 
-    return eqx.filter_grad(loss)(MLP)
+    return eqx.filter_jit(eqx.filter_grad(loss))(MLP)
 
 
 @pytest.mark.parametrize("name", MATRIX)
