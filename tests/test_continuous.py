@@ -52,8 +52,8 @@ def test_pieces_compose_beyond_the_named_sensealgs():
         sol = sciad.solve(prob, p=p, saveat=np.linspace(0.0, 2.0, 5), sensealg=sensealg, rtol=1e-9, atol=1e-9)
         return jnp.sum(sol.us), sol.stats["steps"]
 
-    (_, steps), g = jax.value_and_grad(loss, has_aux=True)(prob.p, composed)
-    reference = jax.grad(lambda p: loss(p, sciad.DiscreteAdjoint())[0])(prob.p)
+    (_, steps), g = jax.jit(jax.value_and_grad(lambda p: loss(p, composed), has_aux=True))(prob.p)
+    reference = jax.jit(jax.grad(lambda p: loss(p, sciad.DiscreteAdjoint())[0]))(prob.p)
     np.testing.assert_allclose(g, reference, rtol=1e-6)
     assert steps.dtype == jnp.int32 and steps > 0
 

@@ -33,18 +33,6 @@ def name(sensealg):
     return sciad.adjoints.describe(sensealg)
 
 
-def finite_differences(fn, x, step=1e-5):
-    """Central differences of a scalar fn at x (1-D), step relative to |x| (at least `step`)."""
-    x = np.asarray(x, float)
-    out = np.zeros_like(x)
-    for i in range(x.size):
-        h = step * max(1.0, abs(x[i]))
-        e = np.zeros_like(x)
-        e[i] = h
-        out[i] = (float(fn(x + e)) - float(fn(x - e))) / (2 * h)
-    return out
-
-
 # --- (a) the linear index-1 DAE (its closed form for every sensealg: tests/test_dae.py) --------------
 
 
@@ -100,16 +88,24 @@ def cubic_loss(sensealg, integrand=False):
     return loss
 
 
+STEP = 1e-5  # central differences' step, relative to |x| (at least STEP)
+
+
 @pytest.fixture(scope="module")
 def cubic_references():
-    """integrand -> (DiscreteAdjoint's ∂L/∂u0, ∂L/∂p; central differences of L in x0 and in p)."""
+    """integrand -> (ForwardDiffSensitivity's ∂L/∂u0, ∂L/∂p through the steps; central differences of L in x0
+    and in p): L and its gradient at u0, p and the six points the differences take, from one compiled program
+    per loss."""
+    h = STEP * np.maximum(1.0, np.abs(np.concatenate([CUBIC_U0[:1], CUBIC_P])))
+    steps = np.concatenate([np.diag(h), -np.diag(h)])  # ±h in x0, a, b
+    points = np.concatenate([np.zeros((1, 3)), steps]) + np.concatenate([CUBIC_U0[:1], CUBIC_P])
+    u0s = np.stack([points[:, 0], np.zeros(len(points))], 1)
     out = {}
     for integrand in (False, True):
-        reference = jax.jit(jax.grad(cubic_loss(sciad.DiscreteAdjoint(), integrand), argnums=(0, 1)))(CUBIC_U0, CUBIC_P)
-        plain = jax.jit(cubic_loss(sciad.DiscreteAdjoint(), integrand))
-        fd_p = finite_differences(lambda p: plain(CUBIC_U0, p), CUBIC_P)
-        fd_x0 = finite_differences(lambda x0: plain(jnp.array([x0[0], 0.0]), CUBIC_P), CUBIC_U0[:1])[0]
-        out[integrand] = (*reference, fd_x0, fd_p)
+        loss = cubic_loss(sciad.ForwardDiffSensitivity(), integrand)
+        values, (g_u0, g_p) = jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1))))(u0s, points[:, 1:])
+        differences = (values[1:4] - values[4:]) / (2 * h)
+        out[integrand] = (g_u0[0], g_p[0], differences[0], differences[1:])
     return out
 
 
@@ -127,7 +123,7 @@ def cubic_references():
     ids=name,
 )
 def test_nonlinear_loss_on_the_algebraic_state(sensealg, integrand, cubic_references):
-    """∂L/∂(u0, p) against DiscreteAdjoint (to 1e-6) and central differences of the loss (to 1e-5)."""
+    """∂L/∂(u0, p) against forward mode through the steps (to 1e-6) and central differences of the loss (to 1e-5)."""
     g_u0, g_p = jax.jit(jax.grad(cubic_loss(sensealg, integrand), argnums=(0, 1)))(CUBIC_U0, CUBIC_P)
     r_u0, r_p, fd_x0, fd_p = cubic_references[integrand]
     np.testing.assert_allclose(g_p, r_p, rtol=1e-6)
@@ -269,7 +265,7 @@ def test_nonsingular_mass_matrix_against_the_ode():
         def loss(u0, p):
             return jnp.sum(sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, solver=solver, **TOL).us ** 2)
 
-        return jax.grad(loss, argnums=(0, 1))(np.array([1.0, 0.5]), P0)
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(np.array([1.0, 0.5]), P0)
 
     dae = gradient(sciad.ODEProblem(f, np.ones(2), (0.0, 2.0), P0, mass_matrix=M), sciad.GaussAdjoint(), None)
     ode = gradient(
@@ -294,6 +290,6 @@ def test_float32():
     def loss(p):
         return linear_loss(sciad.solve(prob, p=p, saveat=TS, rtol=1e-5, atol=1e-6, sensealg=sciad.GaussAdjoint()).us)
 
-    grad = jax.grad(loss)(P0.astype(np.float32))
+    grad = jax.jit(jax.grad(loss))(P0.astype(np.float32))
     assert grad.dtype == jnp.float32
     np.testing.assert_allclose(grad, exact_gradients(1.5, P0)[1:], rtol=1e-3)

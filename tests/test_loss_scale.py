@@ -7,6 +7,8 @@ was held to the user's atol. Each case is one compiled program batched over the 
 the gradient at scale 1 is checked against a tight-tolerance discrete reference.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,13 +52,11 @@ def events(p, sensealg, **tolerances):
 LOSSES = {"saves": saves, "integral": integral, "events": events}
 
 
-@pytest.fixture(scope="module")
-def references():
-    """Each loss's gradient in p by DiscreteAdjoint at rtol = atol = 1e-11."""
-    return {
-        name: jax.jit(jax.grad(lambda p, loss=loss: loss(p, sciad.DiscreteAdjoint(), rtol=1e-11, atol=1e-11)))(P)
-        for name, loss in LOSSES.items()
-    }
+@functools.cache
+def discrete_reference(name):
+    """A loss's gradient in p by DiscreteAdjoint at rtol = atol = 1e-11 (computed once, where a test asks)."""
+    loss = LOSSES[name]
+    return jax.jit(jax.grad(lambda p: loss(p, sciad.DiscreteAdjoint(), rtol=1e-11, atol=1e-11)))(P)
 
 
 def scaled_gradients(loss, sensealg, **tolerances):
@@ -75,7 +75,7 @@ FAST = [("saves", name) for name in ("GaussAdjoint", "InterpolatingAdjoint", "Ba
 @pytest.mark.parametrize(
     "loss, name", [pytest.param(*case, marks=[] if case in FAST else [pytest.mark.slow]) for case in CASES]
 )
-def test_gradient_does_not_depend_on_the_loss_scale(references, loss, name):
+def test_gradient_does_not_depend_on_the_loss_scale(loss, name):
     gradients = scaled_gradients(LOSSES[loss], SENSEALGS[name]())
     unit = gradients[1]
     np.testing.assert_allclose(
@@ -84,16 +84,16 @@ def test_gradient_does_not_depend_on_the_loss_scale(references, loss, name):
         rtol=1e-9,
         err_msg=f"{name} on {loss}: the gradient changes with the loss's scale",
     )
-    reference = references[loss]
+    reference = discrete_reference(loss)
     assert np.max(np.abs(unit - reference)) <= 1e-4 * np.max(np.abs(reference)), (name, loss, unit, reference)
 
 
-def test_adjoint_tolerances_tighten_the_backward_solve(references):
+def test_adjoint_tolerances_tighten_the_backward_solve():
     """adjoint_rtol / adjoint_atol set the backward solve's tolerances alone: tighter ones bring the
     continuous adjoint's gradient closer to the reference while the forward solve stays as it was."""
     loose = scaled_gradients(saves, sciad.GaussAdjoint(), rtol=1e-8, atol=1e-8, adjoint_rtol=1e-3, adjoint_atol=1e-3)
     tight = scaled_gradients(saves, sciad.GaussAdjoint(), rtol=1e-8, atol=1e-8, adjoint_rtol=1e-9, adjoint_atol=1e-9)
-    reference = references["saves"]
+    reference = discrete_reference("saves")
     error = lambda g: np.max(np.abs(g - reference)) / np.max(np.abs(reference))  # noqa: E731
     assert error(tight[1]) < 1e-6 < error(loose[1])
     np.testing.assert_allclose(tight, np.broadcast_to(tight[1], tight.shape), rtol=1e-9)

@@ -80,4 +80,4 @@ def test_jacfwd_of_grad_in_u0_and_p():
 )
 def test_reverse_over_reverse_names_forward_over_reverse(name):
     with pytest.raises(HigherOrderError, match="forward-over-reverse"):
-        jax.jacrev(jax.grad(lambda p: loss(p, sensealg=VARIANTS[name])))(PROBLEM.p)
+        jax.jit(jax.jacrev(jax.grad(lambda p: loss(p, sensealg=VARIANTS[name]))))(PROBLEM.p)  # refused as traced

@@ -28,9 +28,12 @@ def loss(p, solver, sensealg, rtol=1e-6):
     return jnp.sum(sol.us * WEIGHTS)
 
 
+gradient = jax.jit(jax.grad(loss), static_argnums=(1, 2, 3))
+
+
 @pytest.fixture(scope="module")
 def reference():
-    return P * jax.grad(loss)(P, "rodas5p", sciad.ForwardDiffSensitivity(), 1e-10)
+    return P * gradient(P, "rodas5p", sciad.ForwardDiffSensitivity(), 1e-10)
 
 
 def test_stability_boundary_from_the_tableau():
@@ -76,7 +79,7 @@ def test_refused_under_jit_as_the_last_line():
 
 def test_error_controlled_gradients_are_right(reference):
     for sensealg in (sciad.GaussAdjoint(), sciad.InterpolatingAdjoint()):
-        g = P * jax.grad(loss)(P, "tsit5", sensealg)
+        g = P * gradient(P, "tsit5", sensealg)
         np.testing.assert_allclose(g, reference, atol=1e-2 * float(jnp.max(jnp.abs(reference))), err_msg=str(sensealg))
 
 
@@ -114,5 +117,5 @@ def test_auto_with_an_explicit_solver_on_a_stiff_problem_is_right(reference):
     """The solver given (Tsit5), the sensealg "auto": the stiffness estimate picks GaussAdjoint, and says so."""
     choice = sciad.select_sensealg(PROB, saveat=SAVES, solver="tsit5", rtol=1e-6, atol=1e-6)
     assert choice.heuristic_pick.rule == "stiff-explicit" and "stiff-explicit" in choice.report()
-    g = P * jax.grad(loss)(P, "tsit5", "auto")
+    g = P * gradient(P, "tsit5", "auto")
     np.testing.assert_allclose(g, reference, atol=1e-2 * float(jnp.max(jnp.abs(reference))))
