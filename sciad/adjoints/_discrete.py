@@ -85,23 +85,28 @@ class DiscreteAdjoint(AbstractSensitivity):
                 f"DiscreteAdjoint(stored_steps=...) must be a positive int or None, got {self.stored_steps!r}"
             )
 
-    def recording(self, setup: Setup, u0) -> Callable:
+    def recording(self, setup: Setup, u0, p) -> Callable:
         """How the forward pass records its reverse pass (`_recorded`): the solve in segments of stored
-        steps (`_segmented`), as many as the user's `stored_steps` or `segment_steps`."""
-        count = self.stored_steps or segment_steps(setup.max_steps, u0.size, u0.dtype.itemsize)
-        return _segmented(count)
+        steps (`_segmented`), as many as the user's `stored_steps` or `segment_steps` (sized by what a step
+        stores: y, and the solver's state where `_keeps_state`)."""
+        y0 = setup.state(u0)
+        stored = y0.size
+        if _keeps_state(setup, y0, p):
+            state = eqx.filter_eval_shape(_stepper(setup).solver.init, setup.term(), setup.t0, setup.t1, y0, p)
+            stored += sum(x.size for x in jax.tree.leaves(state))
+        return _segmented(self.stored_steps or segment_steps(setup.max_steps, stored, u0.dtype.itemsize))
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:
             return plain_forward(setup, u0, p)
-        us, stats, result, pb = _recorded(setup, self.recording(setup, u0))(u0, p)
+        us, stats, result, pb = _recorded(setup, self.recording(setup, u0, p))(u0, p)
         return checked(setup, result, us), stats, Tape(u0, p, pb, result)
 
     def pushforward(self, setup: Setup, tape: "Tape", du0, dp):
         return solver_pushforward(setup, tape.u0, tape.p, du0, dp)
 
     def pullback(self, setup: Setup, tape: "Tape", w):
-        replayed = _replayed(setup, self.recording(setup, tape.u0))
+        replayed = _replayed(setup, self.recording(setup, tape.u0, tape.p))
         return checked(setup, tape.result, replayed(tape.u0, tape.p, tape.pullback, w))
 
 
