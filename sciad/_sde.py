@@ -275,7 +275,7 @@ def save_steps(ts, t0: float, dt: float):
     return steps.astype(np.int32)
 
 
-def preset_steps(callbacks, u0, p, t0: float, t1: float, dt: float) -> None:
+def check_preset_times(callbacks, u0, p, t0: float, t1: float, dt: float) -> None:
     """Checks the preset events of a fixed grid: concrete times inside tspan and on the grid, affects returning
     u0's structure (checked by tracing)."""
     for i, callback in enumerate(callbacks):
@@ -462,7 +462,7 @@ def solve(
         ys, stats = sensealg.solve(setup, u0_flat, p_flat)
         return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
     if not adaptive:
-        preset_steps(callbacks, u0, p, t0, t1, dt)  # preset times on the grid
+        check_preset_times(callbacks, u0, p, t0, t1, dt)  # preset times on the grid
     plan = _events.Plan.of(callbacks, field, u0, p, (t0, t1), 1, None, "none")
     us, q, stats, _ = _events.solve(setup, sensealg, plan, u0_flat, p_flat)
     ys = jnp.concatenate([us, jnp.zeros((T, entries), dtype)], axis=1)
