@@ -23,11 +23,11 @@ from sciad._brownian import BrownianPath
 from sciad._diffrax_adjoint import DiffraxAdjoint, diffrax_adjoint
 from sciad._ensemble import ensemble
 from sciad._events import ContinuousCallback, PresetTimeCallback
-from sciad._problem import ODEProblem
+from sciad._ode import SOLVERS, ODEProblem, get_solver
 from sciad._rosenbrock import Rodas4, Rodas5P
-from sciad._sde import SDEProblem, SDESolution
+from sciad._sde import SDEProblem
 from sciad._sde_solvers import SDE_SOLVERS
-from sciad._solve import SOLVERS, Solution, get_solver, solve
+from sciad._solve import SDESolution, Solution, solve
 from sciad._steady import SteadyState, steady_state
 from sciad.adjoints import (
     AbstractSensitivity,

@@ -8,7 +8,7 @@ import numpy as np
 
 from sciad._diffrax_internals import WrapTerm
 from sciad._events import ContinuousCallback
-from sciad._problem import ODEProblem
+from sciad._ode import ODEProblem
 from sciad.adjoints._base import AbstractSensitivity
 
 _DIRECTIONS = {None: "both", True: "up", False: "down"}
@@ -140,12 +140,16 @@ class DiffraxAdjoint(dfx.AbstractAdjoint):
         fired = (
             None
             if event is None
-            else jax.tree.unflatten(jax.tree.structure(event.cond_fn, is_leaf=callable), list(sol.event_counts > 0))
+            else jax.tree.unflatten(jax.tree.structure(event.cond_fn, is_leaf=callable), list(sol.event_counts > 0))  # pyright: ignore[reportOptionalOperand]  # an event: counted
         )
         result = (
             dfx.RESULTS.successful
             if event is None
-            else dfx.RESULTS.where(jnp.any(sol.event_counts > 0), dfx.RESULTS.event_occurred, dfx.RESULTS.successful)
+            else dfx.RESULTS.where(
+                jnp.any(sol.event_counts > 0),  # pyright: ignore[reportOptionalOperand]  # an event: counted
+                dfx.RESULTS.event_occurred,
+                dfx.RESULTS.successful,
+            )
         )
         final = jax.tree.map(lambda x: x[-1], ys)
         steps = sol.stats

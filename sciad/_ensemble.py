@@ -17,9 +17,8 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from jaxtyping import ArrayLike, PyTree, Real, Shaped
 
-from sciad._problem import ODEProblem
+from sciad._problem import AbstractProblem
 from sciad._pytrees import leaf_names
-from sciad._sde import SDEProblem
 from sciad._solve import Solution, solve
 
 # batched argument -> the solve argument it batches
@@ -27,7 +26,7 @@ BATCHED = {"u0s": "u0", "ps": "p", "saveats": "saveat", "keys": "key"}
 
 
 def ensemble(
-    prob: ODEProblem | SDEProblem,
+    prob: AbstractProblem,
     *,
     u0s: PyTree[Shaped[ArrayLike, "B ..."]] | None = None,
     ps: PyTree[Shaped[ArrayLike, "B ..."]] | None = None,
@@ -39,18 +38,18 @@ def ensemble(
     """`solve(prob, ...)` for B members: `u0s`, `ps` (u0's, p's PyTree with a leading member axis B on
     every array leaf), `saveats` (B, T) and, for an `SDEProblem`, `keys` (B,) (the members' Brownian
     paths: `jax.random.split(key, B)`) vary per member; `u0=`, `p=`, `saveat=`, `key=` and the other
-    `solve` options (`sensealg`, `solver`, `dt0`, ...) are shared by all. Returns a `Solution` (an
-    `SDESolution` for an SDE) whose leaves have a leading axis B (`us`: (B, T, ...)).
+    `solve` options (`sensealg`, `solver`, `dt0`, ...) are shared by all. Returns a `Solution` whose
+    leaves have a leading axis B (`us`: (B, T, ...)).
 
     With `mesh` (axes of type `Auto`), the member axis is sharded over all the mesh's devices
     (under jax.distributed, a global mesh spans hosts); B is padded to a multiple of the device count
     by repeating the last member, and the padding is dropped from the result. Composes with
     `jax.jit`, `jax.grad` (with respect to batched and shared inputs alike) and `jax.vmap`.
     """
-    if not isinstance(prob, (ODEProblem, SDEProblem)):
+    if not isinstance(prob, AbstractProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem or sciad.SDEProblem, got {type(prob).__name__}")
-    if keys is not None and not isinstance(prob, SDEProblem):
-        raise ValueError("keys= batches the Brownian paths of an SDEProblem; an ODE problem has none")
+    if keys is not None and "key" not in prob.options:
+        raise ValueError(f"keys= batches the Brownian paths of an SDEProblem; a {type(prob).__name__} has none")
     given = {"u0s": u0s, "ps": ps, "saveats": saveats, "keys": keys}
     batched = {BATCHED[name]: tree for name, tree in given.items() if tree is not None}
     if not batched:
@@ -84,7 +83,7 @@ def ensemble(
     return sols if padded == size else _map_arrays(lambda x: x[:size], sols)
 
 
-def _members(prob: ODEProblem | SDEProblem, name: str, tree) -> int:
+def _members(prob: AbstractProblem, name: str, tree) -> int:
     """The number of members B in batched argument `name`; a clear error for a leaf without the
     leading member axis, with a member of the wrong shape, or with another B than its siblings."""
     one = BATCHED[name]

@@ -1,11 +1,12 @@
-"""`ODEProblem`: M u' = f(u, p, t), u(t0) = u0, on tspan = (t0, t1) (M the identity unless a
-`mass_matrix` is given); the checks every call makes
-of a problem's parts at its boundary (`check_*`), each raising an error that names the argument
-(and the PyTree leaf) and the fix."""
+"""What every problem kind shares: `AbstractProblem` (a kind's place in the one solve: `Request` in,
+`Staged` out) and the checks every call makes of a problem's parts at its boundary (`check_*`), each
+raising an error that names the argument (and the PyTree leaf) and the fix."""
 
+import abc
+import dataclasses
 import inspect
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import diffrax as dfx
 import equinox as eqx
@@ -13,72 +14,83 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, PyTree
+from jaxtyping import Array, PyTree
 
-from sciad._custom_types import RealScalarLike
-from sciad._dae import MassMatrix
+from sciad import _events as events
 from sciad._errors import error_if, error_where
-from sciad._pytrees import leaf_names
-
-if TYPE_CHECKING:
-    import scipy.sparse
+from sciad._pytrees import Layout, leaf_names
+from sciad.adjoints._base import AbstractSensitivity, Setup
 
 
-class ODEProblem(eqx.Module):
-    """An initial value problem u' = f(u, p, t) on tspan = (t0, t1).
+class AbstractProblem(eqx.Module):
+    """A problem kind: u(t0) = u0 on tspan = (t0, t1) with parameters p, and what the kind adds to the one
+    solve (`sciad.solve`): the options it takes beside the shared ones (`options`, their defaults) and
+    `staged`, its system, solver, steps and save times as the pipeline's `Setup`. Every sensealg serves every
+    kind through that `Setup` (a sensealg that cannot says why: `AbstractSensitivity.refusal`)."""
 
-    `u0` is any PyTree of float arrays (a vector, a dict of arrays, ...) and
-    `f(u, p, t)` returns du/dt with u0's structure and shapes; `p` is any
-    PyTree (arrays, dicts, an equinox model; its non-array leaves are static)
-    or None (no parameters: an empty vector). `f` may close over other values,
-    traced ones included (their gradients are right). Write f with
-    `sciad.ad.namespace(u)` so every engine can run it. A PyTree itself.
+    u0: eqx.AbstractVar[PyTree[Array]]
+    p: eqx.AbstractVar[PyTree[Any]]
+    tspan: eqx.AbstractVar[tuple[float, float]]
+    options: ClassVar[dict[str, Any]]  # the solve options of this kind alone: name -> default
 
-    Checked here, when the problem is made (each error names the argument and the leaf): f is
-    callable; u0's leaves are float arrays or numbers (`check_state`) and p's array leaves are
-    float (`check_params`), both finite where they are concrete (traced ones, made under
-    `jax.jit`, are checked when a solve runs: `check_finite`); tspan is two finite numbers with
-    t1 ≠ t0 (t1 < t0 integrates backwards in time: `check_tspan`); and f(u0, p, t0) returns u0's
-    structure and shapes (`check_rhs`: by tracing f, without running it; a diffrax-ordered
-    f(t, y, args) is named as such).
+    @abc.abstractmethod
+    def staged(self, request: "Request") -> "Staged":
+        """This problem's solve for `request`, checked (errors name the argument and the fix)."""
 
-    `mass_matrix` M (constant) makes it M u' = f(u, p, t) over the flattened state (n,) (u0's leaves
-    raveled in order, as `jax.flatten_util.ravel_pytree`): None (the identity), a vector (n,) (M's
-    diagonal), a matrix (n, n), or a SciPy sparse matrix (made dense: the DAE solvers factorise
-    densely). A singular M makes a differential-algebraic problem (index 1): a zero diagonal entry,
-    or a zero row, marks an algebraic equation, whose row of f is the residual that must vanish,
-    e.g. M = [1, 1, 0] with f's last entry y1 + y2 + y3 - 1. Checked here (shape against u0's size,
-    finite entries) and held as a `sciad._dae.MassMatrix` (`numpy.asarray(prob.mass_matrix)`);
-    `sciad.solve` then steps a DAE solver (Rodas5P by default) and initialises consistently.
-    """
 
-    f: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]]
-    u0: PyTree[Array]
-    tspan: tuple[float, float] = eqx.field(static=True)
-    p: PyTree[Any] = None
-    mass_matrix: MassMatrix | None = eqx.field(static=True, default=None)
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a solve asks, its shared arguments checked: u0, p (PyTrees like the problem's), t0, t1 (user time,
+    concrete or traced) and `sign` = sign(t1 - t0), the save times `ts` (T,) (user time), the `integrand` with
+    its `entries`, `solver` as given, `auto`: whether the sensealg is "auto"'s choice, `rtol`, `atol` (None:
+    the kind's default), `max_steps`, `dt0` (None: the kind's default), the `callbacks` and `max_events`, and the
+    kind's own `options`."""
 
-    def __init__(
-        self,
-        f: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]],
-        u0: PyTree[ArrayLike],
-        tspan: tuple[RealScalarLike, RealScalarLike],
-        p: PyTree[Any] = None,
-        *,
-        mass_matrix: Float[ArrayLike, " n"]
-        | Float[ArrayLike, "n n"]
-        | "scipy.sparse.sparray | scipy.sparse.spmatrix"
-        | None = None,
-    ):
-        if not callable(f):
-            raise TypeError(f"ODEProblem(f=...): f must be callable f(u, p, t), got {f!r}")
-        self.f = f
-        self.u0 = check_state("u0", u0)
-        # no parameters: an empty vector of u0's precision (it must not widen a float32 solve)
-        self.p = check_params("p", np.zeros((0,), jnp.result_type(*jax.tree.leaves(self.u0))) if p is None else p)
-        self.tspan = check_tspan(tspan, traced=TRACED_TSPAN)
-        self.mass_matrix = MassMatrix.of(mass_matrix, sum(int(np.size(x)) for x in jax.tree.leaves(self.u0)))
-        check_rhs(f, self.u0, self.p, self.tspan[0])
+    u0: Any
+    p: Any
+    t0: Any
+    t1: Any
+    sign: int
+    ts: Any
+    integrand: Callable | None
+    entries: int
+    solver: Any
+    auto: bool
+    rtol: float | None
+    atol: float | None
+    max_steps: int
+    dt0: Any
+    callbacks: Sequence
+    max_events: int | None
+    options: dict[str, Any]
+
+
+class Staged(abc.ABC):
+    """A problem's solve as the pipeline runs it: `setup` (its field, solver, steps and save times in the
+    solve's forward time), the flat `u0` (n,) and `p` (m,), the layouts of u and of the integral `q` (None
+    without an integrand), and what depends on the sensealg."""
+
+    setup: Setup
+    u0: jax.Array
+    p: jax.Array
+    u: Layout
+    q: Layout | None
+
+    @abc.abstractmethod
+    def auto_sensealg(self) -> AbstractSensitivity:
+        """ "auto"'s sensealg for this solve."""
+
+    def prepared(self, sensealg: AbstractSensitivity) -> tuple[Setup, jax.Array]:
+        """(the setup, u0 (n,)) that `sensealg` solves from (a DAE's u0 initialised; a host engine's field)."""
+        return self.setup, self.u0
+
+    @abc.abstractmethod
+    def plan(self) -> events.Plan:
+        """The checked `sciad._events.Plan` of the request's callbacks."""
+
+    def extras(self, setup: Setup, sensealg: AbstractSensitivity, u0: jax.Array) -> dict[str, Any]:
+        """The `Solution` fields of this kind (a dense interpolation, a Brownian path): none."""
+        return {}
 
 
 NON_FINITE = (
@@ -146,7 +158,7 @@ def check_like(name: str, tree, ref):
             )
 
 
-def check_inputs(prob: ODEProblem, u0, p) -> tuple:
+def check_inputs(prob: AbstractProblem, u0, p) -> tuple:
     """(u0, p) for a solve of `prob`: the problem's own where None, else checked now to be like them
     (`check_like`, `check_state`, `check_params`: float leaves, finite where their values are known,
     under an eager `jax.grad` too); their traced leaves (under `jax.jit`, `jax.vmap`) carry a
@@ -179,8 +191,9 @@ def check_tolerances(rtol, atol, max_steps, prefix: str = "") -> None:
 
 def check_steps(stepsize_controller, dt0, rtol, atol, sign: int) -> tuple:
     """(rtol, atol, the controller, dt0) in the solve's forward time s = sign * t: a
-    `diffrax.PIDController` (its rtol and atol then the solve's: `rtol`, `atol` left at their
-    defaults or equal) or None, and a first step `dt0` (None, or a scalar of t1 - t0's sign)."""
+    `diffrax.PIDController` (its rtol and atol then the solve's: `rtol`, `atol` not given (None) or
+    equal) or None, and a first step `dt0` (None, or a scalar of t1 - t0's sign); rtol and atol not
+    given: `DEFAULT_TOLERANCE`."""
     if stepsize_controller is not None:
         if not isinstance(stepsize_controller, dfx.PIDController):
             raise TypeError(
@@ -192,9 +205,10 @@ def check_steps(stepsize_controller, dt0, rtol, atol, sign: int) -> tuple:
         except (TypeError, jax.errors.ConcretizationTypeError) as e:
             raise ValueError("stepsize_controller's rtol and atol must be concrete numbers, not traced values") from e
         for name, given, own in (("rtol", rtol, tolerances[0]), ("atol", atol, tolerances[1])):
-            if given not in (DEFAULT_TOLERANCE, own):
+            if given is not None and given != own:
                 raise ValueError(f"{name}={given} differs from stepsize_controller.{name}={own}: pass one of them")
         rtol, atol = tolerances
+    rtol, atol = (DEFAULT_TOLERANCE if tol is None else tol for tol in (rtol, atol))
     if dt0 is not None:
         if jnp.shape(dt0):
             raise ValueError(f"dt0 must be a scalar, got shape {jnp.shape(dt0)}")

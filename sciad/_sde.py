@@ -1,9 +1,10 @@
-"""`SDEProblem` and its solve: du = a(u, p, t) dt + σ(u, p, t) dW on a fixed step grid or adaptive steps, its
-Brownian path from a key, differentiable pathwise by every sensealg (`solve`)."""
+"""`SDEProblem`: du = a(u, p, t) dt + σ(u, p, t) dW, and what it adds to the solve: fixed steps on a grid or
+adaptive ones, its Brownian path from a key, its solver (diffrax's SDE solvers), differentiable pathwise by
+every sensealg."""
 
-import functools
-from collections.abc import Callable, Sequence
-from typing import Any
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import diffrax as dfx
 import equinox as eqx
@@ -11,21 +12,20 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, PRNGKeyArray, PyTree, Real, Shaped
+from jaxtyping import Array, ArrayLike, PyTree
 
 from sciad import _events
 from sciad._brownian import BrownianPath
 from sciad._custom_types import RealScalarLike
-from sciad._errors import error_if, raising_solve_errors
+from sciad._errors import error_if
 from sciad._events import PresetTimeCallback, _check_affect
 from sciad._problem import (
+    AbstractProblem,
+    Request,
+    Staged,
     _traced,
-    check_inputs,
-    check_integrand,
     check_params,
-    check_saveat,
     check_state,
-    check_time_span,
     check_tolerances,
     check_tspan,
 )
@@ -33,9 +33,7 @@ from sciad._pytrees import Layout, leaf_names
 from sciad._sde_solvers import SDE_SOLVERS, DiagonalMilstein, Noise, SDEField, System, calculus_of
 from sciad._vector_field import VectorField
 from sciad.adjoints._base import AbstractSensitivity, Setup
-from sciad.adjoints._continuous import ContinuousAdjoint
 from sciad.adjoints._loop import GridSteps
-from sciad.adjoints._registry import describe, resolve
 
 NOISES = ("diagonal", "scalar")  # or an int m: general noise of m Brownian motions
 CALCULI = ("ito", "stratonovich")
@@ -44,7 +42,7 @@ SDE_TOLERANCE = 1e-3  # adaptive steps' default rtol and atol (a strong error: H
 TREE_TOLERANCE = 2.0**-16  # the VirtualBrownianTree of adaptive steps resolves times to this fraction of tspan
 
 
-class SDEProblem(eqx.Module):
+class SDEProblem(AbstractProblem):
     """du = drift(u, p, t) dt + diffusion(u, p, t) dW on tspan = (t0, t1), u(t0) = u0.
 
     `drift(u, p, t)` returns u's structure, as an ODE's f. `diffusion(u, p, t)` returns u's structure
@@ -65,6 +63,7 @@ class SDEProblem(eqx.Module):
     p: PyTree[Any] = None
     noise: str | int = eqx.field(static=True, default="diagonal")
     calculus: str = eqx.field(static=True, default="ito")
+    options: ClassVar[dict[str, Any]] = {"key": None, "brownian": None}
 
     def __init__(
         self,
@@ -97,6 +96,9 @@ class SDEProblem(eqx.Module):
         self.noise = noise if isinstance(noise, str) else int(noise)
         self.calculus = calculus
         check_sde_functions(self)
+
+    def staged(self, request: Request) -> "Staged":
+        return _staged(self, request)
 
 
 def noise_of(prob: SDEProblem, n: int) -> Noise:
@@ -144,19 +146,6 @@ def _check_float(label: str, y) -> None:
             f"{label} must return float arrays, got {getattr(y, 'dtype', type(y).__name__)}: "
             "return an expression in u, or x.astype(u.dtype)"
         )
-
-
-class SDESolution(eqx.Module):
-    """An SDE solve: `ts` (T,), `us` (u0's structure with a leading time axis), `integral` (∫ g dt
-    with the integrand's structure, None without one), `stats` (`steps`: the grid's steps), and
-    `brownian`, the path it used (`.evaluate(t0, t1)`: the increment W(t1) - W(t0)); pass it back as
-    `brownian=` (or the same key) to solve on the same path."""
-
-    ts: Real[Array, " T"]
-    us: PyTree[Shaped[Array, "T ..."]]
-    stats: dict[str, Any]
-    brownian: BrownianPath | dfx.AbstractBrownianPath
-    integral: PyTree[Array] | None = None
 
 
 # diffrax's SDE solvers that step `SDEField.terms` (their stages take the noise term's products); the rest say why not
@@ -339,111 +328,48 @@ def brownian_path(brownian, key, t0: float, t1: float, dt: float | None, steps: 
     )
 
 
-@raising_solve_errors
-def solve(
-    prob: SDEProblem,
-    *,
-    key: PRNGKeyArray | None = None,
-    dt0: RealScalarLike | None = None,
-    saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
-    solver: str | dfx.AbstractSolver | None = None,
-    sensealg: str | AbstractSensitivity = "auto",
-    u0: PyTree[ArrayLike] | None = None,
-    p: PyTree[Any] = None,
-    integrand: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]] | None = None,
-    brownian: BrownianPath | dfx.AbstractBrownianPath | None = None,
-    tspan: tuple[RealScalarLike, RealScalarLike] | None = None,
-    callbacks: Sequence[PresetTimeCallback] = (),
-    rtol: float = SDE_TOLERANCE,
-    atol: float = SDE_TOLERANCE,
-    max_steps: int = 4096,
-) -> SDESolution:
-    """Solve `prob` along the Brownian path from `key` or `brownian`, saving u at `saveat` (default t0 and t1).
-
-    Steps: with `dt0`, fixed, on the grid t_k = t0 + k dt (dt = dt0, or the largest step below it that divides
-    tspan; save times on the grid), along a `BrownianPath` (exact increments per step, reconstructible, flat
-    memory) or `brownian` (a path to reuse, or a diffrax Brownian path); without `dt0`, adaptive (PID control
-    at `rtol`, `atol` of the solver's error estimate, steps landing on the save times, at most `max_steps`)
-    along a `diffrax.VirtualBrownianTree` from `key` (or `brownian`, a diffrax path). `solver`: a name in
-    `SDE_SOLVERS` or one of diffrax's SDE solvers (`LOOP_SOLVER_TYPES`; default: adaptive, Heun; fixed,
-    Milstein for Itô diagonal and scalar noise, Euler–Maruyama for Itô general noise, Heun for
-    Stratonovich); a solver of the other calculus (diffrax's declared one) solves the problem with the drift
-    corrected.
-
-    Differentiable pathwise (the derivative of this path's solution) in `u0`, `p` and values the
-    functions close over, by `sensealg` (default "auto": `sciad._auto`'s SDE rule), under `jax.jit`,
-    `jax.vmap` (over keys: ensembles), `jax.grad`, `jax.jvp` and second derivatives. `integrand`
-    g(u, p, t) gives `SDESolution.integral` = ∫ g dt, stepped with u. `callbacks`:
-    `sciad.PresetTimeCallback`s (doses; on a fixed grid, at grid times): the solve runs in segments between
-    them, the affects applied between segments (the state saved at an event time is the one after it), so
-    every sensealg differentiates through them, values the affects close over included. Every sensealg
-    differentiates it through the ODE solves' pipeline on sciad's loop (`SDEField`: the kind's drift and
-    noise terms): ForwardDiffSensitivity, ForwardSensitivity and DiscreteAdjoint through the steps,
-    ReversibleAdjoint by reversible Heun's own reversal, the continuous adjoints (Interpolating, Backsolve,
-    Gauss) by the adjoint SDE in Stratonovich form, by Heun on fixed steps. A traced `tspan` takes adaptive steps.
-    Not differentiable in the times (a Brownian path has no derivative in time). Not yet: state-dependent
-    events and t1 < t0 (each refused naming the fix)."""
-    if not isinstance(prob, SDEProblem):
-        raise TypeError(f"prob must be a sciad.SDEProblem, got {type(prob).__name__}")
-    if not all(isinstance(c, PresetTimeCallback) for c in callbacks):
+def _staged(prob: SDEProblem, r: Request) -> "_SDEStaged":
+    """The SDE's solve: fixed steps on the grid of `dt0` along a `BrownianPath`, or adaptive ones (no dt0)
+    along a `diffrax.VirtualBrownianTree`; its solver (`loop_solver`); the field `SDEField`."""
+    if not all(isinstance(c, PresetTimeCallback) for c in r.callbacks):
         raise ValueError(
             "callbacks of an SDE solve: sciad.PresetTimeCallback only (state-dependent events, "
             "ContinuousCallback, are not supported for SDEs yet)"
         )
-    u0, p = check_inputs(prob, u0, p)  # pyright: ignore[reportArgumentType]  # an SDEProblem has u0 and p as an ODEProblem
-    adaptive = dt0 is None
-    traced = tspan is not None and any(isinstance(t, jax.core.Tracer) for t in tspan)
+    adaptive = r.dt0 is None
+    traced = any(isinstance(t, jax.core.Tracer) for t in (r.t0, r.t1))
     if traced and not adaptive:
         raise ValueError(
             "a traced tspan of an SDE solve takes adaptive steps (a fixed grid's steps are counted at trace time): "
             "pass no dt0, or a concrete tspan"
         )
-    t0, t1, sign = check_time_span(tspan, prob.tspan)
-    if sign < 0:
-        raise ValueError(f"tspan=({t0}, {t1}): SDEs run forwards in time here: pass t1 > t0")
+    if r.sign < 0:
+        raise ValueError(f"tspan=({r.t0}, {r.t1}): SDEs run forwards in time here: pass t1 > t0")
+    rtol, atol = (SDE_TOLERANCE if tol is None else tol for tol in (r.rtol, r.atol))
     if adaptive:
-        check_tolerances(rtol, atol, max_steps)
-    steps, dt = (int(max_steps), 0.0) if adaptive else grid(t0, t1, dt0)
-    ts = check_saveat(saveat, t0, t1, 1)
-    entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
+        check_tolerances(rtol, atol, r.max_steps)
+    t0, t1 = r.t0, r.t1
+    steps, dt = (int(r.max_steps), 0.0) if adaptive else grid(t0, t1, r.dt0)
+    integrand = r.integrand
 
     def extra(u, p, t):
         sigma = prob.diffusion(u, p, t)
         return sigma if integrand is None else (sigma, integrand(u, p, t))
 
-    field = VectorField.of(prob.drift, u0, p, t0, host=False, integrand=extra)
+    field = VectorField.of(prob.drift, r.u0, r.p, t0, host=False, integrand=extra)
     n, dtype = field.u.size, field.dtype
     noise = noise_of(prob, n)
-    stepping = loop_solver(solver, prob.calculus, noise, adaptive)
-    path = brownian_path(brownian, key, t0, t1, None if adaptive else dt, steps, (noise.m,), dtype)
-    if sensealg is None or (isinstance(sensealg, str) and sensealg == "auto"):
-        from sciad._auto import auto_sde_sensealg
-
-        sensealg = auto_sde_sensealg(u0, p, ts, solver=stepping, steps=steps, integral_entries=entries).sensealg
-    sensealg = resolve(sensealg)
-    T = np.shape(ts)[0]
-    u0_flat = jnp.asarray(field.u.ravel(u0), dtype)
-    system = System(field, noise, entries, prob.calculus).in_calculus(calculus_of(stepping))  # pyright: ignore[reportArgumentType]  # an SDE solver
-    p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
-    if adaptive and isinstance(sensealg, ContinuousAdjoint):
-        raise ValueError(
-            f"sensealg={describe(sensealg)} solves the adjoint SDE on a fixed grid (backward steps of its own would "
-            "not meet the forward steps the stored path interpolates between): pass dt0=..., or "
-            "sensealg=sciad.DiscreteAdjoint() or sciad.ForwardDiffSensitivity() for adaptive steps"
-        )
-    host = [e.name for e in sensealg.engines() if not e.traced]
-    if host:
-        raise ValueError(
-            f"sensealg={describe(sensealg)}: SDE solves take JAX engines for their products (the drift correction "
-            f"and the solver's own Jacobian-vector products differentiate again), got {host[0]!r}: pass "
-            "'jax-reverse', 'jax-forward' or 'jax-transpose'"
-        )
-    times = jnp.asarray(ts, dtype)
+    stepping = loop_solver(None if r.solver == "auto" else r.solver, prob.calculus, noise, adaptive)
+    o = r.options
+    path = brownian_path(o["brownian"], o["key"], t0, t1, None if adaptive else dt, steps, (noise.m,), dtype)
+    system = System(field, noise, r.entries, prob.calculus).in_calculus(calculus_of(stepping))  # pyright: ignore[reportArgumentType]  # an SDE solver
+    times = jnp.asarray(r.ts, dtype)
     controller = None  # adaptive: sciad's PID control at rtol, atol, steps landing on the save times
     if not adaptive:  # the saves on the grid, in its own arithmetic
-        times = save_steps(ts, t0, dt).astype(dtype) * dtype.type(dt) + dtype.type(t0)
+        times = save_steps(r.ts, t0, dt).astype(dtype) * dtype.type(dt) + dtype.type(t0)
         controller = GridSteps()
-    if entries and not callbacks:  # q(t1) is saved last
+        check_preset_times(r.callbacks, r.u0, r.p, t0, t1, dt)
+    if r.entries and not r.callbacks:  # q(t1) is saved last
         times = jnp.append(times, dtype.type(t1))
     setup = Setup(
         SDEField(system, path),
@@ -458,39 +384,36 @@ def solve(
         dt0=None if adaptive else jnp.asarray(dt, dtype),
         steps_at_saves=adaptive,
     )
-    if not callbacks:
-        ys, stats = sensealg.solve(setup, u0_flat, p_flat)
-        return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
-    if not adaptive:
-        check_preset_times(callbacks, u0, p, t0, t1, dt)  # preset times on the grid
-    plan = _events.Plan.of(callbacks, field, u0, p, (t0, t1), 1, None, "none")
-    us, q, stats, _ = _events.solve(setup, sensealg, plan, u0_flat, p_flat)
-    ys = jnp.concatenate([us, jnp.zeros((T, entries), dtype)], axis=1)
-    ys = jnp.concatenate([ys, jnp.concatenate([us[-1], q])[None]]) if entries else ys
-    return _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, stats[0], path)
-
-
-def _solution(ts, ys, T, n, field, integrand, u0, p, t0, dtype, steps, path) -> SDESolution:
-    """The `SDESolution` of the saves ys (T (+1 with an integrand), n + k)."""
-    integral = None
+    u0 = jnp.asarray(field.u.ravel(r.u0), dtype)
+    p = jnp.asarray(field.p.ravel(eqx.filter(r.p, eqx.is_array)), dtype)
+    q = None
     if integrand is not None:
-        integral = Layout.of(eqx.filter_eval_shape(integrand, u0, p, jnp.asarray(t0, dtype)), dtype).unravel(ys[T, n:])
-    us = jax.vmap(field.u.unravel)(ys[:T, :n])
-    return SDESolution(jnp.asarray(ts, dtype), us, {"steps": jnp.asarray(steps, jnp.int32)}, path, integral)
+        q = Layout.of(eqx.filter_eval_shape(integrand, r.u0, r.p, jnp.asarray(t0, dtype)), dtype)
+    return _SDEStaged(setup, u0, p, field.u, q, r, field, path)
 
 
-def dispatching(ode_solve: Callable) -> Callable:
-    """`ode_solve`, taking an `SDEProblem` to `sciad._sde.solve` (the one entry point `sciad.solve`)."""
+@dataclasses.dataclass(frozen=True)
+class _SDEStaged(Staged):
+    setup: Setup
+    u0: jax.Array
+    p: jax.Array
+    u: Layout
+    q: Layout | None
+    request: Request
+    field: VectorField  # drift, diffusion and integrand side by side
+    path: Any
 
-    @functools.wraps(ode_solve)
-    def entry(prob, **options):
-        if isinstance(prob, SDEProblem):
-            return solve(prob, **options)
-        return ode_solve(prob, **options)
+    def auto_sensealg(self) -> AbstractSensitivity:
+        from sciad._auto import auto_sde_sensealg
 
-    entry.__doc__ = (
-        f"{(ode_solve.__doc__ or '').rstrip()}\n\n    An `SDEProblem` is solved on a fixed grid along a "
-        "Brownian path instead: `solve(sde, key=..., dt0=..., saveat=..., solver=..., sensealg=..., "
-        "integrand=..., brownian=..., callbacks=...)` (`sciad._sde.solve`).\n"
-    )
-    return entry
+        r, setup = self.request, self.setup
+        return auto_sde_sensealg(
+            r.u0, r.p, r.ts, solver=setup.solver, steps=setup.max_steps, integral_entries=r.entries
+        ).sensealg
+
+    def plan(self):
+        r = self.request
+        return _events.Plan.of(r.callbacks, self.field, r.u0, r.p, (r.t0, r.t1), 1, r.max_events, "none")
+
+    def extras(self, setup: Setup, sensealg: AbstractSensitivity, u0: jax.Array) -> dict[str, Any]:
+        return {"brownian": self.path}

@@ -144,6 +144,10 @@ class SDEField(eqx.Module):
     # ForwardSensitivity's sensitivity SDE, discretised by the solver on the same increments, is the forward-mode
     # derivative of the steps: it differentiates them, its products from its engine (`with_products`)
     sensitivities_through_steps: typing.ClassVar[bool] = True
+    host_engines_refused: typing.ClassVar[str] = (
+        "an SDE solve takes JAX engines for its products (the drift correction and the solver's own "
+        "Jacobian-vector products are differentiated again)"
+    )
     no_time_derivative: typing.ClassVar[str] = (
         "an SDE solve is not differentiable in its times (tspan, saveat, event times): a Brownian path has no "
         "derivative in time; differentiate in u0, p and the values the functions close over, with the times "

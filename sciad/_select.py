@@ -24,8 +24,9 @@ from sciad._auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
 from sciad._auto import features as trace_features
 from sciad._custom_types import RealScalarLike
 from sciad._dae import dae_solver
-from sciad._problem import ODEProblem, check_saveat
-from sciad._solve import MASS_MATRIX_SENSEALGS, get_solver, solve
+from sciad._ode import ODEProblem, get_solver
+from sciad._problem import check_saveat
+from sciad._solve import solve
 from sciad._solver_choice import choose
 from sciad._stiff import AbstractStageJacobian, with_stage_jacobian
 from sciad._timing import compare, fastest
@@ -119,8 +120,6 @@ def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
     )
     if feat.memory_budget is not None and feat.interpolation_bytes > feat.memory_budget:
         out = [(s, r) for s, r in out if not s.stores_interpolation]
-    if feat.mass_matrix:  # the sensealgs that serve one (sciad._solve.MASS_MATRIX_SENSEALGS)
-        out = [(s, r) for s, r in out if isinstance(s, MASS_MATRIX_SENSEALGS)]
     return out
 
 

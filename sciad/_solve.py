@@ -1,6 +1,7 @@
-"""`solve`: integrate an `ODEProblem` with diffrax, differentiably by a chosen sensealg."""
+"""`solve`: the one pipeline every problem kind goes through (`sciad._problem.AbstractProblem`): the
+shared checks, the kind's `Setup`, the sensealg ("auto"'s, or the one given, refusing what it cannot
+serve), its solve (through the events where there are callbacks), the `Solution`."""
 
-import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -9,48 +10,24 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jaxtyping import Array, ArrayLike, Int, PyTree, Real, Shaped
+from jaxtyping import Array, ArrayLike, Int, PRNGKeyArray, PyTree, Real, Shaped
 
 from sciad import _events as events
+from sciad._brownian import BrownianPath
 from sciad._custom_types import RealScalarLike
-from sciad._dae import check_initialization, dae_solver, initialise
 from sciad._dense import DenseOutput
 from sciad._errors import raising_solve_errors
 from sciad._problem import (
-    DEFAULT_TOLERANCE,
-    ODEProblem,
+    AbstractProblem,
+    Request,
     check_inputs,
     check_integrand,
     check_saveat,
-    check_steps,
     check_time_span,
-    check_tolerances,
 )
-from sciad._rosenbrock import Rodas4, Rodas5P
-from sciad._sde import dispatching
-from sciad._solver_choice import choose
-from sciad._stiff import AbstractStageJacobian, with_stage_jacobian
-from sciad._vector_field import VectorField
-from sciad.adjoints._base import AbstractSensitivity, Setup, is_implicit
-from sciad.adjoints._continuous import ContinuousAdjoint
-from sciad.adjoints._discrete import DiscreteAdjoint, ForwardDiffSensitivity
-from sciad.adjoints._forward import ForwardSensitivity
-from sciad.adjoints._registry import describe, resolve
-
-SOLVERS = {
-    "tsit5": dfx.Tsit5,
-    "dopri5": dfx.Dopri5,
-    "dopri8": dfx.Dopri8,
-    "bosh3": dfx.Bosh3,
-    "kvaerno3": dfx.Kvaerno3,
-    "kvaerno5": dfx.Kvaerno5,
-    "rodas5p": Rodas5P,
-    "rodas4": Rodas4,
-}
-# The sensealgs that differentiate a solve with a mass matrix: through the solver's steps, by the
-# sensitivity DAE and by the adjoint DAE (sciad._dae).
-MASS_MATRIX_SENSEALGS = (ForwardDiffSensitivity, DiscreteAdjoint, ForwardSensitivity, ContinuousAdjoint)
+from sciad._stiff import AbstractStageJacobian
+from sciad.adjoints._base import AbstractSensitivity, is_implicit
+from sciad.adjoints._registry import resolve
 
 
 class Solution(eqx.Module):
@@ -60,43 +37,36 @@ class Solution(eqx.Module):
     of the forward solve; with `dense=True`, `interpolation(t)` evaluates u (u0's structure) at any t in tspan.
     `t_final`: t1, or the time a stopping event ended the solve (save times after it are reported at
     t_final, with the state there). With callbacks, `event_times`: one array (max_events,) per callback,
-    the times it fired in order, then inf; `event_counts` (callbacks,) how many times each fired."""
+    the times it fired in order, then inf; `event_counts` (callbacks,) how many times each fired.
+    An SDE's solve: `brownian`, the path it used (`.evaluate(t0, t1)`: the increment W(t1) - W(t0)); pass it
+    back as `brownian=` (or the same key) to solve on the same path."""
 
     ts: Real[Array, " T"]
     us: PyTree[Shaped[Array, "T ..."]]
     stats: dict[str, Any]
+    t_final: Real[Array, ""]
     interpolation: DenseOutput | None = None
     integral: PyTree[Array] | None = None
-    t_final: Real[Array, ""] | None = None
     event_times: tuple[Real[Array, " max_events"], ...] | None = None
     event_counts: Int[Array, " callbacks"] | None = None
+    brownian: BrownianPath | dfx.AbstractBrownianPath | None = None
 
 
-def get_solver(solver) -> dfx.AbstractSolver:
-    """A diffrax solver: `solver` itself, or a new one by its name in `SOLVERS`."""
-    if isinstance(solver, dfx.AbstractSolver):
-        return solver
-    if solver not in SOLVERS:
-        raise ValueError(
-            f'unknown solver {solver!r}; choose one of {sorted(SOLVERS)}, "auto" (chosen by '
-            "stiffness) or pass a diffrax solver"
-        )
-    return SOLVERS[solver]()
+SDESolution = Solution  # an SDE's solve is a `Solution` with its `brownian` path
 
 
-@dispatching  # an SDEProblem goes to sciad._sde.solve
 @raising_solve_errors
 def solve(
-    prob: ODEProblem,
+    prob: AbstractProblem,
     *,
+    saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
     u0: PyTree[ArrayLike] | None = None,
     p: PyTree[Any] = None,
-    saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
     tspan: tuple[RealScalarLike, RealScalarLike] | None = None,
     integrand: Callable[[PyTree[Array], PyTree[Any], RealScalarLike], PyTree[Array]] | None = None,
     solver: str | dfx.AbstractSolver | None = "auto",
-    rtol: float = DEFAULT_TOLERANCE,
-    atol: float = DEFAULT_TOLERANCE,
+    rtol: float | None = None,
+    atol: float | None = None,
     sensealg: str | AbstractSensitivity = "auto",
     max_steps: int = 4096,
     dense: bool = False,
@@ -108,8 +78,11 @@ def solve(
     initialization: str | None = None,
     stepsize_controller: dfx.PIDController | None = None,
     dt0: RealScalarLike | None = None,
+    key: PRNGKeyArray | None = None,
+    brownian: BrownianPath | dfx.AbstractBrownianPath | None = None,
 ) -> Solution:
-    """Solve `prob` and save u at `saveat` (default: t0 and t1; concrete or traced times (T,)).
+    """Solve `prob` (an `ODEProblem` or an `SDEProblem`) and save u at `saveat` (default: t0 and t1;
+    concrete or traced times (T,)). Options a problem's kind does not take are refused, naming it.
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
     jax.vmap) with respect to `u0` and `p` passed here (PyTrees like the problem's), values f
@@ -133,8 +106,8 @@ def solve(
     `diffrax.PIDController` passed as `stepsize_controller`, whose gains and limits every solve takes,
     the forward solve's at its rtol and atol, the adjoint solves' at theirs), the first of size `dt0`
     (t1 - t0's sign) where given (default: selected from f at u0, as diffrax does). A solve that
-    needs more than `max_steps` steps (default 4096, as diffrax) raises an error. The continuous
-    adjoints solve their linear adjoint systems for the cotangent divided by its largest entry and
+    needs more than `max_steps` steps (default 4096, as diffrax) raises an error (rtol, atol: default
+    1e-6). The continuous adjoints solve their linear adjoint systems for the cotangent divided by its largest entry and
     scale back, so a gradient's accuracy does not depend on the loss's scale; they control that
     normalised λ (and μ) at `adjoint_rtol`, `adjoint_atol` (default: `rtol`, `atol`). With
     `dense=True`, `Solution.interpolation(t)` gives u at any t in tspan from the same solve, its
@@ -181,6 +154,23 @@ def solve(
     events; more raise a `SolveError` saying so. Each segment between events is one solve of at most
     `max_steps` steps.
 
+    An `SDEProblem` is solved along the Brownian path from `key` or `brownian` (its own options: a
+    `sciad.BrownianPath` to reuse, `Solution.brownian`, or a diffrax Brownian path). With `dt0`, fixed
+    steps on the grid t_k = t0 + k dt (dt = dt0, or the largest step below it that divides tspan; save
+    and preset event times on the grid), along a `BrownianPath` (exact increments per step,
+    reconstructible, flat memory); without `dt0`, adaptive steps (PID control at `rtol`, `atol`, default
+    1e-3, of the solver's error estimate, landing on the save times) along a
+    `diffrax.VirtualBrownianTree`; a traced tspan takes adaptive steps. `solver`: a name in
+    `SDE_SOLVERS` or one of diffrax's SDE solvers (`sciad._sde.LOOP_SOLVER_TYPES`; default: adaptive,
+    Heun; fixed, Milstein for Itô diagonal and scalar noise, Euler–Maruyama for Itô general noise, Heun
+    for Stratonovich); a solver of the other calculus solves the problem with the drift corrected.
+    Differentiable pathwise (the derivative of this path's solution) in u0, p and the values the
+    functions close over, not in the times, by every sensealg: ForwardDiffSensitivity,
+    ForwardSensitivity and DiscreteAdjoint through the steps, ReversibleAdjoint by reversible Heun's
+    own reversal, the continuous adjoints by the adjoint SDE in Stratonovich form (fixed steps).
+    `Solution.brownian` is the path it used. Not yet: state-dependent events and t1 < t0 (refused
+    naming the fix).
+
     Checked at the call, raising TypeError or ValueError that names the argument (and the PyTree
     leaf) and the fix: `u0`, `p` like the problem's, with float leaves, finite where concrete
     (`sciad._problem.check_inputs`); the tolerances and `max_steps`; `tspan` and `saveat` where
@@ -192,111 +182,67 @@ def solve(
     eagerly (also in the backward pass of an eager `jax.grad`), and inside JAX's runtime error,
     as its last line, under a user's `jax.jit`.
     """
-    if not isinstance(prob, ODEProblem):
-        raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
+    if not isinstance(prob, AbstractProblem):
+        raise TypeError(f"prob must be a sciad.ODEProblem or sciad.SDEProblem, got {type(prob).__name__}")
+    given = {
+        "dense": dense,
+        "jacobian": jacobian,
+        "adjoint_rtol": adjoint_rtol,
+        "adjoint_atol": adjoint_atol,
+        "initialization": initialization,
+        "stepsize_controller": stepsize_controller,
+        "key": key,
+        "brownian": brownian,
+    }
+    options = _options(prob, given)
     u0, p = check_inputs(prob, u0, p)
     t0, t1, sign = check_time_span(tspan, prob.tspan)
-    rtol, atol, stepsize_controller, dt0 = check_steps(stepsize_controller, dt0, rtol, atol, sign)
-    check_tolerances(rtol, atol, max_steps)
-    adjoint_rtol, adjoint_atol = (
-        tol if tol is not None else default for tol, default in ((adjoint_rtol, rtol), (adjoint_atol, atol))
-    )
-    check_tolerances(adjoint_rtol, adjoint_atol, max_steps, prefix="adjoint_")
-    mass = prob.mass_matrix
-    initialization = check_initialization(initialization, mass)
+    ts = check_saveat(saveat, t0, t1, sign)
     entries = 0 if integrand is None else check_integrand(integrand, u0, p, t0)
     auto = sensealg is None or (isinstance(sensealg, str) and sensealg == "auto")
-    # concrete values: the problem's where traced; stiffness for auto's sensealg with an explicit solver
-    solver, _, stiff = choose(
-        prob,
-        solver,
+    callbacks = tuple(callbacks) if isinstance(callbacks, (list, tuple)) else callbacks
+    request = Request(
         u0,
         p,
-        (t0, t1),
-        rtol=rtol,
-        atol=atol,
-        jacobian=jacobian,
-        implicit=lambda solver: is_implicit(get_solver(solver)),
-        stiffness=auto,
-    )
-    solver = dae_solver(get_solver(solver), mass, entries)
-    solver, stages = with_stage_jacobian(solver, jacobian, prob.f, u0, p, t0)
-    ts = check_saveat(saveat, t0, t1, sign)
-    if callbacks and dense:
-        raise ValueError(
-            "dense=True with callbacks is not supported: the state jumps at events; save at the times you need (saveat)"
-        )
-    # Time runs forward inside: a backward problem in s = -t, u' = -f(u, p, -s), q' = -g(u, p, -s).
-    f, g = (prob.f, integrand) if sign > 0 else (_in_reverse(prob.f), integrand and _in_reverse(integrand))
-    field = VectorField.of(f, u0, p, sign * t0, host=False, integrand=g)
-    if auto:  # from shapes, settings and the stiffness estimate: under jit too
-        from sciad._auto import auto_sensealg
-
-        # the parameters: p and the traced values f closes over (a network's weights), both differentiated
-        sensealg = auto_sensealg(
-            u0,
-            (p, field.held),
-            ts,
-            solver=solver,
-            rtol=rtol,
-            atol=atol,
-            max_steps=int(max_steps),
-            integral_entries=entries,
-            jacobian=stages,
-            mass_matrix=mass is not None,
-            stiff=stiff,
-        ).sensealg
-    sensealg = resolve(sensealg)  # an instance, a name or a `sciad.adjoints.describe` string
-    if mass is not None and not isinstance(sensealg, MASS_MATRIX_SENSEALGS):
-        raise ValueError(
-            f"sensealg={describe(sensealg)} cannot differentiate a solve with a mass matrix: pass "
-            "sensealg=sciad.ForwardDiffSensitivity() or sciad.ForwardSensitivity() (few parameters), "
-            "sciad.DiscreteAdjoint(), sciad.GaussAdjoint() or sciad.InterpolatingAdjoint() (the adjoint "
-            'DAE), or "auto", which picks one of them'
-        )
-    advice = sensealg.slow_for(int(sum(np.size(x) for x in jax.tree.leaves(u0))), is_implicit(solver))
-    if advice:
-        warnings.warn(advice, UserWarning, stacklevel=2)
-    if any(not e.traced for e in sensealg.engines()):  # a host engine calls f with its closure values as they are
-        field = VectorField.of(f, u0, p, sign * t0, host=True, integrand=g)
-    dtype = field.dtype
-    s0, s1 = (sign * jnp.asarray(t, dtype) for t in (t0, t1))
-    saves = sign * jnp.asarray(ts, dtype)
-    if integrand is not None and not callbacks:  # q(t1) is saved last
-        saves = jnp.concatenate([saves, s1[None]])
-    setup = Setup(
-        field,
+        t0,
+        t1,
+        sign,
+        ts,
+        integrand,
+        entries,
         solver,
-        s0,
-        s1,
-        saves,
-        float(rtol),
-        float(atol),
-        int(max_steps),
-        float(adjoint_rtol),
-        float(adjoint_atol),
-        stepsize_controller=stepsize_controller,
-        dt0=None if dt0 is None else jnp.asarray(dt0, dtype),
+        auto,
+        rtol,
+        atol,
+        max_steps,
+        dt0,
+        callbacks,
+        max_events,
+        options,
     )
-    u0_flat = jnp.asarray(field.u.ravel(u0), dtype)  # traced leaves checked finite first (check_inputs)
-    p_flat = jnp.asarray(field.p.ravel(eqx.filter(p, eqx.is_array)), dtype)
-    if sensealg.initialises and initialization == "consistent" and mass is not None and mass.singular and not callbacks:
-        setup = dataclasses.replace(setup, consistent=True)  # in its forward pass: m tangents for p, not n for u0
-    else:
-        u0_flat = initialise(initialization, field, mass, u0_flat, p_flat, s0, float(rtol), float(atol))
-    n, T = field.u.size, len(ts)
+    staged = prob.staged(request)
+    # "auto" picks from shapes, settings and the problem's facts (under jit too); else an instance, a name or a
+    # `sciad.adjoints.describe` string
+    sensealg = staged.auto_sensealg() if auto else resolve(sensealg)
+    setup, u0_flat = staged.prepared(sensealg)
+    reason = sensealg.refusal(setup)
+    if reason is not None:
+        raise ValueError(reason)
+    advice = sensealg.slow_for(setup.n, setup.implicit)
+    if advice:
+        warnings.warn(advice, UserWarning, stacklevel=3)
+    p_flat, dtype, n, T = staged.p, setup.f.dtype, setup.n, len(ts)
     extras = {}
     if callbacks:
-        plan = events.Plan.of(callbacks, field, u0, p, (t0, t1), sign, max_events, initialization)
+        plan = staged.plan()
         us, q, stats, happened = events.solve(setup, sensealg, plan, u0_flat, p_flat)
         extras = _event_record(plan, happened, sign)
-        t_final = extras["t_final"]
-        ts = sign * jnp.minimum(sign * jnp.asarray(ts, dtype), sign * t_final)
+        ts = sign * jnp.minimum(sign * jnp.asarray(ts, dtype), sign * extras["t_final"])
     else:
         ys, stats = sensealg.solve(setup, u0_flat, p_flat)
         us, q = ys[:T, :n], ys[T, n:]
         extras["t_final"] = jnp.asarray(t1, dtype)
-    integral = None if integrand is None else field.q.unravel(q)  # pyright: ignore[reportOptionalMemberAccess]  # q: with an integrand
+    integral = None if staged.q is None else staged.q.unravel(q)
     evals = _evaluations_per_step(setup.solver)
     steps = stats.astype(jnp.int32)
     solution_stats = {
@@ -305,10 +251,24 @@ def solve(
         "rejected_steps": steps[2],
         "function_evaluations": steps[0] * evals if evals else None,
     }
-    interpolation = DenseOutput.of(setup, sensealg, u0_flat, p_flat, sign) if dense else None
-    return Solution(
-        jnp.asarray(ts, dtype), jax.vmap(field.u.unravel)(us), solution_stats, interpolation, integral, **extras
-    )
+    extras |= staged.extras(setup, sensealg, u0_flat)
+    return Solution(jnp.asarray(ts, dtype), jax.vmap(staged.u.unravel)(us), solution_stats, integral=integral, **extras)
+
+
+def _options(prob: AbstractProblem, given: dict[str, Any]) -> dict[str, Any]:
+    """The options of `prob`'s kind (`AbstractProblem.options`, defaults where not given); an option given that
+    another kind takes is refused, naming the kind that takes it."""
+    for name, value in given.items():
+        if name in prob.options or value is None or (type(value) in (bool, str) and value == _DEFAULTS[name]):
+            continue
+        raise ValueError(
+            f"{type(prob).__name__} solves take no {name}= (their own options: "
+            f"{', '.join(prob.options) or 'none'}): drop it"
+        )
+    return {name: (default if given.get(name) is None else given[name]) for name, default in prob.options.items()}
+
+
+_DEFAULTS = {"dense": False, "jacobian": "auto"}
 
 
 def _event_record(plan: "events.Plan", happened: "events.Events", sign: int) -> dict:
@@ -320,11 +280,6 @@ def _event_record(plan: "events.Plan", happened: "events.Events", sign: int) -> 
         times.append(jnp.where(mine[order], sign * happened.times[: plan.max_events][order], jnp.inf))
     counts = jnp.stack([jnp.sum(happened.owners == i) for i in range(plan.callbacks)]).astype(jnp.int32)
     return {"t_final": sign * happened.t_final, "event_times": tuple(times), "event_counts": counts}
-
-
-def _in_reverse(fn):
-    """fn(u, p, t) in s = -t: -fn(u, p, -s) (leafwise; any array type)."""
-    return lambda u, p, s: jax.tree.map(lambda x: -x, fn(u, p, -s))
 
 
 def _evaluations_per_step(solver) -> int | None:

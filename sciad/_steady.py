@@ -12,8 +12,8 @@ from jaxtyping import Array, ArrayLike, PyTree
 
 from sciad._dae import dae_solver, default_solver, initialise
 from sciad._errors import error_if, raising_solve_errors, solver_failure
-from sciad._problem import ODEProblem, check_inputs, check_tolerances
-from sciad._solve import get_solver
+from sciad._ode import ODEProblem, get_solver
+from sciad._problem import check_inputs, check_tolerances
 from sciad._vector_field import VectorField
 from sciad.adjoints._base import step_controller
 from sciad.adjoints._registry import refusal

@@ -361,3 +361,25 @@ def test_traced_preset_times_outside_tspan_fail_when_the_solve_runs():
         "(0.0, 1.0): drop them or widen tspan (a time outside it would never "
         "fire)"
     )
+
+
+# --- an option of another problem kind is named, with the kind's own ---------------------------------------
+
+
+NOISY_DECAY = sciad.SDEProblem(lambda u, p, t: -u, lambda u, p, t: 0.1 * u, jnp.ones(2), (0.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    "prob, option",
+    [
+        (DECAY, {"key": jax.random.key(0)}),
+        (DECAY, {"brownian": object()}),
+        (NOISY_DECAY, {"dense": True}),
+        (NOISY_DECAY, {"jacobian": "sparse"}),
+        (NOISY_DECAY, {"adjoint_rtol": 1e-8}),
+    ],
+)
+def test_an_option_of_another_problem_kind_is_named(prob, option):
+    (name,) = option
+    with pytest.raises(ValueError, match=f"{type(prob).__name__} solves take no {name}= \\(their own options: "):
+        sciad.solve(prob, **option)

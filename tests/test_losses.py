@@ -14,7 +14,7 @@ import pytest
 
 import sciad
 from helpers import assert_agrees, central_differences, slow_except, values_and_jacobian
-from sciad._solve import get_solver
+from sciad._ode import get_solver
 from sciad.adjoints import ODE_SENSEALGS, parse
 
 TOL = 1e-10

@@ -12,7 +12,7 @@ import sciad
 import sciad.ad as ad
 import sciad.ad._errors
 from helpers import SENSEALGS, slow_except
-from sciad._solve import SOLVERS
+from sciad._ode import SOLVERS
 from sciad.adjoints import DiscreteAdjoint, ForwardSensitivity, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from sciad.problems._lotka_volterra import lotka_volterra_rhs as lotka_volterra
 

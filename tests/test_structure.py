@@ -156,3 +156,10 @@ def test_bench_commands_name_the_extra_when_the_benchmark_product_is_missing(mon
     monkeypatch.setitem(sys.modules, "sciad_bench.cli", None)  # as if it could not be imported
     with pytest.raises(SystemExit, match=r"pip install 'sciad\[bench\]'"):
         main(["bench", "lotka-volterra", "--quick"])
+
+
+def test_the_solve_pipeline_names_no_problem_kind():
+    """One pipeline for every kind (`sciad._problem.AbstractProblem`): `sciad._solve` imports no kind's module."""
+    known = modules()
+    assert not imports("sciad._solve", known["sciad._solve"], known) & {"sciad._ode", "sciad._sde"}
+    assert {"sciad._problem", "sciad._events"} <= imports("sciad._solve", known["sciad._solve"], known)

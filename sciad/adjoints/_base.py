@@ -492,6 +492,19 @@ class AbstractSensitivity(eqx.Module):
             x for x in (getattr(self, f.name) for f in dataclasses.fields(self)) if isinstance(x, ad.AbstractBackend)
         )
 
+    def refusal(self, setup: Setup) -> str | None:
+        """Why this sensealg cannot differentiate the solve of `setup`, naming what can; None where it can (the
+        one place a sensealg says so, for every problem kind). Here: a host engine for a kind whose products
+        must be JAX's (its field's `host_engines_refused`)."""
+        why = getattr(setup.f, "host_engines_refused", None)
+        host = [e.name for e in self.engines() if not e.traced]
+        if why and host:
+            return (
+                f"sensealg={type(self).__name__}: {why}, got {host[0]!r}: pass 'jax-reverse', 'jax-forward' or "
+                "'jax-transpose'"
+            )
+        return None
+
     def slow_for(self, states: int, implicit: bool) -> str | None:
         """Why this sensealg is known to be far off the fastest for `states` states and an implicit
         (or explicit) solver, or None."""

@@ -44,6 +44,7 @@ from sciad.adjoints._base import (
     stats_vector,
     stored_steps,
 )
+from sciad.adjoints._loop import GridSteps
 from sciad.adjoints._stepping import Marcher
 
 
@@ -741,6 +742,15 @@ class ContinuousAdjoint(AbstractSensitivity):
     @property
     def seminorm(self) -> bool:
         return self.backward.seminorm  # pyright: ignore[reportAttributeAccessIssue]  # where the source has it
+
+    def refusal(self, setup: Setup) -> str | None:
+        if setup.f.driving() and not isinstance(setup.stepsize_controller, GridSteps):
+            return (
+                f"sensealg={type(self).__name__} solves the adjoint SDE on a fixed grid (backward steps of its "
+                "own would not meet the forward steps the stored path interpolates between): pass dt0=..., or "
+                "sensealg=sciad.DiscreteAdjoint() or sciad.ForwardDiffSensitivity() for adaptive steps"
+            )
+        return super().refusal(setup)
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:

@@ -72,8 +72,31 @@ class ReversibleAdjoint(AbstractSensitivity):
         self.vjp = ad.get(vjp)
         self.coupling = float(coupling)
 
+    def refusal(self, setup: Setup) -> str | None:
+        if not all(e.traced for e in self.engines()):
+            return (
+                "sensealg=ReversibleAdjoint pulls back through the solver's steps with JAX: pass a JAX engine "
+                "(vjp='jax-reverse'), or sensealg=sciad.InterpolatingAdjoint(vjp=...) for another engine"
+            )
+        if isinstance(setup.solver, dfx.ReversibleHeun):
+            return None
+        if setup.f.driving():  # a path drives the solve: the reversible method's backward steps meet its noise at
+            # the step's end, which converges to another SDE
+            return (
+                f"sensealg=ReversibleAdjoint needs an algebraically reversible solver for an SDE solve, got "
+                f"{type(setup.solver).__name__}: pass solver='reversible_heun', or keep this solver with "
+                "sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or sciad.InterpolatingAdjoint()"
+            )
+        if setup.implicit:  # a mass matrix comes with a (linearly implicit) Rosenbrock solver
+            return (
+                f"sensealg=ReversibleAdjoint needs an explicit solver for an ODE solve, got "
+                f"{type(setup.solver).__name__}; for this solver pass sensealg=sciad.DiscreteAdjoint() (exact, "
+                "memory ~ steps) or sciad.InterpolatingAdjoint(checkpointing=True) (memory flat in the steps)"
+            )
+        return None
+
     def forward(self, setup: Setup, u0, p, active):
-        reversal = _reversal(setup, self.coupling, True, self.engines())
+        reversal = _reversal(setup, self.coupling, True)
         sol = _solve(setup, reversal, u0, p)
         count = sol.stats["num_accepted_steps"]
         residuals = _Steps(sol.carried, count, reversal.final(sol), u0, p, sol.result, active)
@@ -253,31 +276,13 @@ class _Reversible(dfx.AbstractSolver):
         return (y - (1 - self.coupling) * z0 - self.increment(terms, t0, t1, z0, args)[0]) / self.coupling, z0
 
 
-def _reversal(setup: Setup, coupling: float, forward_mode: bool, engines=()) -> Reversal:
-    """The reversal of the setup's solve: reversible Heun's own where it steps it, else the reversible method
-    on an ODE's explicit solver (its stages in a plain loop where `forward_mode`, else in one that reverse
-    and forward mode both enter: the pullback, and its derivative); refuses what it cannot serve
-    (`engines`: the sensealg's)."""
-    if not all(e.traced for e in engines):
-        raise ValueError(
-            "sensealg=ReversibleAdjoint pulls back through the solver's steps with JAX: pass a JAX engine "
-            "(vjp='jax-reverse'), or sensealg=sciad.InterpolatingAdjoint(vjp=...) for another engine"
-        )
+def _reversal(setup: Setup, coupling: float, forward_mode: bool) -> Reversal:
+    """The reversal of the setup's solve (`ReversibleAdjoint.refusal` has refused what it cannot serve):
+    reversible Heun's own where it steps it, else the reversible method on an ODE's explicit solver (its stages
+    in a plain loop where `forward_mode`, else in one that reverse and forward mode both enter: the pullback,
+    and its derivative)."""
     if isinstance(setup.solver, dfx.ReversibleHeun):
         return _Heun(setup.solver)
-    if setup.f.driving():  # a path drives the solve: the reversible method's backward steps meet its noise at
-        # the step's end, which converges to another SDE
-        raise ValueError(
-            f"sensealg=ReversibleAdjoint needs an algebraically reversible solver for an SDE solve, got "
-            f"{type(setup.solver).__name__}: pass solver='reversible_heun', or keep this solver with "
-            "sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or sciad.InterpolatingAdjoint()"
-        )
-    if setup.implicit or setup.mass is not None:
-        raise ValueError(
-            f"sensealg=ReversibleAdjoint needs an explicit solver for an ODE solve, got {type(setup.solver).__name__}"
-            "; for this solver pass sensealg=sciad.DiscreteAdjoint() (exact, memory ~ steps) or "
-            "sciad.InterpolatingAdjoint(checkpointing=True) (memory flat in the steps)"
-        )
     return _Pair(_Reversible(stage_loop(setup.solver, "lax" if forward_mode else "bounded"), coupling))
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from jaxtyping import Array, Float, PyTree, Shaped
 
 from sciad._auto import size
-from sciad._problem import ODEProblem
+from sciad._ode import ODEProblem
 from sciad._solve import solve
 
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 
-from sciad._problem import ODEProblem
+from sciad._ode import ODEProblem
 from sciad.ad import namespace
 from sciad.problems._benchmark import Benchmark
 from sciad.problems._spiral import SquaredError

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from sciad._problem import ODEProblem
+from sciad._ode import ODEProblem
 from sciad.ad import namespace
 from sciad.problems._benchmark import Benchmark
 

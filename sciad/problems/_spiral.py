@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 from jaxtyping import Float
 
-from sciad._problem import ODEProblem
+from sciad._ode import ODEProblem
 from sciad.ad import namespace
 from sciad.problems._benchmark import Benchmark
 
