@@ -31,14 +31,13 @@ import os
 import warnings
 from collections.abc import Callable
 
-import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
 
-from sciad._equinox_internals import enumeration_messages, item_index, unvmap_any, unvmap_max
+from sciad._equinox_internals import unvmap_any, unvmap_max
 from sciad._jax_internals import callback_logger
 
 
@@ -134,7 +133,7 @@ def error_where(x, preds, messages):
     when the program runs (under `jax.vmap`: for some batch member), in one check."""
     held = jnp.stack([jnp.any(pred) for pred in preds])
     keys, values = eqx.partition(x, lambda y: eqx.is_array(y) and jnp.issubdtype(y.dtype, jax.dtypes.prng_key))
-    return eqx.combine(keys, _checked(values, jnp.any(held), jnp.argmax(held), messages))  # keys pass as they are
+    return eqx.combine(keys, branched_check(values, jnp.any(held), jnp.argmax(held), messages))  # keys pass as they are
 
 
 def check(x, pred, message: str):
@@ -163,24 +162,7 @@ def batch_any(pred) -> jax.Array:
     return unvmap_any(jnp.any(pred))
 
 
-def solver_failure(x, result: dfx.RESULTS, max_steps: int):
-    """`x`, raising a `SolveError` when the diffrax solve that gave `result` failed (e.g. ran out of
-    steps), with diffrax's message for `result` (sciad's own for max_steps)."""
-    messages = tuple(_failure(i, m, max_steps) for i, m in enumerate(enumeration_messages(dfx.RESULTS)))
-    return _checked(x, result != dfx.RESULTS.successful, item_index(result), messages)
-
-
-def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
-    if index == item_index(dfx.RESULTS.max_steps_reached):
-        return (
-            f"the maximum number of solver steps was reached: the ODE solve needed more than "
-            f"max_steps={max_steps} steps; pass a larger max_steps to sciad.solve (or looser rtol/atol; a "
-            "stiff problem needs an implicit solver, e.g. solver='kvaerno5')"
-        )
-    return f"the ODE solver failed: {diffrax_message}"
-
-
-def _checked(x, pred, index, messages):
+def branched_check(x, pred, index, messages):
     """`x`, raising `SolveError(messages[index])` when the program runs with `pred` true: equinox's
     check, with messages that raise the SolveError themselves (this module's docstring)."""
     callback_logger.addFilter(_QUIET)  # with the first check, not at import (a logger keeps a filter once)

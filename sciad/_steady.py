@@ -11,11 +11,11 @@ import optimistix as optx
 from jaxtyping import Array, ArrayLike, PyTree
 
 from sciad._dae import dae_solver, default_solver, initialise
-from sciad._errors import error_if, raising_solve_errors, solver_failure
+from sciad._errors import error_if, raising_solve_errors
 from sciad._ode import ODEProblem, get_solver
 from sciad._problem import check_inputs, check_tolerances
 from sciad._vector_field import VectorField
-from sciad.adjoints._base import step_controller
+from sciad.adjoints._base import solver_failure, step_controller
 from sciad.adjoints._registry import refusal
 from sciad.adjoints._steady import SteadyStateAdjoint, is_singular, jacobian_solve
 

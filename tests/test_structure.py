@@ -80,6 +80,98 @@ def test_no_module_imports_one_that_imports_it_back():
     assert cycles(graph) == []
 
 
+# The layers of docs/how-it-fits-together.md, lowest first: a module imports from its own layer and those below.
+LAYERS = {
+    "dependencies' private parts": ["_surfaces", "_diffrax_internals", "_equinox_internals", "_jax_internals"],
+    "run-time checks": ["_errors", "_custom_types"],
+    "AD choice": ["ad", "ad.*"],
+    "numerics": [
+        "_pytrees",
+        "_rosenbrock",
+        "_rosenbrock_tableaus",
+        "_sparsity",
+        "_host_lu",
+        "_stiff",
+        "_dae",
+        "_stability",
+    ],
+    "sensealgs": ["adjoints", "adjoints.*"],
+    "choice rules": ["_timing", "_auto", "_solver_choice"],
+    "solve": [
+        "_problem",
+        "_vector_field",
+        "_dense",
+        "_events",
+        "_solve",
+        "_ode",
+        "_sde",
+        "_sde_solvers",
+        "_brownian",
+        "_steady",
+        "_ensemble",
+        "_diffrax_adjoint",
+    ],
+    "public": [
+        "",
+        "errors",
+        "select",
+        "sparsity",
+        "stiff",
+        "timing",
+        "problems",
+        "problems.*",
+        "_select",
+        "_demo",
+        "_cli",
+    ],
+}
+
+
+def layer_of(name: str) -> int:
+    """The index in LAYERS of sciad's module `name` (ValueError: it has no place yet)."""
+    short = name.removeprefix("sciad").removeprefix(".")
+    for i, members in enumerate(LAYERS.values()):
+        for member in members:
+            if short == member or (member.endswith(".*") and short.startswith(member[:-1])):
+                return i
+    raise ValueError(f"{name} is in no layer: add it to LAYERS and to docs/how-it-fits-together.md")
+
+
+def test_each_module_imports_only_from_its_layer_and_those_below():
+    known = {name: path for name, path in modules().items() if name != "sciad.__main__"}
+    upward = [
+        f"{name} ({list(LAYERS)[layer_of(name)]}) imports {other} ({list(LAYERS)[layer_of(other)]})"
+        for name, path in known.items()
+        for other in sorted(imports(name, path, known))
+        if layer_of(other) > layer_of(name)
+    ]
+    assert upward == []
+
+
+def external_imports(path: pathlib.Path) -> set[str]:
+    """The top-level packages outside sciad that the module at `path` imports anywhere in its file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"sciad"}
+
+
+def test_the_ad_layer_needs_no_solver_library():
+    """`sciad.ad` and what it imports (its errors, the run-time checks) import neither diffrax nor a solve layer."""
+    known = modules()
+    reached, todo = set(), [name for name in known if name == "sciad.ad" or name.startswith("sciad.ad.")]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += imports(name, known[name], known)
+    assert max(layer_of(name) for name in reached) == list(LAYERS).index("AD choice")
+    assert not [name for name in reached if {"diffrax", "lineax", "optimistix"} & external_imports(known[name])]
+
+
 @pytest.fixture(scope="module")
 def imported() -> dict:
     """What importing the library does, in a fresh process (tests/programs/import_sciad.py)."""

@@ -15,7 +15,8 @@ import optimistix as optx
 
 import sciad.ad as ad
 from sciad._dae import MassMatrix, consistent_derivative, held_mass, initialise, released_mass, solver_mass
-from sciad._errors import batch_any, error_if, solver_failure, warn_if
+from sciad._equinox_internals import enumeration_messages, item_index
+from sciad._errors import batch_any, branched_check, error_if, warn_if
 from sciad._pytrees import Layout
 from sciad._stability import (
     STABILITY_CHECKED_STEPS,
@@ -384,6 +385,23 @@ def step_controller(
         return eqx.tree_at(lambda c: (c.rtol, c.atol, c.norm), like, (rtol, atol, norm or like.norm))
     gains = {"pcoeff": 0.4, "icoeff": 0.3} if is_implicit(solver) else {}
     return dfx.PIDController(rtol=rtol, atol=atol, **gains, **({} if norm is None else {"norm": norm}))
+
+
+def solver_failure(x, result: dfx.RESULTS, max_steps: int):
+    """`x`, raising a `SolveError` when the diffrax solve that gave `result` failed (e.g. ran out of
+    steps), with diffrax's message for `result` (sciad's own for max_steps)."""
+    messages = tuple(_failure(i, m, max_steps) for i, m in enumerate(enumeration_messages(dfx.RESULTS)))
+    return branched_check(x, result != dfx.RESULTS.successful, item_index(result), messages)
+
+
+def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
+    if index == item_index(dfx.RESULTS.max_steps_reached):
+        return (
+            f"the maximum number of solver steps was reached: the ODE solve needed more than "
+            f"max_steps={max_steps} steps; pass a larger max_steps to sciad.solve (or looser rtol/atol; a "
+            "stiff problem needs an implicit solver, e.g. solver='kvaerno5')"
+        )
+    return f"the ODE solver failed: {diffrax_message}"
 
 
 def is_implicit(solver: dfx.AbstractSolver) -> bool:
