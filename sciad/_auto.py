@@ -69,6 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, PyTree, Real
 
+from sciad._stiff import is_implicit
 from sciad._timing import ties
 from sciad.adjoints import (
     AbstractSensitivity,
@@ -81,7 +82,7 @@ from sciad.adjoints import (
     ReversibleAdjoint,
     describe,
 )
-from sciad.adjoints._base import interpolation_step_bytes, is_implicit, stored_steps
+from sciad.adjoints._base import interpolation_step_bytes, stored_steps
 from sciad.adjoints._discrete import STORE_ALL_BYTES, stored_steps_bytes
 
 
@@ -273,7 +274,7 @@ def features(
         solver=type(solver).__name__,
         solver_reason=solver_reason,
         # implicit without a root finder (diffrax's implicit solvers declare one): one linear solve per stage
-        linearly_implicit=is_implicit(solver) and not isinstance(solver, dfx.AbstractImplicitSolver),
+        linearly_implicit=getattr(solver, "linearly_implicit", False),
         stiff=stiff,
     )
 

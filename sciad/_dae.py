@@ -30,7 +30,7 @@ import numpy as np
 import optimistix as optx
 
 from sciad._errors import SolveError, error_if
-from sciad._rosenbrock import AbstractRosenbrock, Rodas5P
+from sciad._rosenbrock import Rodas5P
 
 INITIALIZATIONS = ("consistent", "check", "none")
 DAE_SOLVERS = "solver='rodas5p' or 'rodas4' (sciad.Rodas5P(), sciad.Rodas4())"
@@ -156,7 +156,7 @@ def dae_solver(solver: dfx.AbstractSolver, mass: MassMatrix | None, integrand_si
     """`solver` given the problem's mass matrix (extended over an integrand's entries): a Rosenbrock
     solver without one takes it; a solver that cannot take one, or one holding another, is refused
     with a ValueError naming the fix."""
-    if isinstance(solver, AbstractRosenbrock):
+    if getattr(solver, "takes_mass_matrix", False):
         held = solver.mass_matrix
         if mass is None:
             if held is not None:
@@ -397,7 +397,7 @@ def consistent_derivative(mass: MassMatrix, rate, u, t):
 def solver_mass(solver, n: int) -> "MassMatrix | None":
     """The mass matrix over u (n,) of the problem `solver` solves: the first n rows and columns of
     a Rosenbrock solver's (`dae_solver` extends it over an integrand's entries), or None (u' = f)."""
-    held = solver.mass_matrix if isinstance(solver, AbstractRosenbrock) else None
+    held = solver.mass_matrix if getattr(solver, "takes_mass_matrix", False) else None
     if held is None:
         return None  # NumPy (`dae_solver`, `with_mass`): known at trace time
     return MassMatrix.of(held[:n] if held.ndim == 1 else held[:n, :n], n)
@@ -406,7 +406,7 @@ def solver_mass(solver, n: int) -> "MassMatrix | None":
 def held_mass(solver) -> tuple:
     """(`solver` without its mass matrix, that matrix as a `MassMatrix`: a hashable constant, for a
     static field), or (`solver`, None) where it holds none; `released_mass` gives the solver back."""
-    held = solver.mass_matrix if isinstance(solver, AbstractRosenbrock) else None
+    held = solver.mass_matrix if getattr(solver, "takes_mass_matrix", False) else None
     if held is None:
         return solver, None
     return eqx.tree_at(lambda s: s.mass_matrix, solver, None), MassMatrix(np.array(held))

@@ -32,9 +32,9 @@ from sciad._problem import (
 from sciad._pytrees import Layout
 from sciad._rosenbrock import Rodas4, Rodas5P
 from sciad._solver_choice import choose
-from sciad._stiff import AbstractStageJacobian, with_stage_jacobian
+from sciad._stiff import AbstractStageJacobian, is_implicit, with_stage_jacobian
 from sciad._vector_field import VectorField
-from sciad.adjoints._base import AbstractSensitivity, Setup, is_implicit
+from sciad.adjoints._base import AbstractSensitivity, Setup
 
 if TYPE_CHECKING:
     import scipy.sparse

@@ -82,6 +82,10 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
 
     term_structure: ClassVar = dfx.AbstractTerm
     interpolation_cls: ClassVar = RosenbrockInterpolation
+    # Its capabilities, read where they matter (`sciad._stiff.is_implicit`, `with_stage_jacobian`, `sciad._dae`): one
+    # linear system per stage, solved by its `stage_jacobian`, with W = M/(hγ) - ∂f/∂u for its `mass_matrix`.
+    linearly_implicit: ClassVar[bool] = True
+    takes_mass_matrix: ClassVar[bool] = True
 
     def order(self, terms):
         return self.rosenbrock_tableau.order

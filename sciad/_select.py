@@ -28,7 +28,7 @@ from sciad._ode import ODEProblem, get_solver
 from sciad._problem import check_saveat
 from sciad._solve import solve
 from sciad._solver_choice import choose
-from sciad._stiff import AbstractStageJacobian, with_stage_jacobian
+from sciad._stiff import AbstractStageJacobian, is_implicit, with_stage_jacobian
 from sciad._timing import compare, fastest
 from sciad.adjoints import (
     AbstractSensitivity,
@@ -41,7 +41,6 @@ from sciad.adjoints import (
     describe,
     parse,
 )
-from sciad.adjoints._base import is_implicit
 
 
 def features(

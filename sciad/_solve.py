@@ -25,8 +25,8 @@ from sciad._problem import (
     check_saveat,
     check_time_span,
 )
-from sciad._stiff import AbstractStageJacobian
-from sciad.adjoints._base import AbstractSensitivity, is_implicit
+from sciad._stiff import AbstractStageJacobian, is_implicit
+from sciad.adjoints._base import AbstractSensitivity
 from sciad.adjoints._registry import resolve
 
 

@@ -52,7 +52,6 @@ import optimistix as optx
 
 from sciad._diffrax_internals import use_stepsize_tol
 from sciad._host_lu import HostLU, lu_solve
-from sciad._rosenbrock import AbstractRosenbrock
 
 
 class AbstractStageJacobian(eqx.Module):
@@ -359,13 +358,20 @@ SPARSE_STATES = 256  # "auto": a sparse Newton from this many states (an f whose
 SPARSE_DENSITY = 0.05  # ... with at most this share of its entries structurally nonzero
 
 
+def is_implicit(solver: dfx.AbstractSolver) -> bool:
+    """Whether a diffrax solver solves implicit stages: it declares a root finder for them (diffrax's
+    `AbstractImplicitSolver`), or it declares itself linearly implicit (a Rosenbrock solver: one linear system
+    per stage)."""
+    return isinstance(solver, dfx.AbstractImplicitSolver) or getattr(solver, "linearly_implicit", False)
+
+
 def auto_jacobian(solver: dfx.AbstractSolver, f: Callable, u0, p, t0) -> tuple[str, str]:
     """(the jacobian "auto" picks, why) for `solver` on f(u, p, t) from u0 (PyTrees, traced or not):
     "sparse" for an implicit or Rosenbrock solver on at least `SPARSE_STATES` states whose ∂f/∂u has at most
     `SPARSE_DENSITY` of its entries structurally nonzero (`sciad.sparsity`), "dense" otherwise."""
     flat, unravel = jfu.ravel_pytree(u0)
     n = flat.size
-    if not isinstance(solver, (dfx.AbstractImplicitSolver, AbstractRosenbrock)):
+    if not is_implicit(solver):
         return "dense", "an explicit solver solves no linear systems"
     if n < SPARSE_STATES:
         return "dense", f"{n} states: a dense LU is cheap below {SPARSE_STATES}"
@@ -426,7 +432,7 @@ def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
             f"jacobian must be one of {['auto', *sorted(JACOBIANS)]}, a sciad.stiff.Sparse or a "
             f"sciad.stiff.MatrixFree, got {type(jacobian).__name__}"
         )
-    if isinstance(solver, AbstractRosenbrock):
+    if getattr(solver, "linearly_implicit", False):
         return eqx.tree_at(lambda s: s.stage_jacobian, solver, jacobian, is_leaf=lambda x: x is None)
     if not isinstance(solver, dfx.AbstractImplicitSolver):
         raise ValueError(

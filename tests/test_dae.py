@@ -337,7 +337,8 @@ def test_select_sensealg_on_a_problem_with_a_mass_matrix():
 
 
 def test_rosenbrock_solvers_count_as_implicit():
-    from sciad.adjoints._base import is_implicit, step_controller
+    from sciad._stiff import is_implicit
+    from sciad.adjoints._base import step_controller
 
     assert is_implicit(sciad.Rodas5P()) and is_implicit(dfx.Kvaerno5()) and not is_implicit(dfx.Tsit5())
     assert step_controller(sciad.Rodas4(), 1e-6, 1e-6).pcoeff == 0.4

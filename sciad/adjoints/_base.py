@@ -25,6 +25,7 @@ from sciad._stability import (
     stability_boundary,
     stability_steps,
 )
+from sciad._stiff import is_implicit
 from sciad.ad._linear import REVERSE_OVER_REVERSE, forward_mode_only, summed_in_batches
 from sciad.adjoints._loop import GridSteps, Stepper, Trajectory, integrate
 
@@ -402,14 +403,6 @@ def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
             "stiff problem needs an implicit solver, e.g. solver='kvaerno5')"
         )
     return f"the ODE solver failed: {diffrax_message}"
-
-
-def is_implicit(solver: dfx.AbstractSolver) -> bool:
-    """Whether a diffrax solver is implicit: it declares a root finder for its stages, or it is a
-    (linearly implicit) Rosenbrock solver, which solves one linear system per stage."""
-    from sciad._rosenbrock import AbstractRosenbrock  # a leaf module (diffrax and lineax only)
-
-    return isinstance(solver, (dfx.AbstractImplicitSolver, AbstractRosenbrock))
 
 
 def checked(setup: Setup, result, x):
