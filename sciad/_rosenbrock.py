@@ -134,17 +134,16 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
             return sol.value, sol.result == lx.RESULTS.successful
 
         u_1, ok = solve(g0 + coef(tab.d[0]) * g_t)
-        u = jnp.zeros((tab.num_stages, n), dtype).at[0].set(u_1)
-
-        def stage(carry, i):  # (M/γ − h J) u_i = h f(t_i, Y_i) + M Σ_j C_ij u_j + h² d_i ∂f/∂t
-            u, ok = carry
-            y_i = flat + coef(tab.a)[i] @ u
-            rhs = increment(t0 + jnp.asarray(tab.c, dt.dtype)[i] * dt, y_i)
-            rhs = rhs + times_mass(coef(tab.C)[i] @ u) + coef(tab.d)[i] * g_t
+        us = [u_1]
+        for i in range(1, tab.num_stages):  # (M/γ − h J) u_i = h f(t_i, Y_i) + M Σ_j C_ij u_j + h² d_i ∂f/∂t
+            u = jnp.stack(us)
+            y_i = flat + coef(tab.a[i, :i]) @ u
+            rhs = increment(t0 + float(tab.c[i]) * dt, y_i)
+            rhs = rhs + times_mass(coef(tab.C[i, :i]) @ u) + float(tab.d[i]) * g_t
             u_i, ok_i = solve(rhs)
-            return (u.at[i].set(u_i), ok & ok_i), None
-
-        (u, ok), _ = jax.lax.scan(stage, (u, ok), jnp.arange(1, tab.num_stages))
+            us.append(u_i)
+            ok = ok & ok_i
+        u = jnp.stack(us)
         y1 = jnp.where(ok, flat + coef(tab.m) @ u, flat)
         # a failed solve rejects the step, as in diffrax's implicit solvers
         error = jnp.where(ok, coef(tab.error) @ u, jnp.inf)

@@ -194,8 +194,9 @@ def test_second_derivatives_replay_the_reverse_pass():
     ids=lambda s: type(s).__name__,
 )
 def test_restep_is_the_solvers_own_step(solver):
-    """The step DiscreteAdjoint's reverse pass pulls back (`Stepper.restep`: an explicit tableau's stages as a
-    scan) gives the solver's own step after a jump: y1 and the dense output, to the last bit."""
+    """The step DiscreteAdjoint's reverse pass pulls back (`Stepper.restep`) is the step the loop takes after a
+    jump (an explicit tableau's stages unrolled: `explicit_rk_step`), y1 and the dense output to the last bit,
+    and that step is diffrax's own to rounding, its error estimate and its FSAL state included."""
     from sciad.adjoints._loop import Stepper
 
     def f(t, y, a):
@@ -209,3 +210,9 @@ def test_restep_is_the_solvers_own_step(solver):
     np.testing.assert_array_equal(
         stepper.interpolation(t0, t1, dense).evaluate(0.33), stepper.interpolation(t0, t1, own_dense).evaluate(0.33)
     )
+    terms, state = dfx.ODETerm(f), solver.init(dfx.ODETerm(f), t0, t1, y0, 1.3)
+    for made_jump in (True, False):  # FSAL's first stage evaluated, and taken from the state
+        ours = stepper.step(t0, t1, y0, 1.3, state, made_jump)
+        diffrax = solver.step(terms, t0, t1, y0, 1.3, state, made_jump)
+        for a, b in zip(jax.tree.leaves(ours[:4]), jax.tree.leaves(diffrax[:4])):
+            np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-15)

@@ -14,6 +14,7 @@ import numpy as np
 
 from sciad._custom_types import RealScalarLike
 from sciad._diffrax_internals import WrapTerm, use_stepsize_tol
+from sciad._equinox_internals import unvmap_any
 
 
 class Stepper(eqx.Module):
@@ -63,34 +64,25 @@ class Stepper(eqx.Module):
         return jax.tree.map(jnp.asarray, position)
 
     def step(self, t0, t1, y, args, solver_state, made_jump) -> tuple:
-        """One step from t0 to t1: (y1, error estimate, dense info, solver state, result), as `diffrax`'s."""
+        """One step from t0 to t1: (y1, error estimate, dense info, solver state, result), as `diffrax`'s. An
+        ODE's explicit Runge-Kutta tableau has its stages written out one after the other (`explicit_rk_step`):
+        the same step as the solver's, in one straight-line program, where diffrax loops over the stages. (An
+        SDE's steps stay in diffrax's loop: adaptive steps on a Brownian path follow the last bit of each step's
+        arithmetic, and XLA rounds a straight-line step differently where it fuses it with the tangents'.)"""
+        tableau = getattr(self.solver, "tableau", None)
+        if (
+            isinstance(self.solver, dfx.AbstractERK)
+            and isinstance(tableau, dfx.ButcherTableau)
+            and isinstance(self.terms, dfx.ODETerm)
+        ):
+            return explicit_rk_step(tableau, self.terms, t0, t1, y, args, solver_state, made_jump)
         return self.solver.step(self.terms, t0, t1, y, args, solver_state, made_jump)
 
     def restep(self, t0, t1, y, args) -> tuple:
         """(y1, dense info): the step from t0 to t1 recomputed from y alone (first stage evaluated, as
-        after a jump), for reverse mode to pull back. An explicit Runge-Kutta tableau's stages run as a
-        `lax.scan` (one evaluation of f in the program), whose pullback under `jax.vmap` keeps the
-        cotangent of an input the batch shares (p) one sum, in each stage's own products; other
-        solvers take their own step."""
-        tableau = getattr(self.solver, "tableau", None)
-        if not (isinstance(self.solver, dfx.AbstractERK) and isinstance(tableau, dfx.ButcherTableau)):
-            y1, _, dense, _, _ = self.step(t0, t1, y, args, self.zero_state(t0, t1, y, args), True)
-            return y1, dense
-        stages = tableau.num_stages
-        a = np.zeros((stages, stages))
-        for i, row in enumerate(tableau.a_lower):
-            a[i + 1, : i + 1] = row
-        a, b = jnp.asarray(a, y.dtype), jnp.asarray(tableau.b_sol, y.dtype)
-        c = jnp.asarray(np.concatenate([[0.0], tableau.c]), jnp.result_type(t0))
-        control = self.terms.contr(t0, t1)
-
-        def stage(ks, i):
-            k = self.terms.vf_prod(t0 + c[i] * (t1 - t0), y + a[i] @ ks, args, control)
-            return ks.at[i].set(k), None
-
-        ks, _ = jax.lax.scan(stage, jnp.zeros((stages, *y.shape), y.dtype), jnp.arange(stages))
-        y1 = y + b @ ks
-        return y1, dict(y0=y, y1=y1, k=ks)
+        after a jump), for reverse mode to pull back: the arithmetic of `step`'s."""
+        y1, _, dense, _, _ = self.step(t0, t1, y, args, self.zero_state(t0, t1, y, args), True)
+        return y1, dense
 
     def restartable(self, t0, t1, y, args) -> bool:
         """Whether a step from y alone (`restep`: as after a jump) is the step the solve took: the solver
@@ -111,6 +103,37 @@ class Stepper(eqx.Module):
     def interpolation(self, t0, t1, dense_info):
         """The step's dense output on [t0, t1]."""
         return self.solver.interpolation_cls(t0=t0, t1=t1, **dense_info)
+
+
+def explicit_rk_step(tableau: dfx.ButcherTableau, terms, t0, t1, y, args, solver_state, made_jump) -> tuple:
+    """diffrax's explicit Runge-Kutta step of `tableau` (its outputs, solver state and first-same-as-last reuse:
+    `solver_state` (first step, f0) where the tableau is FSAL, else None), its stages unrolled: k_i = prod(f(t0
+    + c_i h, y + Σ_j a_ij k_j), control)."""
+    control = terms.contr(t0, t1)
+    dt = t1 - t0
+    a_lower, c = tableau.a_lower, np.concatenate([[0.0], tableau.c])
+
+    def weighted(weights, ks):  # Σ_i w_i k_i, leafwise, as one dot (as diffrax sums them)
+        return jax.tree.map(lambda *k: jnp.tensordot(jnp.asarray(weights, k[0].dtype), jnp.stack(k), axes=1), *ks)
+
+    def vf(i, ks):
+        yi = jax.tree.map(jnp.add, y, weighted(a_lower[i - 1], ks)) if i else y
+        return terms.vf(t0 + float(c[i]) * dt, yi, args)
+
+    if solver_state is None or made_jump is True:
+        fs = [vf(0, [])]
+    else:  # FSAL: the last stage of the step before, unless this is the first step or one after a jump
+        first, f0 = solver_state
+        fs = [jax.lax.cond(unvmap_any(first | made_jump), lambda: vf(0, []), lambda: f0)]
+    ks = [terms.prod(fs[0], control)]
+    for i in range(1, tableau.num_stages):
+        fs.append(vf(i, ks))
+        ks.append(terms.prod(fs[-1], control))
+    y1 = jax.tree.map(jnp.add, y, weighted(tableau.b_sol, ks))
+    error = weighted(tableau.b_error, ks)
+    stacked = jax.tree.map(lambda *k: jnp.stack(k), *ks)
+    state = None if solver_state is None else (jnp.asarray(False), fs[-1])
+    return y1, error, dict(y0=y, y1=y1, k=stacked), state, dfx.RESULTS.successful
 
 
 def stage_loop(solver: dfx.AbstractSolver, kind: str) -> dfx.AbstractSolver:
