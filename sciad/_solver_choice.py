@@ -34,6 +34,7 @@ Calibration against measured times (Tsit5 and Rodas5P, interleaved): experiments
 its results in experiments/solver_choice.md.
 """
 
+import functools
 import hashlib
 import math
 from typing import NamedTuple
@@ -163,7 +164,8 @@ def stiffness(f, u0, p, tspan, *, rtol: float, atol: float) -> Stiffness | None:
         if not _concrete(closed.consts):
             return None
         scalars = (np.asarray(x, flat.dtype) for x in (t0, t1, rtol, atol))
-        values = np.asarray(_dominant(_Rate(closed), flat, dynamic, *scalars)).ravel()
+        args = (flat, dynamic, *scalars)
+        values = np.asarray(_dominant_program(_Rate(closed), _shapes(args))(*args)).ravel()
     if not np.all(np.isfinite(values)):
         return Stiffness(math.nan, math.nan)
     decay = np.maximum(-values.real, 0.0)  # pyright: ignore[reportAttributeAccessIssue]  # NumPy's stubs
@@ -196,7 +198,30 @@ def _const_key(value) -> tuple:
     return concrete.dtype.str, concrete.shape, hashlib.blake2b(concrete.tobytes(), digest_size=16).digest()
 
 
-@eqx.filter_jit
+# XLA's options for a program whose compile time is its cost (it runs once per problem, in microseconds): its
+# optimisations off and the older, faster-compiling fusion code generator (a third of the default compile time).
+FAST_COMPILE = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+    "xla_cpu_use_fusion_emitters": False,
+}
+
+
+def _shapes(args) -> tuple:
+    """`args`' structure and leaves' shapes and dtypes: a hashable key."""
+    leaves, treedef = jax.tree.flatten(args)
+    return treedef, tuple(jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) for x in leaves)
+
+
+@functools.lru_cache(maxsize=64)
+def _dominant_program(rate: "_Rate", shapes: tuple):
+    """`_dominant` for `rate` (keyed on f's content) at arguments of `shapes` (`_shapes`), compiled for compile
+    time (`FAST_COMPILE`)."""
+    treedef, leaves = shapes
+    args = jax.tree.unflatten(treedef, leaves)
+    return jax.jit(functools.partial(_dominant, rate)).trace(*args).lower().compile(compiler_options=FAST_COMPILE)
+
+
 def _dominant(rate: _Rate, x, dynamic, t0, t1, rtol, atol):
     """The dominant eigenvalue (or complex pair) of ∂rate/∂x, `ritz_values` (2, 2) complex, at (x, t0)
     and one explicit Euler step of Hairer's starting size h0 on (at tolerances `rtol`, `atol`)."""

@@ -73,9 +73,18 @@ def power_iterates(rate, x, t, iterations: int = ITERATIONS):
 def ritz_values(v, g):
     """The Ritz values (2,) complex of J on span(v[0], v[1]) from `power_iterates`' iterates: the
     dominant eigenvalue or complex pair (v[0], v[1] nearly parallel, as a real dominant eigenvalue
-    makes them: that value and 0). Closed form for the 2 × 2 projection, on any backend."""
-    basis, image = v[:2].T, v[1:].T * g
-    m = jnp.linalg.lstsq(basis, image, rcond=1e-6)[0]
+    makes them: its Rayleigh quotient v[0]·J v[0] and 0). Closed form for the 2 × 2 projection (m with
+    [v0 v1] m = [J v0, J v1], by Gram–Schmidt on the unit iterates), on any backend."""
+    image = v[1:] * g[:, None]  # J v0, J v1
+    r12 = v[0] @ v[1]
+    w = v[1] - r12 * v[0]
+    r22 = jnp.linalg.norm(w)
+    spanned = r22 > 1e-6  # v0 and v1 span a plane (the iterates are unit vectors)
+    q2 = w / jnp.where(spanned, r22, 1.0)
+    row1 = (q2 @ image.T) / jnp.where(spanned, r22, 1.0)
+    m = jnp.stack([v[0] @ image.T - r12 * row1, row1])
+    rayleigh = v[0] @ image[0]
+    m = jnp.where(spanned, m, jnp.array([[1.0, 0.0], [0.0, 0.0]], m.dtype) * rayleigh)
     half_trace, det = (m[0, 0] + m[1, 1]) / 2, m[0, 0] * m[1, 1] - m[0, 1] * m[1, 0]
     root = jnp.sqrt((half_trace**2 - det).astype(jnp.result_type(m.dtype, jnp.complex64)))
     return jnp.stack([half_trace + root, half_trace - root])
