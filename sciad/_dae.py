@@ -157,7 +157,7 @@ def dae_solver(solver: dfx.AbstractSolver, mass: MassMatrix | None, integrand_si
     solver without one takes it; a solver that cannot take one, or one holding another, is refused
     with a ValueError naming the fix."""
     if getattr(solver, "takes_mass_matrix", False):
-        held = solver.mass_matrix
+        held = solver.mass_matrix  # pyright: ignore[reportAttributeAccessIssue]  # a solver that takes one holds it
         if mass is None:
             if held is not None:
                 raise ValueError(

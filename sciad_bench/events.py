@@ -22,6 +22,7 @@ whose event-time derivatives are wrong is reported as not correct rather than ti
 import json
 import pathlib
 import time
+from typing import Any
 
 import diffrax as dfx
 import jax.numpy as jnp
@@ -111,7 +112,7 @@ def bouncing_ball(bounces: int = 3) -> LossCase:
 
     def sciad_loss(x, sensealg, rtol, atol):
         bounce = sciad.ContinuousCallback(lambda u, p, t: u[0], lambda u, p, t: jnp.stack([u[0], -x[1] * u[1]]), "down")
-        events = dict(callbacks=[bounce], max_events=bounces + 1) if bounces else {}
+        events: dict[str, Any] = dict(callbacks=[bounce], max_events=bounces + 1) if bounces else {}
         sol = sciad.solve(
             prob, u0=jnp.stack([x[0], 0.0 * x[0]]), solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, **events
         )
@@ -139,7 +140,7 @@ def integrate_and_fire() -> LossCase:
         sol = sciad.solve(
             prob, p=x, callbacks=[spike], solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, max_events=8
         )
-        return jnp.sum((sol.event_times[0][:4] - targets) ** 2)
+        return jnp.sum((sol.event_times[0][:4] - targets) ** 2)  # pyright: ignore[reportOptionalSubscript]  # callbacks: set
 
     def diffrax_loss(x, adjoint, rtol, atol):
         t, u, loss = 0.0, jnp.zeros(1, x.dtype), 0.0
@@ -173,7 +174,7 @@ def spike_times() -> LossCase:
         sol = sciad.solve(
             prob, p=x, callbacks=[spike], solver="tsit5", rtol=rtol, atol=atol, sensealg=sensealg, max_events=4
         )
-        return jnp.sum((sol.event_times[0][:3] - targets) ** 2)
+        return jnp.sum((sol.event_times[0][:3] - targets) ** 2)  # pyright: ignore[reportOptionalSubscript]  # callbacks: set
 
     def diffrax_loss(x, adjoint, rtol, atol):
         t, u, loss = 0.0, jnp.asarray(prob.u0, x.dtype), 0.0

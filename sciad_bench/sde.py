@@ -489,8 +489,8 @@ def sciad_increments(b: SDEBench, problem, solver):
     def path(key):
         brownian = sciad_solve(b, problem, solver, None, key, jnp.asarray(b.p)).brownian
         if hasattr(brownian, "increments"):
-            return brownian.increments()
-        return jax.vmap(brownian.evaluate)(ts[:-1], ts[1:])
+            return brownian.increments()  # pyright: ignore[reportOptionalMemberAccess, reportAttributeAccessIssue]  # a BrownianPath
+        return jax.vmap(brownian.evaluate)(ts[:-1], ts[1:])  # pyright: ignore[reportOptionalMemberAccess]  # an SDE's: set
 
     return jax.jit(jax.vmap(path))(b.keys()), ts
 
