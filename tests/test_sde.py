@@ -3,6 +3,8 @@ every sensealg's pathwise gradient against the closed form's derivative and agai
 on the same key, the Brownian path itself, composition (jit, vmap over keys, PyTrees, integrals,
 Hessians, float32) and the errors at the boundary."""
 
+import functools
+
 import diffrax as dfx
 import equinox as eqx
 import jax
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 import sciad
+from helpers import reference_for
 from sciad._sde_solvers import SDE_SOLVERS
 
 MU, SIGMA, U0, T = 0.5, 0.3, 1.0, 1.0
@@ -41,9 +44,11 @@ def gbm_exact(calculus, p, W):
     return u, np.array([u * T, u * ((-sigma * T if calculus == "ito" else 0.0) + W)])
 
 
-def brownian_at_T(key=KEY, dt=DT):
+@functools.cache
+def brownian_at_T(dt=DT):
+    """W_T on KEY's path at step dt (the solves' own path), once per dt in a process."""
     return float(
-        sciad.solve(GBM["ito"], key=key, dt0=dt, solver="euler", sensealg="DiscreteAdjoint").brownian.evaluate(0.0, T)[
+        sciad.solve(GBM["ito"], key=KEY, dt0=dt, solver="euler", sensealg="DiscreteAdjoint").brownian.evaluate(0.0, T)[
             0
         ]
     )
@@ -98,20 +103,24 @@ def final(p, calculus, solver, sensealg, key=KEY, dt=DT):
     return sciad.solve(GBM[calculus], p=p, key=key, dt0=dt, solver=solver, sensealg=sensealg).us[-1, 0]
 
 
-GRAD_FINAL = jax.jit(jax.grad(final), static_argnums=(1, 2, 3))  # one program per case, shared by the module
+# one program per case (the key traced, dt static), shared by the module
+FINAL = jax.jit(final, static_argnums=(1, 2, 3, 5))
+GRAD_FINAL = jax.jit(jax.grad(final), static_argnums=(1, 2, 3, 5))
+HESSIAN_FINAL = jax.jit(jax.hessian(final), static_argnums=(1, 2, 3, 5))
 
 
 @pytest.mark.parametrize("name,solver", CASES)
 def test_pathwise_gradients_match_the_closed_form_and_the_steps(name, solver):
     """Each sensealg's gradient of u(T) in (μ, σ) on one path: against the closed form's derivative
-    (to the solver's strong order) and, for those exact for the steps, against DiscreteAdjoint to
+    (to the solver's strong order) and, for those exact for the steps, against the steps' derivative
+    (forward mode through them, `reference_for`: DiscreteAdjoint for ForwardDiffSensitivity itself) to
     rounding; the continuous adjoints against it to their own discretisation error."""
     calculus, grad = "ito", GRAD_FINAL
     g = np.asarray(grad(P, calculus, solver, name))
     _, exact = gbm_exact(calculus, P, brownian_at_T())
     tolerance = 3e-2 if solver == "euler" else 6e-3
     np.testing.assert_allclose(g, exact, rtol=tolerance, atol=tolerance * abs(exact).max())
-    discrete = np.asarray(grad(P, calculus, solver, "DiscreteAdjoint"))
+    discrete = np.asarray(grad(P, calculus, solver, reference_for(name)))
     if name in EXACT:
         np.testing.assert_allclose(g, discrete, rtol=1e-9, atol=1e-12)
     else:
@@ -128,8 +137,8 @@ def test_pathwise_gradients_match_the_closed_form_and_the_steps(name, solver):
 )
 def test_engines_give_the_same_products(sensealg, solver):
     default = sciad.adjoints.parse(type(sensealg).__name__)
-    g = jax.grad(final)(P, "stratonovich", solver, sensealg)
-    np.testing.assert_allclose(g, jax.grad(final)(P, "stratonovich", solver, default), rtol=1e-10)
+    g = GRAD_FINAL(P, "stratonovich", solver, sensealg)
+    np.testing.assert_allclose(g, GRAD_FINAL(P, "stratonovich", solver, default), rtol=1e-10)
 
 
 def test_discrete_derivative_matches_finite_differences_on_the_same_key():
@@ -137,8 +146,8 @@ def test_discrete_derivative_matches_finite_differences_on_the_same_key():
     g = GRAD_FINAL(P, "ito", "milstein", "DiscreteAdjoint")
     fd = [
         (
-            final(P + h * e, "ito", "milstein", "DiscreteAdjoint")
-            - final(P - h * e, "ito", "milstein", "DiscreteAdjoint")
+            FINAL(P + h * e, "ito", "milstein", "DiscreteAdjoint")
+            - FINAL(P - h * e, "ito", "milstein", "DiscreteAdjoint")
         )
         / (2 * h)
         for e in np.eye(2)
@@ -152,8 +161,8 @@ def test_continuous_adjoints_converge_to_the_pathwise_derivative(name):
     compare each against the closed form on its own path) shrinks the error."""
     errors = []
     for dt in (2.0**-5, 2.0**-9):
-        g = np.asarray(jax.grad(final)(P, "stratonovich", "heun", name, KEY, dt))
-        errors.append(np.max(np.abs(g - gbm_exact("stratonovich", P, brownian_at_T(KEY, dt))[1])))
+        g = np.asarray(GRAD_FINAL(P, "stratonovich", "heun", name, KEY, dt))
+        errors.append(np.max(np.abs(g - gbm_exact("stratonovich", P, brownian_at_T(dt))[1])))
     assert errors[1] < errors[0] / 4, errors
 
 
@@ -327,8 +336,10 @@ def test_traced_tspan_takes_adaptive_steps_and_refuses_time_derivatives():
             -1, 0
         ]
 
-    np.testing.assert_allclose(jax.jit(final)(P, T), final(P, T), rtol=1e-13)
-    np.testing.assert_allclose(jax.jit(jax.grad(final))(P, T), jax.grad(final)(P, T), rtol=1e-12)
+    traced = jax.jit(jax.value_and_grad(final))(P, T)
+    concrete = jax.jit(jax.value_and_grad(lambda p: final(p, T)))(P)  # T a Python float inside the program
+    np.testing.assert_allclose(traced[0], concrete[0], rtol=1e-13)
+    np.testing.assert_allclose(traced[1], concrete[1], rtol=1e-12)
     with pytest.raises(ValueError, match="not differentiable in its times"):
         jax.grad(final, argnums=1)(P, T)
     with pytest.raises(ValueError, match="a traced tspan of an SDE solve takes adaptive steps"):
@@ -338,21 +349,19 @@ def test_traced_tspan_takes_adaptive_steps_and_refuses_time_derivatives():
 def test_ensembles_by_vmap_over_keys_under_jit():
     keys = jax.random.split(KEY, 64)
 
-    @jax.jit
-    def mean_final(p):
-        return jnp.mean(jax.vmap(lambda k: final(p, "ito", "milstein", "DiscreteAdjoint", k, 2.0**-6))(keys))
+    def mean_final(p, name, solver):
+        single = jax.vmap(lambda k: final(p, "ito", solver, name, k, 2.0**-6))(keys)
+        return jnp.mean(single), single
 
-    g = jax.grad(mean_final)(P)
+    # the mean, the paths' u(T) and the gradient of the mean from one compiled program per sensealg
+    mean_and_grad = jax.jit(jax.value_and_grad(mean_final, has_aux=True), static_argnums=(1, 2))
+    (mean, single), g = mean_and_grad(P, "DiscreteAdjoint", "milstein")
     for name in ("ReversibleAdjoint", "InterpolatingAdjoint", "ForwardDiffSensitivity"):
         solver = "reversible_heun" if name == "ReversibleAdjoint" else "milstein"
-        g2 = jax.jit(jax.grad(lambda p: jnp.mean(jax.vmap(lambda k: final(p, "ito", solver, name, k, 2.0**-6))(keys))))(
-            P
-        )
-        np.testing.assert_allclose(g2, g, rtol=5e-2)
-    single = jax.vmap(lambda k: final(P, "ito", "milstein", "DiscreteAdjoint", k, 2.0**-6))(keys)
+        np.testing.assert_allclose(mean_and_grad(P, name, solver)[1], g, rtol=5e-2)
     assert float(jnp.std(single)) > 0.1  # different paths
     # E[u(T)] = u0 e^{μT}
-    assert abs(float(mean_final(P)) - np.exp(MU * T)) < 3 * float(jnp.std(single)) / 8
+    assert abs(float(mean) - np.exp(MU * T)) < 3 * float(jnp.std(single)) / 8
 
 
 def test_parameter_cotangents_of_paths_under_vmap_are_summed_in_the_loop():
@@ -388,13 +397,13 @@ def test_pytree_state_and_mlp_parameters():
 
     prob = sciad.SDEProblem(a, b, {"x": 1.0, "v": 0.0}, (0.0, 1.0), mlp)
 
-    @eqx.filter_jit
     def loss(model, name, solver):
         sol = sciad.solve(prob, p=model, key=KEY, dt0=0.05, saveat=np.linspace(0, 1, 5), solver=solver, sensealg=name)
         return jnp.sum(sol.us["x"] ** 2)
 
-    reference = eqx.filter_grad(loss)(mlp, "DiscreteAdjoint", "reversible_heun")
-    g = eqx.filter_grad(loss)(mlp, "ReversibleAdjoint", "reversible_heun")
+    grad = eqx.filter_jit(eqx.filter_grad(loss))  # the strings static
+    reference = grad(mlp, "DiscreteAdjoint", "reversible_heun")
+    g = grad(mlp, "ReversibleAdjoint", "reversible_heun")
     assert jax.tree.structure(g) == jax.tree.structure(reference)
     for x, y in zip(jax.tree.leaves(g), jax.tree.leaves(reference)):
         np.testing.assert_allclose(x, y, rtol=1e-8, atol=1e-12)
@@ -415,16 +424,12 @@ def test_general_noise(name, solver):
         noise=3,
     )
 
-    @jax.jit
-    def loss(p):
-        return jnp.sum(sciad.solve(prob, p=p, key=KEY, dt0=DT, solver=solver, sensealg=name).us[-1] ** 2)
+    def loss(p, sensealg):
+        return jnp.sum(sciad.solve(prob, p=p, key=KEY, dt0=DT, solver=solver, sensealg=sensealg).us[-1] ** 2)
 
-    reference = jax.grad(
-        lambda p: jnp.sum(
-            sciad.solve(prob, p=p, key=KEY, dt0=DT, solver=solver, sensealg="DiscreteAdjoint").us[-1] ** 2
-        )
-    )(P)
-    np.testing.assert_allclose(jax.grad(loss)(P), reference, rtol=1e-9 if name != "BacksolveAdjoint" else 1e-2)
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    reference = grad(P, reference_for(name))  # the steps' derivative
+    np.testing.assert_allclose(grad(P, name), reference, rtol=1e-9 if name != "BacksolveAdjoint" else 1e-2)
 
 
 @pytest.mark.parametrize(
@@ -460,8 +465,10 @@ def test_integral_losses(name, solver):
     ],
 )
 def test_hessians_forward_over_reverse(name, solver):
-    H = jax.jit(jax.hessian(final), static_argnums=(1, 2, 3))(P, "stratonovich", solver, name)
-    reference = jax.jit(jax.hessian(final), static_argnums=(1, 2, 3))(P, "stratonovich", solver, "DiscreteAdjoint")
+    H = HESSIAN_FINAL(P, "stratonovich", solver, name)
+    # the steps' Hessian: forward over forward mode through them (forward over DiscreteAdjoint's reverse pass
+    # for ForwardDiffSensitivity itself)
+    reference = HESSIAN_FINAL(P, "stratonovich", solver, reference_for(name))
     if name == "InterpolatingAdjoint":  # forward over the adjoint SDE: to its discretisation error
         np.testing.assert_allclose(H, reference, rtol=2e-2, atol=5e-3)
     else:
@@ -476,20 +483,17 @@ def test_jvp_and_float32():
     tangent = jax.jit(
         lambda p, v: jax.jvp(lambda p: final(p, "ito", "reversible_heun", "ReversibleAdjoint"), (p,), (v,))
     )(P, np.array([1.0, 0.0]))
-    np.testing.assert_allclose(
-        tangent[1], jax.grad(final)(P, "ito", "reversible_heun", "DiscreteAdjoint")[0], rtol=1e-9
-    )
+    np.testing.assert_allclose(tangent[1], GRAD_FINAL(P, "ito", "reversible_heun", "DiscreteAdjoint")[0], rtol=1e-9)
     prob32 = sciad.SDEProblem(drift, diffusion, np.array([U0], np.float32), (0.0, T), P.astype(np.float32))
 
     def final32(p, name):
         sol = sciad.solve(prob32, p=p, key=KEY, dt0=DT, sensealg=name, solver="reversible_heun")
         return sol.us[-1, 0], sol.brownian
 
-    g, path = jax.jit(jax.grad(final32, has_aux=True), static_argnums=1)(P.astype(np.float32), "ReversibleAdjoint")
+    grad32 = jax.jit(jax.grad(final32, has_aux=True), static_argnums=1)
+    g, path = grad32(P.astype(np.float32), "ReversibleAdjoint")
     assert g.dtype == np.float32 and path.dtype == np.float32  # float32 increments: another path than float64's
-    np.testing.assert_allclose(
-        g, jax.grad(final32, has_aux=True)(P.astype(np.float32), "DiscreteAdjoint")[0], rtol=1e-4
-    )
+    np.testing.assert_allclose(g, grad32(P.astype(np.float32), "ForwardDiffSensitivity")[0], rtol=1e-4)
     np.testing.assert_allclose(g, gbm_exact("ito", P, float(path.evaluate(0.0, T)[0]))[1], rtol=1e-2)
 
 
@@ -540,7 +544,6 @@ def test_preset_time_events(name, solver):
     Heun's adaptive steps on a VirtualBrownianTree, the segments ending at the doses."""
     steps = {"rtol": 1e-5, "atol": 1e-5, "solver": "heun"} if solver == "adaptive" else {"dt0": DT, "solver": solver}
 
-    @jax.jit
     def run(p, d):
         doses = [
             sciad.PresetTimeCallback([0.5], lambda u, p, t: u + d),
@@ -555,14 +558,15 @@ def test_preset_time_events(name, solver):
             callbacks=doses,
             **steps,
         )
-        return sol.us[:, 0], (sol.brownian.evaluate(0.0, 0.5)[0], sol.brownian.evaluate(0.5, T)[0])
+        us = sol.us[:, 0]
+        return us[-1], (us, sol.brownian.evaluate(0.0, 0.5)[0], sol.brownian.evaluate(0.5, T)[0])
 
-    (us, (w1, w2)) = run(P, 0.3)
+    # the saves, the path and the gradient of u(1) in (p, d) from one compiled program
+    (_, (us, w1, w2)), g = jax.jit(jax.value_and_grad(run, argnums=(0, 1), has_aux=True))(P, 0.3)
     before = U0 * np.exp(MU * 0.5 + SIGMA * w1)
     after = 2 * (before + 0.3) * np.exp(MU * 0.5 + SIGMA * w2)
     tolerance = 3e-2 if solver == "euler" else 3e-3
     np.testing.assert_allclose(us, [U0, before + 0.3, after], rtol=tolerance)
-    g = jax.grad(lambda p, d: run(p, d)[0][-1], argnums=(0, 1))(P, 0.3)
     d_mu = 2 * (before * 0.5 * np.exp(MU * 0.5 + SIGMA * w2)) + after * 0.5
     d_sigma = 2 * before * w1 * np.exp(MU * 0.5 + SIGMA * w2) + after * w2
     d_dose = 2 * np.exp(MU * 0.5 + SIGMA * w2)
