@@ -199,7 +199,7 @@ def test_ornstein_uhlenbeck_with_its_stochastic_integral(name, solver):
         sol = sciad.solve(ou, p=p, key=KEY, dt0=DT, solver=solver, sensealg=name)
         return sol.us[-1, 0], sol.brownian
 
-    (u, path), g = jax.value_and_grad(run, has_aux=True)(ou.p)
+    (u, path), g = jax.jit(jax.value_and_grad(run, has_aux=True))(ou.p)
     exact, d_exact = ornstein_uhlenbeck(0.7, 0.4, np.asarray(path.increments())[:, 0], DT)
     assert abs(float(u) - exact) < 2e-3
     np.testing.assert_allclose(g, d_exact, rtol=5e-3, atol=1e-3)
@@ -448,7 +448,7 @@ def test_integral_losses(name, solver):
         )
         return sol.integral, sol.brownian
 
-    (q, path), g = jax.value_and_grad(loss, has_aux=True)(P)
+    (q, path), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(P)
     W = np.concatenate([[0.0], np.cumsum(np.asarray(path.increments())[:, 0])])
     t = np.arange(len(W)) * DT
     u = U0 * np.exp(MU * t + SIGMA * W)
@@ -507,10 +507,11 @@ def test_closures_over_differentiated_values():
         prob = sciad.SDEProblem(drift, lambda u, p, t: s * u, np.array([U0]), (0.0, T), P)
         return sciad.solve(prob, key=KEY, dt0=DT, solver=solver, sensealg=name).us[-1, 0]
 
-    reference = jax.grad(loss)(SIGMA, "DiscreteAdjoint", "milstein")
+    grad = jax.jit(jax.grad(loss), static_argnums=(1, 2))
+    reference = grad(SIGMA, "DiscreteAdjoint", "milstein")
     np.testing.assert_allclose(reference, gbm_exact("ito", P, brownian_at_T())[1][1], rtol=5e-3)
     for name, solver in (("ReversibleAdjoint", "reversible_heun"), ("InterpolatingAdjoint", "milstein")):
-        np.testing.assert_allclose(jax.grad(loss)(SIGMA, name, solver), reference, rtol=5e-3)
+        np.testing.assert_allclose(grad(SIGMA, name, solver), reference, rtol=5e-3)
 
 
 @pytest.mark.parametrize(
