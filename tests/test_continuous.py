@@ -44,7 +44,7 @@ def test_options_read_the_pieces():
 
 def test_pieces_compose_beyond_the_named_sensealgs():
     """u re-solved backwards with λ, ∂L/∂p by Gauss quadrature: a pairing no constructor names, right
-    to the tolerance (against DiscreteAdjoint), with integer stats."""
+    to the tolerance (against forward mode through the steps), with integer stats."""
     prob = sciad.ODEProblem(lotka_volterra, np.array([1.0, 1.0]), (0.0, 2.0), np.array([1.5, 1.0, 3.0, 1.0]))
     composed = ContinuousAdjoint(sciad.ad.get("jax-reverse"), Backsolved("raise", 300.0), LambdaGauss())
 
@@ -53,7 +53,7 @@ def test_pieces_compose_beyond_the_named_sensealgs():
         return jnp.sum(sol.us), sol.stats["steps"]
 
     (_, steps), g = jax.jit(jax.value_and_grad(lambda p: loss(p, composed), has_aux=True))(prob.p)
-    reference = jax.jit(jax.grad(lambda p: loss(p, sciad.DiscreteAdjoint())[0]))(prob.p)
+    reference = jax.jit(jax.grad(lambda p: loss(p, sciad.ForwardDiffSensitivity())[0]))(prob.p)
     np.testing.assert_allclose(g, reference, rtol=1e-6)
     assert steps.dtype == jnp.int32 and steps > 0
 

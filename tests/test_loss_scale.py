@@ -54,9 +54,10 @@ LOSSES = {"saves": saves, "integral": integral, "events": events}
 
 @functools.cache
 def discrete_reference(name):
-    """A loss's gradient in p by DiscreteAdjoint at rtol = atol = 1e-11 (computed once, where a test asks)."""
+    """A loss's gradient in p through the steps at rtol = atol = 1e-11 (computed once, where a test asks): forward
+    mode (ForwardDiffSensitivity, two parameters: about half DiscreteAdjoint's compile)."""
     loss = LOSSES[name]
-    return jax.jit(jax.grad(lambda p: loss(p, sciad.DiscreteAdjoint(), rtol=1e-11, atol=1e-11)))(P)
+    return jax.jit(jax.grad(lambda p: loss(p, sciad.ForwardDiffSensitivity(), rtol=1e-11, atol=1e-11)))(P)
 
 
 def scaled_gradients(loss, sensealg, **tolerances):
