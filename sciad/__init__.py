@@ -20,6 +20,7 @@ from sciad import (
     timing,
 )
 from sciad._brownian import BrownianPath
+from sciad._dde import DDEProblem
 from sciad._diffrax_adjoint import DiffraxAdjoint, diffrax_adjoint
 from sciad._ensemble import ensemble
 from sciad._events import ContinuousCallback, PresetTimeCallback
@@ -59,6 +60,7 @@ __all__ = [
     "ForwardSensitivity",
     "GaussAdjoint",
     "InterpolatingAdjoint",
+    "DDEProblem",
     "ODEProblem",
     "PresetTimeCallback",
     "QuadratureAdjoint",

@@ -3,6 +3,9 @@
 - `unvmap_any`, `unvmap_max` (equinox.internal, no stability promise): a reduction over a
   `jax.vmap` batch too, so a `lax.cond` on it stays a cond under vmap (sciad.errors' warnings,
   `batch_any`).
+- `prevbefore` (equinox.internal): the float just below t, its derivative the identity: where
+  `diffrax.ClipStepSizeController` ends a step before a jump time (sciad's loop gives such a step the
+  jump time's derivative).
 - a behaviour, no name: equinox formats the message of a check that fires into its run-time error
   (`f"{msg}..."`); sciad.errors' messages raise their SolveError there, so it is the last line.
 - `enumeration_messages`, `item_index`: the messages and an item's index of an
@@ -20,7 +23,7 @@ PACKAGE = "equinox"
 TESTED = ("0.13.8", "0.14")  # [lowest, first untested)
 
 with private_surface(PACKAGE, TESTED):
-    from equinox.internal import unvmap_any, unvmap_max
+    from equinox.internal import prevbefore, unvmap_any, unvmap_max
 
 
 def enumeration_messages(enumeration) -> tuple[str, ...]:

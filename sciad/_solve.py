@@ -80,8 +80,9 @@ def solve(
     dt0: RealScalarLike | None = None,
     key: PRNGKeyArray | None = None,
     brownian: BrownianPath | dfx.AbstractBrownianPath | None = None,
+    history_steps: int | None = None,
 ) -> Solution:
-    """Solve `prob` (an `ODEProblem` or an `SDEProblem`) and save u at `saveat` (default: t0 and t1;
+    """Solve `prob` (an `ODEProblem`, an `SDEProblem` or a `DDEProblem`) and save u at `saveat` (default: t0 and t1;
     concrete or traced times (T,)). Options a problem's kind does not take are refused, naming it.
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
@@ -171,6 +172,16 @@ def solve(
     `Solution.brownian` is the path it used. Not yet: state-dependent events and t1 < t0 (refused
     naming the fix).
 
+    A `DDEProblem` is solved by the method of steps: an explicit Runge-Kutta solver ("auto": Tsit5),
+    adaptive, its rate reading the solution's own dense output at the past times it asks for (the last
+    `history_steps` steps kept, default as many as fit a small memory budget; a `SolveError` says when the
+    lags reach back further), its steps landing on the breakpoints t0 + Σ kᵢ τᵢ (up to the solver's order
+    + 1) where lags do not depend on the state, and a step longer than the shortest lag refined by
+    fixed-point iteration. Differentiable through its steps (`ForwardDiffSensitivity`, "auto"'s pick) in
+    u0, p and the values the functions close over: lags(p) and the history's parameters included, the
+    breakpoints moving with the lags. Not yet: other sensealgs, implicit solvers, events, derivatives in
+    the times, breakpoints of state-dependent lags (their steps are controlled by the error estimate alone).
+
     Checked at the call, raising TypeError or ValueError that names the argument (and the PyTree
     leaf) and the fix: `u0`, `p` like the problem's, with float leaves, finite where concrete
     (`sciad._problem.check_inputs`); the tolerances and `max_steps`; `tspan` and `saveat` where
@@ -183,7 +194,7 @@ def solve(
     as its last line, under a user's `jax.jit`.
     """
     if not isinstance(prob, AbstractProblem):
-        raise TypeError(f"prob must be a sciad.ODEProblem or sciad.SDEProblem, got {type(prob).__name__}")
+        raise TypeError(f"prob must be a sciad.ODEProblem, SDEProblem or DDEProblem, got {type(prob).__name__}")
     given = {
         "dense": dense,
         "jacobian": jacobian,
@@ -193,6 +204,7 @@ def solve(
         "stepsize_controller": stepsize_controller,
         "key": key,
         "brownian": brownian,
+        "history_steps": history_steps,
     }
     options = _options(prob, given)
     u0, p = check_inputs(prob, u0, p)

@@ -28,7 +28,10 @@ class VectorField(eqx.Module):
     gives f as g(u, p, c, t), with c an argument: what an AD engine takes.
 
     With an integrand g(u, p, t) (a PyTree of arrays, raveled as `q`, k values) the field is
-    F(u, p, t) = [f; g] (n + k,): the rate of the state y = (u, q), q the running integral ∫ g dt."""
+    F(u, p, t) = [f; g] (n + k,): the rate of the state y = (u, q), q the running integral ∫ g dt.
+
+    A kind whose f reads more than (u, p, t) (a delay equation's past) gives examples of those `extra`
+    arguments: f(u, p, t, *extra), passed through as they are."""
 
     fn: Callable
     u: Layout
@@ -42,7 +45,9 @@ class VectorField(eqx.Module):
     products: Any = None  # a `sciad.ad` backend computing the field's derivative products (`with_products`)
 
     @classmethod
-    def of(cls, f: Callable, u0, p, t0, *, host: bool, integrand: Callable | None = None) -> "VectorField":
+    def of(
+        cls, f: Callable, u0, p, t0, *, host: bool, integrand: Callable | None = None, extra: tuple = ()
+    ) -> "VectorField":
         """The field of `f` (and `integrand`) at u0's and p's structures, holding the values they
         close over. `host`: a host engine will run f on its own arrays (no hoisting possible; p must
         be made of dicts, lists and tuples)."""
@@ -57,7 +62,7 @@ class VectorField(eqx.Module):
         # traced as it is called: u and p in the common dtype (a float32 u0 with float64 p is called in float64)
         example_u = u_layout.unravel(jnp.asarray(u_layout.ravel(u0), dtype))
         example_p = eqx.combine(p_layout.unravel(jnp.asarray(p_layout.ravel(params), dtype)), static_p)
-        converted = eqx.filter_closure_convert(f, example_u, example_p, t)
+        converted = eqx.filter_closure_convert(f, example_u, example_p, t, *extra)
         closure, rest = eqx.partition(converted, _traced_float)
         if host:
             _check_host(p, closure)
@@ -87,11 +92,11 @@ class VectorField(eqx.Module):
     def driven(self, arrays, like) -> "VectorField":
         return self
 
-    def __call__(self, u, p, t):
-        return self.open()(u, p, self.held, t)
+    def __call__(self, u, p, t, *extra):
+        return self.open()(u, p, self.held, t, *extra)
 
     def open(self) -> Callable:
-        """`g(u, p, c, t)`: f with the closure values as an argument (an engine sees no traced value
+        """`g(u, p, c, t, *extra)`: f with the closure values as an argument (an engine sees no traced value
         it closes over); merged, c is empty and p = [p; c]."""
         g = functools.partial(
             _evaluate,
@@ -108,16 +113,16 @@ class VectorField(eqx.Module):
 
 
 def _side_by_side(f: Callable, g: Callable) -> Callable:
-    return lambda u, p, t: (f(u, p, t), g(u, p, t))
+    return lambda u, p, t, *extra: (f(u, p, t, *extra), g(u, p, t))
 
 
-def _evaluate(fn, u_layout, p_layout, c_layout, q_layout, static_p, dtype, m, u, p, c, t):
+def _evaluate(fn, u_layout, p_layout, c_layout, q_layout, static_p, dtype, m, u, p, c, t, *extra):
     if m is not None:
         p, c = p[:m], p[m:]
     if c_layout.size:
         fn = eqx.combine(c_layout.unravel(c), fn)
         t = jnp.asarray(t, dtype)  # the closure-converted f takes t as it was traced
-    out = fn(u_layout.unravel(u), eqx.combine(p_layout.unravel(p), static_p), t)
+    out = fn(u_layout.unravel(u), eqx.combine(p_layout.unravel(p), static_p), t, *extra)
     if q_layout is None:
         return u_layout.ravel(out)
     du, dq = u_layout.ravel(out[0]), q_layout.ravel(out[1])

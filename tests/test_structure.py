@@ -105,6 +105,7 @@ LAYERS = {
         "_solve",
         "_ode",
         "_sde",
+        "_dde",
         "_sde_solvers",
         "_brownian",
         "_steady",

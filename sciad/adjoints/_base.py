@@ -220,8 +220,15 @@ class Setup(eqx.Module):
         forward-mode differentiable, so an outer `jax.jvp` enters it), saving at `ts` and, with `steps` = k,
         after every k-th accepted step, in one array. `dt0` is the first step (None: the controller selects
         it, at two extra f evaluations)."""
+        controller, past = self.controller(norm=norm), {}
+        stepping = getattr(self.f, "stepping", None)  # a kind whose steps read the solve's past (a delay equation)
+        if stepping is not None:
+            stepping = stepping(self.solver, y0, args, t0)
+            controller = stepping.controller(controller)
+            past = {"carried": stepping.past, "on_step": stepping.record, "carried_args": True}
+            past |= {"jump_ts": stepping.jump_ts}
         sol = integrate(
-            Stepper.of(term, self.solver, self.controller(norm=norm)),
+            Stepper.of(term, self.solver, controller, refine=stepping and stepping.refine),
             y0,
             args,
             t0,
@@ -231,7 +238,10 @@ class Setup(eqx.Module):
             ts=ts,
             every=int(steps),
             dense=dense,
+            **past,
         )
+        if stepping is not None:
+            sol = stepping.checked(sol)
         if not throw:
             return sol
         return eqx.tree_at(lambda s: s.ys, sol, solver_failure(sol.ys, sol.result, max_steps or self.max_steps))
@@ -475,6 +485,8 @@ class AbstractSensitivity(eqx.Module):
     # steps an explicit solver takes at its stability limit (a stiff problem) its error is not
     # controlled, and the forward pass refuses it (`stability_limited`).
     follows_steps: typing.ClassVar[bool] = False
+    # It differentiates the loop's own steps by forward mode (every kind's: a delay equation's past included).
+    through_the_steps: typing.ClassVar[bool] = False
 
     @abc.abstractmethod
     def forward(self, setup: Setup, u0, p, active) -> tuple[jax.Array, jax.Array, typing.Any]:
@@ -507,6 +519,9 @@ class AbstractSensitivity(eqx.Module):
         """Why this sensealg cannot differentiate the solve of `setup`, naming what can; None where it can (the
         one place a sensealg says so, for every problem kind). Here: a host engine for a kind whose products
         must be JAX's (its field's `host_engines_refused`)."""
+        steps_only = getattr(setup.f, "through_steps_only", None)  # a kind differentiated through its steps alone
+        if steps_only and not self.through_the_steps:
+            return f"sensealg={type(self).__name__}: {steps_only}"
         why = getattr(setup.f, "host_engines_refused", None)
         host = [e.name for e in self.engines() if not e.traced]
         if why and host:
@@ -714,7 +729,8 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
     solve. A solver without an explicit tableau, or a solve of fewer than `STABILITY_CHECKED_STEPS`
     accepted steps (in every member of a vmap batch), passes unchecked."""
     beta = stability_boundary(setup.solver)
-    if beta is None or isinstance(setup.stepsize_controller, GridSteps):  # fixed steps: none controlled
+    # fixed steps: none controlled; a rate that reads the solve's past (a delay equation's): not checked yet
+    if beta is None or isinstance(setup.stepsize_controller, GridSteps) or hasattr(setup.f, "stepping"):
         return outputs
     ys, stats = outputs[0], outputs[1]
     n = setup.n

@@ -388,6 +388,7 @@ class ForwardDiffSensitivity(AbstractSensitivity):
     stores_interpolation = False
     follows_steps = True
     initialises = True
+    through_the_steps = True
 
     def forward(self, setup: Setup, u0, p, active):
         if active is None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from sciad._custom_types import RealScalarLike
 from sciad._diffrax_internals import WrapTerm, use_stepsize_tol
-from sciad._equinox_internals import unvmap_any
+from sciad._equinox_internals import prevbefore, unvmap_any
 
 
 class Stepper(eqx.Module):
@@ -28,6 +28,9 @@ class Stepper(eqx.Module):
     terms: dfx.AbstractTerm
     solver: dfx.AbstractSolver
     controller: dfx.AbstractStepSizeController
+    # A kind's refinement of a step, refine(step, t0, t1, y, args, solver_state, made_jump, out) -> out, `step`
+    # this stepper's own (a delay equation's fixed-point iteration where a lag is shorter than the step)
+    refine: typing.Callable | None = None
 
     @classmethod
     def of(
@@ -36,15 +39,16 @@ class Stepper(eqx.Module):
         solver: dfx.AbstractSolver,
         controller: dfx.AbstractStepSizeController,
         forward_mode: bool = True,
+        refine: typing.Callable | None = None,
     ) -> "Stepper":
-        """`solver` on `terms` with steps by `controller` (`Setup.controller`)."""
+        """`solver` on `terms` with steps by `controller` (`Setup.controller`), refined by `refine`."""
         if forward_mode:
             solver = stage_loop(solver, "lax")
         if isinstance(solver, dfx.AbstractImplicitSolver):  # a root finder to prepare (Rosenbrock: none)
             for name in ("rtol", "atol", "norm"):
                 if getattr(solver.root_finder, name, None) is use_stepsize_tol:  # pyright: ignore[reportAttributeAccessIssue]
                     solver = eqx.tree_at(lambda s: getattr(s.root_finder, name), solver, getattr(controller, name))
-        return cls(terms, solver, controller)
+        return cls(terms, solver, controller, refine)
 
     @property
     def error_order(self) -> RealScalarLike:
@@ -69,6 +73,13 @@ class Stepper(eqx.Module):
         the same step as the solver's, in one straight-line program, where diffrax loops over the stages. (An
         SDE's steps stay in diffrax's loop: adaptive steps on a Brownian path follow the last bit of each step's
         arithmetic, and XLA rounds a straight-line step differently where it fuses it with the tangents'.)"""
+        out = self.solver_step(t0, t1, y, args, solver_state, made_jump)
+        if self.refine is None:
+            return out
+        return self.refine(self.solver_step, t0, t1, y, args, solver_state, made_jump, out)
+
+    def solver_step(self, t0, t1, y, args, solver_state, made_jump) -> tuple:
+        """The solver's step alone (`step` before the kind's refinement)."""
         tableau = getattr(self.solver, "tableau", None)
         if (
             isinstance(self.solver, dfx.AbstractERK)
@@ -239,6 +250,8 @@ def integrate(
     on_step: typing.Callable | None = None,
     carried=None,
     until: typing.Callable | None = None,
+    carried_args: bool = False,
+    jump_ts=None,
     result=dfx.RESULTS.successful,
 ) -> Trajectory:
     """Steps y0 from t0 to t1 > t0 (or from `start`, a position of an earlier call) in at most `max_steps`
@@ -252,12 +265,16 @@ def integrate(
       (what a step starts from, for a solver that carries more than y between steps);
     - `dense`: the steps' dense output, `Trajectory.interpolation`;
     - `on_step(carried, t_start, t_end, y_end, interpolation) -> carried` on each accepted step, from
-      `carried`; the solve stops after the step where `until(carried)` holds.
+      `carried`; the solve stops after the step where `until(carried)` holds; `carried_args`: the solver's steps
+      take (args, carried) as their args (what they read of the solve so far: a delay equation's past);
+    - `jump_ts` (J,): the times the controller steps to just before and restarts just after
+      (`diffrax.ClipStepSizeController`'s), differentiable: a step clipped to one moves with it.
     A solve whose `result` already failed takes no step.
     Forward-mode differentiable and batchable; failures (max_steps) are reported in `result`, not raised."""
     dtype = time_dtype(t0, t1, dt0, ts)
     t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
-    start = begin(stepper, y0, args, t0, t1, dt0) if start is None else start
+    stepping = (lambda carried: (args, carried)) if carried_args else (lambda carried: args)  # noqa: E731
+    start = begin(stepper, y0, stepping(carried), t0, t1, dt0) if start is None else start
     y0 = start.y
     ts = None if ts is None else jnp.asarray(ts, dtype)
     # t1 - 100 ULPs, as diffrax (times past it end at t1); t1 itself may be differentiated, its floor is not.
@@ -273,7 +290,9 @@ def integrate(
             full(max_steps + 1, t0).at[0].set(start.t),
             jax.tree.map(lambda y: full(max_steps + 1, y).at[0].set(y), stepped(start)),
         )
-    info = eqx.filter_eval_shape(stepper.step, start.t, start.t_next, y0, args, start.solver_state, start.made_jump)[2]
+    info = eqx.filter_eval_shape(
+        stepper.step, start.t, start.t_next, y0, stepping(carried), start.solver_state, start.made_jump
+    )[2]
     info_zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), info)
     if dense:
         buffers["dense"] = (
@@ -291,15 +310,21 @@ def integrate(
         """One attempted step: the new position, counts, result, carried and what the buffers take of it."""
         steps, accepted, rejected = counts
         y1, error, info, solver_state, solver_result = stepper.step(
-            at.t, at.t_next, at.y, args, at.solver_state, at.made_jump
+            at.t, at.t_next, at.y, stepping(carried), at.solver_state, at.made_jump
         )
         error = jax.tree.map(lambda e: jnp.where(jnp.isnan(e), jnp.inf, e), error)
         keep, t_prev, t_next, made_jump, controller_state, controller_result = stepper.adapt(
-            at.t, at.t_next, at.y, y1, args, error, at.controller_state
+            at.t, at.t_next, at.y, y1, stepping(carried), error, at.controller_state
         )
         t_prev = jnp.minimum(t_prev, t1)
-        # Step sizes carry no derivative (times do: a step moves with its start, and the last one with t1).
+        # Step sizes carry no derivative (times do: a step moves with its start, and the last one with t1, or
+        # with the jump time it is clipped to).
         t_next = t_prev + jax.lax.stop_gradient(t_next - t_prev)
+        if jump_ts is not None:
+            fixed = jax.lax.stop_gradient(jump_ts)
+            landed = jax.lax.stop_gradient(t_next) == prevbefore(fixed)
+            moved = jnp.sum(jnp.where(landed, jump_ts - fixed, 0.0))
+            t_next = jnp.where(jnp.any(landed), jax.lax.stop_gradient(t_next) + moved, t_next)
         # After a step that reached t1, the larger of the step it had before and the one proposed after it.
         proposed = t_next - t_prev
         proposed = jnp.where(keep & (at.t_next >= t1), jnp.maximum(proposed, at.proposed), proposed)

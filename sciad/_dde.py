@@ -1,0 +1,497 @@
+"""`DDEProblem`: u'(t) = f(u(t), h, p, t) with h(s) the state at a past time s (`history(p, s)` before t0), and
+what it adds to the solve: the method of steps on the one loop, the solution's own dense output held as its
+past (`Past`, a ring of the last steps), the breakpoints its lags propagate, and a step refined by fixed-point
+iteration where a lag is shorter than the step."""
+
+import dataclasses
+import inspect
+import itertools
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, PyTree
+
+from sciad import _events
+from sciad._custom_types import RealScalarLike
+from sciad._errors import error_if
+from sciad._ode import SOLVERS, get_solver
+from sciad._problem import (
+    AbstractProblem,
+    Request,
+    Staged,
+    _traced,
+    check_params,
+    check_state,
+    check_steps,
+    check_tolerances,
+    check_tspan,
+)
+from sciad._pytrees import Layout, leaf_names
+from sciad._stiff import is_implicit
+from sciad._vector_field import VectorField
+from sciad.adjoints._base import AbstractSensitivity, Setup, interpolation_step_bytes, stored_steps
+from sciad.adjoints._discrete import ForwardDiffSensitivity
+
+LAG_KINDS = {1: "parameter", 3: "state"}  # a callable's positional parameters -> what its lags depend on
+FIXED_POINT_ITERATIONS = 10  # at most, per step whose lag is shorter than the step
+FIXED_POINT_TOLERANCE = 1e-2  # iterate until the step's end moves by less than this share of its error tolerance
+
+
+class DDEProblem(AbstractProblem):
+    """A delay differential equation u'(t) = f(u(t), h, p, t) on tspan = (t0, t1), u(t0) = u0.
+
+    `f(u, h, p, t)` returns u' with u0's structure, where `h(s)` gives the state (u0's structure) at a past time
+    s ≤ t: the solution for s ≥ t0, `history(p, s)` before (`history` None: a constant history equal to u0).
+    `lags` are the delays f reads the past at: a tuple of positive numbers, or a callable `lags(p)` returning a
+    tuple or vector (delays that depend on the parameters, differentiable in them), or `lags(u, p, t)` (delays
+    that depend on the state). They tell the solve where the solution's derivatives jump (t0 + sums of lags,
+    which its steps land on) and how far back it keeps the solution. `u0` and `p` are PyTrees as for
+    `ODEProblem`. Solved forward in time by an explicit Runge-Kutta solver (`sciad.solve`).
+
+    Checked here, each error naming the argument and the fix: callables, u0's and p's leaves, tspan
+    (t1 > t0), constant lags (positive, finite), and what f, history and lags return at (u0, p, t0) (traced,
+    not run)."""
+
+    f: Callable[..., PyTree[Array]]
+    u0: PyTree[Array]
+    history: Callable[[PyTree[Any], RealScalarLike], PyTree[Array]] | None
+    tspan: tuple[float, float] = eqx.field(static=True)
+    p: PyTree[Any] = None
+    lags: tuple[float, ...] | Callable = eqx.field(static=True, default=())
+    options: ClassVar[dict[str, Any]] = {"history_steps": None, "stepsize_controller": None}
+
+    def __init__(
+        self,
+        f: Callable[..., PyTree[Array]],
+        u0: PyTree[ArrayLike],
+        history: Callable[[PyTree[Any], RealScalarLike], PyTree[ArrayLike]] | None,
+        tspan: tuple[RealScalarLike, RealScalarLike],
+        p: PyTree[Any] = None,
+        *,
+        lags: tuple[RealScalarLike, ...] | Callable,
+    ):
+        if not callable(f):
+            raise TypeError(f"DDEProblem(f=...): f must be callable f(u, h, p, t), got {f!r}")
+        if history is not None and not callable(history):
+            raise TypeError(
+                f"DDEProblem(history=...): history must be callable history(p, t) or None (u0 before t0), got "
+                f"{history!r}"
+            )
+        self.f, self.history = f, history
+        self.u0 = check_state("u0", u0)
+        self.p = check_params("p", np.zeros((0,), jnp.result_type(*jax.tree.leaves(self.u0))) if p is None else p)
+        self.tspan = check_tspan(tspan)
+        if self.tspan[1] < self.tspan[0]:
+            raise ValueError(f"DDEProblem(tspan={tspan!r}): delay equations run forwards in time: pass t1 > t0")
+        self.lags = _checked_lags(lags)
+        check_dde_functions(self)
+
+    def staged(self, request: Request) -> Staged:
+        return _staged(self, request)
+
+
+def _checked_lags(lags) -> tuple[float, ...] | Callable:
+    if callable(lags):
+        lag_kind(lags)
+        return lags
+    try:
+        values = tuple(float(x) for x in np.atleast_1d(np.asarray(lags, dtype=float)))
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"DDEProblem(lags=...) must be a tuple of numbers, lags(p) or lags(u, p, t), got {lags!r}"
+        ) from e
+    if not values or not all(np.isfinite(x) and x > 0 for x in values):
+        raise ValueError(
+            f"DDEProblem(lags={lags!r}): the lags must be positive finite numbers (a delay of 0 is an ODE)"
+        )
+    return values
+
+
+def lag_kind(lags) -> str:
+    """ "constant" (a tuple), "parameter" (`lags(p)`) or "state" (`lags(u, p, t)`), from a callable's positional
+    parameters."""
+    if not callable(lags):
+        return "constant"
+    try:
+        params = [
+            q
+            for q in inspect.signature(lags).parameters.values()
+            if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD) and q.default is q.empty
+        ]
+    except (TypeError, ValueError) as e:
+        raise TypeError("DDEProblem(lags=...): a callable needs a signature, lags(p) or lags(u, p, t)") from e
+    if len(params) not in LAG_KINDS:
+        raise TypeError(
+            f"DDEProblem(lags=...) must take (p) (delays depending on the parameters) or (u, p, t) (on the state), "
+            f"got a callable of {len(params)} parameters"
+        )
+    return LAG_KINDS[len(params)]
+
+
+def lag_values(lags, u, p, t) -> jax.Array:
+    """The lags (L,) at state u, parameters p (PyTrees) and time t."""
+    kind = lag_kind(lags)
+    if kind == "constant":
+        values = lags
+    else:
+        values = lags(p) if kind == "parameter" else lags(u, p, t)
+    return jnp.atleast_1d(jnp.stack([jnp.asarray(x) for x in values]) if isinstance(values, (tuple, list)) else values)
+
+
+def check_dde_functions(prob: DDEProblem) -> None:
+    """f(u0, h, p, t0) returns u0's structure and shapes (h returning u0's), history(p, t0) u0's, and lags a
+    vector of floats: by tracing them, without running them; errors name the function."""
+    u0, p, t0 = prob.u0, prob.p, prob.tspan[0]
+    like_u0 = lambda s: jax.tree.map(jnp.asarray, u0)  # noqa: E731
+    checks = [("f(u, h, p, t)", lambda u, p, t: prob.f(u, like_u0, p, t))]
+    if prob.history is not None:
+        checks.append(("history(p, t)", lambda u, p, t: prob.history(p, t)))  # pyright: ignore[reportOptionalCall]
+    for call, fn in checks:
+        out = _traced(call, fn, u0, p, t0)
+        if jax.tree.structure(out) != jax.tree.structure(u0):
+            raise ValueError(
+                f"{call} must return u0's structure {jax.tree.structure(u0)}, got {jax.tree.structure(out)}"
+            )
+        for (label, y), (_, u) in zip(leaf_names(out, call), leaf_names(u0, "u0")):
+            if not (hasattr(y, "dtype") and jnp.issubdtype(y.dtype, jnp.inexact)):
+                raise ValueError(f"{label} must return float arrays, got {getattr(y, 'dtype', type(y).__name__)}")
+            if tuple(y.shape) != tuple(np.shape(u)):
+                raise ValueError(
+                    f"{label} returns shape {tuple(y.shape)} but u0{label[len(call) :]} has shape {tuple(np.shape(u))}"
+                )
+    if callable(prob.lags):
+        out = _traced("lags", lambda u, p, t: lag_values(prob.lags, u, p, t), u0, p, t0)
+        if out.ndim != 1 or not jnp.issubdtype(out.dtype, jnp.inexact):
+            raise ValueError(f"lags must return a tuple of float scalars or a float vector, got {out}")
+
+
+class Past(eqx.Module):
+    """What a delay equation's steps read of the solve so far: its start (t0, the state y0 (n + k,)), the last
+    `size` accepted steps' dense output in a ring (`starts`, `ends` (size,), `steps`: their interpolations
+    stacked; `count` steps recorded in all), the step being refined (`current`, where `refining`), and
+    whether a lag reached past the steps kept (`short`)."""
+
+    t0: jax.Array
+    y0: jax.Array
+    starts: jax.Array
+    ends: jax.Array
+    steps: Any
+    count: jax.Array
+    current: Any
+    refining: jax.Array
+    short: jax.Array
+
+    @classmethod
+    def empty(cls, solver, y0, t0, size: int) -> "Past":
+        """The past of a solve by `solver` from y0 (n + k,) at t0, before its first step, keeping `size` steps."""
+        plain = dfx.ODETerm(lambda t, y, args: y)
+        t0 = jnp.asarray(t0, y0.dtype)
+
+        def interpolation():
+            state = solver.init(plain, t0, t0 + 1, y0, None)
+            info = solver.step(plain, t0, t0 + 1, y0, None, state, False)[2]
+            return solver.interpolation_cls(t0=t0, t1=t0 + 1, **info)
+
+        shape = eqx.filter_eval_shape(interpolation)
+
+        def unit(lead: tuple):  # an interpolation of zeros over [0, 1] (never evaluated where it counts)
+            zeros = jax.tree.map(
+                lambda x: jnp.zeros(lead + x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x, shape
+            )
+            one = jnp.ones(lead, y0.dtype)
+            return eqx.tree_at(lambda i: i.t1, zeros, one)
+
+        never = jnp.full((size,), jnp.inf, y0.dtype)
+        no = jnp.asarray(False)
+        return cls(t0, y0, never, never, unit((size,)), jnp.asarray(0), unit(()), no, no)
+
+    @property
+    def size(self) -> int:
+        return self.starts.shape[0]
+
+    def _index(self, s):
+        """The ring slot of the newest kept step that starts at or before s (the oldest kept where none does)."""
+        size, count = self.size, self.count
+        lo, hi = jnp.maximum(count - size, 0), count
+
+        def halve(_, bounds):
+            lo, hi = bounds
+            mid = (lo + hi) // 2
+            before = (lo < hi) & (self.starts[mid % size] <= s)
+            return jnp.where(before, mid + 1, lo), jnp.where(before | (lo >= hi), hi, mid)
+
+        lo, _ = jax.lax.fori_loop(0, int(np.ceil(np.log2(size))) + 1, halve, (lo, hi))
+        return jnp.maximum(lo - 1, jnp.maximum(count - size, 0)) % size
+
+    def state(self, s):
+        """y (n + k,) at s ≥ t0: the kept step that holds s; past the last kept step, the step being refined, or
+        the last step's polynomial extrapolated (y0 before the first step)."""
+        newest = (self.count - 1) % self.size
+        beyond = (self.count == 0) | (s > self.ends[newest])
+        index = jnp.where(beyond, newest, self._index(s))
+        kept = jax.tree.map(lambda b: b[index], self.steps).evaluate(s)
+        current = self.current.evaluate(s)
+        y = jnp.where(beyond & self.refining, current, jnp.where(self.count == 0, self.y0, kept))
+        return y
+
+    def recorded(self, t_start, t_end, interpolation, reach) -> "Past":
+        """This past after an accepted step from t_start to t_end (its `interpolation`), with lags reaching back
+        `reach` from its end: `short` where the kept steps no longer cover what they reach."""
+        slot = self.count % self.size
+        put = lambda b, v: b.at[slot].set(v)  # noqa: E731
+        starts = put(self.starts, t_start)
+        count = self.count + 1
+        oldest = starts[jnp.maximum(count - self.size, 0) % self.size]
+        short = self.short | ((count > self.size) & (oldest > jnp.maximum(t_end - reach, self.t0)))
+        return dataclasses.replace(
+            self,
+            starts=starts,
+            ends=put(self.ends, t_end),
+            steps=jax.tree.map(put, self.steps, interpolation),
+            count=count,
+            short=short,
+        )
+
+    def refined(self, interpolation) -> "Past":
+        """This past with the step being refined given by its `interpolation`."""
+        return dataclasses.replace(self, current=interpolation, refining=jnp.asarray(True))
+
+
+class DDEField(eqx.Module):
+    """A delay equation as a kind of sciad's solve: `F` its rate (with an integrand beside it), f(u, p, t, past) on
+    flat vectors, `past` its history; `lags` (static: a tuple, or the user's callable) and the problem's
+    layouts. What the solve's `Setup` asks of its field, as `sciad._vector_field.VectorField`'s, and `terms`
+    (the rate reading its past from the step's args), `stepping` (the loop's past, breakpoints and refinement)."""
+
+    F: VectorField
+    lags: Any = eqx.field(static=True)
+    order: int = eqx.field(static=True)  # the derivatives whose jumps the breakpoints follow
+    history_steps: int = eqx.field(static=True)
+    rtol: float = eqx.field(static=True)
+    atol: float = eqx.field(static=True)
+    no_time_derivative: ClassVar[str] = (
+        "a delay equation's solve is not differentiable in its times (tspan, saveat) yet: differentiate in u0, p "
+        "(the lags and the history's parameters among them) with the times held (jax.lax.stop_gradient)"
+    )
+    through_steps_only: ClassVar[str] = (
+        "a delay equation is differentiated through its steps (the solution's past enters each step): pass "
+        "sensealg=sciad.ForwardDiffSensitivity() or 'auto'"
+    )
+
+    @property
+    def u(self) -> Layout:
+        return self.F.u
+
+    @property
+    def p(self) -> Layout:
+        return self.F.p
+
+    @property
+    def held(self):
+        return self.F.held
+
+    @property
+    def dtype(self):
+        return self.F.dtype
+
+    @property
+    def integrand_size(self) -> int:
+        return self.F.integrand_size
+
+    def with_closure(self, c, merged: bool) -> "DDEField":
+        return dataclasses.replace(self, F=self.F.with_closure(c, merged))
+
+    def with_products(self, backend) -> "DDEField":
+        return dataclasses.replace(self, F=self.F.with_products(backend))
+
+    def driving(self) -> tuple:
+        return ()
+
+    def driven(self, arrays, like) -> "DDEField":
+        return self
+
+    def open(self) -> Callable:
+        return self.F.open()
+
+    def __call__(self, u, p, t, past):
+        return self.F(u, p, t, past)
+
+    def terms(self, solver, vector_field, noise):
+        """The rate as the solver's term, reading the past from the step's args (p, past)."""
+        if vector_field is not None or noise is not None:
+            raise ValueError(self.through_steps_only)
+        n, k = self.u.size, self.integrand_size
+        return dfx.ODETerm(lambda t, y, args: self.F(y[:n] if k else y, args[0], t, args[1]))
+
+    def lags_at(self, y, p, t) -> jax.Array:
+        """The lags (L,) at the state y (n + k,), flat parameters p, time t."""
+        u = self.u.unravel(y[: self.u.size])
+        params = eqx.combine(self.p.unravel(p[: self.p.size]), self.F.static_p)
+        return lag_values(self.lags, u, params, t).astype(self.dtype)
+
+    def breakpoints(self, y0, p, t0) -> jax.Array | None:
+        """Where the solution's derivatives up to `order` may jump (J,), sorted: t0 + Σ kᵢ τᵢ with 1 ≤ Σ kᵢ ≤
+        order, for lags that do not depend on the state (None for those that do)."""
+        if lag_kind(self.lags) == "state":
+            return None
+        tau = self.lags_at(y0, p, t0)
+        combos = [k for k in itertools.product(range(self.order + 1), repeat=tau.shape[0]) if 1 <= sum(k) <= self.order]
+        return jnp.sort(t0 + jnp.asarray(np.array(combos), tau.dtype) @ tau)
+
+    def stepping(self, solver, y0, p, t0) -> "Stepping":
+        """The loop's part of a solve from y0 (n + k,) at t0 with parameters p (m,) by `solver`: the empty past,
+        how a step records itself into it, the breakpoints, and the fixed-point refinement of a step."""
+        dtype = y0.dtype
+        past = Past.empty(solver, y0, t0, self.history_steps)
+        constant = lag_kind(self.lags) != "state"
+        reach0 = jnp.max(self.lags_at(y0, p, t0)) if constant else None
+        if constant:
+            tau = self.lags_at(y0, p, t0)
+            bad = jnp.any(~jnp.isfinite(tau) | (tau <= 0))
+            past = dataclasses.replace(past, y0=error_if(past.y0, bad, "the lags must be positive and finite"))
+
+        def record(past, t_start, t_end, y_end, interpolation):
+            reach = reach0 if constant else jnp.max(self.lags_at(y_end, p, t_end))
+            return past.recorded(t_start, t_end, interpolation, reach)
+
+        def refine(step, t0, t1, y, args, solver_state, made_jump, out):
+            p, past = args
+            shortest = jax.lax.stop_gradient(jnp.min(self.lags_at(y, p, t0)))
+            scale = self.atol + self.rtol * jnp.abs(y)
+
+            def iterate(out):
+                def more(carry):
+                    i, _, change = carry
+                    return (i < FIXED_POINT_ITERATIONS) & (change > FIXED_POINT_TOLERANCE)
+
+                def again(carry):
+                    i, out, _ = carry
+                    guess = past.refined(solver.interpolation_cls(t0=t0, t1=t1, **out[2]))
+                    new = step(t0, t1, y, (p, guess), solver_state, made_jump)
+                    change = jnp.max(jnp.abs(jax.lax.stop_gradient(new[0] - out[0])) / scale)
+                    return i + 1, new, change
+
+                return jax.lax.while_loop(more, again, (0, out, jnp.asarray(jnp.inf, dtype)))[1]
+
+            return jax.lax.cond(jax.lax.stop_gradient(t1 - t0) > shortest, iterate, lambda out: out, out)
+
+        return Stepping(past, record, self.breakpoints(y0, p, t0), refine, self.history_steps)
+
+
+class Stepping(eqx.Module):
+    """A delay equation's part in one run of the loop (`DDEField.stepping`)."""
+
+    past: Past
+    record: Callable
+    jump_ts: jax.Array | None
+    refine: Callable
+    size: int = eqx.field(static=True)
+
+    def controller(self, controller: dfx.AbstractStepSizeController) -> dfx.AbstractStepSizeController:
+        """`controller` stepping to just before and restarting just after each breakpoint."""
+        if self.jump_ts is None:
+            return controller
+        return dfx.ClipStepSizeController(controller, jump_ts=self.jump_ts)  # pyright: ignore[reportArgumentType]
+
+    def checked(self, trajectory):
+        """`trajectory`, raising a `SolveError` where a lag reached past the steps kept."""
+        message = (
+            f"the lags reach back past the {self.size} steps of the solution kept: pass a larger history_steps= "
+            "to sciad.solve"
+        )
+        return eqx.tree_at(lambda s: s.ys, trajectory, error_if(trajectory.ys, trajectory.carried.short, message))
+
+
+def history_rate(prob: DDEProblem) -> Callable:
+    """f(u, p, t, past) on the user's PyTrees: the problem's f with h(s) reading `past` (history(p, s) before t0)."""
+    f, history = prob.f, prob.history
+
+    def rate(u, p, t, past: Past):
+        layout = Layout.of(u, jnp.result_type(*jax.tree.leaves(u)))
+        n = layout.size
+
+        def h(s):
+            s = jnp.asarray(s, past.t0.dtype)
+            after = layout.unravel(past.state(jnp.maximum(s, past.t0))[:n])
+            before = layout.unravel(past.y0[:n]) if history is None else history(p, jnp.minimum(s, past.t0))
+            return jax.tree.map(lambda a, b: jnp.where(s < past.t0, b, a).astype(a.dtype), after, before)
+
+        return f(u, h, p, t)
+
+    return rate
+
+
+def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
+    """The DDE's solve: an explicit Runge-Kutta solver stepping the method of steps, adaptive, from t0 forwards."""
+    if r.callbacks:
+        raise ValueError("callbacks of a delay equation's solve are not supported yet: drop callbacks=")
+    if r.sign < 0:
+        raise ValueError(f"tspan=({r.t0}, {r.t1}): delay equations run forwards in time: pass t1 > t0")
+    o = r.options
+    rtol, atol, controller, dt0 = check_steps(o["stepsize_controller"], r.dt0, r.rtol, r.atol, r.sign)
+    check_tolerances(rtol, atol, r.max_steps)
+    solver = get_solver("tsit5" if r.solver in ("auto", None) else r.solver)
+    if is_implicit(solver) or not isinstance(solver, dfx.AbstractERK):
+        raise ValueError(
+            f"solver={type(solver).__name__}(): delay equations are stepped by explicit Runge-Kutta solvers here: "
+            f"pass one of {sorted(k for k, v in SOLVERS.items() if issubclass(v, dfx.AbstractERK))} or diffrax's"
+        )
+    dtype = jnp.result_type(*jax.tree.leaves(r.u0), *jax.tree.leaves(eqx.filter(r.p, eqx.is_array)))
+    n = sum(int(np.size(x)) for x in jax.tree.leaves(r.u0))
+    k = r.entries
+    # the past's shape, for tracing f: a ring of one step
+    example = Past.empty(solver, jnp.zeros((n + k,), dtype), r.t0, 1)
+    F = VectorField.of(history_rate(prob), r.u0, r.p, r.t0, host=False, integrand=r.integrand, extra=(example,))
+    if callable(prob.lags):
+        closed = eqx.filter_closure_convert(lambda u, p: lag_values(prob.lags, u, p, r.t0), r.u0, r.p)
+        if jax.tree.leaves(eqx.filter(closed, lambda x: isinstance(x, jax.core.Tracer))):
+            raise ValueError("lags closes over traced values (ones being differentiated): pass them in p")
+    history_steps = o["history_steps"]
+    if history_steps is None:
+        step_bytes = interpolation_step_bytes(solver, n + k, np.dtype(dtype).itemsize)
+        history_steps = stored_steps(int(r.max_steps), step_bytes)
+    if int(history_steps) < 1:
+        raise ValueError(f"history_steps must be a positive integer, got {history_steps}")
+    order = int(solver.order(dfx.ODETerm(lambda t, y, args: y))) + 1  # pyright: ignore[reportArgumentType]
+    field = DDEField(F, prob.lags, order, int(history_steps), float(rtol), float(atol))
+    times = jnp.asarray(r.ts, dtype)
+    if r.entries:  # q(t1) is saved last
+        times = jnp.append(times, jnp.asarray(r.t1, dtype))
+    setup = Setup(
+        field,
+        solver,
+        jnp.asarray(r.t0, dtype),
+        jnp.asarray(r.t1, dtype),
+        times,
+        float(rtol),
+        float(atol),
+        int(r.max_steps),
+        stepsize_controller=controller,
+        dt0=None if dt0 is None else jnp.asarray(dt0, dtype),
+    )
+    u0 = jnp.asarray(F.u.ravel(r.u0), dtype)
+    p = jnp.asarray(F.p.ravel(eqx.filter(r.p, eqx.is_array)), dtype)
+    return _DDEStaged(setup, u0, p, F.u, F.q, r)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DDEStaged(Staged):
+    setup: Setup
+    u0: jax.Array
+    p: jax.Array
+    u: Layout
+    q: Layout | None
+    request: Request
+
+    def auto_sensealg(self) -> AbstractSensitivity:
+        return ForwardDiffSensitivity()
+
+    def plan(self):
+        r = self.request
+        return _events.Plan.of(r.callbacks, self.setup.f, r.u0, r.p, (r.t0, r.t1), 1, r.max_events, "none")
