@@ -417,6 +417,8 @@ def history_rate(prob: DDEProblem) -> Callable:
         n = layout.size
 
         def h(s):
+            if jnp.shape(s):
+                raise ValueError(f"h(s) takes a scalar time s, got shape {jnp.shape(s)}: pass e.g. h(t - tau[0])")
             s = jnp.asarray(s, past.t0.dtype)
             after = layout.unravel(past.state(jnp.maximum(s, past.t0))[:n])
             before = layout.unravel(past.y0[:n]) if history is None else history(p, jnp.minimum(s, past.t0))

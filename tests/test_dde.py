@@ -1,0 +1,216 @@
+"""Delay differential equations (`sciad.DDEProblem`): solutions against the method of steps' closed forms,
+gradients in u0, p, the lags and the history's parameters against closed forms and central differences,
+delays shorter than a step, state-dependent delays, PyTrees, integrals, jit, vmap, Hessians, and the errors."""
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sciad
+from sciad.errors import SolveError
+
+TIGHT = {"rtol": 1e-10, "atol": 1e-10}
+
+
+def decay(u, h, p, t):
+    """u'(t) = -a u(t - τ), p = (τ, a)."""
+    return -p[1] * h(t - p[0])
+
+
+DECAY = sciad.DDEProblem(decay, jnp.array([1.0]), None, (0.0, 3.0), jnp.array([1.0, 1.0]), lags=lambda p: (p[0],))
+
+
+def decay_closed_form(t, tau=1.0, a=1.0):
+    """u' = -a u(t - τ), u = 1 before 0, on [0, 3τ] by the method of steps."""
+    t = np.asarray(t)
+    s1, s2 = np.clip(t - tau, 0, None), np.clip(t - 2 * tau, 0, None)
+    return 1 - a * t + a**2 * s1**2 / 2 - a**3 * s2**3 / 6
+
+
+def test_the_solution_is_the_method_of_steps_closed_form():
+    ts = jnp.linspace(0.0, 3.0, 13)
+    sol = sciad.solve(DECAY, saveat=ts, **TIGHT)
+    np.testing.assert_allclose(sol.us[:, 0], decay_closed_form(ts), atol=1e-12)
+    # piecewise polynomials of degree ≤ 3 between breakpoints: Tsit5 is exact on each, so the steps are few
+    assert int(sol.stats["steps"]) < 15
+
+
+@jax.jit
+def decay_end(p):
+    return sciad.solve(DECAY, p=p, saveat=jnp.array([1.5, 2.5]), **TIGHT).us[:, 0]
+
+
+def test_gradients_in_the_lag_and_the_rate_are_the_closed_forms():
+    # u(t) = 1 - a t + a² (t - τ)² / 2 on [τ, 2τ]: ∂u/∂τ = -a² (t - τ), ∂u/∂a = -t + a (t - τ)²
+    jac = jax.jit(jax.jacfwd(decay_end))(jnp.array([1.0, 1.0]))
+    np.testing.assert_allclose(jac[0], [-0.5, -1.5 + 0.25], atol=1e-9)
+    grad = jax.grad(lambda p: decay_end(p)[1])(jnp.array([1.0, 1.0]))
+    # on [2τ, 3τ]: u = 1 - a t + a² (t - τ)²/2 - a³ (t - 2τ)³/6
+    t = 2.5
+    expected = [-(t - 1.0) + (t - 2.0) ** 2, -t + (t - 1.0) ** 2 - 3 * (t - 2.0) ** 3 / 6]
+    np.testing.assert_allclose(grad, expected, atol=1e-9)
+
+
+JUMP = sciad.DDEProblem(
+    decay,
+    jnp.array([1.0]),
+    lambda p, t: jnp.array([p[2]]),
+    (0.0, 2.5),
+    jnp.array([1.0, 1.0, 0.3]),
+    lags=lambda p: (p[0],),
+)
+
+
+@jax.jit
+def jump_loss(p, u0):
+    sol = sciad.solve(JUMP, p=p, u0=u0, saveat=jnp.array([0.7, 1.6, 2.5]), **TIGHT)
+    return jnp.sum(sol.us**2)
+
+
+def central(fn, x, eps=1e-6):
+    return np.array([(fn(x + e) - fn(x - e)) / (2 * eps) for e in np.eye(x.shape[0]) * eps])
+
+
+def test_a_history_that_jumps_at_t0_differentiated_in_its_parameters_and_the_lag():
+    """history(p, t) = c ≠ u0: the derivative of u jumps at τ, which the solve's steps land on, and the jump
+    moves with τ."""
+    p, u0 = jnp.array([1.0, 1.0, 0.3]), jnp.array([1.0])
+    g_p, g_u0 = jax.grad(jump_loss, argnums=(0, 1))(p, u0)
+    np.testing.assert_allclose(g_p, central(lambda p: jump_loss(p, u0), p), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(g_u0, central(lambda u: jump_loss(p, u), u0), rtol=1e-7)
+
+
+def mackey_glass(u, h, p, t):
+    beta, gamma, n, tau = p
+    past = h(t - tau)
+    return beta * past / (1 + past**n) - gamma * u
+
+
+MACKEY_GLASS = sciad.DDEProblem(
+    mackey_glass, jnp.array([1.2]), None, (0.0, 40.0), jnp.array([0.2, 0.1, 10.0, 17.0]), lags=lambda p: (p[3],)
+)
+
+
+@jax.jit
+def mackey_glass_loss(p):
+    return jnp.sum(sciad.solve(MACKEY_GLASS, p=p, saveat=jnp.linspace(0.0, 40.0, 9), **TIGHT).us)
+
+
+def test_mackey_glass_gradient_in_every_parameter_and_the_delay():
+    p = jnp.array([0.2, 0.1, 10.0, 17.0])
+    np.testing.assert_allclose(jax.grad(mackey_glass_loss)(p), central(mackey_glass_loss, p), rtol=1e-6)
+
+
+def test_vmap_over_parameters_equals_each_member():
+    ps = jnp.array([[0.2, 0.1, 10.0, 17.0], [0.25, 0.1, 9.0, 15.0], [0.2, 0.12, 10.0, 12.5]])
+    batch = jax.vmap(jax.grad(mackey_glass_loss))(ps)
+    for p, g in zip(ps, batch):
+        np.testing.assert_allclose(g, jax.grad(mackey_glass_loss)(p), rtol=1e-10)
+
+
+SHORT = sciad.DDEProblem(
+    lambda u, h, p, t: -p[0] * h(t - 0.01) + jnp.sin(t),
+    jnp.array([1.0]),
+    None,
+    (0.0, 3.0),
+    jnp.array([2.0]),
+    lags=(0.01,),
+)
+
+
+def test_lags_shorter_than_the_step_by_fixed_point_iteration():
+    """The default solve takes steps far longer than the lag (refined by fixed-point iteration); the reference
+    steps below the lag (its past then always already computed)."""
+    below = dfx.PIDController(rtol=1e-10, atol=1e-10, dtmax=0.005)
+
+    def loss(p, controller=None):
+        tolerances = {"rtol": 1e-8, "atol": 1e-8} if controller is None else {}
+        sol = sciad.solve(SHORT, p=p, saveat=jnp.array([1.0, 3.0]), stepsize_controller=controller, **tolerances)
+        return sol.us[:, 0]
+
+    sol = sciad.solve(SHORT, saveat=jnp.array([3.0]), rtol=1e-8, atol=1e-8)
+    assert int(sol.stats["steps"]) < 150  # 300 steps would stay below the lag
+    p = jnp.array([2.0])
+    np.testing.assert_allclose(loss(p), loss(p, below), atol=1e-7)
+    np.testing.assert_allclose(jax.jacfwd(loss)(p)[:, 0], central(lambda p: loss(p, below), p)[0], atol=1e-6)
+
+
+def test_state_dependent_lags():
+    """lags(u, p, t): a lag that does not in fact vary gives the parameter-lag solve; one that does, its gradient
+    against central differences."""
+    fixed = sciad.DDEProblem(
+        decay, jnp.array([1.0]), None, (0.0, 3.0), jnp.array([1.0, 1.0]), lags=lambda u, p, t: (p[0],)
+    )
+    ts = jnp.linspace(0.0, 3.0, 7)
+    np.testing.assert_allclose(sciad.solve(fixed, saveat=ts, **TIGHT).us[:, 0], decay_closed_form(ts), atol=1e-8)
+
+    def f(u, h, p, t):
+        return -p[1] * h(t - p[0] / (1 + u[0] ** 2))
+
+    varying = sciad.DDEProblem(
+        f,
+        jnp.array([1.0]),
+        lambda p, t: jnp.cos(t)[None],
+        (0.0, 3.0),
+        jnp.array([1.0, 1.0]),
+        lags=lambda u, p, t: (p[0] / (1 + u[0] ** 2),),
+    )
+    # the second derivative jumps where t - τ(u) crosses t0, a time no step lands on: the discrete solution's
+    # derivatives converge more slowly there (at 1e-10 central differences are off by 5e-4 themselves)
+    loss = jax.jit(lambda p: jnp.sum(sciad.solve(varying, p=p, saveat=ts, rtol=1e-12, atol=1e-12).us ** 2))
+    p = jnp.array([1.0, 1.0])
+    np.testing.assert_allclose(jax.grad(loss)(p), central(loss, p, eps=1e-4), rtol=1e-5)
+
+
+def test_pytree_state_history_and_an_integral():
+    def f(u, h, p, t):
+        past = h(t - 1.0)
+        return {"x": -p["a"] * past["x"], "y": past["x"] - u["y"]}
+
+    prob = sciad.DDEProblem(
+        f,
+        {"x": jnp.array(1.0), "y": jnp.zeros(2)},
+        lambda p, t: {"x": jnp.asarray(1.0), "y": jnp.zeros(2)},
+        (0.0, 2.0),
+        {"a": jnp.array(1.0)},
+        lags=(1.0,),
+    )
+    sol = sciad.solve(prob, saveat=jnp.array([1.0, 2.0]), integrand=lambda u, p, t: u["x"], **TIGHT)
+    np.testing.assert_allclose(sol.us["x"], decay_closed_form(np.array([1.0, 2.0])), atol=1e-12)
+    # ∫0^2 u = ∫0^1 (1 - t) + ∫1^2 (1 - t + (t - 1)²/2) = 1/2 + (-1/2 + 1/6)
+    np.testing.assert_allclose(sol.integral, 0.5 - 0.5 + 1 / 6, atol=1e-12)
+    g = jax.grad(lambda a: sciad.solve(prob, p={"a": a}, integrand=lambda u, p, t: u["x"], **TIGHT).integral)(1.0)
+    # ∂/∂a of ∫0^2 (1 - a t + a² (t - 1)₊²/2) dt = -2 + a/3
+    np.testing.assert_allclose(g, -2 + 1 / 3, atol=1e-10)
+
+
+def test_hessian_in_the_parameters():
+    hess = jax.hessian(lambda p: decay_end(p)[0])(jnp.array([1.0, 1.0]))
+    # u(1.5) = 1 - 1.5 a + a² (1.5 - τ)²/2
+    expected = [[1.0, -2 * 0.5], [-2 * 0.5, 0.25]]
+    np.testing.assert_allclose(hess, expected, atol=1e-7)
+
+
+def test_bad_input_is_refused_naming_the_fix():
+    with pytest.raises(ValueError, match="positive finite"):
+        sciad.DDEProblem(decay, jnp.array([1.0]), None, (0.0, 1.0), jnp.array([1.0, 1.0]), lags=(-1.0,))
+    with pytest.raises(TypeError, match=r"take \(p\)"):
+        sciad.DDEProblem(decay, jnp.array([1.0]), None, (0.0, 1.0), jnp.array([1.0, 1.0]), lags=lambda u, p: (1.0,))
+    with pytest.raises(ValueError, match="shape"):
+        sciad.DDEProblem(lambda u, h, p, t: jnp.zeros(2), jnp.array([1.0]), None, (0.0, 1.0), lags=(1.0,))
+    with pytest.raises(ValueError, match="forwards in time"):
+        sciad.DDEProblem(decay, jnp.array([1.0]), None, (1.0, 0.0), jnp.array([1.0, 1.0]), lags=(1.0,))
+    with pytest.raises(ValueError, match="ForwardDiffSensitivity"):
+        sciad.solve(DECAY, sensealg=sciad.GaussAdjoint())
+    with pytest.raises(ValueError, match="explicit Runge-Kutta"):
+        sciad.solve(DECAY, solver="kvaerno5")
+    with pytest.raises(ValueError, match="no dense="):
+        sciad.solve(DECAY, dense=True)
+    with pytest.raises(SolveError, match="history_steps"):
+        sciad.solve(MACKEY_GLASS, history_steps=4)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="lags must be positive"):
+        jax.jit(lambda p: sciad.solve(DECAY, p=p).us)(jnp.array([-1.0, 1.0]))
+    with pytest.raises(ValueError, match="scalar time"):
+        sciad.solve(sciad.DDEProblem(lambda u, h, p, t: -h(t - u), jnp.array([1.0]), None, (0.0, 1.0), lags=(1.0,)))
