@@ -135,7 +135,8 @@ class Features:
     - linearly_implicit: an implicit solver whose stages each solve one linear system, no Newton
       iteration (a Rosenbrock method: Rodas5P, Rodas4);
     - stiff: whether the problem was estimated stiff for its explicit solver (`sciad._solver_choice`;
-      None: not estimated).
+      None: not estimated);
+    - delays: the lags of a delay equation (0: none).
     """
 
     states: int
@@ -158,6 +159,7 @@ class Features:
     solver_reason: str = ""
     linearly_implicit: bool = False
     stiff: bool | None = None
+    delays: int = 0
 
 
 class Pick(NamedTuple):
@@ -295,6 +297,14 @@ def _rule(feat: Features, thresholds: Thresholds) -> Pick:
     n, m, saves = feat.states, feat.parameters, feat.save_points
     over_budget = feat.memory_budget is not None and feat.interpolation_bytes > feat.memory_budget
     few, dense, per_state = thresholds.forward_mode_parameters, thresholds.dense_saves, thresholds.parameters_per_state
+    if feat.delays:
+        return Pick(
+            ForwardDiffSensitivity(),
+            "dde-through-steps",
+            f"a delay equation ({feat.delays} lag{'s' if feat.delays > 1 else ''}): forward mode through the steps, "
+            "the solution's past and the breakpoints included (the one sensealg that differentiates delay "
+            "equations yet)",
+        )
     if feat.stochastic:
         return _sde_rule(feat, thresholds)
     if feat.mass_matrix:
@@ -437,6 +447,32 @@ def auto_sensealg(
 
 
 SDE_RULES = ("sde-few-parameters", "sde-reversible", "sde-many-parameters")
+
+
+def auto_dde_sensealg(
+    u0: PyTree[ArrayLike], p: PyTree[Any], ts: Real[ArrayLike, " T"], *, solver, lags: int, rtol: float, atol: float
+) -> Choice:
+    """The `Choice` for a delay equation's solve by `solver` with `lags` lags, from shapes alone
+    (`dde-through-steps`)."""
+    leaves = jax.tree.leaves(eqx.filter((u0, p), eqx.is_array))
+    feat = Features(
+        states=size(u0),
+        parameters=size(p),
+        dtype=str(np.dtype(jnp.result_type(*leaves))),
+        implicit_solver=False,
+        save_points=int(np.size(ts)),
+        rtol=rtol,
+        atol=atol,
+        interpolation_bytes=0,
+        stored_steps_bytes=0,
+        memory_budget=None,
+        device=jax.default_backend(),
+        solver=type(solver).__name__,
+        solver_reason="given",
+        delays=lags,
+    )
+    pick = heuristic(feat)
+    return Choice(pick.sensealg, feat, [{"name": describe(pick.sensealg), "reason": pick.reason}])
 
 
 def auto_sde_sensealg(

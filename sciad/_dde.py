@@ -36,7 +36,6 @@ from sciad._pytrees import Layout, leaf_names
 from sciad._stiff import is_implicit
 from sciad._vector_field import VectorField
 from sciad.adjoints._base import AbstractSensitivity, Setup, interpolation_step_bytes, stored_steps
-from sciad.adjoints._discrete import ForwardDiffSensitivity
 
 LAG_KINDS = {1: "parameter", 3: "state"}  # a callable's positional parameters -> what its lags depend on
 FIXED_POINT_ITERATIONS = 10  # at most, per step whose lag is shorter than the step
@@ -492,7 +491,17 @@ class _DDEStaged(Staged):
     request: Request
 
     def auto_sensealg(self) -> AbstractSensitivity:
-        return ForwardDiffSensitivity()
+        return self.choice().sensealg
+
+    def choice(self):
+        """ "auto"'s `sciad._auto.Choice` for this solve (its rule and why: `Choice.report()`)."""
+        from sciad._auto import auto_dde_sensealg
+
+        r, setup = self.request, self.setup
+        lags = int(setup.f.lags_at(self.setup.state(self.u0), self.p, setup.t0).shape[0])
+        return auto_dde_sensealg(
+            r.u0, (r.p, setup.f.held), r.ts, solver=setup.solver, lags=lags, rtol=setup.rtol, atol=setup.atol
+        )
 
     def plan(self):
         r = self.request

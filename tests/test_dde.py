@@ -214,3 +214,13 @@ def test_bad_input_is_refused_naming_the_fix():
         jax.jit(lambda p: sciad.solve(DECAY, p=p).us)(jnp.array([-1.0, 1.0]))
     with pytest.raises(ValueError, match="scalar time"):
         sciad.solve(sciad.DDEProblem(lambda u, h, p, t: -h(t - u), jnp.array([1.0]), None, (0.0, 1.0), lags=(1.0,)))
+
+
+def test_auto_reports_its_rule_for_delays():
+    from sciad._auto import auto_dde_sensealg
+
+    choice = auto_dde_sensealg(
+        MACKEY_GLASS.u0, MACKEY_GLASS.p, np.zeros(3), solver=dfx.Tsit5(), lags=1, rtol=1e-6, atol=1e-6
+    )
+    assert isinstance(choice.sensealg, sciad.ForwardDiffSensitivity)
+    assert "dde-through-steps" in choice.report() and "delays: 1" in choice.report()
