@@ -33,9 +33,9 @@ from sciad._problem import (
     check_tspan,
 )
 from sciad._pytrees import Layout, leaf_names
-from sciad._stiff import is_implicit
 from sciad._vector_field import VectorField
 from sciad.adjoints._base import AbstractSensitivity, Setup, interpolation_step_bytes, stored_steps
+from sciad.adjoints._loop import Stepper
 
 LAG_KINDS = {1: "parameter", 3: "state"}  # a callable's positional parameters -> what its lags depend on
 FIXED_POINT_ITERATIONS = 10  # at most, per step whose lag is shorter than the step
@@ -51,7 +51,7 @@ class DDEProblem(AbstractProblem):
     tuple or vector (delays that depend on the parameters, differentiable in them), or `lags(u, p, t)` (delays
     that depend on the state). They tell the solve where the solution's derivatives jump (t0 + sums of lags,
     which its steps land on) and how far back it keeps the solution. `u0` and `p` are PyTrees as for
-    `ODEProblem`. Solved forward in time by an explicit Runge-Kutta solver (`sciad.solve`).
+    `ODEProblem`. Solved forward in time by a Runge-Kutta solver, explicit or implicit (`sciad.solve`).
 
     Checked here, each error naming the argument and the fix: callables, u0's and p's leaves, tspan
     (t1 > t0), constant lags (positive, finite), and what f, history and lags return at (u0, p, t0) (traced,
@@ -191,6 +191,7 @@ class Past(eqx.Module):
         """The past of a solve by `solver` from y0 (n + k,) at t0, before its first step, keeping `size` steps."""
         plain = dfx.ODETerm(lambda t, y, args: y)
         t0 = jnp.asarray(t0, y0.dtype)
+        solver = Stepper.of(plain, solver, dfx.PIDController(rtol=1.0, atol=1.0)).solver  # a root finder's tolerances
 
         def interpolation():
             state = solver.init(plain, t0, t0 + 1, y0, None)
@@ -364,21 +365,20 @@ class DDEField(eqx.Module):
             shortest = jax.lax.stop_gradient(jnp.min(self.lags_at(y, p, t0)))
             scale = self.atol + self.rtol * jnp.abs(y)
 
-            def iterate(out):
-                def more(carry):
-                    i, _, change = carry
-                    return (i < FIXED_POINT_ITERATIONS) & (change > FIXED_POINT_TOLERANCE)
+            def more(carry):
+                i, _, change = carry
+                return (i < FIXED_POINT_ITERATIONS) & (change > FIXED_POINT_TOLERANCE)
 
-                def again(carry):
-                    i, out, _ = carry
-                    guess = past.refined(solver.interpolation_cls(t0=t0, t1=t1, **out[2]))
-                    new = step(t0, t1, y, (p, guess), solver_state, made_jump)
-                    change = jnp.max(jnp.abs(jax.lax.stop_gradient(new[0] - out[0])) / scale)
-                    return i + 1, new, change
+            def again(carry):
+                i, out, _ = carry
+                guess = past.refined(solver.interpolation_cls(t0=t0, t1=t1, **out[2]))
+                new = step(t0, t1, y, (p, guess), solver_state, made_jump)
+                change = jnp.max(jnp.abs(jax.lax.stop_gradient(new[0] - out[0])) / scale)
+                return i + 1, new, change
 
-                return jax.lax.while_loop(more, again, (0, out, jnp.asarray(jnp.inf, dtype)))[1]
-
-            return jax.lax.cond(jax.lax.stop_gradient(t1 - t0) > shortest, iterate, lambda out: out, out)
+            # no iteration where the step reads no time inside itself (under vmap: where no member's does)
+            short = jax.lax.stop_gradient(t1 - t0) > shortest
+            return jax.lax.while_loop(more, again, (0, out, jnp.where(short, jnp.inf, 0.0).astype(dtype)))[1]
 
         return Stepping(past, record, self.breakpoints(y0, p, t0), refine, self.history_steps)
 
@@ -429,7 +429,7 @@ def history_rate(prob: DDEProblem) -> Callable:
 
 
 def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
-    """The DDE's solve: an explicit Runge-Kutta solver stepping the method of steps, adaptive, from t0 forwards."""
+    """The DDE's solve: a Runge-Kutta solver stepping the method of steps, adaptive, from t0 forwards."""
     if r.callbacks:
         raise ValueError("callbacks of a delay equation's solve are not supported yet: drop callbacks=")
     if r.sign < 0:
@@ -438,10 +438,13 @@ def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     rtol, atol, controller, dt0 = check_steps(o["stepsize_controller"], r.dt0, r.rtol, r.atol, r.sign)
     check_tolerances(rtol, atol, r.max_steps)
     solver = get_solver("tsit5" if r.solver in ("auto", None) else r.solver)
-    if is_implicit(solver) or not isinstance(solver, dfx.AbstractERK):
+    if not isinstance(solver, (dfx.AbstractERK, dfx.AbstractImplicitSolver)) or getattr(
+        solver, "linearly_implicit", False
+    ):
         raise ValueError(
-            f"solver={type(solver).__name__}(): delay equations are stepped by explicit Runge-Kutta solvers here: "
-            f"pass one of {sorted(k for k, v in SOLVERS.items() if issubclass(v, dfx.AbstractERK))} or diffrax's"
+            f"solver={type(solver).__name__}(): delay equations are stepped by Runge-Kutta solvers, explicit or "
+            f"implicit (diffrax's Kvaerno3, Kvaerno5, ...), here: pass one of "
+            f"{sorted(k for k, v in SOLVERS.items() if not getattr(v, 'linearly_implicit', False))} or diffrax's"
         )
     dtype = jnp.result_type(*jax.tree.leaves(r.u0), *jax.tree.leaves(eqx.filter(r.p, eqx.is_array)))
     n = sum(int(np.size(x)) for x in jax.tree.leaves(r.u0))
