@@ -235,10 +235,9 @@ class Past(eqx.Module):
         newest = (self.count - 1) % self.size
         beyond = (self.count == 0) | (s > self.ends[newest])
         index = jnp.where(beyond, newest, self._index(s))
-        kept = jax.tree.map(lambda b: b[index], self.steps).evaluate(s)
-        current = self.current.evaluate(s)
-        y = jnp.where(beyond & self.refining, current, jnp.where(self.count == 0, self.y0, kept))
-        return y
+        inside = beyond & self.refining
+        step = jax.tree.map(lambda b, c: jnp.where(inside, c, b[index]), self.steps, self.current)
+        return jnp.where((self.count == 0) & ~self.refining, self.y0, step.evaluate(s))
 
     def recorded(self, t_start, t_end, interpolation, reach) -> "Past":
         """This past after an accepted step from t_start to t_end (its `interpolation`), with lags reaching back

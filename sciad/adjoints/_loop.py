@@ -307,7 +307,8 @@ def integrate(
         return on if until is None else on & ~until(carried)
 
     def advance(at, counts, result, carried):
-        """One attempted step: the new position, counts, result, carried and what the buffers take of it."""
+        """One attempted step (its args from `carried`): the new position, counts, result and what the buffers
+        take of it."""
         steps, accepted, rejected = counts
         y1, error, info, solver_state, solver_result = stepper.step(
             at.t, at.t_next, at.y, stepping(carried), at.solver_state, at.made_jump
@@ -334,9 +335,6 @@ def integrate(
         solver_result = dfx.RESULTS.where(keep, solver_result, dfx.RESULTS.successful)
         result = dfx.RESULTS.where(dfx.is_okay(result), solver_result, result)
         result = dfx.RESULTS.where(dfx.is_okay(result), controller_result, result)
-        if on_step is not None:
-            interpolation = stepper.interpolation(at.t, at.t_next, info)
-            carried = select(on_step(carried, at.t, at.t_next, y1, interpolation), carried)
         after = Position(
             t_prev,
             t_next,
@@ -347,15 +345,17 @@ def integrate(
             proposed,
         )
         counts = (steps + 1, accepted + jnp.where(keep, 1, 0), rejected + jnp.where(keep, 0, 1))
-        return after, counts, result, carried, (keep, (at.t, at.t_next, info))
+        return after, counts, result, (keep, (at.t, at.t_next, info))
 
     put = lambda b, v, i: jax.lax.dynamic_update_index_in_dim(b, v, i, 0)  # noqa: E731
 
-    def record(buffers, state, accepted, step):
-        """The buffers after an accepted step (the `accepted`-th; `step`: its start, end and dense info) to
-        `state` (t, y)."""
+    def record(buffers, carried, state, accepted, step, y_end):
+        """The buffers and `carried` after an accepted step (the `accepted`-th; `step`: its start, end and dense
+        info) to `state` (t, y) (`y_end`: its y)."""
         t_start, t_end, info = step
         buffers = dict(buffers)
+        if on_step is not None:
+            carried = on_step(carried, t_start, t_end, y_end, stepper.interpolation(t_start, t_end, info))
         if ts is not None:
             times, last = ts, ts.shape[0] - 1
 
@@ -392,10 +392,10 @@ def integrate(
                 put(bt, t_end, accepted),
                 jax.tree.map(lambda b, v: put(b, v, accepted - 1), binfo, info),
             )
-        return buffers
+        return buffers, carried
 
     def trying(state):
-        at, counts, result, _, (keep, _) = state
+        at, counts, result, (keep, _) = state
         return ~keep & (at.t < t1) & dfx.is_successful(result) & (counts[0] < max_steps)
 
     def body(carry):
@@ -403,13 +403,23 @@ def integrate(
         # Steps are attempted in a loop of their own until one is accepted, and the buffers are written in a
         # branch of their own: XLA:CPU runs a sequence of more than 8 kernels on its thread pool (several µs
         # per step on small problems) when any of them touches a buffer over 512 bytes, as the buffers do;
-        # the step's own state is small.
-        attempted = (at, counts, result, carried, (jnp.asarray(False), step))
-        after, counts, result, carried, (keep, step) = jax.lax.while_loop(
-            trying, lambda state: advance(*state[:4]), attempted
+        # the step's own state is small. `on_step` runs there too, on the accepted step alone.
+        attempted = (at, counts, result, (jnp.asarray(False), step))
+        after, counts, result, (keep, step) = jax.lax.while_loop(
+            trying, lambda state: advance(*state[:3], carried), attempted
         )
         state = (after.t, stepped(after)) if every or step_states else None  # what the buffers take of the new state
-        buffers = jax.lax.cond(keep, record, lambda buffers, *_: buffers, buffers, state, counts[1], step)
+        buffers, carried = jax.lax.cond(
+            keep,
+            record,
+            lambda buffers, carried, *_: (buffers, carried),
+            buffers,
+            carried,
+            state,
+            counts[1],
+            step,
+            after.y,
+        )
         return after, counts, result, buffers, carried, step
 
     carry = (start, counts, result, buffers, carried, (start.t, start.t_next, info_zeros))
