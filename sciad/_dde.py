@@ -274,13 +274,19 @@ class DDEField(eqx.Module):
     history_steps: int = eqx.field(static=True)
     rtol: float = eqx.field(static=True)
     atol: float = eqx.field(static=True)
+    # the sensitivity DDE, discretised by the solver on the same steps (the past's interpolation of S included),
+    # is the forward-mode derivative of the steps: ForwardSensitivity takes it, its products from its engine
+    sensitivities_through_steps: ClassVar[bool] = True
+    host_engines_refused: ClassVar[str] = (
+        "a delay equation's solve takes JAX engines for its products (the solution's past enters them)"
+    )
     no_time_derivative: ClassVar[str] = (
         "a delay equation's solve is not differentiable in its times (tspan, saveat) yet: differentiate in u0, p "
         "(the lags and the history's parameters among them) with the times held (jax.lax.stop_gradient)"
     )
     through_steps_only: ClassVar[str] = (
         "a delay equation is differentiated through its steps (the solution's past enters each step): pass "
-        "sensealg=sciad.ForwardDiffSensitivity() or 'auto'"
+        "sensealg=sciad.ForwardDiffSensitivity(), sciad.ForwardSensitivity() or 'auto'"
     )
 
     @property

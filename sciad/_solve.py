@@ -178,7 +178,8 @@ def solve(
     `history_steps` steps kept, default as many as fit a small memory budget; a `SolveError` says when the
     lags reach back further), its steps landing on the breakpoints t0 + Σ kᵢ τᵢ (up to the solver's order
     + 1) where lags do not depend on the state, and a step longer than the shortest lag refined by
-    fixed-point iteration. Differentiable through its steps (`ForwardDiffSensitivity`, "auto"'s pick) in
+    fixed-point iteration. Differentiable through its steps (`ForwardDiffSensitivity`, "auto"'s pick, and
+    `ForwardSensitivity`, whose sensitivity DDE discretised on the same steps is their derivative) in
     u0, p and the values the functions close over: lags(p) and the history's parameters included, the
     breakpoints moving with the lags. Not yet: other sensealgs, Rosenbrock solvers, events, derivatives in
     the times, breakpoints of state-dependent lags (their steps are controlled by the error estimate alone).

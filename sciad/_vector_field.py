@@ -109,7 +109,26 @@ class VectorField(eqx.Module):
             self.dtype,
             self.p.size if self.merged else None,
         )
-        return g if self.products is None else differentiate_with(g, self.products)
+        return g if self.products is None else _with_products(g, self.products, self.dtype)
+
+
+def _with_products(g: Callable, backend, dtype) -> Callable:
+    """g(u, p, c, t, *extra) with its derivative products by `backend`, the extra arguments (PyTrees) passed to it
+    as flat arrays of `dtype` (an engine takes arrays; integer and boolean leaves are cast there and back)."""
+    direct = differentiate_with(g, backend)
+
+    def products(u, p, c, t, *extra):
+        if not extra:
+            return direct(u, p, c, t)
+        leaves, tree = jax.tree.flatten(extra)
+        dtypes = [x.dtype for x in leaves]
+
+        def flat(u, p, c, t, *xs):
+            return g(u, p, c, t, *jax.tree.unflatten(tree, [x.astype(d) for x, d in zip(xs, dtypes)]))
+
+        return differentiate_with(flat, backend)(u, p, c, t, *(jnp.asarray(x).astype(dtype) for x in leaves))
+
+    return products
 
 
 def _side_by_side(f: Callable, g: Callable) -> Callable:

@@ -42,6 +42,7 @@ class ForwardSensitivity(AbstractSensitivity):
     # error estimate does not see a stiff mode's error at the stability limit either (measured 2% off)
     follows_steps = True
     initialises = True  # consistent tangents: of u0's differential part and p alone
+    through_the_steps = True  # for a kind whose sensitivity equations are the derivative of its steps
 
     jvp: ad.AbstractBackend
     seminorm: bool
