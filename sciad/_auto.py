@@ -450,7 +450,15 @@ SDE_RULES = ("sde-few-parameters", "sde-reversible", "sde-many-parameters")
 
 
 def auto_dde_sensealg(
-    u0: PyTree[ArrayLike], p: PyTree[Any], ts: Real[ArrayLike, " T"], *, solver, lags: int, rtol: float, atol: float
+    u0: PyTree[ArrayLike],
+    p: PyTree[Any],
+    ts: Real[ArrayLike, " T"],
+    *,
+    solver,
+    lags: int,
+    rtol: float,
+    atol: float,
+    solver_reason: str = "given",
 ) -> Choice:
     """The `Choice` for a delay equation's solve by `solver` with `lags` lags, from shapes alone
     (`dde-through-steps`)."""
@@ -468,7 +476,7 @@ def auto_dde_sensealg(
         memory_budget=None,
         device=jax.default_backend(),
         solver=type(solver).__name__,
-        solver_reason="given",
+        solver_reason=solver_reason,
         delays=lags,
     )
     pick = heuristic(feat)

@@ -33,6 +33,7 @@ from sciad._problem import (
     check_tspan,
 )
 from sciad._pytrees import Layout, leaf_names
+from sciad._solver_choice import auto_solver
 from sciad._vector_field import VectorField
 from sciad.adjoints._base import AbstractSensitivity, Setup, interpolation_step_bytes, stored_steps
 from sciad.adjoints._loop import Stepper
@@ -269,6 +270,7 @@ class DDEField(eqx.Module):
     (the rate reading its past from the step's args), `stepping` (the loop's past, breakpoints and refinement)."""
 
     F: VectorField
+    solver: dfx.AbstractSolver  # what the past's steps are interpolations of
     lags: Any = eqx.field(static=True)
     order: int = eqx.field(static=True)  # the derivatives whose jumps the breakpoints follow
     history_steps: int = eqx.field(static=True)
@@ -280,6 +282,7 @@ class DDEField(eqx.Module):
     host_engines_refused: ClassVar[str] = (
         "a delay equation's solve takes JAX engines for its products (the solution's past enters them)"
     )
+    stiff_advice: ClassVar[str] = 'Pass solver="auto" or an implicit solver (solver="kvaerno5")'
     no_time_derivative: ClassVar[str] = (
         "a delay equation's solve is not differentiable in its times (tspan, saveat) yet: differentiate in u0, p "
         "(the lags and the history's parameters among them) with the times held (jax.lax.stop_gradient)"
@@ -324,7 +327,12 @@ class DDEField(eqx.Module):
     def open(self) -> Callable:
         return self.F.open()
 
-    def __call__(self, u, p, t, past):
+    def __call__(self, u, p, t, past: "Past | None" = None):
+        """F(u, p, t) reading `past`; without one, the past held at u (a constant, not differentiated): the rate
+        whose Jacobian in u is the instantaneous one (what the stability check of an explicit solver reads)."""
+        if past is None:
+            y = jax.lax.stop_gradient(jnp.concatenate([u, jnp.zeros((self.integrand_size,), u.dtype)]))
+            past = Past.empty(self.solver, y, -jnp.inf, self.history_steps)
         return self.F(u, p, t, past)
 
     def terms(self, solver, vector_field, noise):
@@ -433,6 +441,30 @@ def history_rate(prob: DDEProblem) -> Callable:
     return rate
 
 
+@dataclasses.dataclass(frozen=True)
+class _Instantaneous:
+    """A delay equation as an ODE for the stiffness estimate: f with its past held at the current state (not
+    differentiated), so that ∂f/∂u is the instantaneous Jacobian."""
+
+    f: Callable
+    u0: Any
+    p: Any
+    tspan: tuple
+    mass_matrix: None = None
+
+
+def auto_dde_solver(prob: DDEProblem, r: Request, rtol: float, atol: float) -> tuple[str, str]:
+    """(the solver's name, why): Tsit5, or Kvaerno5 where an explicit method would spend its steps on stability
+    (`sciad._solver_choice.auto_solver` on the instantaneous Jacobian ∂f/∂u)."""
+    held = _Instantaneous(
+        lambda u, p, t: prob.f(u, lambda s: jax.lax.stop_gradient(u), p, t), prob.u0, prob.p, prob.tspan
+    )
+    pick = auto_solver(held, r.u0, r.p, (r.t0, r.t1), rtol=rtol, atol=atol, jacobian="dense")
+    if pick.name == "tsit5":
+        return "tsit5", pick.reason
+    return "kvaerno5", pick.reason.replace("Rodas5P, linearly implicit", "Kvaerno5, implicit")
+
+
 def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     """The DDE's solve: a Runge-Kutta solver stepping the method of steps, adaptive, from t0 forwards."""
     if r.callbacks:
@@ -442,7 +474,10 @@ def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     o = r.options
     rtol, atol, controller, dt0 = check_steps(o["stepsize_controller"], r.dt0, r.rtol, r.atol, r.sign)
     check_tolerances(rtol, atol, r.max_steps)
-    solver = get_solver("tsit5" if r.solver in ("auto", None) else r.solver)
+    solver, solver_reason = r.solver, "given"
+    if solver is None or (isinstance(solver, str) and solver == "auto"):
+        solver, solver_reason = auto_dde_solver(prob, r, rtol, atol)
+    solver = get_solver(solver)
     if not isinstance(solver, (dfx.AbstractERK, dfx.AbstractImplicitSolver)) or getattr(
         solver, "linearly_implicit", False
     ):
@@ -454,21 +489,22 @@ def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     dtype = jnp.result_type(*jax.tree.leaves(r.u0), *jax.tree.leaves(eqx.filter(r.p, eqx.is_array)))
     n = sum(int(np.size(x)) for x in jax.tree.leaves(r.u0))
     k = r.entries
-    # the past's shape, for tracing f: a ring of one step
-    example = Past.empty(solver, jnp.zeros((n + k,), dtype), r.t0, 1)
-    F = VectorField.of(history_rate(prob), r.u0, r.p, r.t0, host=False, integrand=r.integrand, extra=(example,))
-    if callable(prob.lags):
-        closed = eqx.filter_closure_convert(lambda u, p: lag_values(prob.lags, u, p, r.t0), r.u0, r.p)
-        if jax.tree.leaves(eqx.filter(closed, lambda x: isinstance(x, jax.core.Tracer))):
-            raise ValueError("lags closes over traced values (ones being differentiated): pass them in p")
     history_steps = o["history_steps"]
     if history_steps is None:
         step_bytes = interpolation_step_bytes(solver, n + k, np.dtype(dtype).itemsize)
         history_steps = stored_steps(int(r.max_steps), step_bytes)
     if int(history_steps) < 1:
         raise ValueError(f"history_steps must be a positive integer, got {history_steps}")
+    history_steps = int(history_steps)
+    # f is traced (its closure hoisted) with a past of the solve's own shapes
+    example = Past.empty(solver, jnp.zeros((n + k,), dtype), r.t0, history_steps)
+    F = VectorField.of(history_rate(prob), r.u0, r.p, r.t0, host=False, integrand=r.integrand, extra=(example,))
+    if callable(prob.lags):
+        closed = eqx.filter_closure_convert(lambda u, p: lag_values(prob.lags, u, p, r.t0), r.u0, r.p)
+        if jax.tree.leaves(eqx.filter(closed, lambda x: isinstance(x, jax.core.Tracer))):
+            raise ValueError("lags closes over traced values (ones being differentiated): pass them in p")
     order = int(solver.order(dfx.ODETerm(lambda t, y, args: y))) + 1  # pyright: ignore[reportArgumentType]
-    field = DDEField(F, prob.lags, order, int(history_steps), float(rtol), float(atol))
+    field = DDEField(F, solver, prob.lags, order, history_steps, float(rtol), float(atol))
     times = jnp.asarray(r.ts, dtype)
     if r.entries:  # q(t1) is saved last
         times = jnp.append(times, jnp.asarray(r.t1, dtype))
@@ -486,7 +522,7 @@ def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     )
     u0 = jnp.asarray(F.u.ravel(r.u0), dtype)
     p = jnp.asarray(F.p.ravel(eqx.filter(r.p, eqx.is_array)), dtype)
-    return _DDEStaged(setup, u0, p, F.u, F.q, r)
+    return _DDEStaged(setup, u0, p, F.u, F.q, r, solver_reason)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -497,6 +533,7 @@ class _DDEStaged(Staged):
     u: Layout
     q: Layout | None
     request: Request
+    solver_reason: str
 
     def auto_sensealg(self) -> AbstractSensitivity:
         return self.choice().sensealg
@@ -508,7 +545,14 @@ class _DDEStaged(Staged):
         r, setup = self.request, self.setup
         lags = int(setup.f.lags_at(self.setup.state(self.u0), self.p, setup.t0).shape[0])
         return auto_dde_sensealg(
-            r.u0, (r.p, setup.f.held), r.ts, solver=setup.solver, lags=lags, rtol=setup.rtol, atol=setup.atol
+            r.u0,
+            (r.p, setup.f.held),
+            r.ts,
+            solver=setup.solver,
+            solver_reason=self.solver_reason,
+            lags=lags,
+            rtol=setup.rtol,
+            atol=setup.atol,
         )
 
     def plan(self):

@@ -716,9 +716,11 @@ STABILITY_LIMITED_MESSAGE = (
     "solver's stability limit (h ρ(∂f/∂u) ≈ {beta:.2g}): the problem is stiff for it. The step-size control keeps "
     "the solution bounded by rejecting steps, but the steps' linearisation, which carries the tangents and "
     "cotangents, multiplies the stiff modes by about 1 per step where they should decay, with no such feedback: "
-    'the gradient\'s error is not controlled, and can be off by many orders of magnitude. Pass solver="auto" '
-    'or an implicit solver (solver="rodas5p" or "kvaerno5"), or keep the solver with a continuous adjoint, '
-    "whose error is controlled (sensealg=sciad.GaussAdjoint())"
+    "the gradient's error is not controlled, and can be off by many orders of magnitude. {advice}"
+)
+STIFF_ADVICE = (
+    'Pass solver="auto" or an implicit solver (solver="rodas5p" or "kvaerno5"), or keep the solver with a '
+    "continuous adjoint, whose error is controlled (sensealg=sciad.GaussAdjoint())"
 )
 
 
@@ -729,8 +731,7 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
     solve. A solver without an explicit tableau, or a solve of fewer than `STABILITY_CHECKED_STEPS`
     accepted steps (in every member of a vmap batch), passes unchecked."""
     beta = stability_boundary(setup.solver)
-    # fixed steps: none controlled; a rate that reads the solve's past (a delay equation's): not checked yet
-    if beta is None or isinstance(setup.stepsize_controller, GridSteps) or hasattr(setup.f, "stepping"):
+    if beta is None or isinstance(setup.stepsize_controller, GridSteps):  # fixed steps: none controlled
         return outputs
     ys, stats = outputs[0], outputs[1]
     n = setup.n
@@ -743,7 +744,10 @@ def stability_limited(sensealg: "AbstractSensitivity", setup: Setup, u0, p, outp
     S = jax.lax.cond(batch_any(stats[1] >= STABILITY_CHECKED_STEPS), steps, lambda: jnp.zeros((), ys.dtype))
     pred = (S >= STABILITY_STEPS_MIN) & (stats[1] <= STABILITY_LIMITED * S)
     message = STABILITY_LIMITED_MESSAGE.format(
-        sensealg=type(sensealg).__name__, solver=type(setup.solver).__name__, beta=beta
+        sensealg=type(sensealg).__name__,
+        solver=type(setup.solver).__name__,
+        beta=beta,
+        advice=getattr(setup.f, "stiff_advice", STIFF_ADVICE),  # a kind's own remedies
     )
     arrays, rest = eqx.partition(outputs, eqx.is_array)
     return eqx.combine(error_if(arrays, pred, message), rest)
