@@ -40,7 +40,8 @@ from sciad.adjoints._loop import Stepper
 
 LAG_KINDS = {1: "parameter", 3: "state"}  # a callable's positional parameters -> what its lags depend on
 FIXED_POINT_ITERATIONS = 10  # at most, per step whose lag is shorter than the step
-FIXED_POINT_TOLERANCE = 1e-2  # iterate until the step's end moves by less than this share of its error tolerance
+FIXED_POINT_TOLERANCE = 1e-2
+PAST_STEPS = 2.0  # a step reads a past it may not outrun: at most this many times the past step it starts in
 
 
 class DDEProblem(AbstractProblem):
@@ -393,7 +394,13 @@ class DDEField(eqx.Module):
             short = jax.lax.stop_gradient(t1 - t0) > shortest
             return jax.lax.while_loop(more, again, (0, out, jnp.where(short, jnp.inf, 0.0).astype(dtype)))[1]
 
-        return Stepping(past, record, self.breakpoints(y0, p, t0), refine, self.history_steps)
+        def limit(past, t, y, t_next):
+            s = t - self.lags_at(y, p, t)
+            index = jax.vmap(past._index)(s)
+            resolved = jnp.where((s >= past.t0) & (past.count > 0), past.ends[index] - past.starts[index], jnp.inf)
+            return jnp.minimum(t_next, t + PAST_STEPS * jnp.min(resolved))
+
+        return Stepping(past, record, self.breakpoints(y0, p, t0), refine, limit, self.history_steps)
 
 
 class Stepping(eqx.Module):
@@ -403,6 +410,7 @@ class Stepping(eqx.Module):
     record: Callable
     jump_ts: jax.Array | None
     refine: Callable
+    limit: Callable
     size: int = eqx.field(static=True)
 
     def controller(self, controller: dfx.AbstractStepSizeController) -> dfx.AbstractStepSizeController:

@@ -225,7 +225,7 @@ class Setup(eqx.Module):
         if stepping is not None:
             stepping = stepping(self.solver, y0, args, t0)
             controller = stepping.controller(controller)
-            past = {"carried": stepping.past, "on_step": stepping.record, "carried_args": True}
+            past = {"carried": stepping.past, "on_step": stepping.record, "carried_args": True, "limit": stepping.limit}
             past |= {"jump_ts": stepping.jump_ts}
         sol = integrate(
             Stepper.of(term, self.solver, controller, refine=stepping and stepping.refine),

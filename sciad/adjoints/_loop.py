@@ -251,6 +251,7 @@ def integrate(
     carried=None,
     until: typing.Callable | None = None,
     carried_args: bool = False,
+    limit: typing.Callable | None = None,
     jump_ts=None,
     result=dfx.RESULTS.successful,
 ) -> Trajectory:
@@ -266,7 +267,8 @@ def integrate(
     - `dense`: the steps' dense output, `Trajectory.interpolation`;
     - `on_step(carried, t_start, t_end, y_end, interpolation) -> carried` on each accepted step, from
       `carried`; the solve stops after the step where `until(carried)` holds; `carried_args`: the solver's steps
-      take (args, carried) as their args (what they read of the solve so far: a delay equation's past);
+      take (args, carried) as their args (what they read of the solve so far: a delay equation's past), and
+      `limit(carried, t, y, t_next) -> t_next` bounds the step the controller proposes next from (t, y);
     - `jump_ts` (J,): the times the controller steps to just before and restarts just after
       (`diffrax.ClipStepSizeController`'s), differentiable: a step clipped to one moves with it.
     A solve whose `result` already failed takes no step.
@@ -318,6 +320,9 @@ def integrate(
             at.t, at.t_next, at.y, y1, stepping(carried), error, at.controller_state
         )
         t_prev = jnp.minimum(t_prev, t1)
+        select = lambda a, b: jax.tree.map(lambda x, z: jnp.where(keep, x, z), a, b)  # noqa: E731
+        if limit is not None:
+            t_next = limit(carried, t_prev, select(y1, at.y), t_next)
         # Step sizes carry no derivative (times do: a step moves with its start, and the last one with t1, or
         # with the jump time it is clipped to).
         t_next = t_prev + jax.lax.stop_gradient(t_next - t_prev)
@@ -330,7 +335,6 @@ def integrate(
         proposed = t_next - t_prev
         proposed = jnp.where(keep & (at.t_next >= t1), jnp.maximum(proposed, at.proposed), proposed)
         t_next = jnp.where(t_next > floor, jnp.where(keep, t1, t_prev + 0.5 * (t1 - t_prev)), t_next)
-        select = lambda a, b: jax.tree.map(lambda x, z: jnp.where(keep, x, z), a, b)  # noqa: E731
         y = select(y1, at.y)
         solver_result = dfx.RESULTS.where(keep, solver_result, dfx.RESULTS.successful)
         result = dfx.RESULTS.where(dfx.is_okay(result), solver_result, result)
