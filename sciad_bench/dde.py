@@ -26,10 +26,10 @@ float64 throughout.
    beyond it WRONG and not timed. Also reported: each against torchdde's backpropagated gradient, and sciad's
    `jax.grad` at the benchmark tolerance against central differences of its own loss at that tolerance (an
    adaptive solve's loss is not smooth in p at the step-control level: that check is loose by nature).
-3. **Neural DDE** (full runs): u ∈ R², u' = MLP(u(t), u(t − τ)) (4 → 32 → 2, tanh; 226 weights and τ, 227
-   parameters), history u = (1, 0), t ∈ [0, 10] saved at t = 1, …, 10, loss Σ (u(tᵢ) − target)² against a
-   target made by other weights; sciad (ForwardDiffSensitivity: one tangent per parameter) against torchdde's
-   adjoint and backpropagation. Same checks.
+3. **Neural DDE** (full runs): u ∈ R², u' = MLP(u(t), u(t − τ)) (4 → 32 → 2, tanh; 226 weights and τ = 1, 227
+   parameters), history u = (1, 0), t ∈ [0, 10] saved at t = 1, …, 10, loss Σ (u(tᵢ) − 0.5 (cos tᵢ, sin tᵢ))²;
+   sciad (ForwardDiffSensitivity: one tangent per parameter) against torchdde's adjoint and backpropagation.
+   Same checks, the reference by central differences in each of the 227 parameters.
 
 Timing: the JAX rows and jitcdde together in interleaved rounds (median of `ROUNDS`), torchdde's in rounds of
 their own (torch's threads), first calls (`compile_s`: trace, compile and first run; jitcdde's C code
@@ -81,6 +81,8 @@ JITCDDE = "jitcdde"
 # torchdde's adjoint with its adaptive controller returns zeros here; with fixed steps (its examples' set-up) it runs:
 # these steps, the save grid as fine (its adjoint steps between saves).
 ADJOINT_DT = 0.5
+NEURAL_ADJOINT_DT = 0.05
+NEURAL_FD_STEP = 1e-5
 
 
 # --- Mackey–Glass in each library ---------------------------------------------------------------------------------
@@ -144,6 +146,23 @@ class Jitcdde:
             warnings.simplefilter("ignore")
             self.dde = jitcdde([BETA * past / (1 + past**N) - GAMMA * y(0)], verbose=False)
             self.dde.compile_C()
+
+    def accepted_steps(self) -> int:
+        """The steps a `solve()` accepts (counted on a solve of its own, untimed)."""
+        dde, count = self.dde, [0]
+        step = dde.try_single_step
+
+        def counted(length):
+            accepted = step(length)
+            count[0] += bool(accepted)
+            return accepted
+
+        dde.try_single_step = counted
+        try:
+            self.solve()
+        finally:
+            del dde.try_single_step
+        return count[0]
 
     def solve(self) -> np.ndarray:
         dde = self.dde
@@ -254,7 +273,7 @@ def _jax_row(name, solver, tol, build, p=P0) -> Row:
         fn, q = build(solver, tol), jnp.asarray(p)
         return (lambda: fn(q)), (lambda out: int(out[1]) if isinstance(out, tuple) else None)
 
-    return Row(name, "sciad", solver, tol, make)
+    return Row(name, "sciad", "Tsit5 (auto)" if solver == "auto" else solver, tol, make)
 
 
 def forward_rows(quick: bool) -> list[Row]:
@@ -267,7 +286,7 @@ def forward_rows(quick: bool) -> list[Row]:
 
     def jitc():
         solver = Jitcdde(TOL)
-        return solver.solve, lambda out: None
+        return solver.solve, lambda out: solver.accepted_steps()
 
     return [*rows, Row(JITCDDE, "peer", "Bogacki–Shampine (its own)", TOL, jitc)]
 
@@ -344,7 +363,7 @@ def _forward_checks(records: list[dict], reference: np.ndarray) -> None:
             continue
         u = np.asarray(r["output"])
         r["error"] = float(np.max(np.abs(u - reference)))
-        r["vs_peer"] = None if peer is None else float(np.max(np.abs(u - peer)))
+        r["vs_peer"] = None if peer is None or r["name"] == JITCDDE else float(np.max(np.abs(u - peer)))
         r["ok"] = r["error"] <= AGREE
         r["status"] = "ok" if r["ok"] else f"off by {r['error']:.1e} > {AGREE:g} (timed)"
 
@@ -357,7 +376,8 @@ def _gradient_checks(records: list[dict], reference: np.ndarray) -> None:
             continue
         g = np.asarray(r["output"])
         r["error"] = relative_error(g, reference)
-        r["per_parameter"] = (np.abs(g - reference) / np.abs(reference)).tolist()
+        floor = 1e-3 * np.max(np.abs(reference))  # components near 0: relative to a thousandth of the largest
+        r["per_parameter"] = (np.abs(g - reference) / np.maximum(np.abs(reference), floor)).tolist()
         r["vs_peer"] = None if peer is None or r["name"] == TORCH_BACKPROP else relative_error(g, peer)
         r["ok"] = r["error"] <= GRADIENT_OK
         if r["ok"]:
@@ -366,6 +386,149 @@ def _gradient_checks(records: list[dict], reference: np.ndarray) -> None:
             r["status"] = f"inaccurate: {r['error']:.1e} > {GRADIENT_OK:g} (timed)"
         else:
             r["status"] = f"WRONG gradient: {r['error']:.1e} > {GRADIENT_GATE:g} (not timed)"
+
+
+# --- a neural DDE: u' = MLP(u(t), u(t − τ)), in sciad and torchdde --------------------------------------------------
+
+WIDTH = 32
+STATES = 2
+NEURAL_TAU = 1.0
+NEURAL_T1 = 10.0
+NEURAL_SAVES = np.linspace(1.0, NEURAL_T1, 10)
+NEURAL_HISTORY = np.array([1.0, 0.0])
+NEURAL_TARGET = 0.5 * np.stack([np.cos(NEURAL_SAVES), np.sin(NEURAL_SAVES)], axis=1)
+WEIGHTS = 2 * STATES * WIDTH + WIDTH + WIDTH * STATES + STATES  # 4 → WIDTH → 2: 226
+
+
+def neural_p0(seed: int = 0) -> np.ndarray:
+    """The MLP's weights (Glorot-scaled normal, zero biases) then τ: (WEIGHTS + 1,)."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.normal(0.0, (2 / (2 * STATES + WIDTH)) ** 0.5, (WIDTH, 2 * STATES))
+    w2 = rng.normal(0.0, (2 / (WIDTH + STATES)) ** 0.5, (STATES, WIDTH))
+    return np.concatenate([w1.ravel(), np.zeros(WIDTH), w2.ravel(), np.zeros(STATES), [NEURAL_TAU]])
+
+
+def _unpack(p):
+    i = WIDTH * 2 * STATES
+    w1 = p[:i].reshape(WIDTH, 2 * STATES)
+    b1 = p[i : i + WIDTH]
+    w2 = p[i + WIDTH : i + WIDTH + STATES * WIDTH].reshape(STATES, WIDTH)
+    b2 = p[i + WIDTH + STATES * WIDTH : WEIGHTS]
+    return w1, b1, w2, b2
+
+
+def neural_f(u, h, p, t):
+    w1, b1, w2, b2 = _unpack(p)
+    return w2 @ jnp.tanh(w1 @ jnp.concatenate([u, h(t - p[-1])]) + b1) + b2
+
+
+def neural_forward(tol: float = TOL) -> Callable:
+    """p -> (u at `NEURAL_SAVES` (10, 2), accepted steps), jitted."""
+    prob = sciad.DDEProblem(
+        neural_f, jnp.asarray(NEURAL_HISTORY), None, (0.0, NEURAL_T1), jnp.asarray(neural_p0()), lags=lambda p: (p[-1],)
+    )
+
+    @jax.jit
+    def forward(p):
+        sol = sciad.solve(prob, p=p, saveat=jnp.asarray(NEURAL_SAVES), rtol=tol, atol=tol, max_steps=100_000)
+        return sol.us, sol.stats["accepted_steps"]
+
+    return forward
+
+
+def neural_loss_of(us) -> float:
+    return float(np.sum((np.asarray(us) - NEURAL_TARGET) ** 2))
+
+
+def neural_gradient(solver: str = "auto", tol: float = TOL) -> Callable:
+    """p -> ∇ Σ (u(tᵢ) − target)², `jax.grad` of the jitted loss (sensealg "auto")."""
+    forward = neural_forward(tol).__wrapped__  # pyright: ignore[reportFunctionMemberAccess]  # jax.jit's wrapped function
+    return jax.jit(jax.grad(lambda p: jnp.sum((forward(p)[0] - NEURAL_TARGET) ** 2)))
+
+
+def torchdde_neural_gradient(adjoint: bool, tol: float = TOL, fixed: float | None = None) -> Callable:
+    """() -> ∇loss (the weights, then τ) by torchdde, as `torchdde_gradient`."""
+    import torch
+    import torchdde
+
+    spacing = fixed or float(NEURAL_SAVES[1] - NEURAL_SAVES[0])
+    ts = torch.linspace(0.0, NEURAL_T1, round(NEURAL_T1 / spacing) + 1, dtype=torch.float64)
+    saved = torch.as_tensor(np.rint(NEURAL_SAVES / spacing).astype(int))
+    history = torch.as_tensor(NEURAL_HISTORY[None, :])
+    target = torch.as_tensor(NEURAL_TARGET)
+    w1, b1, w2, b2 = (torch.as_tensor(np.array(x)) for x in _unpack(neural_p0()))
+
+    class NeuralDDE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.delays = torch.nn.Parameter(torch.tensor([NEURAL_TAU], dtype=torch.float64))  # first: its adjoint
+            self.w1, self.b1 = torch.nn.Parameter(w1.clone()), torch.nn.Parameter(b1.clone())
+            self.w2, self.b2 = torch.nn.Parameter(w2.clone()), torch.nn.Parameter(b2.clone())
+
+        def forward(self, t, y, args, *, history):
+            return torch.tanh(torch.cat([y, history[0]], dim=-1) @ self.w1.T + self.b1) @ self.w2.T + self.b2
+
+    def gradient():
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            module = NeuralDDE()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ys = torchdde.integrate(
+                    module,
+                    torchdde.Bosh3(),
+                    ts[0],
+                    ts[-1],
+                    ts,
+                    lambda t: history,
+                    None,
+                    stepsize_controller=torchdde.ConstantStepSizeController()
+                    if fixed
+                    else torchdde.AdaptiveStepSizeController(atol=tol, rtol=tol),
+                    dt0=torch.tensor(fixed, dtype=torch.float64) if fixed else None,
+                    delays=module.delays,
+                    discretize_then_optimize=not adjoint,
+                    max_steps=100_000,
+                )
+                ((ys[0, saved] - target) ** 2).sum().backward()
+            grads = [
+                torch.as_tensor(x.grad).reshape(-1) for x in (module.w1, module.b1, module.w2, module.b2, module.delays)
+            ]
+            return torch.cat(grads).numpy().copy()
+        finally:
+            torch.set_num_threads(threads)
+
+    return gradient
+
+
+def neural_rows() -> list[Row]:
+    def make():
+        fn, q = neural_gradient("auto", TOL), jnp.asarray(neural_p0())
+        return (lambda: fn(q)), (lambda out: None)
+
+    def torch_row(name, adjoint, solver, fixed):
+        return Row(
+            name, "peer", solver, TOL, lambda: (torchdde_neural_gradient(adjoint, fixed=fixed), lambda out: None), True
+        )
+
+    return [
+        Row(AUTO, "sciad", "Tsit5 (auto)", TOL, make),
+        torch_row(TORCH_BACKPROP, False, "Bosh3", None),
+        torch_row(TORCH_ADJOINT, True, f"Bosh3, fixed dt {NEURAL_ADJOINT_DT:g}", NEURAL_ADJOINT_DT),
+    ]
+
+
+def neural_reference() -> np.ndarray:
+    """∇loss by central differences of sciad's solve at `GRADIENT_REFERENCE_TOL`, steps `NEURAL_FD_STEP`."""
+    forward, p0 = neural_forward(GRADIENT_REFERENCE_TOL), neural_p0()
+    out = np.zeros(p0.size)
+    for i in range(p0.size):
+        e = np.zeros(p0.size)
+        e[i] = NEURAL_FD_STEP
+        plus, minus = (neural_loss_of(forward(jnp.asarray(p0 + s * e))[0]) for s in (1, -1))
+        out[i] = (plus - minus) / (2 * NEURAL_FD_STEP)
+    return out
 
 
 # --- the run ---------------------------------------------------------------------------------------------------------
@@ -415,6 +578,12 @@ def run_dde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
             tight, gradient_reference
         )
     records += gradients
+    if not quick:
+        log(f"  neural: reference (central differences of sciad's loss at rtol = atol = {GRADIENT_REFERENCE_TOL:g})")
+        neural = neural_reference()
+        found = measure("neural", neural_rows(), neural, rounds, log)
+        _gradient_checks(found, neural)
+        records += found
     for r in records:
         log(
             f"  {r['part']:8s} {r['name']:48s} {seconds(r['median_s'])} s (first {seconds(r['compile_s'])} s) "
@@ -521,35 +690,74 @@ def markdown(result: dict) -> str:
         f"within {AGREE:g}; rows off by more are timed all the same and marked.",
         "",
     ]
-    gradients = [r for r in records if r["part"] == "gradient"]
-    base = next((r for r in gradients if r["name"] == AUTO), None)
-    lines += [
+    lines += _gradient_table(
         "## Gradient of Σ u(tᵢ)² in (β, γ, n, τ)",
+        [r for r in records if r["part"] == "gradient"],
+        "per parameter (β, γ, n, τ)",
+        lambda per: ", ".join(f"{x:.0e}" for x in per),
+    )
+    ref = result["reference"]["gradient"]
+    lines += [
+        f"Reference: central differences of sciad's loss at rtol = atol = {GRADIENT_REFERENCE_TOL:g} (steps "
+        f"{FD_STEP:g}·|pᵢ|): ∇ = ({', '.join(f'{x:.6g}' for x in ref)}). Relative errors in the max norm (per "
+        "parameter: each component's, relative to the larger of it and a thousandth of the largest); "
+        f"ok within {GRADIENT_OK:g}, timed but marked inaccurate within {GRADIENT_GATE:g}, WRONG and not timed "
+        "beyond. sciad's gradient: `jax.grad` of the jitted loss (ForwardDiffSensitivity, auto's pick); "
+        "torchdde's: `integrate` with its adjoint, or backpropagation through its steps (its adaptive controller "
+        f"at the same tolerances; its adjoint returns zeros with that controller, so it runs with fixed steps of "
+        f"{ADJOINT_DT:g}, its examples' set-up, saving every step: its adjoint steps between saves). torchdde "
+        "0.1.3's adjoint is not a gradient here: for β, γ and n it returns (t1 − t0)·θ = 100·(β, γ, n) (in "
+        "adjoint_dde.py the parameters' right-hand side negates the saved parameter tensors, `params`, where "
+        "their vector-Jacobian products are meant).",
+        "",
+    ]
+    neural = [r for r in records if r["part"] == "neural"]
+    if neural:
+        lines += _gradient_table(
+            f"## Neural DDE: gradient in {WEIGHTS} weights and τ",
+            neural,
+            "weights (worst), τ",
+            lambda per: f"{max(per[:-1]):.0e}, {per[-1]:.0e}",
+        )
+        lines += [
+            f"u ∈ R², u' = MLP(u(t), u(t − τ)) (4 → {WIDTH} → 2, tanh), τ = {NEURAL_TAU:g}, history "
+            f"{tuple(NEURAL_HISTORY.tolist())}, t ∈ [0, {NEURAL_T1:g}] saved at t = 1, …, {NEURAL_T1:g}, loss "
+            "Σ (u(tᵢ) − 0.5 (cos tᵢ, sin tᵢ))², rtol = atol = 1e-6. Reference: central differences of sciad's loss "
+            f"at {GRADIENT_REFERENCE_TOL:g} (steps {NEURAL_FD_STEP:g}). sciad: ForwardDiffSensitivity, one tangent "
+            f"per parameter; torchdde's adjoint with fixed steps of {NEURAL_ADJOINT_DT:g}.",
+            "",
+        ]
+    if result["checks"]:
+        lines += ["Checks:", ""] + [f"- {k}: {v:.1e}" for k, v in result["checks"].items()] + [""]
+    return "\n".join(lines) + "\n"
+
+
+def _gradient_table(title: str, group: list[dict], per_title: str, per_format) -> list[str]:
+    base = next((r for r in group if r["name"] == AUTO), None)
+    lines = [
+        title,
         "",
         "| method | solver | rtol | median (ms) | rounds | × sciad auto | first call (s) | rel. error vs reference "
-        "| per parameter (β, γ, n, τ) | rel. diff vs torchdde backprop | status |",
+        f"| {per_title} | rel. diff vs torchdde backprop | status |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
-    for r in gradients:
-        per = "–" if r.get("per_parameter") is None else ", ".join(f"{x:.0e}" for x in r["per_parameter"])
+    for r in group:
+        per = "–" if r.get("per_parameter") is None else per_format(r["per_parameter"])
         lines.append(
             f"| {r['name']} | {r['solver']} | {r['rtol']:g} | {_ms(r['median_s'])} | {len(r['times_s'])} | "
             f"{_ratio(r, base)} | {seconds(r['compile_s'])} | {_e(r['error'])} | {per} | {_e(r['vs_peer'])} | "
             f"{r['status']} |"
         )
-    ref = result["reference"]["gradient"]
-    lines += [
-        "",
-        f"Reference: central differences of sciad's loss at rtol = atol = {GRADIENT_REFERENCE_TOL:g} (steps "
-        f"{FD_STEP:g}·|pᵢ|): ∇ = ({', '.join(f'{x:.6g}' for x in ref)}). Relative errors in the max norm; "
-        f"ok within {GRADIENT_OK:g}, timed but marked inaccurate within {GRADIENT_GATE:g}, WRONG and not timed "
-        "beyond. sciad's gradient: `jax.grad` of the jitted loss (ForwardDiffSensitivity, auto's pick); "
-        "torchdde's: `integrate` with its adjoint, or backpropagation through its steps.",
-        "",
-    ]
-    if result["checks"]:
-        lines += ["Checks:", ""] + [f"- {k}: {v:.1e}" for k, v in result["checks"].items()] + [""]
-    return "\n".join(lines) + "\n"
+    return [*lines, ""]
+
+
+def _label(r) -> str:
+    """A figure's row: name, the peer's solver, the tolerance, and how far off a timed row that failed its check is."""
+    label = r["name"] + (f" ({r['solver']})" if r["kind"] == "peer" else "")
+    label += "" if "rtol" in r["name"] else f", rtol {r['rtol']:g}"
+    if r["median_s"] and not r["ok"]:
+        label += f" [error {r['error']:.0e}]"
+    return label
 
 
 def figure(result: dict, path) -> None:
@@ -568,11 +776,15 @@ def figure(result: dict, path) -> None:
         squeeze=False,
         layout="constrained",
     )
-    titles = {"forward": "forward solve", "gradient": "gradient of Σ u(tᵢ)² in (β, γ, n, τ)", "neural": "neural DDE"}
+    titles = {
+        "forward": "Mackey–Glass, forward solve",
+        "gradient": "Mackey–Glass, gradient of Σ u(tᵢ)² in (β, γ, n, τ)",
+        "neural": f"neural DDE (MLP 4 → {WIDTH} → 2), gradient in its {WEIGHTS} weights and τ",
+    }
     for ax, (part, group) in zip(axes[:, 0], parts.items()):
         rows = [
             {
-                "label": f"{r['name']} ({r['solver']}, rtol {r['rtol']:g})",
+                "label": _label(r),
                 "kind": r["kind"],
                 "ok": bool(r["median_s"]),
                 "times": r["times_s"],
@@ -582,7 +794,7 @@ def figure(result: dict, path) -> None:
             for r in group
         ]
         plots._violins(ax, sorted(rows, key=lambda r: (r["median_s"] is None, r["median_s"] or 0.0)))
-        ax.set_title(f"Mackey–Glass, {titles.get(part, part)} (time per call)", fontsize=9)
+        ax.set_title(f"{titles.get(part, part)} (time per call)", fontsize=9)
     fig.suptitle(
         f"DDEs: sciad (blue) vs jitcdde and torchdde (orange){' (quick)' if result['quick'] else ''}", fontsize=10
     )
