@@ -246,7 +246,7 @@ def torchdde_gradient(adjoint: bool, tol: float = TOL, fixed: float | None = Non
 class Row:
     """One timed method: `make()` returns (the call to time, () -> its checked output, info) after its set-up."""
 
-    def __init__(self, name: str, kind: str, solver: str, rtol: float, make: Callable, torch: bool = False):
+    def __init__(self, name: str, kind: str, solver: str, rtol: float | None, make: Callable, torch: bool = False):
         self.name, self.kind, self.solver, self.rtol, self.make, self.torch = name, kind, solver, rtol, make, torch
 
 
@@ -304,7 +304,7 @@ def gradient_rows(quick: bool) -> list[Row]:
             name,
             "peer",
             solver,
-            TOL,
+            None if fixed else TOL,
             lambda: (torchdde_gradient(adjoint, fixed=fixed), lambda out: None),
             torch=True,
         )
@@ -509,7 +509,12 @@ def neural_rows() -> list[Row]:
 
     def torch_row(name, adjoint, solver, fixed):
         return Row(
-            name, "peer", solver, TOL, lambda: (torchdde_neural_gradient(adjoint, fixed=fixed), lambda out: None), True
+            name,
+            "peer",
+            solver,
+            None if fixed else TOL,
+            lambda: (torchdde_neural_gradient(adjoint, fixed=fixed), lambda out: None),
+            True,
         )
 
     return [
@@ -592,7 +597,7 @@ def run_dde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
     result = {
         "experiment": "dde",
         "quick": quick,
-        "machine": f"{os.cpu_count()} cores, CPU ({platform.machine()})",
+        "machine": f"{os.cpu_count()} cores, CPU ({_cpu_model()})",
         "load_average": {"start": load, "end": os.getloadavg()},
         "cores": os.cpu_count(),
         "versions": _versions(),
@@ -612,6 +617,14 @@ def run_dde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
     log(table)
     log(f"dde: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
     return result
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
 
 
 def _versions() -> dict:
@@ -650,6 +663,10 @@ def _ratio(r, base) -> str:
     return f"{r['median_s'] / base['median_s']:.3g}×"
 
 
+def _g(x) -> str:
+    return "–" if x is None else format(x, "g")
+
+
 def _e(x) -> str:
     return "–" if x is None else format(x, ".1e")
 
@@ -670,24 +687,26 @@ def markdown(result: dict) -> str:
         "",
     ]
     forward = [r for r in records if r["part"] == "forward"]
+    per_step = lambda r: "–" if not (r["median_s"] and r["steps"]) else f"{1e6 * r['median_s'] / r['steps']:.3g}"  # noqa: E731
     base = next((r for r in forward if r["name"] == AUTO), None)
     lines += [
         "## Forward solve",
         "",
-        "| method | solver | median (ms) | rounds | × sciad auto | first call (s) | steps | max error vs reference "
-        "| max diff vs jitcdde | status |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| method | solver | rtol | median (ms) | rounds | × sciad auto | first call (s) | accepted steps "
+        "| µs per step | max error vs reference | max diff vs jitcdde | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in forward:
         lines.append(
-            f"| {r['name']} | {r['solver']} | {_ms(r['median_s'])} | {len(r['times_s'])} | {_ratio(r, base)} | "
-            f"{seconds(r['compile_s'])} | {r['steps'] if r['steps'] is not None else '–'} | {_e(r['error'])} | "
-            f"{_e(r['vs_peer'])} | {r['status']} |"
+            f"| {r['name']} | {r['solver']} | {r['rtol']:g} | {_ms(r['median_s'])} | {len(r['times_s'])} | "
+            f"{_ratio(r, base)} | {seconds(r['compile_s'])} | {r['steps'] if r['steps'] is not None else '–'} | "
+            f"{per_step(r)} | {_e(r['error'])} | {_e(r['vs_peer'])} | {r['status']} |"
         )
     lines += [
         "",
         f"Reference: jitcdde at rtol = atol = {REFERENCE_TOL:g}. Check: max |u − reference| over the save times "
-        f"within {AGREE:g}; rows off by more are timed all the same and marked.",
+        f"within {AGREE:g}; rows off by more are timed all the same and marked. µs per step: the median over the "
+        "accepted steps (rejected steps' cost included).",
         "",
     ]
     lines += _gradient_table(
@@ -744,7 +763,7 @@ def _gradient_table(title: str, group: list[dict], per_title: str, per_format) -
     for r in group:
         per = "–" if r.get("per_parameter") is None else per_format(r["per_parameter"])
         lines.append(
-            f"| {r['name']} | {r['solver']} | {r['rtol']:g} | {_ms(r['median_s'])} | {len(r['times_s'])} | "
+            f"| {r['name']} | {r['solver']} | {_g(r['rtol'])} | {_ms(r['median_s'])} | {len(r['times_s'])} | "
             f"{_ratio(r, base)} | {seconds(r['compile_s'])} | {_e(r['error'])} | {per} | {_e(r['vs_peer'])} | "
             f"{r['status']} |"
         )
@@ -754,7 +773,7 @@ def _gradient_table(title: str, group: list[dict], per_title: str, per_format) -
 def _label(r) -> str:
     """A figure's row: name, the peer's solver, the tolerance, and how far off a timed row that failed its check is."""
     label = r["name"] + (f" ({r['solver']})" if r["kind"] == "peer" else "")
-    label += "" if "rtol" in r["name"] else f", rtol {r['rtol']:g}"
+    label += "" if "rtol" in r["name"] or r["rtol"] is None else f", rtol {r['rtol']:g}"
     if r["median_s"] and not r["ok"]:
         label += f" [error {r['error']:.0e}]"
     return label
