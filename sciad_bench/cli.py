@@ -7,7 +7,7 @@ from sciad_bench.harness import SLOW_CALL
 from sciad_bench.suite import FAMILIES
 from sciad_bench.suite import ROUNDS as SUITE_ROUNDS
 
-BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses", "events", "large-stiff", "dae", "sde")
+BENCHMARKS = (*PLANS, "selection", "suite", "ensemble", "losses", "events", "large-stiff", "dae", "sde", "dde")
 
 
 def main(argv=None) -> None:
@@ -85,6 +85,10 @@ def main(argv=None) -> None:
         from sciad_bench.sde import run_sde
 
         run_sde(quick=args.quick, repeats=args.repeats, out=args.out)
+    elif args.name == "dde":
+        from sciad_bench.dde import run_dde
+
+        run_dde(quick=args.quick, repeats=args.repeats, out=args.out)
     elif args.name == "selection":
         from sciad_bench.selection import run_selection
 
