@@ -4,6 +4,7 @@ import pathlib
 import shutil
 
 from sciad_bench.dae import run_dae
+from sciad_bench.dde import run_dde
 from sciad_bench.events import run_events
 from sciad_bench.experiments import PLANS, run_experiment
 from sciad_bench.large_stiff import run_large_stiff
@@ -34,6 +35,7 @@ def reproduce(*, results="results", paper="paper", repeats: int = 5, quick: bool
         ("large-stiff", run_large_stiff),
         ("dae", run_dae),
         ("sde", run_sde),
+        ("dde", run_dde),
     ):
         run(quick=quick, repeats=repeats, out=results / name)
         shutil.copy(results / name / f"{name}.png", paper / "figures" / f"{name}.png")
