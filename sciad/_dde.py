@@ -374,25 +374,31 @@ class DDEField(eqx.Module):
             reach = reach0 if constant else jnp.max(self.lags_at(y_end, p, t_end))
             return past.recorded(t_start, t_end, interpolation, reach)
 
-        def refine(step, t0, t1, y, args, solver_state, made_jump, out):
+        def refine(step, t0, t1, y, args, solver_state, made_jump):
             p, past = args
             shortest = jax.lax.stop_gradient(jnp.min(self.lags_at(y, p, t0)))
             scale = self.atol + self.rtol * jnp.abs(y)
+            # iterate where the step reads a time inside itself (under vmap: while some member does)
+            short = jax.lax.stop_gradient(t1 - t0) > shortest
 
             def more(carry):
                 i, _, change = carry
-                return (i < FIXED_POINT_ITERATIONS) & (change > FIXED_POINT_TOLERANCE)
+                return (i == 0) | (short & (i <= FIXED_POINT_ITERATIONS) & (change > FIXED_POINT_TOLERANCE))
 
-            def again(carry):
+            def again(carry):  # the step, then again from the past with this step's own interpolation in it
                 i, out, _ = carry
-                guess = past.refined(solver.interpolation_cls(t0=t0, t1=t1, **out[2]))
+                this = solver.interpolation_cls(t0=t0, t1=t1, **out[2])
+                guess = dataclasses.replace(past, current=this, refining=i > 0)
                 new = step(t0, t1, y, (p, guess), solver_state, made_jump)
                 change = jnp.max(jnp.abs(jax.lax.stop_gradient(new[0] - out[0])) / scale)
                 return i + 1, new, change
 
-            # no iteration where the step reads no time inside itself (under vmap: where no member's does)
-            short = jax.lax.stop_gradient(t1 - t0) > shortest
-            return jax.lax.while_loop(more, again, (0, out, jnp.where(short, jnp.inf, 0.0).astype(dtype)))[1]
+            # one program of the step: its first pass reads the past alone (this step's interpolation of zeros unread)
+            shape = eqx.filter_eval_shape(step, t0, t1, y, args, solver_state, made_jump)
+            zeros = jax.tree.map(
+                lambda x: jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x, shape
+            )
+            return jax.lax.while_loop(more, again, (0, zeros, jnp.asarray(jnp.inf, dtype)))[1]
 
         def limit(past, t, y, t_next):
             s = t - self.lags_at(y, p, t)

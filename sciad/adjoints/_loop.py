@@ -28,8 +28,8 @@ class Stepper(eqx.Module):
     terms: dfx.AbstractTerm
     solver: dfx.AbstractSolver
     controller: dfx.AbstractStepSizeController
-    # A kind's refinement of a step, refine(step, t0, t1, y, args, solver_state, made_jump, out) -> out, `step`
-    # this stepper's own (a delay equation's fixed-point iteration where a lag is shorter than the step)
+    # A kind's step around the solver's, refine(step, t0, t1, y, args, solver_state, made_jump) -> `step`'s outputs,
+    # `step` the solver's (a delay equation's fixed-point iteration where a lag is shorter than the step)
     refine: typing.Callable | None = None
 
     @classmethod
@@ -73,10 +73,9 @@ class Stepper(eqx.Module):
         the same step as the solver's, in one straight-line program, where diffrax loops over the stages. (An
         SDE's steps stay in diffrax's loop: adaptive steps on a Brownian path follow the last bit of each step's
         arithmetic, and XLA rounds a straight-line step differently where it fuses it with the tangents'.)"""
-        out = self.solver_step(t0, t1, y, args, solver_state, made_jump)
         if self.refine is None:
-            return out
-        return self.refine(self.solver_step, t0, t1, y, args, solver_state, made_jump, out)
+            return self.solver_step(t0, t1, y, args, solver_state, made_jump)
+        return self.refine(self.solver_step, t0, t1, y, args, solver_state, made_jump)
 
     def solver_step(self, t0, t1, y, args, solver_state, made_jump) -> tuple:
         """The solver's step alone (`step` before the kind's refinement)."""
