@@ -172,17 +172,17 @@ def solve(
     `Solution.brownian` is the path it used. Not yet: state-dependent events and t1 < t0 (refused
     naming the fix).
 
-    A `DDEProblem` is solved by the method of steps: a Runge-Kutta solver ("auto": Tsit5; implicit ones,
-    e.g. "kvaerno5", for stiff delay equations),
-    adaptive, its rate reading the solution's own dense output at the past times it asks for (the last
-    `history_steps` steps kept, default as many as fit a small memory budget; a `SolveError` says when the
-    lags reach back further), its steps landing on the breakpoints t0 + Σ kᵢ τᵢ (up to the solver's order
-    + 1) where lags do not depend on the state, and a step longer than the shortest lag refined by
-    fixed-point iteration. Differentiable through its steps (`ForwardDiffSensitivity`, "auto"'s pick, and
-    `ForwardSensitivity`, whose sensitivity DDE discretised on the same steps is their derivative) in
-    u0, p and the values the functions close over: lags(p) and the history's parameters included, the
-    breakpoints moving with the lags. Not yet: other sensealgs, Rosenbrock solvers, events, derivatives in
-    the times, breakpoints of state-dependent lags (their steps are controlled by the error estimate alone).
+    A `DDEProblem` is solved by the method of steps: a Runge-Kutta solver ("auto": Tsit5, or Kvaerno5 where
+    the instantaneous Jacobian is stiff), adaptive, its rate reading the solution's own dense output at the
+    past times it asks for (the last `history_steps` steps kept, default as many as fit a small memory
+    budget; a `SolveError` says when the lags reach back further), its steps landing on the breakpoints
+    t0 + Σ kᵢ τᵢ (up to the solver's order + 1) where lags do not depend on the state, a step longer than
+    the shortest lag refined by fixed-point iteration, and a step at most twice the past step it reads
+    from. Differentiable through its steps (`ForwardDiffSensitivity`, "auto"'s pick, and
+    `ForwardSensitivity`, whose sensitivity DDE discretised on the same steps is their derivative) in u0,
+    p and the values the functions close over: lags(p) and the history's parameters included, the
+    breakpoints moving with the lags. Not yet: other sensealgs, Rosenbrock solvers, events, derivatives
+    in the times, breakpoints of state-dependent lags (their steps are controlled by the error estimate).
 
     Checked at the call, raising TypeError or ValueError that names the argument (and the PyTree
     leaf) and the fix: `u0`, `p` like the problem's, with float leaves, finite where concrete
