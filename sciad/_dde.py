@@ -220,16 +220,18 @@ class Past(eqx.Module):
     def _index(self, s):
         """The ring slot of the newest kept step that starts at or before s (the oldest kept where none does)."""
         size, count = self.size, self.count
-        lo, hi = jnp.maximum(count - size, 0), count
+        first = jnp.maximum(count - size, 0)  # the oldest kept step (steps are numbered from the solve's first)
 
-        def halve(_, bounds):
-            lo, hi = bounds
-            mid = (lo + hi) // 2
-            before = (lo < hi) & (self.starts[mid % size] <= s)
-            return jnp.where(before, mid + 1, lo), jnp.where(before | (lo >= hi), hi, mid)
+        def kept_before(j):  # whether the kept step `first + j` starts at or before s (j (F,))
+            return (j < count - first) & (self.starts[(first + j) % size] <= s)
 
-        lo, _ = jax.lax.fori_loop(0, int(np.ceil(np.log2(size))) + 1, halve, (lo, hi))
-        return jnp.maximum(lo - 1, jnp.maximum(count - size, 0)) % size
+        # k = how many kept steps start at or before s, counted in two vectorised rounds of F probes (no loop):
+        # every F-th step, then the F steps after the last one that starts at or before s
+        fan = int(np.ceil(np.sqrt(size)))
+        coarse = jnp.sum(kept_before(fan * jnp.arange(fan)))
+        base = jnp.maximum(coarse - 1, 0) * fan
+        k = jnp.where(coarse > 0, base + jnp.sum(kept_before(base + jnp.arange(fan))), 0)
+        return (first + jnp.maximum(k - 1, 0)) % size
 
     def state(self, s):
         """y (n + k,) at s ≥ t0: the kept step that holds s; past the last kept step, the step being refined, or

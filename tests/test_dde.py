@@ -313,3 +313,23 @@ def test_traced_save_times_and_tspan_under_jit():
     ts = jnp.array([0.25, 1.25, 2.0])
     np.testing.assert_allclose(solved(ts, 2.0), decay_closed_form(ts), atol=1e-12)
     np.testing.assert_allclose(solved(ts + 0.5, 2.5), decay_closed_form(ts + 0.5), atol=1e-12)
+
+
+def test_the_past_finds_the_step_that_holds_a_time():
+    """Past's search against counting, on rings of several sizes, before and after they wrap."""
+    from sciad._dde import Past
+
+    rng = np.random.default_rng(0)
+    for size in (1, 5, 16, 37):
+        for count in (1, size - 1, size, 3 * size + 2):
+            if count < 1:
+                continue
+            starts_all = np.cumsum(rng.uniform(0.1, 1.0, count))
+            starts = np.full(size, np.inf)
+            for j, t in enumerate(starts_all):
+                starts[j % size] = t
+            past = Past(jnp.asarray(0.0), None, jnp.asarray(starts), None, None, jnp.asarray(count), None, None, None)
+            first = max(count - size, 0)
+            for s in rng.uniform(-0.5, starts_all[-1] + 1.0, 25):
+                k = max(int(np.sum(starts_all[first:] <= s)) - 1, 0)
+                assert int(past._index(jnp.asarray(s))) == (first + k) % size
