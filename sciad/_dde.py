@@ -34,7 +34,7 @@ from sciad._problem import (
 )
 from sciad._pytrees import Layout, leaf_names
 from sciad._solver_choice import auto_solver
-from sciad._vector_field import VectorField
+from sciad._vector_field import AroundVectorField, VectorField
 from sciad.adjoints._base import AbstractSensitivity, Setup, interpolation_step_bytes, stored_steps
 from sciad.adjoints._loop import Stepper
 
@@ -266,7 +266,7 @@ class Past(eqx.Module):
         return dataclasses.replace(self, current=interpolation, refining=jnp.asarray(True))
 
 
-class DDEField(eqx.Module):
+class DDEField(AroundVectorField):
     """A delay equation as a kind of sciad's solve: `F` its rate (with an integrand beside it), f(u, p, t, past) on
     flat vectors, `past` its history; `lags` (static: a tuple, or the user's callable) and the problem's
     layouts. What the solve's `Setup` asks of its field, as `sciad._vector_field.VectorField`'s, and `terms`
@@ -294,22 +294,6 @@ class DDEField(eqx.Module):
         "a delay equation is differentiated through its steps (the solution's past enters each step): pass "
         "sensealg=sciad.ForwardDiffSensitivity(), sciad.ForwardSensitivity() or 'auto'"
     )
-
-    @property
-    def u(self) -> Layout:
-        return self.F.u
-
-    @property
-    def p(self) -> Layout:
-        return self.F.p
-
-    @property
-    def held(self):
-        return self.F.held
-
-    @property
-    def dtype(self):
-        return self.F.dtype
 
     @property
     def integrand_size(self) -> int:

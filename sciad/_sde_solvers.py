@@ -29,6 +29,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from sciad._vector_field import AroundVectorField
+
 
 class Noise(eqx.Module):
     """How the diffusion σ (d,) meets the Brownian increments dW (m,): `kind` "diagonal" (σ ⊙ dW,
@@ -132,7 +134,7 @@ class Diffusion(dfx.AbstractTerm):
         return jnp.concatenate([du, jnp.zeros((self.k,), du.dtype)]) if self.k else du
 
 
-class SDEField(eqx.Module):
+class SDEField(AroundVectorField):
     """An SDE as a problem kind of sciad's solve: the `system` (drift, diffusion and integrand on flat
     vectors, in the calculus of the solver that steps it) and the Brownian `path` that drives it (None in a
     setup's bare copy, whose rules receive it as an input: `driving`, `driven`). What the solve's `Setup`
@@ -157,22 +159,6 @@ class SDEField(eqx.Module):
     @property
     def F(self):  # noqa: N802  (the field's name in `System`)
         return self.system.F
-
-    @property
-    def u(self):
-        return self.F.u
-
-    @property
-    def p(self):
-        return self.F.p
-
-    @property
-    def held(self):
-        return self.F.held
-
-    @property
-    def dtype(self):
-        return self.F.dtype
 
     @property
     def integrand_size(self) -> int:

@@ -3,6 +3,7 @@
 
 import dataclasses
 import functools
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -129,6 +130,32 @@ def _with_products(g: Callable, backend, dtype) -> Callable:
         return differentiate_with(flat, backend)(u, p, c, t, *(jnp.asarray(x).astype(dtype) for x in leaves))
 
     return products
+
+
+class AroundVectorField(eqx.Module):
+    """A kind's field around the `VectorField` `F` of its rate (an SDE's drift, a delay equation's rate): its
+    layouts, closure values and dtype are F's."""
+
+    if typing.TYPE_CHECKING:  # a static checker reads equinox's AbstractVar as a field every constructor takes
+        F: typing.ClassVar[VectorField]
+    else:
+        F: eqx.AbstractVar[VectorField]
+
+    @property
+    def u(self) -> Layout:
+        return self.F.u
+
+    @property
+    def p(self) -> Layout:
+        return self.F.p
+
+    @property
+    def held(self):
+        return self.F.held
+
+    @property
+    def dtype(self):
+        return self.F.dtype
 
 
 def _side_by_side(f: Callable, g: Callable) -> Callable:

@@ -42,7 +42,6 @@ vs_peer (forward: max |u − jitcdde's u|; gradients: relative difference to tor
 per_parameter (gradients: relative error of each parameter), status, ok.
 """
 
-import json
 import os
 import pathlib
 import platform
@@ -57,7 +56,7 @@ import numpy as np
 import sciad
 from sciad.timing import compare, relative_error
 from sciad_bench import plots
-from sciad_bench.tables import seconds
+from sciad_bench.tables import seconds, write_result
 
 BETA, GAMMA, N, TAU = 0.2, 0.1, 10.0, 17.0
 P0 = np.array([BETA, GAMMA, N, TAU])
@@ -200,7 +199,6 @@ def torchdde_gradient(adjoint: bool, tol: float = TOL, fixed: float | None = Non
     """() -> ∇loss (β, γ, n, τ) by torchdde (float64, Bosh3, one torch thread): its adaptive controller at `tol`, or
     fixed steps of `fixed` (the save grid then every `fixed`, the loss on `SAVES` among them)."""
     import torch
-    import torchdde
 
     spacing = fixed or float(SAVES[1] - SAVES[0])
     ts = torch.linspace(0.0, T1, round(T1 / spacing) + 1, dtype=torch.float64)  # ts[0] = t0: its adjoint starts there
@@ -215,22 +213,7 @@ def torchdde_gradient(adjoint: bool, tol: float = TOL, fixed: float | None = Non
             module = _torch_module(torch, TAU)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                ys = torchdde.integrate(
-                    module,
-                    torchdde.Bosh3(),
-                    ts[0],
-                    ts[-1],
-                    ts,
-                    lambda t: history,
-                    None,
-                    stepsize_controller=torchdde.ConstantStepSizeController()
-                    if fixed
-                    else torchdde.AdaptiveStepSizeController(atol=tol, rtol=tol),
-                    dt0=torch.tensor(fixed) if fixed else None,
-                    delays=module.delays,
-                    discretize_then_optimize=not adjoint,
-                    max_steps=100_000,
-                )
+                ys = _torchdde_solve(module, ts, history, tol, fixed, adjoint)
                 (ys[0, saved, 0] ** 2).sum().backward()
             return np.array([x.grad.item() for x in (module.beta, module.gamma, module.n, module.delays)])
         finally:
@@ -238,6 +221,29 @@ def torchdde_gradient(adjoint: bool, tol: float = TOL, fixed: float | None = Non
             torch.set_num_threads(threads)
 
     return gradient
+
+
+def _torchdde_solve(module, ts, history, tol: float, fixed: float | None, adjoint: bool):
+    """torchdde's solve of `module` (its `delays` a parameter) saved at `ts` from a constant `history`, by Bosh3 with
+    its adaptive controller at `tol` or fixed steps of `fixed`, differentiated by its adjoint or through its steps."""
+    import torch
+    import torchdde
+
+    adaptive = torchdde.AdaptiveStepSizeController(atol=tol, rtol=tol)
+    return torchdde.integrate(
+        module,
+        torchdde.Bosh3(),
+        ts[0],
+        ts[-1],
+        ts,
+        lambda t: history,
+        None,
+        stepsize_controller=torchdde.ConstantStepSizeController() if fixed else adaptive,
+        dt0=torch.tensor(fixed, dtype=torch.float64) if fixed else None,
+        delays=module.delays,
+        discretize_then_optimize=not adjoint,
+        max_steps=100_000,
+    )
 
 
 # --- rows: builds for `compare` that keep their first output ----------------------------------------------------------
@@ -449,7 +455,6 @@ def neural_gradient(solver: str = "auto", tol: float = TOL) -> Callable:
 def torchdde_neural_gradient(adjoint: bool, tol: float = TOL, fixed: float | None = None) -> Callable:
     """() -> ∇loss (the weights, then τ) by torchdde, as `torchdde_gradient`."""
     import torch
-    import torchdde
 
     spacing = fixed or float(NEURAL_SAVES[1] - NEURAL_SAVES[0])
     ts = torch.linspace(0.0, NEURAL_T1, round(NEURAL_T1 / spacing) + 1, dtype=torch.float64)
@@ -475,22 +480,7 @@ def torchdde_neural_gradient(adjoint: bool, tol: float = TOL, fixed: float | Non
             module = NeuralDDE()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                ys = torchdde.integrate(
-                    module,
-                    torchdde.Bosh3(),
-                    ts[0],
-                    ts[-1],
-                    ts,
-                    lambda t: history,
-                    None,
-                    stepsize_controller=torchdde.ConstantStepSizeController()
-                    if fixed
-                    else torchdde.AdaptiveStepSizeController(atol=tol, rtol=tol),
-                    dt0=torch.tensor(fixed, dtype=torch.float64) if fixed else None,
-                    delays=module.delays,
-                    discretize_then_optimize=not adjoint,
-                    max_steps=100_000,
-                )
+                ys = _torchdde_solve(module, ts, history, tol, fixed, adjoint)
                 ((ys[0, saved] - target) ** 2).sum().backward()
             grads = [
                 torch.as_tensor(x.grad).reshape(-1) for x in (module.w1, module.b1, module.w2, module.b2, module.delays)
@@ -613,7 +603,7 @@ def run_dde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
         "checks": checks,
         "records": records,
     }
-    table = write(result, out)
+    table = write_result(result, out, "dde", figure, markdown)
     log(table)
     log(f"dde: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
     return result
@@ -640,17 +630,6 @@ def _versions() -> dict:
 
 
 # --- outputs ---------------------------------------------------------------------------------------------------------
-
-
-def write(result: dict, out) -> str:
-    """records.json, dde.png and table.md of `result` in `out`; the table."""
-    out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps(result, indent=1, default=float))
-    figure(result, out / "dde.png")
-    table = markdown(result)
-    (out / "table.md").write_text(table)
-    return table
 
 
 def _ms(x) -> str:

@@ -63,7 +63,6 @@ reference), tolerance, ok, temp_bytes, peak_bytes, rss_bytes.
 
 import dataclasses
 import functools
-import json
 import multiprocessing
 import os
 import pathlib
@@ -80,7 +79,7 @@ import sciad
 from sciad.timing import compare
 from sciad_bench import plots
 from sciad_bench.harness import peak_bytes
-from sciad_bench.tables import seconds
+from sciad_bench.tables import seconds, write_result
 
 EXACT = 1e-8  # discrete gradients of one scheme on one path, float64: rounding only
 CONTINUOUS = 0.1  # continuous adjoints against the discrete gradient at the benchmark's steps (measured ≤ ~3e-2)
@@ -840,24 +839,13 @@ def run_sde(*, quick: bool = False, repeats: int | None = None, out=None, verbos
         "records": records,
         "memory": sweep,
     }
-    table = write(result, out)
+    table = write_result(result, out, "sde", figure, markdown)
     log(table)
     log(f"sde: {len(records)} records in {time.perf_counter() - start:.0f} s -> {out}/")
     return result
 
 
 # --- outputs --------------------------------------------------------------------------------------------------
-
-
-def write(result: dict, out) -> str:
-    """records.json, sde.png and table.md of `result` in `out`; the table."""
-    out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "records.json").write_text(json.dumps(result, indent=1, default=float))
-    figure(result, out / "sde.png")
-    table = markdown(result)
-    (out / "table.md").write_text(table)
-    return table
 
 
 def _groups(records) -> dict:

@@ -1,5 +1,9 @@
 """Markdown tables of benchmark records: median time and its ratios to the forward solve and the best peer."""
 
+import json
+import pathlib
+from collections.abc import Callable
+
 from sciad.timing import fastest
 from sciad_bench.harness import FORWARD_SOLVE
 
@@ -111,3 +115,15 @@ def markdown_table(records, skipped=()) -> str:
 def seconds(x) -> str:
     """A time in seconds to three significant figures, "–" where there is none."""
     return "–" if x is None else f"{x:.3g}"
+
+
+def write_result(result: dict, out, name: str, figure: Callable, markdown: Callable) -> str:
+    """records.json, NAME.png (`figure(result, path)`) and table.md (`markdown(result)`) of a benchmark's `result`
+    in the folder `out`; the table."""
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "records.json").write_text(json.dumps(result, indent=1, default=float))
+    figure(result, out / f"{name}.png")
+    table = markdown(result)
+    (out / "table.md").write_text(table)
+    return table
