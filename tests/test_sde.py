@@ -230,10 +230,11 @@ def test_brownian_path_is_exact_reusable_and_checkable():
     path = sol.brownian
     increments = np.asarray(path.increments())
     assert increments.shape == (10, 1)
-    np.testing.assert_allclose(path.evaluate(0.0, 1.0), increments.sum(0), rtol=1e-12)
-    np.testing.assert_allclose(path.evaluate(0.2, 0.5), increments[2:5].sum(0), rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(path.evaluate(0.5, 0.2), -increments[2:5].sum(0), rtol=1e-12, atol=1e-14)  # reversed
-    np.testing.assert_allclose(path.evaluate(0.3, 0.4), increments[3], rtol=1e-12, atol=1e-14)  # one step: one draw
+    # path.evaluate by `increment`: one compiled program for every (s, t) (an eager evaluate compiles one per call)
+    np.testing.assert_allclose(increment(path, 0.0, 1.0), increments.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(increment(path, 0.2, 0.5), increments[2:5].sum(0), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(increment(path, 0.5, 0.2), -increments[2:5].sum(0), rtol=1e-12, atol=1e-14)  # reversed
+    np.testing.assert_allclose(increment(path, 0.3, 0.4), increments[3], rtol=1e-12, atol=1e-14)  # one step: one draw
     np.testing.assert_allclose(path.increment(3), increments[3])
     # the Euler steps by hand on the same increments
     u = U0
@@ -243,15 +244,15 @@ def test_brownian_path_is_exact_reusable_and_checkable():
     again = sciad.solve(GBM["ito"], brownian=path, dt0=0.1, saveat=[0.0, 0.5, 1.0], solver="euler")
     np.testing.assert_array_equal(again.us, sol.us)
     # off the grid: a bridge between the step's ends, deterministic in t
-    inside = path.evaluate(0.0, 0.25)
-    assert np.all(np.isfinite(inside)) and np.array_equal(inside, path.evaluate(0.0, 0.25))
+    inside = increment(path, 0.0, 0.25)
+    assert np.all(np.isfinite(inside)) and np.array_equal(inside, increment(path, 0.0, 0.25))
 
 
 def test_brownian_bridge_has_brownian_moments():
     def w_at(key):
         return sciad.BrownianPath(key, 0.0, 0.5, 4, (1,), np.dtype("float64")).evaluate(0.8)[0]
 
-    w = np.asarray(jax.vmap(w_at)(jax.random.split(KEY, 20000)))
+    w = np.asarray(jax.jit(jax.vmap(w_at))(jax.random.split(KEY, 20000)))  # one program (eagerly, one per operation)
     assert abs(w.mean()) < 0.03 and abs(w.var() - 0.8) < 0.03
 
 
