@@ -85,16 +85,16 @@ X = np.array([0.2, 0.9, 1.7, *P0])  # t0, s, t1, a, b
 
 @pytest.fixture(scope="module")
 def closed_gradient():
-    return np.asarray(jax.grad(closed_loss)(X))
+    return np.asarray(jax.jit(jax.grad(closed_loss))(X))  # one program (eagerly, one per operation)
 
 
 def test_closed_form_and_central_differences(closed_gradient):
     """The solve and its closed form agree; the closed form's gradient matches central differences of
     the solve in (t0, s, t1, a, b): the reference is right, and so is the default sensealg under jit."""
-    loss = solve_loss()
-    np.testing.assert_allclose(loss(X), closed_loss(X), rtol=1e-8)
-    np.testing.assert_allclose(central_differences(jax.jit(loss), X), closed_gradient, rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(jax.jit(jax.grad(loss))(X), closed_gradient, rtol=AGREEMENT)
+    loss = jax.jit(solve_loss())  # the value and the differences' points from one program
+    np.testing.assert_allclose(loss(X), jax.jit(closed_loss)(X), rtol=1e-8)
+    np.testing.assert_allclose(central_differences(loss, X), closed_gradient, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(jax.jit(jax.grad(solve_loss()))(X), closed_gradient, rtol=AGREEMENT)
 
 
 @pytest.mark.parametrize(
