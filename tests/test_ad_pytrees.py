@@ -114,14 +114,21 @@ def _hessian_references(x, v):
     return (_several_to_scalar(*x), grad(*x), jax.hessian(_several_to_scalar, (0, 1))(*x), jax.jvp(grad, x, v)[1])
 
 
-def test_hessian_of_pytrees(engine_name):
+@pytest.fixture(scope="module")
+def hessian_references():
+    """`_hessian_references` at X and at X_NEW (v = _like(X, 0)), compiled (eagerly, a small program per operation)
+    once for the module: the same for every engine."""
+    v = _like(X, 0)
+    return v, jax.jit(_hessian_references)(X, v), jax.jit(_hessian_references)(X_NEW, v)
+
+
+def test_hessian_of_pytrees(engine_name, hessian_references):
     """value_gradient_and_hessian of several arguments, one a dict of lists, then a prepared
     Hessian-vector product at a new point: jax.hessian's blocks [i][j] and jax.grad's structure."""
     b, rtol = ad.get(engine_name), _rtol(engine_name, second_order=True)
-    v = _like(X, 0)
-    y, g, H, _ = _hessian_references(X, v)
+    v, (y, g, H, _), at_new = hessian_references
     _check(b, ad.value_gradient_and_hessian(b, _several_to_scalar, X), (y, g, H), rtol)
-    _check(b, ad.prepare(b, ad.hvp, _several_to_scalar, X, v)(X_NEW, v), _hessian_references(X_NEW, v)[3], rtol)
+    _check(b, ad.prepare(b, ad.hvp, _several_to_scalar, X, v)(X_NEW, v), at_new[3], rtol)
 
 
 @pytest.mark.parametrize(
@@ -132,11 +139,10 @@ def test_hessian_of_pytrees(engine_name):
     ],
     ids=["reverse-over-reverse", "finite-differences-over-reverse"],
 )
-def test_hessian_of_pytrees_by_composed_engines(backend):
+def test_hessian_of_pytrees_by_composed_engines(backend, hessian_references):
     """The outer engine's pullback (H is symmetric) and a numerical outer engine, on blocks."""
     rtol = 1e-10 if backend.outer.traced else 1e-4
-    v = _like(X, 0)
-    _, _, H, Hv = _hessian_references(X, v)
+    v, (_, _, H, Hv), _ = hessian_references
     _check(backend, ad.hessian(backend, _several_to_scalar, X), H, rtol)
     _check(backend, ad.hvp(backend, _several_to_scalar, X, v), Hv, rtol)
 

@@ -78,8 +78,9 @@ def loss(outputs):
 
 def test_closed_form():
     """Saved states (z re-initialised after each affect: z = b x), the reset times, the counts."""
-    us, times = closed(X)
-    sol = sciad.solve(PROBLEM, saveat=TS, callbacks=callbacks(X), **TOL)
+    # each one compiled program (eagerly, the solve with callbacks and the closed form compile one per operation)
+    us, times = jax.jit(closed)(X)
+    sol = jax.jit(lambda: sciad.solve(PROBLEM, saveat=TS, callbacks=callbacks(X), **TOL))()
     np.testing.assert_allclose(sol.us, us, rtol=1e-8)
     np.testing.assert_allclose(sol.event_times[1][:2], times, rtol=1e-9)
     np.testing.assert_array_equal(sol.event_counts, [1, 2])

@@ -85,16 +85,16 @@ X = np.array([0.2, 0.9, 1.7, *P0])  # t0, s, t1, a, b
 
 @pytest.fixture(scope="module")
 def closed_gradient():
-    return np.asarray(jax.grad(closed_loss)(X))
+    return np.asarray(jax.jit(jax.grad(closed_loss))(X))  # one program (eagerly, one per operation)
 
 
 def test_closed_form_and_central_differences(closed_gradient):
     """The solve and its closed form agree; the closed form's gradient matches central differences of
     the solve in (t0, s, t1, a, b): the reference is right, and so is the default sensealg under jit."""
-    loss = solve_loss()
-    np.testing.assert_allclose(loss(X), closed_loss(X), rtol=1e-8)
-    np.testing.assert_allclose(central_differences(jax.jit(loss), X), closed_gradient, rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(jax.jit(jax.grad(loss))(X), closed_gradient, rtol=AGREEMENT)
+    loss = jax.jit(solve_loss())  # the value and the differences' points from one program
+    np.testing.assert_allclose(loss(X), jax.jit(closed_loss)(X), rtol=1e-8)
+    np.testing.assert_allclose(central_differences(loss, X), closed_gradient, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(jax.jit(jax.grad(solve_loss()))(X), closed_gradient, rtol=AGREEMENT)
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_jvp_in_the_save_times_under_vmap():
 
     ss = jnp.array([0.3, 1.1, 2.0])
     tangents = jax.jit(jax.vmap(lambda s: jax.jvp(at, (s,), (jnp.ones_like(s),))[1]))(ss)
-    expected = jax.vmap(jax.jacfwd(lambda s: closed(X0, P0, 0.0, s)[0]))(ss)
+    expected = jax.jit(jax.vmap(jax.jacfwd(lambda s: closed(X0, P0, 0.0, s)[0])))(ss)  # one program, not eager
     np.testing.assert_allclose(tangents, expected, rtol=AGREEMENT)
 
 
@@ -156,7 +156,8 @@ def test_full_mass_matrix(sensealg):
         return closed(X0, P0, t0, jnp.stack([s, t1]))[0] @ jnp.asarray(R).T
 
     x = np.array([0.0, 0.8, 1.6])
-    np.testing.assert_allclose(jax.jit(jax.jacrev(states))(x), jax.jacrev(expected)(x), rtol=AGREEMENT, atol=1e-12)
+    reference = jax.jit(jax.jacrev(expected))(x)  # one program (eagerly, a small program per operation)
+    np.testing.assert_allclose(jax.jit(jax.jacrev(states))(x), reference, rtol=AGREEMENT, atol=1e-12)
 
 
 @slow

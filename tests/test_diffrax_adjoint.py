@@ -261,7 +261,9 @@ def test_solve_takes_diffraxs_controller_and_first_step():
     dt0 (backwards in time too); conflicting tolerances and a dt0 against the direction are refused."""
     prob = sciad.ODEProblem(lotka_volterra_rhs, Y0, (0.0, 10.0), P)
     for tspan, dt0, ts in (((0.0, 10.0), 0.05, TS), ((10.0, 0.0), -0.05, TS[::-1])):
-        ours = sciad.solve(prob, tspan=tspan, saveat=ts, solver="tsit5", stepsize_controller=CONTROLLER, dt0=dt0)
+        ours = jax.jit(  # compiled whole (eagerly, a small program per operation)
+            lambda: sciad.solve(prob, tspan=tspan, saveat=ts, solver="tsit5", stepsize_controller=CONTROLLER, dt0=dt0)
+        )()
         theirs = _solve(
             dfx.RecursiveCheckpointAdjoint(), Y0, P, t0=tspan[0], t1=tspan[1], dt0=dt0, saveat=dfx.SaveAt(ts=ts)
         )

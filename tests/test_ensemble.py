@@ -80,12 +80,16 @@ def test_ensemble_of_brownian_paths():
     def member(p, key):
         return sciad.solve(prob, key=key, p=p, dt0=0.05, saveat=[0.5, 1.0]).us
 
-    sols = sciad.ensemble(prob, keys=keys, p=p, dt0=0.05, saveat=[0.5, 1.0])
+    def total(p):
+        us = sciad.ensemble(prob, keys=keys, p=p, dt0=0.05, saveat=[0.5, 1.0]).us
+        return jnp.sum(us), us
+
+    # the ensemble's solutions and gradient from one compiled program (an eager ensemble compiles one per operation)
+    (_, us), grad = jax.jit(jax.value_and_grad(total, has_aux=True))(p)
     solve = jax.jit(member)  # each member's own solve, one program
-    np.testing.assert_array_equal(sols.us, np.stack([solve(p, k) for k in keys]))
-    grad = jax.jit(jax.grad(lambda p: jnp.sum(sciad.ensemble(prob, keys=keys, p=p, dt0=0.05, saveat=[0.5, 1.0]).us)))
+    np.testing.assert_array_equal(us, np.stack([solve(p, k) for k in keys]))
     member_grad = jax.jit(jax.grad(lambda p, k: jnp.sum(member(p, k))))  # each member's own, one program
-    np.testing.assert_allclose(grad(p), sum(member_grad(p, k) for k in keys), rtol=1e-12)
+    np.testing.assert_allclose(grad, sum(member_grad(p, k) for k in keys), rtol=1e-12)
     with pytest.raises(ValueError, match="keys= batches the Brownian paths of an SDEProblem"):
         sciad.ensemble(lotka_volterra().problem, keys=keys)
 
@@ -132,7 +136,10 @@ def test_ensemble_of_equinox_models_keeps_their_static_leaves():
     prob = sciad.ODEProblem(lambda u, mlp, t: mlp(u), np.array([1.0, 0.0]), (0.0, 1.0), make(jax.random.key(0)))
     mlps = eqx.filter_vmap(make)(jax.random.split(jax.random.key(1), 3))  # weights (3, ...), one activation
     ts = np.linspace(0.0, 1.0, 5)
-    sols = sciad.ensemble(prob, ps=mlps, saveat=ts)
-    one = sciad.solve(prob, p=jax.tree.map(lambda x: x[1] if eqx.is_array(x) else x, mlps), saveat=ts)
+    # each one compiled program, the activation static (eagerly, the MLPs compile a small program per operation)
+    sols = eqx.filter_jit(lambda mlps: sciad.ensemble(prob, ps=mlps, saveat=ts))(mlps)
+    one = eqx.filter_jit(lambda mlp: sciad.solve(prob, p=mlp, saveat=ts))(
+        jax.tree.map(lambda x: x[1] if eqx.is_array(x) else x, mlps)
+    )
     assert sols.us.shape == (3, 5, 2) and sols.stats["steps"].shape == (3,)
     np.testing.assert_allclose(sols.us[1], one.us, rtol=1e-12)

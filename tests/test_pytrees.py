@@ -69,7 +69,7 @@ def test_dict_state_and_equinox_model_match_diffrax(name, diffrax_gradient):
 
 def test_solution_has_the_state_structure():
     prob = sciad.ODEProblem(oscillator, U0, (0.0, 2.0), MLP)
-    sol = sciad.solve(prob, saveat=TS, dense=True)
+    sol = eqx.filter_jit(lambda: sciad.solve(prob, saveat=TS, dense=True))()  # eagerly, a program per operation
     assert set(sol.us) == {"x", "v"} and sol.us["x"].shape == (5,)
     assert sol.stats["steps"].dtype == jnp.int32
     np.testing.assert_allclose(sol.interpolation(2.0)["x"], sol.us["x"][-1], rtol=1e-6)
@@ -127,6 +127,7 @@ def test_closure_over_constants_runs_on_host_engines():
         lambda u, p, t: -p * u * sciad.ad.namespace(u).asarray(data), np.ones(2), (0.0, 1.0), np.array(1.0)
     )
     g = jax.grad(lambda p: jnp.sum(sciad.solve(prob, p=p, sensealg=sciad.InterpolatingAdjoint(vjp="torch")).us))
+    g = jax.jit(g)  # one compiled program (an eager gradient compiles one per operation)
     np.testing.assert_allclose(g(1.0), -np.sum(data * np.exp(-data)), rtol=1e-5)
 
 

@@ -127,12 +127,15 @@ def test_sde_repeated_times(name, solver):
         us = sciad.solve(SDE, p=p, key=jax.random.key(0), dt0=1 / 16, saveat=ts, solver=solver, sensealg=name).us
         return jnp.sum(w * us), us
 
+    def compiled(ts):
+        """The value, path and gradient at the concrete times `ts` (constants of the program) from one compiled
+        program (an eager gradient compiles one per operation)."""
+        return jax.jit(jax.value_and_grad(lambda p, w: sde_loss(p, ts, w), has_aux=True))
+
     index = jnp.array([0, 1, 1, 2, 2])
     w = W[:5]
-    repeated = jax.value_and_grad(sde_loss, has_aux=True)(SDE.p, np.array([0.0, 0.25, 0.25, 1.0, 1.0]), w)
-    (value_d, us_d), dp_d = jax.value_and_grad(sde_loss, has_aux=True)(
-        SDE.p, np.array([0.0, 0.25, 1.0]), summed(w, index, 3)
-    )
+    repeated = compiled(np.array([0.0, 0.25, 0.25, 1.0, 1.0]))(SDE.p, w)
+    (value_d, us_d), dp_d = compiled(np.array([0.0, 0.25, 1.0]))(SDE.p, summed(w, index, 3))
     (value, us), dp = repeated
     np.testing.assert_array_equal(us, us_d[index])  # the same grid and path
     np.testing.assert_allclose(value, value_d, rtol=1e-12)

@@ -230,10 +230,11 @@ def test_brownian_path_is_exact_reusable_and_checkable():
     path = sol.brownian
     increments = np.asarray(path.increments())
     assert increments.shape == (10, 1)
-    np.testing.assert_allclose(path.evaluate(0.0, 1.0), increments.sum(0), rtol=1e-12)
-    np.testing.assert_allclose(path.evaluate(0.2, 0.5), increments[2:5].sum(0), rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(path.evaluate(0.5, 0.2), -increments[2:5].sum(0), rtol=1e-12, atol=1e-14)  # reversed
-    np.testing.assert_allclose(path.evaluate(0.3, 0.4), increments[3], rtol=1e-12, atol=1e-14)  # one step: one draw
+    # path.evaluate by `increment`: one compiled program for every (s, t) (an eager evaluate compiles one per call)
+    np.testing.assert_allclose(increment(path, 0.0, 1.0), increments.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(increment(path, 0.2, 0.5), increments[2:5].sum(0), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(increment(path, 0.5, 0.2), -increments[2:5].sum(0), rtol=1e-12, atol=1e-14)  # reversed
+    np.testing.assert_allclose(increment(path, 0.3, 0.4), increments[3], rtol=1e-12, atol=1e-14)  # one step: one draw
     np.testing.assert_allclose(path.increment(3), increments[3])
     # the Euler steps by hand on the same increments
     u = U0
@@ -243,15 +244,15 @@ def test_brownian_path_is_exact_reusable_and_checkable():
     again = sciad.solve(GBM["ito"], brownian=path, dt0=0.1, saveat=[0.0, 0.5, 1.0], solver="euler")
     np.testing.assert_array_equal(again.us, sol.us)
     # off the grid: a bridge between the step's ends, deterministic in t
-    inside = path.evaluate(0.0, 0.25)
-    assert np.all(np.isfinite(inside)) and np.array_equal(inside, path.evaluate(0.0, 0.25))
+    inside = increment(path, 0.0, 0.25)
+    assert np.all(np.isfinite(inside)) and np.array_equal(inside, increment(path, 0.0, 0.25))
 
 
 def test_brownian_bridge_has_brownian_moments():
     def w_at(key):
         return sciad.BrownianPath(key, 0.0, 0.5, 4, (1,), np.dtype("float64")).evaluate(0.8)[0]
 
-    w = np.asarray(jax.vmap(w_at)(jax.random.split(KEY, 20000)))
+    w = np.asarray(jax.jit(jax.vmap(w_at))(jax.random.split(KEY, 20000)))  # one program (eagerly, one per operation)
     assert abs(w.mean()) < 0.03 and abs(w.var() - 0.8) < 0.03
 
 
@@ -307,29 +308,35 @@ def test_adaptive_steps_on_a_virtual_brownian_tree(solver):
 
 def test_checkpointed_adjoint_sde_matches_the_stored_one():
     """InterpolatingAdjoint(checkpointing=True) re-solves the forward path between checkpoints on the same
-    Brownian path: the same adjoint SDE on the same grid as the stored path's, so the same gradient."""
-    grads = [
-        jax.jit(jax.grad(lambda p: sciad.solve(GBM["ito"], p=p, key=KEY, dt0=DT, sensealg=s).us[-1, 0]))(P)
-        for s in (sciad.InterpolatingAdjoint(), sciad.InterpolatingAdjoint(checkpointing=True, checkpoints=(0.25, 0.5)))
-    ]
+    Brownian path: the same adjoint SDE on the same grid as the stored path's, so the same gradient (the stored
+    one the pathwise test's program: Milstein, the default for Itô's fixed steps)."""
+    checkpointed = sciad.InterpolatingAdjoint(checkpointing=True, checkpoints=(0.25, 0.5))
+    grads = [GRAD_FINAL(P, "ito", "milstein", s) for s in ("InterpolatingAdjoint", checkpointed)]
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12)
 
 
 def test_backsolve_drift_check_on_sdes():
     """BacksolveAdjoint re-solves u backwards on the same path and checks it against the stored forward states:
     a mildly mean-reverting Ornstein–Uhlenbeck process passes (DiscreteAdjoint's gradient to the adjoint's
-    discretisation error), a strongly reverting one (e^{θ T} = e^{50} growth backwards) raises, naming why."""
+    discretisation error; forward mode through the steps), a strongly reverting one (e^{θ T} = e^{50} growth
+    backwards) raises, naming why."""
 
-    def gradient(theta, sensealg):
-        prob = sciad.SDEProblem(
-            lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] + 0 * u, np.array([1.0]), (0.0, 1.0), np.array([theta, 0.3])
-        )
-        loss = lambda p: sciad.solve(prob, p=p, key=KEY, dt0=2**-8, sensealg=sensealg, solver="heun").us[-1, 0]  # noqa: E731
-        return jax.grad(loss)(prob.p)
+    prob = sciad.SDEProblem(
+        lambda u, p, t: -p[0] * u, lambda u, p, t: p[1] + 0 * u, np.array([1.0]), (0.0, 1.0), np.array([1.0, 0.3])
+    )
 
-    np.testing.assert_allclose(gradient(1.0, "BacksolveAdjoint"), gradient(1.0, "DiscreteAdjoint"), rtol=1e-6)
+    def loss(p, sensealg):
+        return sciad.solve(prob, p=p, key=KEY, dt0=2**-8, sensealg=sensealg, solver="heun").us[-1, 0]
+
+    # the mild case compiled (the steps' derivative by forward mode through them, `reference_for`)
+    gradient = jax.jit(jax.grad(loss), static_argnums=1)
+    mild = np.array([1.0, 0.3])
+    np.testing.assert_allclose(
+        gradient(mild, "BacksolveAdjoint"), gradient(mild, reference_for("BacksolveAdjoint")), rtol=1e-6
+    )
+    # the strong one eagerly: the SolveError itself from an eager gradient's backward pass
     with pytest.raises(sciad.SolveError, match="re-solved backwards in time departs from the forward solution"):
-        gradient(50.0, "BacksolveAdjoint")
+        jax.grad(loss)(np.array([50.0, 0.3]), "BacksolveAdjoint")
 
 
 def test_traced_tspan_takes_adaptive_steps_and_refuses_time_derivatives():
@@ -346,8 +353,9 @@ def test_traced_tspan_takes_adaptive_steps_and_refuses_time_derivatives():
     concrete = jax.jit(jax.value_and_grad(lambda p: final(p, T)))(P)  # T a Python float inside the program
     np.testing.assert_allclose(traced[0], concrete[0], rtol=1e-13)
     np.testing.assert_allclose(traced[1], concrete[1], rtol=1e-12)
+    # refused as jit traces the gradient (eagerly, the forward solve was compiled and run before the refusal)
     with pytest.raises(ValueError, match="not differentiable in its times"):
-        jax.grad(final, argnums=1)(P, T)
+        jax.jit(jax.grad(final, argnums=1))(P, T)
     with pytest.raises(ValueError, match="a traced tspan of an SDE solve takes adaptive steps"):
         jax.jit(lambda t1: sciad.solve(stratonovich, key=KEY, dt0=0.1, tspan=(0.0, t1)).us)(T)
 
@@ -529,7 +537,8 @@ def test_save_times_traced_under_jit(name, solver):
 
     ts = np.array([0.25, 0.5, 0.5, T])
     traced = jax.jit(jax.value_and_grad(loss))(P, jnp.asarray(ts))
-    concrete = jax.value_and_grad(loss)(P, ts)
+    # the NumPy times constants of their own program (compiled: an eager gradient compiles one per operation)
+    concrete = jax.jit(jax.value_and_grad(lambda p: loss(p, ts)))(P)
     np.testing.assert_allclose(traced[0], concrete[0], rtol=1e-12)
     np.testing.assert_allclose(traced[1], concrete[1], rtol=1e-12)
     with pytest.raises(jax.errors.JaxRuntimeError, match="saveat times must be on the step grid"):
