@@ -297,6 +297,11 @@ def forward_rows(quick: bool) -> list[Row]:
     return [*rows, Row(JITCDDE, "peer", "Bogacki–Shampine (its own)", TOL, jitc)]
 
 
+def _torch_row(name: str, solver: str, fixed: float | None, gradient: Callable) -> Row:
+    """A torchdde row: `gradient()` makes the call to time (its adaptive controller at `TOL`, or fixed steps)."""
+    return Row(name, "peer", solver, None if fixed else TOL, lambda: (gradient(), lambda out: None), torch=True)
+
+
 def gradient_rows(quick: bool) -> list[Row]:
     rows = [_jax_row(AUTO, "auto", TOL, sciad_gradient)]
     if not quick:
@@ -306,14 +311,7 @@ def gradient_rows(quick: bool) -> list[Row]:
         ]
 
     def torch_row(name, adjoint, solver, fixed):
-        return Row(
-            name,
-            "peer",
-            solver,
-            None if fixed else TOL,
-            lambda: (torchdde_gradient(adjoint, fixed=fixed), lambda out: None),
-            torch=True,
-        )
+        return _torch_row(name, solver, fixed, lambda: torchdde_gradient(adjoint, fixed=fixed))
 
     return [
         *rows,
@@ -498,14 +496,7 @@ def neural_rows() -> list[Row]:
         return (lambda: fn(q)), (lambda out: None)
 
     def torch_row(name, adjoint, solver, fixed):
-        return Row(
-            name,
-            "peer",
-            solver,
-            None if fixed else TOL,
-            lambda: (torchdde_neural_gradient(adjoint, fixed=fixed), lambda out: None),
-            True,
-        )
+        return _torch_row(name, solver, fixed, lambda: torchdde_neural_gradient(adjoint, fixed=fixed))
 
     return [
         Row(AUTO, "sciad", "Tsit5 (auto)", TOL, make),
