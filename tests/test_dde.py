@@ -129,9 +129,14 @@ def test_forward_sensitivity_is_the_derivative_of_the_steps():
     np.testing.assert_allclose(jax.grad(loss)(p), mackey_glass_grad(p), rtol=1e-12)
 
 
-def test_vmap_over_parameters_equals_each_member():
+def test_an_ensemble_over_parameters_equals_each_member():
+    """`sciad.ensemble` (vmap over members, the delays among their parameters): each member's gradient is its own."""
     ps = jnp.array([[0.2, 0.1, 10.0, 17.0], [0.25, 0.1, 9.0, 15.0], [0.2, 0.12, 10.0, 12.5]])
-    batch = jax.vmap(jax.grad(mackey_glass_loss))(ps)
+
+    def total(ps):
+        return jnp.sum(sciad.ensemble(MACKEY_GLASS, ps=ps, saveat=jnp.linspace(0.0, 40.0, 9), **TIGHT).us)
+
+    batch = jax.jit(jax.grad(total))(ps)
     for p, g in zip(ps, batch):
         np.testing.assert_allclose(g, mackey_glass_grad(p), rtol=1e-10)
 
