@@ -261,10 +261,6 @@ class Past(eqx.Module):
             short=short,
         )
 
-    def refined(self, interpolation) -> "Past":
-        """This past with the step being refined given by its `interpolation`."""
-        return dataclasses.replace(self, current=interpolation, refining=jnp.asarray(True))
-
 
 class DDEField(AroundVectorField):
     """A delay equation as a kind of sciad's solve: `F` its rate (with an integrand beside it), f(u, p, t, past) on
@@ -335,12 +331,9 @@ class DDEField(AroundVectorField):
         params = eqx.combine(self.p.unravel(p[: self.p.size]), self.F.static_p)
         return lag_values(self.lags, u, params, t).astype(self.dtype)
 
-    def breakpoints(self, y0, p, t0) -> jax.Array | None:
+    def breakpoints(self, tau, t0) -> jax.Array:
         """Where the solution's derivatives up to `order` may jump (J,), sorted: t0 + Σ kᵢ τᵢ with 1 ≤ Σ kᵢ ≤
-        order, for lags that do not depend on the state (None for those that do)."""
-        if lag_kind(self.lags) == "state":
-            return None
-        tau = self.lags_at(y0, p, t0)
+        order, for lags τ (L,) that do not depend on the state."""
         combos = [k for k in itertools.product(range(self.order + 1), repeat=tau.shape[0]) if 1 <= sum(k) <= self.order]
         return jnp.sort(t0 + jnp.asarray(np.array(combos), tau.dtype) @ tau)
 
@@ -350,14 +343,16 @@ class DDEField(AroundVectorField):
         dtype = y0.dtype
         past = Past.empty(solver, y0, t0, self.history_steps)
         constant = lag_kind(self.lags) != "state"
-        reach0 = jnp.max(self.lags_at(y0, p, t0)) if constant else None
-        if constant:
-            tau = self.lags_at(y0, p, t0)
+        tau = self.lags_at(y0, p, t0) if constant else None  # lags fixed for the solve: their breakpoints and reach
+        jump_ts = None
+        if tau is not None:
             bad = jnp.any(~jnp.isfinite(tau) | (tau <= 0))
             past = dataclasses.replace(past, y0=error_if(past.y0, bad, "the lags must be positive and finite"))
+            jump_ts = self.breakpoints(tau, t0)
+        farthest = None if tau is None else jnp.max(tau)
 
         def record(past, t_start, t_end, y_end, interpolation):
-            reach = reach0 if constant else jnp.max(self.lags_at(y_end, p, t_end))
+            reach = farthest if tau is not None else jnp.max(self.lags_at(y_end, p, t_end))
             return past.recorded(t_start, t_end, interpolation, reach)
 
         def refine(step, t0, t1, y, args, solver_state, made_jump):
@@ -392,7 +387,7 @@ class DDEField(AroundVectorField):
             resolved = jnp.where((s >= past.t0) & (past.count > 0), past.ends[index] - past.starts[index], jnp.inf)
             return jnp.minimum(t_next, t + PAST_STEPS * jnp.min(resolved))
 
-        return Stepping(past, record, self.breakpoints(y0, p, t0), refine, limit, self.history_steps)
+        return Stepping(past, record, jump_ts, refine, limit, self.history_steps)
 
 
 class Stepping(eqx.Module):
