@@ -251,7 +251,7 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
         lambda name, quick, repeats, out: touch(out, f"{name}.png", "table.md", "records.json", "claims.md"),
     )
     monkeypatch.setattr(reproduce, "run_selection", lambda quick, out: touch(out, "table.md", "selection.json"))
-    for name in ("losses", "events", "large-stiff", "dae", "sde"):
+    for name in ("losses", "events", "large-stiff", "dae", "sde", "dde"):
         monkeypatch.setattr(
             reproduce,
             f"run_{name.replace('-', '_')}",
@@ -284,6 +284,7 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
         "large-stiff.png",
         "dae.png",
         "sde.png",
+        "dde.png",
         "suite-large-nonstiff.png",
         "suite-first-gradient.png",
         "suite-small.png",
@@ -304,6 +305,8 @@ def test_reproduce_copies_every_figure_and_table_into_the_paper(tmp_path, monkey
         "dae.json",
         "sde.md",
         "sde.json",
+        "dde.md",
+        "dde.json",
         "suite-large-nonstiff.md",
         "suite-first-gradient.json",
     } <= tables_written
