@@ -19,6 +19,7 @@ from sciad import (
     stiff,
     timing,
 )
+from sciad._bdf import BDF
 from sciad._brownian import BrownianPath
 from sciad._dde import DDEProblem
 from sciad._diffrax_adjoint import DiffraxAdjoint, diffrax_adjoint
@@ -47,6 +48,7 @@ from sciad.errors import SolveError
 from sciad.select import Choice, select_sensealg
 
 __all__ = [
+    "BDF",
     "SDE_SOLVERS",
     "SOLVERS",
     "AbstractSensitivity",

@@ -15,6 +15,7 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from sciad import _events as events
 from sciad._custom_types import RealScalarLike
+from sciad._bdf import BDF
 from sciad._dae import MassMatrix, check_initialization, dae_solver, initialise
 from sciad._dense import DenseOutput
 from sciad._problem import (
@@ -48,6 +49,7 @@ SOLVERS = {
     "kvaerno5": dfx.Kvaerno5,
     "rodas5p": Rodas5P,
     "rodas4": Rodas4,
+    "bdf": BDF,
 }
 
 

@@ -87,6 +87,7 @@ LAYERS = {
     "AD choice": ["ad", "ad.*"],
     "numerics": [
         "_pytrees",
+        "_bdf",
         "_rosenbrock",
         "_rosenbrock_tableaus",
         "_sparsity",

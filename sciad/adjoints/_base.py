@@ -389,9 +389,14 @@ def step_controller(
     (pcoeff 0.4, icoeff 0.3, as diffrax suggests for stiff problems: Kvaerno5 rejects about
     half its steps on the Oregonator under integral control, a fifth under PI); or the controller
     `like` (its gains and limits) at rtol, atol and `norm` (None: its own); `like` another controller:
-    itself (an SDE's: fixed steps of the solve's `dt0`, or steps clipped to its save times)."""
+    itself (an SDE's: fixed steps of the solve's `dt0`, or steps clipped to its save times). A solver
+    that chooses its own steps declares the controller that applies them (`step_controller`: BDF's)."""
     if like is not None and not isinstance(like, dfx.PIDController):  # a kind's own (an SDE's grid, its save times)
         return like
+    own = getattr(solver, "step_controller", None)
+    if own is not None:  # a solver that chooses its own steps (and order: BDF) declares the controller applying them
+        norm = norm or (None if like is None else like.norm)
+        return own(rtol=rtol, atol=atol, **({} if norm is None else {"norm": norm}))
     if like is not None:
         return eqx.tree_at(lambda c: (c.rtol, c.atol, c.norm), like, (rtol, atol, norm or like.norm))
     gains = {"pcoeff": 0.4, "icoeff": 0.3} if is_implicit(solver) else {}

@@ -1,0 +1,430 @@
+"""A variable-order BDF (orders 1–5) for M u' = f(u, p, t) with a constant mass matrix M, as a diffrax solver.
+
+The method is the NDF form of Shampine & Reichelt's ode15s (MATLAB; SciPy's `scipy.integrate.BDF`
+is the same method) with a quasi-constant step size. The solver's state keeps the backward
+differences D (MAX_ORDER + 3 rows over the flattened state) of the interpolating polynomial through
+the last steps, scaled to the last step size h; a step of another size first rescales them (D ← (RU)ᵀ D,
+Shampine & Reichelt's change of basis). A step of order k predicts y⁽⁰⁾ = Σ_{j≤k} D_j and solves
+
+    M (d + ψ) = (h/α_k) f(t_{n+1}, y⁽⁰⁾ + d),   ψ = Σ_{1≤j≤k} γ_j D_j / α_k,   α_k = (1 − κ_k) γ_k,
+
+for the correction d = y_{n+1} − y⁽⁰⁾ by a chord Newton iteration with W = M − (h/α_k) J. J = ∂f/∂u and
+W's LU factorisation are kept in the state across steps: W is refactorised when h/α_k has moved by more
+than `REFACTOR_RATIO` since its LU (CVODE's rule; an order change enters through α_k), and when the
+iteration fails to converge: first W refactorised with the same J, then J re-evaluated at the
+prediction, and only then the step rejected (halved). `Linearisation` counts both.
+
+Order and step size. The solver chooses them, as SciPy's BDF does: its error estimate at order k is
+E_k d (E the NDF's error constants), scaled as diffrax's controllers scale errors (atol + rtol ·
+max(|y0|, |y1|)); a step is accepted when its RMS norm is ≤ 1; after k + 1 steps of one size, the norms
+at orders k − 1, k, k + 1 (from D_k and D_{k+2}) each propose a step (norm^(−1/(order+1))) and the best
+sets the next order and step, within [MIN_FACTOR, MAX_FACTOR] and a safety factor. Step-size control
+with a fixed `error_order` (diffrax's PIDController) cannot follow an order that changes, holds the
+step for k + 1 steps, or shrinks an accepted step, so the step's error output carries the solver's
+verdict instead (every entry: the next step's ratio to this one, negated where the step is rejected)
+and `BDFController`, which `BDF` declares as its `step_controller` (read by
+`sciad.adjoints.step_controller`), applies it; its rtol, atol and norm reach the solver as diffrax's
+implicit solvers get them (`root_finder`, filled in by sciad's `Stepper` and by diffrax.diffeqsolve).
+
+Derivative. The correction d is the root of the NDF's equation, differentiated by the implicit function
+theorem (`optimistix.implicit_jvp`): its tangent solves with W at the converged root and the true
+Jacobian there, never through the Newton iterates or the kept (stale) factorisation. Forward and reverse
+mode both enter a step; the order, the counters, J and the LU carry no derivative.
+
+    solver = sciad.BDF(mass_matrix=jnp.array([1.0, 1.0, 0.0]))
+    sciad.solve(prob, solver=solver, rtol=1e-8, atol=1e-10)   # or solver="bdf"
+"""
+
+from typing import Any, ClassVar
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.flatten_util as jfu
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import lineax as lx
+import numpy as np
+import optimistix as optx
+
+from sciad._diffrax_internals import use_stepsize_tol
+from sciad._equinox_internals import unvmap_any
+from sciad._rosenbrock import _mass_matrix
+
+MAX_ORDER = 5
+NEWTON_MAXITER = 4  # chord iterations per attempt
+MIN_FACTOR, MAX_FACTOR = 0.2, 10.0  # a proposed step's ratio to the last, at least and at most
+NEWTON_FAILURE_FACTOR = 0.5  # the step after one whose iteration failed with a fresh J and LU
+REFACTOR_RATIO = 0.3  # W refactorised when h/α_k moved by more than this share since its LU (CVODE's)
+
+_KAPPA = np.array([0, -0.1850, -1 / 9, -0.0823, -0.0415, 0])  # NDF's κ_k (k = 0..5; Shampine & Reichelt)
+_GAMMA = np.concatenate([[0.0], np.cumsum(1 / np.arange(1, MAX_ORDER + 1))])  # γ_k = Σ_{j≤k} 1/j
+_ALPHA = (1 - _KAPPA) * _GAMMA
+_ERROR_CONST = _KAPPA * _GAMMA + 1 / np.arange(1, MAX_ORDER + 2)
+
+
+def _change_of_basis(factor):
+    """R (MAX_ORDER + 1, MAX_ORDER + 1) of Shampine & Reichelt for the step ratio `factor`: the differences of
+    the same polynomial at spacing factor · h are (RU)ᵀ D, U = R(1)."""
+    i = jnp.arange(1, MAX_ORDER + 1, dtype=factor.dtype)[:, None]
+    j = jnp.arange(1, MAX_ORDER + 1, dtype=factor.dtype)[None, :]
+    m = jnp.ones((MAX_ORDER + 1, MAX_ORDER + 1), factor.dtype)
+    m = m.at[1:, 0].set(0).at[1:, 1:].set((i - 1 - factor * j) / i)
+    return jnp.cumprod(m, axis=0)
+
+
+def rescaled(D, order, factor):
+    """D (MAX_ORDER + 3, n) for a step `factor` times as long: rows 0..order rescaled, the rest as they are."""
+    rows = jnp.arange(MAX_ORDER + 1)
+    inside = (rows[:, None] <= order) & (rows[None, :] <= order)
+    R = jnp.where(inside, _change_of_basis(factor), 0)
+    U = jnp.where(inside, _change_of_basis(jnp.ones((), factor.dtype)), 0)
+    RU = jnp.where(inside, R @ U, jnp.eye(MAX_ORDER + 1, dtype=D.dtype))
+    return D.at[: MAX_ORDER + 1].set(RU.T @ D[: MAX_ORDER + 1])
+
+
+class BDFInterpolation(dfx.AbstractLocalInterpolation):
+    """The step's interpolating polynomial on [t0, t1], of the step's order k: with θ = (t − t1)/(t1 − t0),
+    y(t) = D_0 + Σ_{j≥1} D_j Π_{m<j} (θ + m)/(m + 1). `D`: the state's structure with a leading axis
+    MAX_ORDER + 1 (the differences after the step, zero past k)."""
+
+    t0: Any
+    t1: Any
+    D: Any
+
+    def evaluate(self, t0, t1=None, left=True):
+        del left
+        if t1 is not None:
+            return jax.tree.map(jnp.subtract, self.evaluate(t1), self.evaluate(t0))
+        span = self.t1 - self.t0  # 0 on the discarded steps of a vmapped solve's finished members
+        theta = jnp.where(span == 0, 0, (t0 - self.t1) / jnp.where(span == 0, 1, span))
+
+        def leaf(D):
+            th = theta.astype(D.dtype)
+            m = jnp.arange(MAX_ORDER, dtype=D.dtype)
+            weights = jnp.cumprod((th + m) / (m + 1))
+            return D[0] + jnp.tensordot(weights, D[1:], axes=1)
+
+        return jax.tree.map(leaf, self.D)
+
+
+class Linearisation(eqx.Module):
+    """What the chord iteration solves with, kept across steps: J = ∂f/∂u (n, n) where last evaluated, the
+    LU factors of W = M − c J (n, n) and their pivots (n,) (as floats), the c = h/α_k they were made
+    for, and how many factorisations and Jacobian evaluations the solve has made (floats)."""
+
+    jacobian: jax.Array
+    lu: jax.Array
+    pivots: jax.Array
+    c: jax.Array
+    factorisations: jax.Array
+    jacobians: jax.Array
+
+
+class BDFState(eqx.Module):
+    """The solver's state between steps: the differences D (MAX_ORDER + 3, n) scaled to the step size `h`,
+    the `order` and the `steps` taken at this order and step size (floats), and the `linearisation`."""
+
+    D: jax.Array
+    h: jax.Array
+    order: jax.Array
+    steps: jax.Array
+    linearisation: Linearisation
+
+
+class NewtonTolerances(eqx.Module):
+    """The chord iteration's rtol, atol and norm: the step-size controller's unless given (as diffrax's
+    implicit solvers take them from their root finder). It converges where the iterates' progress
+    predicts a remaining correction below max(10 ε/rtol, min(0.03, √rtol)) in this norm (SciPy's)."""
+
+    rtol: Any = use_stepsize_tol
+    atol: Any = use_stepsize_tol
+    norm: Any = use_stepsize_tol
+
+
+class BDFController(dfx.AbstractAdaptiveStepSizeController):
+    """Applies `BDF`'s own choice of step: its step's error output holds, in every entry, the next step's
+    ratio to this one, negated where the step is rejected (a non-finite one rejects it with MIN_FACTOR).
+    The first step is diffrax's PIDController's at rtol, atol and `norm`, which the solver's chord
+    iteration and error estimate take as well."""
+
+    rtol: float
+    atol: float
+    norm: Any = optx.rms_norm
+
+    def wrap(self, direction):
+        return self
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        return dfx.PIDController(rtol=self.rtol, atol=self.atol, norm=self.norm).init(
+            terms, t0, t1, y0, dt0, args, func, error_order
+        )
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+        code = jax.tree.leaves(y_error)[0].ravel()[0]
+        finite = jnp.isfinite(code)
+        keep = finite & (code > 0)
+        factor = jax.lax.stop_gradient(jnp.where(finite, jnp.abs(code), MIN_FACTOR))
+        dt = (t1 - t0) * factor.astype(jnp.result_type(t1))
+        next_t0 = jnp.where(keep, t1, t0)
+        return keep, next_t0, next_t0 + dt, False, controller_state, dfx.RESULTS.successful
+
+
+def _times_mass(M, v):
+    if M is None:
+        return v
+    M = M.astype(v.dtype)
+    return M * v if M.ndim == 1 else M @ v
+
+
+def _factorised(lin: Linearisation, M, c):
+    """`lin` with W = M − c J factorised."""
+    n = lin.jacobian.shape[0]
+    mass = jnp.eye(n, dtype=c.dtype) if M is None else (jnp.diag(M) if M.ndim == 1 else M).astype(c.dtype)
+    lu, pivots = jsl.lu_factor(mass - c * lin.jacobian)
+    return Linearisation(lin.jacobian, lu, pivots.astype(c.dtype), c, lin.factorisations + 1, lin.jacobians)
+
+
+def _newton(inputs):
+    """(d, (converged, iterations, linearisation)): the NDF's correction by the chord iteration, retried
+    with W refactorised, then with J re-evaluated at the prediction, before giving up."""
+    solver, field, t, control, y_pred, psi, alpha, M, lin = inputs
+    c = jnp.asarray(control, y_pred.dtype) / alpha
+    tol = solver.root_finder
+    rtol, atol, norm = tol.rtol, tol.atol, tol.norm
+    eps = jnp.finfo(y_pred.dtype).eps
+    newton_tol = jnp.maximum(10 * eps / rtol, min(0.03, rtol**0.5))
+    scale = atol + rtol * jnp.abs(y_pred)
+
+    def chord(lin):
+        lu = (lin.lu, lin.pivots.astype(jnp.int32))
+
+        def going(carry):
+            i, _, _, converged, diverged = carry
+            return (i < NEWTON_MAXITER) & ~converged & ~diverged
+
+        def iteration(carry):
+            i, d, old, _, _ = carry
+            rhs = field(t, y_pred + d, control) / alpha - _times_mass(M, psi + d)
+            dy = jsl.lu_solve(lu, rhs)
+            size = norm(dy / scale)
+            rate = size / old
+            diverged = ~jnp.isfinite(size) | (
+                (i > 0) & ((rate >= 1) | (rate ** (NEWTON_MAXITER - i) / (1 - rate) * size > newton_tol))
+            )
+            d = jnp.where(diverged, d, d + dy)
+            converged = ~diverged & ((size == 0) | ((i > 0) & (rate / (1 - rate) * size < newton_tol)))
+            return i + 1, d, size, converged, diverged
+
+        start = (jnp.asarray(0), jnp.zeros_like(y_pred), jnp.asarray(jnp.inf, y_pred.dtype), False, False)
+        i, d, _, converged, _ = jax.lax.while_loop(going, iteration, start)
+        return d, converged, i
+
+    def attempt(carry):
+        lin, fresh_lu, fresh_jacobian, _, _, _, _ = carry
+        d, converged, iterations = chord(lin)
+        new_jacobian = ~converged & fresh_lu & ~fresh_jacobian
+        refactorise = ~converged & (~fresh_lu | new_jacobian)
+        lin = jax.lax.cond(
+            new_jacobian,
+            lambda: eqx.tree_at(
+                lambda s: (s.jacobian, s.jacobians),
+                lin,
+                (jax.jacfwd(lambda y: field.rate(t, y))(y_pred), lin.jacobians + 1),
+            ),
+            lambda: lin,
+        )
+        lin = jax.lax.cond(refactorise, lambda: _factorised(lin, M, c), lambda: lin)
+        done = converged | ~refactorise
+        return lin, fresh_lu | refactorise, fresh_jacobian | new_jacobian, converged, d, iterations, done
+
+    stale = ~(jnp.abs(c - lin.c) <= REFACTOR_RATIO * jnp.abs(lin.c))
+    lin = jax.lax.cond(stale, lambda: _factorised(lin, M, c), lambda: lin)
+    start = (lin, stale, jnp.asarray(False), jnp.asarray(False), jnp.zeros_like(y_pred), jnp.asarray(0), False)
+    lin, _, _, converged, d, iterations, _ = jax.lax.while_loop(lambda s: ~s[-1], attempt, start)
+    return d, (converged.astype(y_pred.dtype), iterations.astype(y_pred.dtype), lin)
+
+
+def _ndf_residual(d, inputs):
+    """M (d + ψ) − (h/α) f(t, y⁽⁰⁾ + d): zero at the step's correction d."""
+    _, field, t, control, y_pred, psi, alpha, M, _ = inputs
+    return _times_mass(M, d + psi) - field(t, y_pred + d, control) / alpha
+
+
+@eqx.filter_custom_jvp
+def _correction(inputs):
+    """`_newton`'s (d, (converged, iterations, linearisation)), d differentiated as the root of
+    `_ndf_residual` (the implicit function theorem: its tangent solves with ∂residual/∂d at d itself,
+    W = M − (h/α) J with J there); the rest carries no derivative."""
+    return _newton(inputs)
+
+
+@_correction.def_jvp
+def _correction_jvp(primals, tangents):
+    (inputs,), (t_inputs,) = primals, tangents
+    d, aux = _correction(inputs)
+    none = lambda x: x is None  # noqa: E731
+    nondiff, diff = eqx.partition(inputs, jax.tree.map(none, t_inputs, is_leaf=none), is_leaf=none)
+    _, t_residual = jax.jvp(lambda diff: _ndf_residual(d, eqx.combine(diff, nondiff)), (diff,), (t_inputs,))
+    W = lx.MatrixLinearOperator(jax.jacfwd(_ndf_residual)(d, inputs))
+    t_d = -lx.linear_solve(W, t_residual, lx.LU()).value
+    return (d, aux), (t_d, jax.tree.map(jnp.zeros_like, aux))
+
+
+class _Field(eqx.Module):
+    """The term's increment h f(t, y) and rate f(t, y) over the flattened state."""
+
+    terms: Any
+    args: Any
+    unravel: Any = eqx.field(static=True)
+
+    def __call__(self, t, y, control):
+        return jfu.ravel_pytree(self.terms.vf_prod(t, self.unravel(y), self.args, control))[0]
+
+    def rate(self, t, y):
+        return jfu.ravel_pytree(self.terms.vf(t, self.unravel(y), self.args))[0]
+
+
+class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
+    """Variable-order BDF (1–5, NDF form, quasi-constant step size; Shampine & Reichelt) for stiff ODEs and
+    index-1 DAEs M u' = f, M the `mass_matrix`: None (the identity), a vector (n,) (its diagonal) or a
+    matrix (n, n) over the flattened state. A dense Jacobian and LU kept across steps and refactorised
+    only when the step or order moves W = M − (h/α_k) J far or the chord iteration fails. It chooses its
+    own order and steps (`BDFController`, its `step_controller`). Any term whose `vf_prod` is its `vf`
+    times the step (`diffrax.ODETerm`) steps with it."""
+
+    mass_matrix: jax.Array | None = eqx.field(default=None, converter=_mass_matrix)
+    root_finder: NewtonTolerances = NewtonTolerances()  # pyright: ignore[reportIncompatibleVariableOverride]  # tolerances only
+    root_find_max_steps: int = NEWTON_MAXITER
+
+    term_structure: ClassVar = dfx.AbstractTerm
+    interpolation_cls: ClassVar = BDFInterpolation
+    # Its capabilities, read where they matter (`sciad._dae`, `sciad.adjoints.step_controller`).
+    takes_mass_matrix: ClassVar[bool] = True
+    step_controller: ClassVar[type] = BDFController
+
+    def order(self, terms):
+        return MAX_ORDER
+
+    def error_order(self, terms):
+        return 2  # the first step's, at order 1 (the controller's first step size)
+
+    def func(self, terms, t0, y0, args):
+        return terms.vf(t0, y0, args)
+
+    def init(self, terms, t0, t1, y0, args):
+        flat, unravel = jfu.ravel_pytree(y0)
+        field = _Field(terms, args, unravel)
+        h = jnp.asarray(t1 - t0, flat.dtype)
+        n = flat.size
+        jacobian = jax.lax.stop_gradient(jax.jacfwd(lambda y: field.rate(t0, y))(flat))
+        zero = jnp.zeros((), flat.dtype)
+        lin = Linearisation(jacobian, jnp.zeros((n, n), flat.dtype), jnp.zeros((n,), flat.dtype), zero, zero, zero + 1)
+        return BDFState(self._restarted(field, t0, flat, h), h, zero + 1, zero, lin)
+
+    def _restarted(self, field, t0, flat, h):
+        """D at order 1 from y (n,): [y, h u'], u' solving M u' = f(t0, y) (least squares where M is singular)."""
+        f0 = field.rate(t0, flat)
+        M = self.mass_matrix
+        if M is None:
+            slope = f0
+        elif M.ndim == 1:
+            M = M.astype(flat.dtype)
+            slope = jnp.where(M == 0, 0, f0 / jnp.where(M == 0, 1, M))
+        else:
+            slope = jnp.linalg.pinv(M.astype(flat.dtype)) @ f0
+        D = jnp.zeros((MAX_ORDER + 3, flat.size), flat.dtype)
+        return D.at[0].set(flat).at[1].set(h * slope)
+
+    def step(self, terms, t0, t1, y0, args, solver_state: BDFState, made_jump):
+        flat, unravel = jfu.ravel_pytree(y0)
+        dtype = flat.dtype
+        field = _Field(terms, args, unravel)
+        control = terms.contr(t0, t1)
+        dt = jnp.asarray(t1 - t0, dtype)
+        M = self.mass_matrix
+        if M is not None:
+            n = flat.size
+            if M.shape not in ((n,), (n, n)):
+                raise ValueError(
+                    f"mass_matrix has shape {M.shape} for a state of {n} entries: give a vector "
+                    f"({n},) (the diagonal) or a matrix ({n}, {n}) over the flattened state."
+                )
+            M = jnp.asarray(M, dtype)
+        state = solver_state
+        # after a jump (an event's), from y alone at order 1
+        restart = jnp.asarray(made_jump)
+        D = jax.lax.cond(
+            unvmap_any(restart),
+            lambda: jnp.where(restart, self._restarted(field, t0, flat, dt), state.D),
+            lambda: state.D,
+        )
+        h = jnp.where(restart, dt, state.h)
+        order = jax.lax.stop_gradient(jnp.where(restart, 1, state.order))
+        steps = jax.lax.stop_gradient(jnp.where(restart, 0, state.steps))
+        lin = jax.lax.stop_gradient(state.linearisation)
+        D = D.at[0].set(flat)
+
+        # the differences for this step's size: a step of another size than the last restarts the count
+        ratio = jnp.where(h == 0, 1, dt / jnp.where(h == 0, 1, h))
+        D = rescaled(D, order, ratio)
+        eps = jnp.finfo(dtype).eps
+        steps = jnp.where(jnp.abs(dt - h) <= 16 * eps * (jnp.abs(jnp.asarray(t1, dtype)) + jnp.abs(h)), steps, 0)
+
+        k = order.astype(jnp.int32)
+        rows = jnp.arange(MAX_ORDER + 3)
+        table = lambda x: jnp.asarray(np.concatenate([x, np.zeros(MAX_ORDER + 3 - x.size)]), dtype)  # noqa: E731
+        alpha = jax.lax.stop_gradient(table(_ALPHA)[k])
+        alpha = jnp.where(dt == 0, 1, alpha)
+        y_pred = jnp.where(rows[:, None] <= k, D, 0).sum(0)
+        psi = jnp.where((rows >= 1) & (rows <= k), table(_GAMMA), 0) @ D / alpha
+
+        inputs = (self, field, t1, control, y_pred, psi, alpha, M, lin)
+        d, (converged, iterations, lin) = _correction(inputs)
+        converged, iterations, lin = jax.lax.stop_gradient((converged == 1, iterations, lin))
+        y_new = y_pred + d
+
+        tol = self.root_finder
+        norm = tol.norm
+        scale = tol.atol + tol.rtol * jnp.maximum(jnp.abs(flat), jnp.abs(y_new))
+        errors = jax.lax.stop_gradient(table(_ERROR_CONST))
+
+        def error_norm(j, difference):
+            return jax.lax.stop_gradient(norm(errors[j] * difference / scale))
+
+        error = error_norm(k, d)
+        accepted = converged & (error <= 1)
+        safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + iterations)
+
+        # the differences after the step (SciPy's update: D_{k+2} = d − D_{k+1}, D_{k+1} = d, then
+        # D_i += D_{i+1} down from i = k)
+        D = D.at[k + 2].set(d - D[k + 1]).at[k + 1].set(d)
+        summed = jnp.flip(jnp.cumsum(jnp.flip(jnp.where(rows[:, None] <= k + 1, D, 0), 0), 0), 0)
+        D = jnp.where(rows[:, None] <= k, summed, D)
+
+        # the next order and step ratio, once k + 1 steps were taken at this size and order
+        steps = steps + 1
+        lower = jnp.where(k > 1, error_norm(k - 1, D[k]), jnp.inf)
+        higher = jnp.where(k < MAX_ORDER, error_norm(jnp.minimum(k + 1, MAX_ORDER), D[k + 2]), jnp.inf)
+        norms = jnp.stack([lower, error, higher])
+        with jax.numpy_dtype_promotion("standard"):
+            factors = norms ** (-1 / (k + jnp.arange(3, dtype=dtype)))
+        factors = jnp.where(jnp.isnan(factors), 0, factors)
+        change = steps >= k + 1
+        new_order = jnp.where(change, k - 1 + jnp.argmax(factors), k).astype(dtype)
+        grown = jnp.minimum(MAX_FACTOR, safety * jnp.max(factors))
+        shrunk = jnp.maximum(MIN_FACTOR, safety * error ** (-1 / (k + 1)))
+        factor = jnp.where(accepted, jnp.where(change, grown, 1), -jnp.where(converged, shrunk, NEWTON_FAILURE_FACTOR))
+        factor = jnp.where(jnp.isnan(factor), -MIN_FACTOR, factor)
+
+        new_state = BDFState(
+            jnp.where(accepted, D, state.D),
+            jnp.where(accepted, dt, state.h),
+            jnp.where(accepted, new_order, order),
+            jnp.where(accepted & ~change, steps, 0),
+            lin,
+        )
+        y1 = unravel(jnp.where(accepted, D[0], flat))
+        code = jax.tree.map(lambda x: jnp.full(x.shape, factor, x.dtype), y0)
+        dense = jax.vmap(unravel)(jnp.where(rows[: MAX_ORDER + 1, None] <= k, D[: MAX_ORDER + 1], 0))
+        return y1, code, dict(D=dense), new_state, dfx.RESULTS.successful
