@@ -193,7 +193,7 @@ def _newton(inputs):
     tol = solver.root_finder
     rtol, atol, norm = tol.rtol, tol.atol, tol.norm
     eps = jnp.finfo(y_pred.dtype).eps
-    newton_tol = jnp.maximum(10 * eps / rtol, min(0.03, rtol**0.5))
+    newton_tol = jnp.maximum(10 * eps / rtol, jnp.minimum(0.03, jnp.sqrt(rtol)))
     scale = atol + rtol * jnp.abs(y_pred)
 
     def chord(lin):
@@ -216,7 +216,8 @@ def _newton(inputs):
             converged = ~diverged & ((size == 0) | ((i > 0) & (rate / (1 - rate) * size < newton_tol)))
             return i + 1, d, size, converged, diverged
 
-        start = (jnp.asarray(0), jnp.zeros_like(y_pred), jnp.asarray(jnp.inf, y_pred.dtype), False, False)
+        no = jnp.asarray(False)
+        start = (jnp.asarray(0), jnp.zeros_like(y_pred), jnp.asarray(jnp.inf, y_pred.dtype), no, no)
         i, d, _, converged, _ = jax.lax.while_loop(going, iteration, start)
         return d, converged, i
 
@@ -240,7 +241,8 @@ def _newton(inputs):
 
     stale = ~(jnp.abs(c - lin.c) <= REFACTOR_RATIO * jnp.abs(lin.c))
     lin = jax.lax.cond(stale, lambda: _factorised(lin, M, c), lambda: lin)
-    start = (lin, stale, jnp.asarray(False), jnp.asarray(False), jnp.zeros_like(y_pred), jnp.asarray(0), False)
+    no = jnp.asarray(False)
+    start = (lin, stale, no, no, jnp.zeros_like(y_pred), jnp.asarray(0), no)
     lin, _, _, converged, d, iterations, _ = jax.lax.while_loop(lambda s: ~s[-1], attempt, start)
     return d, (converged.astype(y_pred.dtype), iterations.astype(y_pred.dtype), lin)
 
@@ -288,23 +290,30 @@ class _Field(eqx.Module):
 class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
     """Variable-order BDF (1–5, NDF form, quasi-constant step size; Shampine & Reichelt) for stiff ODEs and
     index-1 DAEs M u' = f, M the `mass_matrix`: None (the identity), a vector (n,) (its diagonal) or a
-    matrix (n, n) over the flattened state. A dense Jacobian and LU kept across steps and refactorised
-    only when the step or order moves W = M − (h/α_k) J far or the chord iteration fails. It chooses its
-    own order and steps (`BDFController`, its `step_controller`). Any term whose `vf_prod` is its `vf`
-    times the step (`diffrax.ODETerm`) steps with it."""
+    matrix (n, n) over the flattened state; orders up to `max_order` (1–5). A dense Jacobian and LU are kept
+    across steps and refactorised only when the step or order moves W = M − (h/α_k) J far or the chord
+    iteration fails. It chooses its own order and steps (`BDFController`, its `step_controller`). Any term
+    whose `vf_prod` is its `vf` times the step (`diffrax.ODETerm`) steps with it."""
 
     mass_matrix: jax.Array | None = eqx.field(default=None, converter=_mass_matrix)
     root_finder: NewtonTolerances = NewtonTolerances()  # pyright: ignore[reportIncompatibleVariableOverride]  # tolerances only
     root_find_max_steps: int = NEWTON_MAXITER
+    max_order: int = eqx.field(default=MAX_ORDER, static=True)
 
     term_structure: ClassVar = dfx.AbstractTerm
     interpolation_cls: ClassVar = BDFInterpolation
-    # Its capabilities, read where they matter (`sciad._dae`, `sciad.adjoints.step_controller`).
+    # Its capabilities, read where they matter (`sciad._dae`, `sciad._stiff`: its LU is dense, no `jacobian=` but
+    # "dense"; `sciad.adjoints.step_controller`).
     takes_mass_matrix: ClassVar[bool] = True
+    dense_stages: ClassVar[bool] = True
     step_controller: ClassVar[type] = BDFController
 
+    def __check_init__(self):
+        if not (isinstance(self.max_order, int) and 1 <= self.max_order <= MAX_ORDER):
+            raise ValueError(f"BDF(max_order=...) must be an int from 1 to {MAX_ORDER}, got {self.max_order!r}")
+
     def order(self, terms):
-        return MAX_ORDER
+        return self.max_order
 
     def error_order(self, terms):
         return 2  # the first step's, at order 1 (the controller's first step size)
@@ -337,6 +346,12 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
         return D.at[0].set(flat).at[1].set(h * slope)
 
     def step(self, terms, t0, t1, y0, args, solver_state: BDFState, made_jump):
+        tol = self.root_finder
+        if any(x is use_stepsize_tol for x in (tol.rtol, tol.atol, tol.norm)):
+            raise ValueError(
+                "BDF takes its rtol, atol and norm from its step-size controller: step it with sciad.solve, "
+                "or with diffrax.diffeqsolve(..., stepsize_controller=sciad._bdf.BDFController(rtol=..., atol=...))"
+            )
         flat, unravel = jfu.ravel_pytree(y0)
         dtype = flat.dtype
         field = _Field(terms, args, unravel)
@@ -384,7 +399,6 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
         converged, iterations, lin = jax.lax.stop_gradient((converged == 1, iterations, lin))
         y_new = y_pred + d
 
-        tol = self.root_finder
         norm = tol.norm
         scale = tol.atol + tol.rtol * jnp.maximum(jnp.abs(flat), jnp.abs(y_new))
         errors = jax.lax.stop_gradient(table(_ERROR_CONST))
@@ -405,7 +419,7 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
         # the next order and step ratio, once k + 1 steps were taken at this size and order
         steps = steps + 1
         lower = jnp.where(k > 1, error_norm(k - 1, D[k]), jnp.inf)
-        higher = jnp.where(k < MAX_ORDER, error_norm(jnp.minimum(k + 1, MAX_ORDER), D[k + 2]), jnp.inf)
+        higher = jnp.where(k < self.max_order, error_norm(jnp.minimum(k + 1, MAX_ORDER), D[k + 2]), jnp.inf)
         norms = jnp.stack([lower, error, higher])
         with jax.numpy_dtype_promotion("standard"):
             factors = norms ** (-1 / (k + jnp.arange(3, dtype=dtype)))

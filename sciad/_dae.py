@@ -33,7 +33,7 @@ from sciad._errors import SolveError, error_if
 from sciad._rosenbrock import Rodas5P
 
 INITIALIZATIONS = ("consistent", "check", "none")
-DAE_SOLVERS = "solver='rodas5p' or 'rodas4' (sciad.Rodas5P(), sciad.Rodas4())"
+DAE_SOLVERS = "solver='rodas5p', 'rodas4' or 'bdf' (sciad.Rodas5P(), sciad.Rodas4(), sciad.BDF())"
 NEWTON_STEPS = 50  # consistent initialisation: Newton iterations before it is called a failure
 NEWTON_TIGHTER = 1e-3  # ... and its tolerances, the solve's rtol and atol times this
 

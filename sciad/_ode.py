@@ -14,8 +14,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from sciad import _events as events
-from sciad._custom_types import RealScalarLike
 from sciad._bdf import BDF
+from sciad._custom_types import RealScalarLike
 from sciad._dae import MassMatrix, check_initialization, dae_solver, initialise
 from sciad._dense import DenseOutput
 from sciad._problem import (

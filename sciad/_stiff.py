@@ -373,6 +373,8 @@ def auto_jacobian(solver: dfx.AbstractSolver, f: Callable, u0, p, t0) -> tuple[s
     n = flat.size
     if not is_implicit(solver):
         return "dense", "an explicit solver solves no linear systems"
+    if getattr(solver, "dense_stages", False):
+        return "dense", f"{type(solver).__name__} keeps a dense LU across steps"
     if n < SPARSE_STATES:
         return "dense", f"{n} states: a dense LU is cheap below {SPARSE_STATES}"
     from sciad import _sparsity as sparsity
@@ -431,6 +433,10 @@ def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
         raise TypeError(
             f"jacobian must be one of {['auto', *sorted(JACOBIANS)]}, a sciad.stiff.Sparse or a "
             f"sciad.stiff.MatrixFree, got {type(jacobian).__name__}"
+        )
+    if getattr(solver, "dense_stages", False):
+        raise ValueError(
+            f"jacobian={jacobian!r}: {type(solver).__name__} keeps a dense LU across steps; pass jacobian='dense'"
         )
     if getattr(solver, "linearly_implicit", False):
         return eqx.tree_at(lambda s: s.stage_jacobian, solver, jacobian, is_leaf=lambda x: x is None)

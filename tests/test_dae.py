@@ -239,7 +239,7 @@ def test_solve_refuses_what_a_mass_matrix_cannot_take():
     with pytest.raises(
         ValueError,
         match=r"singular mass matrix \(a DAE with 1 algebraic equation\(s\)\) needs a "
-        r"solver that takes one: solver='rodas5p' or 'rodas4'",
+        r"solver that takes one: solver='rodas5p', 'rodas4' or 'bdf'",
     ):
         sciad.solve(prob, solver="kvaerno5")
     with pytest.raises(ValueError, match="holds a mass matrix other than the problem's"):

@@ -1,0 +1,199 @@
+"""sciad's variable-order BDF (`sciad._bdf`): the steps each order takes as rtol falls, accuracy on
+Robertson against SciPy's BDF and Radau and on a stiff linear system with a closed form, factorisations
+kept across steps, a mass-matrix DAE against Rodas5P, jit/vmap/PyTree/float32, and gradients by forward
+mode, the discrete adjoint and a continuous adjoint against finite differences and Rodas5P."""
+
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+import sciad
+from helpers import dae
+from sciad._bdf import BDF, BDFController
+from sciad.adjoints._loop import Stepper, integrate
+
+
+def _stepped(vf, solver, y0, args, t1, rtol, atol, ts=None, max_steps=100_000):
+    """sciad's loop over `solver`'s steps of vf(t, y, args) from t = 0 (its end state's counts readable)."""
+    stepper = Stepper.of(dfx.ODETerm(vf), solver, BDFController(rtol=rtol, atol=atol))
+    return integrate(stepper, y0, args, 0.0, t1, ts=ts, max_steps=max_steps)
+
+
+def _cosine(t, u, lam):  # u' = λ (u − cos t) − sin t: u = cos t from u(0) = 1, for any λ
+    return lam * (u - jnp.cos(t)) - jnp.sin(t)
+
+
+RTOLS = np.array([1e-4, 1e-5, 1e-6, 1e-7, 1e-8])
+
+
+@pytest.mark.parametrize("max_order", [1, 2])
+def test_steps_and_errors_scale_as_the_order(max_order):
+    """At order q the local error is ~ h^(q+1): steps grow as rtol^(-1/(q+1)) and the global error (a sum of
+    local errors held at rtol) falls as rtol^(q/(q+1)). A batch of tolerances in one vmapped solve, each
+    member stepping its own way."""
+
+    def run(rtol):
+        sol = _stepped(_cosine, BDF(max_order=max_order), jnp.array([1.0]), -10.0, 5.0, rtol, rtol)
+        return jnp.abs(sol.ys[-1, 0] - jnp.cos(5.0)), sol.stats["num_accepted_steps"]
+
+    errors, steps = jax.jit(jax.vmap(run))(jnp.asarray(RTOLS))
+    assert len(set(np.asarray(steps).tolist())) == RTOLS.size
+    steps_slope = np.polyfit(np.log(RTOLS), np.log(steps), 1)[0]
+    error_slope = np.polyfit(np.log(RTOLS), np.log(errors), 1)[0]
+    assert abs(steps_slope + 1 / (max_order + 1)) < 0.03
+    assert abs(error_slope - max_order / (max_order + 1)) < 0.1
+    # one member alone takes the steps it took in the batch
+    alone = jax.jit(run)(RTOLS[2])
+    assert int(alone[1]) == int(steps[2]) and np.isclose(alone[0], errors[2], rtol=1e-6)
+
+
+ROBERTSON_TS = np.array([1e-2, 1.0, 1e2, 1e4, 1e5])
+
+
+def _robertson(t, u, p):
+    return dae.robertson(u, p, t)
+
+
+@pytest.fixture(scope="module")
+def robertson_bdf():
+    return jax.jit(
+        lambda p: _stepped(_robertson, BDF(), jnp.array([1.0, 0.0, 0.0]), p, 1e5, 1e-8, 1e-10, ts=ROBERTSON_TS)
+    )(jnp.asarray(dae.ROBERTSON_P))
+
+
+def _robertson_numpy(t, u):
+    k1, k2, k3 = dae.ROBERTSON_P
+    return np.array([-k1 * u[0] + k3 * u[1] * u[2], k1 * u[0] - k3 * u[1] * u[2] - k2 * u[1] ** 2, k2 * u[1] ** 2])
+
+
+def _robertson_jacobian(t, u):
+    k1, k2, k3 = dae.ROBERTSON_P
+    return np.array(
+        [[-k1, k3 * u[2], k3 * u[1]], [k1, -k3 * u[2] - 2 * k2 * u[1], -k3 * u[1]], [0.0, 2 * k2 * u[1], 0.0]]
+    )
+
+
+def test_robertson_against_scipy(robertson_bdf):
+    """Robertson to t = 1e5 at rtol 1e-8: within 1e-6 (relative, each state) of SciPy's Radau at rtol 1e-12,
+    in about as many steps as SciPy's BDF (the same method) takes."""
+    kw = dict(jac=_robertson_jacobian)
+    tight = solve_ivp(
+        _robertson_numpy, (0, 1e5), [1.0, 0, 0], method="Radau", rtol=1e-12, atol=1e-14, t_eval=ROBERTSON_TS, **kw
+    )
+    scipy_bdf = solve_ivp(_robertson_numpy, (0, 1e5), [1.0, 0, 0], method="BDF", rtol=1e-8, atol=1e-10, **kw)
+    ys = np.asarray(robertson_bdf.ys)
+    assert np.max(np.abs(ys - tight.y.T) / np.abs(tight.y.T)) < 1e-6
+    steps = int(robertson_bdf.stats["num_steps"])
+    assert 0.8 < steps / (scipy_bdf.t.size - 1) < 1.25
+
+
+def test_factorisations_kept_across_steps(robertson_bdf):
+    """Over Robertson's ~600 steps, W's LU is made on about one step in six and J on one in forty: they
+    are kept while h/α_k stays within REFACTOR_RATIO and the chord iteration converges."""
+    lin = robertson_bdf.end.solver_state.linearisation
+    steps = int(robertson_bdf.stats["num_accepted_steps"])
+    assert int(lin.factorisations) < steps / 4
+    assert 1 <= int(lin.jacobians) < steps / 20
+    assert int(robertson_bdf.end.solver_state.order) == 5
+
+
+def test_stiff_linear_closed_form_by_name():
+    """u' = A u with eigenvalues −1 and −1e4, solver="bdf" through sciad.solve, against exp(tA) u0."""
+    A = np.array([[-1.0, 0.0], [1e4 - 1.0, -1e4]])  # eigenvectors (1, 1), (0, 1)
+    u0, ts = np.array([1.0, 3.0]), np.array([1e-3, 0.1, 1.0, 5.0])
+    prob = sciad.ODEProblem(lambda u, p, t: p @ u, u0, (0.0, 5.0), A)
+    sol = sciad.solve(prob, saveat=ts, solver="bdf", rtol=1e-8, atol=1e-10)
+    exact = np.stack([np.exp(-ts), np.exp(-ts) + 2 * np.exp(-1e4 * ts)], -1)
+    np.testing.assert_allclose(sol.us, exact, rtol=1e-6, atol=1e-9)
+
+
+def test_mass_matrix_dae_against_rodas5p():
+    """Robertson as an index-1 DAE (the conservation law as its algebraic equation, M = diag(1, 1, 0)):
+    BDF's solution against Rodas5P's, and the linear DAE's closed form through a full singular M."""
+    prob = sciad.ODEProblem(
+        dae.robertson_dae, np.array([1.0, 0.0, 0.0]), (0.0, 1e3), dae.ROBERTSON_P, mass_matrix=np.array([1.0, 1.0, 0.0])
+    )
+    bdf = sciad.solve(prob, saveat=dae.ROBERTSON_TS, solver="bdf", rtol=1e-8, atol=1e-10)
+    rodas = sciad.solve(prob, saveat=dae.ROBERTSON_TS, solver="rodas5p", rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(bdf.us, rodas.us, rtol=1e-5)
+    np.testing.assert_allclose(bdf.us.sum(1), 1.0, rtol=1e-12)  # the algebraic equation holds at every step
+
+    def mixed(u, p, t):  # M u' = Q R⁻¹ ... : the linear DAE in u = R w, its equations mixed by Q
+        return jnp.asarray(dae.Q) @ dae.linear(jnp.asarray(dae.R_INV) @ u, p, t)
+
+    M = dae.Q @ np.diag([1.0, 0.0]) @ dae.R_INV
+    x0 = 1.5
+    u0 = dae.R @ np.array([x0, dae.P0[1] * x0])
+    linear = sciad.ODEProblem(mixed, u0, (0.0, 2.0), dae.P0, mass_matrix=M)
+    sol = sciad.solve(linear, saveat=dae.TS, solver=BDF(), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(sol.us, dae.exact(x0, dae.P0) @ dae.R.T, rtol=1e-6)
+
+
+def _pytree_rhs(u, p, t):
+    return {"x": -p["a"] * u["x"] + u["y"], "y": -1e3 * (u["y"] - jnp.sin(t))}
+
+
+def test_jit_vmap_pytree_and_float32():
+    """A dict state under jit(vmap) over parameters (members taking different steps) equals each member's
+    own solve; in float32 the solve stays in float32 and near the float64 one."""
+    u0 = {"x": jnp.array([1.0, 2.0]), "y": jnp.array(0.0)}
+
+    def final(a, dtype=jnp.float64, rtol=1e-8):
+        prob = sciad.ODEProblem(_pytree_rhs, jax.tree.map(lambda x: x.astype(dtype), u0), (0.0, 3.0), {"a": a})
+        return sciad.solve(prob, saveat=[3.0], solver="bdf", rtol=rtol, atol=rtol * 1e-2).us
+
+    a = jnp.array([0.5, 2.0, 8.0])
+    batched = jax.jit(jax.vmap(final))(a)
+    alone = jax.jit(final)(a[2])
+    np.testing.assert_allclose(batched["x"][2], alone["x"], rtol=1e-12)
+    np.testing.assert_allclose(batched["y"][2], alone["y"], rtol=1e-12)
+    single = jax.jit(lambda a: final(a, jnp.float32, 1e-5))(jnp.float32(2.0))
+    assert single["x"].dtype == jnp.float32
+    np.testing.assert_allclose(single["x"], batched["x"][1], rtol=1e-4)
+
+
+def _gradient_problem():
+    return sciad.ODEProblem(dae.robertson, np.array([1.0, 0.0, 0.0]), (0.0, 10.0), np.array([0.04, 3e3, 1e4]))
+
+
+def _loss(p, solver, sensealg):
+    sol = sciad.solve(
+        _gradient_problem(), p=p, saveat=[1.0, 10.0], solver=solver, sensealg=sensealg, rtol=1e-10, atol=1e-12
+    )
+    return jnp.sum(sol.us[:, 0] * jnp.array([1.0, 2.0])) + 1e3 * jnp.sum(sol.us[:, 1])
+
+
+@pytest.fixture(scope="module")
+def central_differences():
+    p = jnp.array([0.04, 3e3, 1e4])
+    loss = jax.jit(lambda p: _loss(p, "bdf", sciad.ForwardDiffSensitivity()))
+    rel = 1e-5
+    return np.array(
+        [(loss(p.at[i].multiply(1 + rel)) - loss(p.at[i].multiply(1 - rel))) / (2 * rel * p[i]) for i in range(3)]
+    )
+
+
+@pytest.mark.parametrize("sensealg", [sciad.ForwardDiffSensitivity(), sciad.DiscreteAdjoint(), sciad.GaussAdjoint()])
+def test_gradients_against_finite_differences(sensealg, central_differences):
+    """∂L/∂p through BDF's steps (forward mode; the discrete adjoint, which recomputes each step from its
+    stored state) and by a continuous adjoint solved backwards by BDF, against central differences of the
+    solve at rtol 1e-10."""
+    p = jnp.array([0.04, 3e3, 1e4])
+    grad = jax.jit(jax.grad(_loss), static_argnums=(1, 2))(p, "bdf", sensealg)
+    np.testing.assert_allclose(grad, central_differences, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_gradient_against_rodas5p(central_differences):
+    p = jnp.array([0.04, 3e3, 1e4])
+    bdf = jax.jit(jax.grad(_loss), static_argnums=(1, 2))(p, "bdf", sciad.DiscreteAdjoint())
+    rodas = jax.jit(jax.grad(_loss), static_argnums=(1, 2))(p, "rodas5p", sciad.ForwardDiffSensitivity())
+    np.testing.assert_allclose(bdf, rodas, rtol=1e-7)
+
+
+def test_max_order_checked():
+    with pytest.raises(ValueError, match="max_order"):
+        BDF(max_order=6)
