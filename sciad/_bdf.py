@@ -350,7 +350,7 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
         if any(x is use_stepsize_tol for x in (tol.rtol, tol.atol, tol.norm)):
             raise ValueError(
                 "BDF takes its rtol, atol and norm from its step-size controller: step it with sciad.solve, "
-                "or with diffrax.diffeqsolve(..., stepsize_controller=sciad._bdf.BDFController(rtol=..., atol=...))"
+                "or with diffrax.diffeqsolve(..., stepsize_controller=sciad.BDF.step_controller(rtol=..., atol=...))"
             )
         flat, unravel = jfu.ravel_pytree(y0)
         dtype = flat.dtype

@@ -194,6 +194,18 @@ def test_gradient_against_rodas5p(central_differences):
     np.testing.assert_allclose(bdf, rodas, rtol=1e-7)
 
 
-def test_max_order_checked():
+def test_an_event_restarts_it():
+    """A dose at t = 1 (the state jumps): BDF restarts from the new state at order 1, as Rodas5P steps on."""
+    prob = sciad.ODEProblem(_pytree_rhs, {"x": jnp.array([1.0, 2.0]), "y": jnp.array(0.0)}, (0.0, 3.0), {"a": 0.7})
+    dose = sciad.PresetTimeCallback([1.0], lambda u, p, t: {"x": u["x"] + 2.0, "y": u["y"]})
+    kw = dict(saveat=[0.5, 1.0, 1.7, 3.0], callbacks=[dose], rtol=1e-9, atol=1e-11)
+    bdf, rodas = (sciad.solve(prob, solver=s, **kw).us for s in ("bdf", "rodas5p"))
+    np.testing.assert_allclose(bdf["x"], rodas["x"], rtol=1e-7)
+
+
+def test_options_checked():
     with pytest.raises(ValueError, match="max_order"):
         BDF(max_order=6)
+    prob = sciad.ODEProblem(_pytree_rhs, {"x": jnp.ones(2), "y": jnp.array(0.0)}, (0.0, 1.0), {"a": 0.7})
+    with pytest.raises(ValueError, match="keeps a dense LU across steps; pass jacobian='dense'"):
+        sciad.solve(prob, solver="bdf", jacobian="sparse")
