@@ -27,9 +27,10 @@ and `BDFController`, which `BDF` declares as its `step_controller` (read by
 implicit solvers get them (`root_finder`, filled in by sciad's `Stepper` and by diffrax.diffeqsolve).
 
 Derivative. The correction d is the root of the NDF's equation, differentiated by the implicit function
-theorem (`optimistix.implicit_jvp`): its tangent solves with W at the converged root and the true
-Jacobian there, never through the Newton iterates or the kept (stale) factorisation. Forward and reverse
-mode both enter a step; the order, the counters, J and the LU carry no derivative.
+theorem (`_correction`'s rule, as optimistix's `ImplicitAdjoint`): its tangent solves with W at the
+converged root and the true Jacobian there, never through the Newton iterates or the kept (stale)
+factorisation. Forward and reverse mode both enter a step (reverse mode by transposing that linear
+solve); the order, the counters, J and the LU carry no derivative.
 
     solver = sciad.BDF(mass_matrix=jnp.array([1.0, 1.0, 0.0]))
     sciad.solve(prob, solver=solver, rtol=1e-8, atol=1e-10)   # or solver="bdf"
@@ -49,10 +50,10 @@ import optimistix as optx
 
 from sciad._diffrax_internals import use_stepsize_tol
 from sciad._equinox_internals import unvmap_any
-from sciad._rosenbrock import _mass_matrix
+from sciad._rosenbrock import checked_mass_matrix, mass_operator
 
 MAX_ORDER = 5
-NEWTON_MAXITER = 4  # chord iterations per attempt
+NEWTON_MAXITER = 4  # chord iterations per attempt (`BDF.root_find_max_steps`'s default)
 MIN_FACTOR, MAX_FACTOR = 0.2, 10.0  # a proposed step's ratio to the last, at least and at most
 NEWTON_FAILURE_FACTOR = 0.5  # the step after one whose iteration failed with a fresh J and LU
 REFACTOR_RATIO = 0.3  # W refactorised when h/α_k moved by more than this share since its LU (CVODE's)
@@ -161,7 +162,7 @@ class BDFController(dfx.AbstractAdaptiveStepSizeController):
         )
 
     def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
-        code = jax.tree.leaves(y_error)[0].ravel()[0]
+        code = jfu.ravel_pytree(y_error)[0][0]
         finite = jnp.isfinite(code)
         keep = finite & (code > 0)
         factor = jax.lax.stop_gradient(jnp.where(finite, jnp.abs(code), MIN_FACTOR))
@@ -170,18 +171,9 @@ class BDFController(dfx.AbstractAdaptiveStepSizeController):
         return keep, next_t0, next_t0 + dt, False, controller_state, dfx.RESULTS.successful
 
 
-def _times_mass(M, v):
-    if M is None:
-        return v
-    M = M.astype(v.dtype)
-    return M * v if M.ndim == 1 else M @ v
-
-
 def _factorised(lin: Linearisation, M, c):
-    """`lin` with W = M − c J factorised."""
-    n = lin.jacobian.shape[0]
-    mass = jnp.eye(n, dtype=c.dtype) if M is None else (jnp.diag(M) if M.ndim == 1 else M).astype(c.dtype)
-    lu, pivots = jsl.lu_factor(mass - c * lin.jacobian)
+    """`lin` with W = M − c J factorised (M (n, n))."""
+    lu, pivots = jsl.lu_factor(M - c * lin.jacobian)
     return Linearisation(lin.jacobian, lu, pivots.astype(c.dtype), c, lin.factorisations + 1, lin.jacobians)
 
 
@@ -192,6 +184,7 @@ def _newton(inputs):
     c = jnp.asarray(control, y_pred.dtype) / alpha
     tol = solver.root_finder
     rtol, atol, norm = tol.rtol, tol.atol, tol.norm
+    maxiter = solver.root_find_max_steps
     eps = jnp.finfo(y_pred.dtype).eps
     newton_tol = jnp.maximum(10 * eps / rtol, jnp.minimum(0.03, jnp.sqrt(rtol)))
     scale = atol + rtol * jnp.abs(y_pred)
@@ -201,16 +194,16 @@ def _newton(inputs):
 
         def going(carry):
             i, _, _, converged, diverged = carry
-            return (i < NEWTON_MAXITER) & ~converged & ~diverged
+            return (i < maxiter) & ~converged & ~diverged
 
         def iteration(carry):
             i, d, old, _, _ = carry
-            rhs = field(t, y_pred + d, control) / alpha - _times_mass(M, psi + d)
+            rhs = field(t, y_pred + d, control) / alpha - M @ (psi + d)
             dy = jsl.lu_solve(lu, rhs)
             size = norm(dy / scale)
             rate = size / old
             diverged = ~jnp.isfinite(size) | (
-                (i > 0) & ((rate >= 1) | (rate ** (NEWTON_MAXITER - i) / (1 - rate) * size > newton_tol))
+                (i > 0) & ((rate >= 1) | (rate ** (maxiter - i) / (1 - rate) * size > newton_tol))
             )
             d = jnp.where(diverged, d, d + dy)
             converged = ~diverged & ((size == 0) | ((i > 0) & (rate / (1 - rate) * size < newton_tol)))
@@ -250,7 +243,7 @@ def _newton(inputs):
 def _ndf_residual(d, inputs):
     """M (d + ψ) − (h/α) f(t, y⁽⁰⁾ + d): zero at the step's correction d."""
     _, field, t, control, y_pred, psi, alpha, M, _ = inputs
-    return _times_mass(M, d + psi) - field(t, y_pred + d, control) / alpha
+    return M @ (d + psi) - field(t, y_pred + d, control) / alpha
 
 
 @eqx.filter_custom_jvp
@@ -295,9 +288,9 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
     iteration fails. It chooses its own order and steps (`BDFController`, its `step_controller`). Any term
     whose `vf_prod` is its `vf` times the step (`diffrax.ODETerm`) steps with it."""
 
-    mass_matrix: jax.Array | None = eqx.field(default=None, converter=_mass_matrix)
+    mass_matrix: jax.Array | None = eqx.field(default=None, converter=checked_mass_matrix)
     root_finder: NewtonTolerances = NewtonTolerances()  # pyright: ignore[reportIncompatibleVariableOverride]  # tolerances only
-    root_find_max_steps: int = NEWTON_MAXITER
+    root_find_max_steps: int = eqx.field(default=NEWTON_MAXITER, static=True)  # chord iterations per attempt
     max_order: int = eqx.field(default=MAX_ORDER, static=True)
 
     term_structure: ClassVar = dfx.AbstractTerm
@@ -357,15 +350,10 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
         field = _Field(terms, args, unravel)
         control = terms.contr(t0, t1)
         dt = jnp.asarray(t1 - t0, dtype)
-        M = self.mass_matrix
-        if M is not None:
-            n = flat.size
-            if M.shape not in ((n,), (n, n)):
-                raise ValueError(
-                    f"mass_matrix has shape {M.shape} for a state of {n} entries: give a vector "
-                    f"({n},) (the diagonal) or a matrix ({n}, {n}) over the flattened state."
-                )
-            M = jnp.asarray(M, dtype)
+        M = mass_operator(self.mass_matrix, flat.size, dtype)[0]
+        # diffrax steps the finished members of a vmapped solve with t0 = t1 and discards the result:
+        # there W = M is singular for a DAE; I gives the same d = 0.
+        M = jnp.where(dt == 0, jnp.eye(flat.size, dtype=dtype), M)
         state = solver_state
         # after a jump (an event's), from y alone at order 1
         restart = jnp.asarray(made_jump)
@@ -408,7 +396,8 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
 
         error = error_norm(k, d)
         accepted = converged & (error <= 1)
-        safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + iterations)
+        maxiter = self.root_find_max_steps
+        safety = 0.9 * (2 * maxiter + 1) / (2 * maxiter + iterations)
 
         # the differences after the step (SciPy's update: D_{k+2} = d − D_{k+1}, D_{k+1} = d, then
         # D_i += D_{i+1} down from i = k)

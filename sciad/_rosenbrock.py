@@ -118,7 +118,7 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
 
         g0, g_t = jax.jvp(lambda t: increment(t, flat), (jnp.asarray(t0, dt.dtype),), (jnp.ones((), dt.dtype),))
         g_t = dt.astype(dtype) * g_t  # h² ∂f/∂t
-        mass, times_mass = self._mass(n, dtype)
+        mass, times_mass = mass_operator(self.mass_matrix, n, dtype)
         # diffrax steps the finished members of a vmapped solve with t0 = t1 and discards the result:
         # there every right-hand side is 0 and W = M/γ is singular for a DAE; I gives the same u = 0.
         if self.stage_jacobian is None:
@@ -172,23 +172,25 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
             also = np.ones(M.shape, bool) if isinstance(M, jax.core.Tracer) else np.asarray(M) != 0
         return self.stage_jacobian.stage_solver(w, flat, dynamic, also=also, identity=identity)
 
-    def _mass(self, n, dtype):
-        """(M as a dense (n, n) matrix, v ↦ M v) in `dtype`."""
-        M = self.mass_matrix
-        if M is None:
-            return jnp.eye(n, dtype=dtype), lambda v: v
-        if M.shape not in ((n,), (n, n)):
-            raise ValueError(
-                f"mass_matrix has shape {M.shape} for a state of {n} entries: give a vector "
-                f"({n},) (the diagonal) or a matrix ({n}, {n}) over the flattened state."
-            )
-        M = M.astype(dtype)
-        if M.ndim == 1:
-            return jnp.diag(M), lambda v: M * v
-        return M, lambda v: M @ v
+
+def mass_operator(M, n: int, dtype) -> tuple:
+    """(M as a dense (n, n) matrix, v ↦ M v) in `dtype` for a solver's `mass_matrix` M (None: the identity;
+    a vector: its diagonal) over a flattened state of n entries."""
+    if M is None:
+        return jnp.eye(n, dtype=dtype), lambda v: v
+    if M.shape not in ((n,), (n, n)):
+        raise ValueError(
+            f"mass_matrix has shape {M.shape} for a state of {n} entries: give a vector "
+            f"({n},) (the diagonal) or a matrix ({n}, {n}) over the flattened state."
+        )
+    M = M.astype(dtype)
+    if M.ndim == 1:
+        return jnp.diag(M), lambda v: M * v
+    return M, lambda v: M @ v
 
 
-def _mass_matrix(M):
+def checked_mass_matrix(M):
+    """A solver's `mass_matrix` field: None, or a JAX array (n,) or (n, n)."""
     if M is None:
         return None
     M = jnp.asarray(M)
@@ -205,7 +207,7 @@ class Rodas5P(AbstractRosenbrock):
     accurate, dense output of order 4. Linearly implicit (one Jacobian and LU per step). For stiff
     ODEs and index-1 DAEs given by `mass_matrix` (None, a diagonal (n,) or a matrix (n, n))."""
 
-    mass_matrix: jax.Array | None = eqx.field(default=None, converter=_mass_matrix)
+    mass_matrix: jax.Array | None = eqx.field(default=None, converter=checked_mass_matrix)
     stage_jacobian: Any = None
     rosenbrock_tableau: ClassVar[RosenbrockTableau] = RODAS5P
 
@@ -215,6 +217,6 @@ class Rodas4(AbstractRosenbrock):
     stiffly accurate, dense output of order 3. Linearly implicit (one Jacobian and LU per step). For
     stiff ODEs and index-1 DAEs given by `mass_matrix` (None, a diagonal (n,) or a matrix (n, n))."""
 
-    mass_matrix: jax.Array | None = eqx.field(default=None, converter=_mass_matrix)
+    mass_matrix: jax.Array | None = eqx.field(default=None, converter=checked_mass_matrix)
     stage_jacobian: Any = None
     rosenbrock_tableau: ClassVar[RosenbrockTableau] = RODAS4
