@@ -217,3 +217,17 @@ def test_options_checked():
     prob = sciad.ODEProblem(_pytree_rhs, {"x": jnp.ones(2), "y": jnp.array(0.0)}, (0.0, 1.0), {"a": 0.7})
     with pytest.raises(ValueError, match="keeps a dense LU across steps; pass jacobian='dense'"):
         sciad.solve(prob, solver="bdf", jacobian="sparse")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), sciad.GaussAdjoint()])
+def test_dae_gradients_against_the_closed_form(sensealg):
+    """The linear index-1 DAE's ∂L/∂(x0, a, b) through BDF's steps and by the adjoint DAE solved backwards by BDF."""
+
+    def loss(x0, p):
+        u0 = jnp.stack([x0, 0.0])
+        sol = sciad.solve(dae.linear_problem(), u0=u0, p=p, saveat=dae.TS, solver="bdf", sensealg=sensealg, **dae.TOL)
+        return dae.linear_loss(sol.us)
+
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)))(1.5, jnp.asarray(dae.P0))
+    np.testing.assert_allclose([g[0], *g[1]], dae.exact_gradients(1.5, dae.P0), rtol=1e-7)
