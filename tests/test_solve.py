@@ -221,7 +221,7 @@ def test_saveat_outside_tspan(saveat):
 
 
 def test_unknown_solver_and_sensealg():
-    with pytest.raises(ValueError, match=r"unknown solver 'rk4'; choose one of \['bosh3'"):
+    with pytest.raises(ValueError, match=r"unknown solver 'rk4'; choose one of \['bdf', 'bosh3'"):
         sciad.solve(lv(), solver="rk4")
     with pytest.raises(ValueError, match=r"unknown sensealg 'Adjoint'; pass one of \['BacksolveAdjoint'"):
         sciad.solve(lv(), sensealg="Adjoint")
