@@ -4,6 +4,7 @@ past (`Past`, a ring of the last steps), the breakpoints its lags propagate, and
 iteration where a lag is shorter than the step."""
 
 import dataclasses
+import functools
 import inspect
 import itertools
 from collections.abc import Callable
@@ -35,8 +36,7 @@ from sciad._problem import (
 from sciad._pytrees import Layout, leaf_names
 from sciad._solver_choice import auto_solver
 from sciad._vector_field import AroundVectorField, VectorField
-from sciad.adjoints._base import AbstractSensitivity, Setup, interpolation_step_bytes, stored_steps
-from sciad.adjoints._loop import Stepper
+from sciad.adjoints._base import AbstractSensitivity, Setup, stored_steps
 
 LAG_KINDS = {1: "parameter", 3: "state"}  # a callable's positional parameters -> what its lags depend on
 FIXED_POINT_ITERATIONS = 10  # at most, per step whose lag is shorter than the step
@@ -172,50 +172,84 @@ def check_dde_functions(prob: DDEProblem) -> None:
             raise ValueError(f"lags must return a tuple of float scalars or a float vector, got {out}")
 
 
+def past_degree(solver: dfx.AbstractSolver) -> int:
+    """The degree of the polynomials a past keeps of `solver`'s steps: max(3, its order), at least its dense
+    output's."""
+    return max(3, int(solver.order(dfx.ODETerm(lambda t, y, args: y))))
+
+
+@functools.cache
+def _chebyshev(degree: int) -> tuple[np.ndarray, np.ndarray]:
+    """The degree + 1 Chebyshev points x_j = cos(πj/degree) on [-1, 1] and the inverse of their Vandermonde
+    matrix (x_j^i): the monomial coefficients of the polynomial through values at them."""
+    nodes = np.cos(np.pi * np.arange(degree + 1) / degree)
+    return nodes, np.linalg.inv(np.vander(nodes, degree + 1, increasing=True))
+
+
+class Piece(eqx.Module):
+    """A step's dense output as one polynomial: on [start, end], y(s) = Σ_i coeffs_i x^i, x = 2 (s − start) /
+    (end − start) − 1 (`coeffs` (d + 1, n + k); `Past.steps` holds a ring of them, each field with a leading
+    axis)."""
+
+    start: jax.Array
+    end: jax.Array
+    coeffs: jax.Array
+
+    @classmethod
+    def of(cls, interpolation, start, end, degree: int) -> "Piece":
+        """The polynomial of `degree` through a diffrax interpolation of one step from `start` to `end` (of at
+        most that degree: the same polynomial), from its values at the Chebyshev points."""
+        nodes, inverse = _chebyshev(degree)
+        theta = jnp.asarray((nodes + 1) / 2, start.dtype)
+        values = jax.vmap(lambda th: interpolation.evaluate(start + th * (end - start)))(theta)
+        return cls(start, end, jnp.asarray(inverse, values.dtype) @ values)
+
+    @classmethod
+    def zeros(cls, lead: tuple, degree: int, size: int, dtype) -> "Piece":
+        """Pieces of zeros over no time (never evaluated where it counts), `lead` their leading axes."""
+        never = jnp.full(lead, jnp.inf, dtype)
+        return cls(never, never, jnp.zeros((*lead, degree + 1, size), dtype))
+
+    def evaluate(self, s):
+        span = self.end - self.start
+        spanned = jnp.isfinite(span) & (span > 0)  # pieces of zeros and a vmapped batch's finished members
+        x = 2 * (s - jnp.where(spanned, self.start, 0)) / jnp.where(spanned, span, 1) - 1
+        y = self.coeffs[-1]
+        for c in self.coeffs[-2::-1]:
+            y = c + x.astype(y.dtype) * y
+        return y
+
+
 class Past(eqx.Module):
     """What a delay equation's steps read of the solve so far: its start (t0, the state y0 (n + k,)), the last
-    `size` accepted steps' dense output in a ring (`starts`, `ends` (size,), `steps`: their interpolations
-    stacked; `count` steps recorded in all), the step being refined (`current`, where `refining`), and
-    whether a lag reached past the steps kept (`short`)."""
+    `size` accepted steps' dense output as polynomials in a ring (`steps`, `count` steps recorded in all), the
+    step being refined (`current`, where `refining`), and whether a lag reached past the steps kept (`short`)."""
 
     t0: jax.Array
     y0: jax.Array
-    starts: jax.Array
-    ends: jax.Array
-    steps: Any
+    steps: Piece
     count: jax.Array
-    current: Any
+    current: Piece
     refining: jax.Array
     short: jax.Array
 
     @classmethod
     def empty(cls, solver, y0, t0, size: int) -> "Past":
-        """The past of a solve by `solver` from y0 (n + k,) at t0, before its first step, keeping `size` steps."""
-        plain = dfx.ODETerm(lambda t, y, args: y)
+        """The past of a solve by `solver` from y0 (n + k,) at t0, before its first step, keeping `size` steps as
+        polynomials of degree max(3, the solver's order) (at least its interpolation's)."""
+        degree = past_degree(solver)
         t0 = jnp.asarray(t0, y0.dtype)
-        solver = Stepper.of(plain, solver, dfx.PIDController(rtol=1.0, atol=1.0)).solver  # a root finder's tolerances
-
-        def interpolation():
-            state = solver.init(plain, t0, t0 + 1, y0, None)
-            info = solver.step(plain, t0, t0 + 1, y0, None, state, False)[2]
-            return solver.interpolation_cls(t0=t0, t1=t0 + 1, **info)
-
-        shape = eqx.filter_eval_shape(interpolation)
-
-        def unit(lead: tuple):  # an interpolation of zeros over [0, 1] (never evaluated where it counts)
-            zeros = jax.tree.map(
-                lambda x: jnp.zeros(lead + x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x, shape
-            )
-            one = jnp.ones(lead, y0.dtype)
-            return eqx.tree_at(lambda i: i.t1, zeros, one)
-
-        never = jnp.full((size,), jnp.inf, y0.dtype)
         no = jnp.asarray(False)
-        return cls(t0, y0, never, never, unit((size,)), jnp.asarray(0), unit(()), no, no)
+        empty = Piece.zeros((size,), degree, y0.shape[0], y0.dtype)
+        return cls(t0, y0, empty, jnp.asarray(0), Piece.zeros((), degree, y0.shape[0], y0.dtype), no, no)
 
     @property
     def size(self) -> int:
-        return self.starts.shape[0]
+        return self.steps.start.shape[0]
+
+    @property
+    def degree(self) -> int:
+        return self.steps.coeffs.shape[1] - 1
 
     def _index(self, s):
         """The ring slot of the newest kept step that starts at or before s (the oldest kept where none does)."""
@@ -223,7 +257,7 @@ class Past(eqx.Module):
         first = jnp.maximum(count - size, 0)  # the oldest kept step (steps are numbered from the solve's first)
 
         def kept_before(j):  # whether the kept step `first + j` starts at or before s (j (F,))
-            return (j < count - first) & (self.starts[(first + j) % size] <= s)
+            return (j < count - first) & (self.steps.start[(first + j) % size] <= s)
 
         # k = how many kept steps start at or before s, counted in two vectorised rounds of F probes (no loop):
         # every F-th step, then the F steps after the last one that starts at or before s
@@ -237,29 +271,25 @@ class Past(eqx.Module):
         """y (n + k,) at s ≥ t0: the kept step that holds s; past the last kept step, the step being refined, or
         the last step's polynomial extrapolated (y0 before the first step)."""
         newest = (self.count - 1) % self.size
-        beyond = (self.count == 0) | (s > self.ends[newest])
+        beyond = (self.count == 0) | (s > self.steps.end[newest])
         index = jnp.where(beyond, newest, self._index(s))
         inside = beyond & self.refining
         step = jax.tree.map(lambda b, c: jnp.where(inside, c, b[index]), self.steps, self.current)
         return jnp.where((self.count == 0) & ~self.refining, self.y0, step.evaluate(s))
 
-    def recorded(self, t_start, t_end, interpolation, reach) -> "Past":
-        """This past after an accepted step from t_start to t_end (its `interpolation`), with lags reaching back
-        `reach` from its end: `short` where the kept steps no longer cover what they reach."""
+    def piece(self, interpolation, t_start, t_end) -> Piece:
+        """A step's diffrax `interpolation` from t_start to t_end as this past keeps it."""
+        return Piece.of(interpolation, t_start, t_end, self.degree)
+
+    def recorded(self, piece: Piece, reach) -> "Past":
+        """This past after an accepted step (its `piece`), with lags reaching back `reach` from its end: `short`
+        where the kept steps no longer cover what they reach."""
         slot = self.count % self.size
-        put = lambda b, v: b.at[slot].set(v)  # noqa: E731
-        starts = put(self.starts, t_start)
+        steps = jax.tree.map(lambda b, v: b.at[slot].set(v), self.steps, piece)
         count = self.count + 1
-        oldest = starts[jnp.maximum(count - self.size, 0) % self.size]
-        short = self.short | ((count > self.size) & (oldest > jnp.maximum(t_end - reach, self.t0)))
-        return dataclasses.replace(
-            self,
-            starts=starts,
-            ends=put(self.ends, t_end),
-            steps=jax.tree.map(put, self.steps, interpolation),
-            count=count,
-            short=short,
-        )
+        oldest = steps.start[jnp.maximum(count - self.size, 0) % self.size]
+        short = self.short | ((count > self.size) & (oldest > jnp.maximum(piece.end - reach, self.t0)))
+        return dataclasses.replace(self, steps=steps, count=count, short=short)
 
 
 class DDEField(AroundVectorField):
@@ -353,7 +383,7 @@ class DDEField(AroundVectorField):
 
         def record(past, t_start, t_end, y_end, interpolation):
             reach = farthest if tau is not None else jnp.max(self.lags_at(y_end, p, t_end))
-            return past.recorded(t_start, t_end, interpolation, reach)
+            return past.recorded(past.piece(interpolation, t_start, t_end), reach)
 
         def refine(step, t0, t1, y, args, solver_state, made_jump):
             p, past = args
@@ -368,7 +398,7 @@ class DDEField(AroundVectorField):
 
             def again(carry):  # the step, then again from the past with this step's own interpolation in it
                 i, out, _ = carry
-                this = solver.interpolation_cls(t0=t0, t1=t1, **out[2])
+                this = past.piece(solver.interpolation_cls(t0=t0, t1=t1, **out[2]), t0, t1)
                 guess = dataclasses.replace(past, current=this, refining=i > 0)
                 new = step(t0, t1, y, (p, guess), solver_state, made_jump)
                 change = jnp.max(jnp.abs(jax.lax.stop_gradient(new[0] - out[0])) / scale)
@@ -384,7 +414,8 @@ class DDEField(AroundVectorField):
         def limit(past, t, y, t_next):
             s = t - self.lags_at(y, p, t)
             index = jax.vmap(past._index)(s)
-            resolved = jnp.where((s >= past.t0) & (past.count > 0), past.ends[index] - past.starts[index], jnp.inf)
+            span = past.steps.end[index] - past.steps.start[index]
+            resolved = jnp.where((s >= past.t0) & (past.count > 0), span, jnp.inf)
             return jnp.minimum(t_next, t + PAST_STEPS * jnp.min(resolved))
 
         return Stepping(past, record, jump_ts, refine, limit, self.history_steps)
@@ -486,7 +517,7 @@ def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     k = r.entries
     history_steps = o["history_steps"]
     if history_steps is None:
-        step_bytes = interpolation_step_bytes(solver, n + k, np.dtype(dtype).itemsize)
+        step_bytes = (past_degree(solver) + 1) * (n + k) * np.dtype(dtype).itemsize
         history_steps = stored_steps(int(r.max_steps), step_bytes)
     if int(history_steps) < 1:
         raise ValueError(f"history_steps must be a positive integer, got {history_steps}")

@@ -3,6 +3,7 @@ gradients in u0, p, the lags and the history's parameters against closed forms a
 delays shorter than a step, state-dependent delays, PyTrees, integrals, jit, vmap, Hessians, and the errors."""
 
 import diffrax as dfx
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -322,7 +323,7 @@ def test_traced_save_times_and_tspan_under_jit():
 
 def test_the_past_finds_the_step_that_holds_a_time():
     """Past's search against counting, on rings of several sizes, before and after they wrap."""
-    from sciad._dde import Past
+    from sciad._dde import Past, Piece
 
     rng = np.random.default_rng(0)
     for size in (1, 5, 16, 37):
@@ -333,8 +334,30 @@ def test_the_past_finds_the_step_that_holds_a_time():
             starts = np.full(size, np.inf)
             for j, t in enumerate(starts_all):
                 starts[j % size] = t
-            past = Past(jnp.asarray(0.0), None, jnp.asarray(starts), None, None, jnp.asarray(count), None, None, None)
+            ring = Piece(jnp.asarray(starts), None, None)
+            past = Past(jnp.asarray(0.0), None, ring, jnp.asarray(count), None, None, None)
             first = max(count - size, 0)
             for s in rng.uniform(-0.5, starts_all[-1] + 1.0, 25):
                 k = max(int(np.sum(starts_all[first:] <= s)) - 1, 0)
                 assert int(past._index(jnp.asarray(s))) == (first + k) % size
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [dfx.Euler(), dfx.Heun(), dfx.Bosh3(), dfx.Tsit5(), dfx.Dopri5(), dfx.Dopri8(), dfx.Kvaerno5()],
+    ids=lambda solver: type(solver).__name__,
+)
+def test_the_past_keeps_each_solvers_dense_output_exactly(solver):
+    """A step's dense output, kept as one polynomial (`Piece`), is the solver's own interpolation."""
+    from sciad._dde import Past
+
+    term = dfx.ODETerm(lambda t, y, args: jnp.stack([jnp.sin(3 * t) * y[1], -(y[0] ** 3)]))
+    y0, t0, t1 = jnp.array([1.0, 0.5]), jnp.asarray(0.2), jnp.asarray(0.9)
+    if isinstance(solver, dfx.AbstractImplicitSolver):
+        solver = eqx.tree_at(lambda s: s.root_finder, solver, dfx.VeryChord(rtol=1e-10, atol=1e-10))
+    state = solver.init(term, t0, t1, y0, None)
+    info = solver.step(term, t0, t1, y0, None, state, False)[2]
+    interpolation = solver.interpolation_cls(t0=t0, t1=t1, **info)
+    piece = Past.empty(solver, y0, t0, 4).piece(interpolation, t0, t1)
+    for s in np.linspace(0.2, 0.9, 8):
+        np.testing.assert_allclose(piece.evaluate(s), interpolation.evaluate(s), rtol=1e-12, atol=1e-13)
