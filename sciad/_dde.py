@@ -175,7 +175,8 @@ def check_dde_functions(prob: DDEProblem) -> None:
 def past_degree(solver: dfx.AbstractSolver) -> int:
     """The degree of the polynomials a past keeps of `solver`'s steps: max(3, its order), at least its dense
     output's."""
-    return max(3, int(solver.order(dfx.ODETerm(lambda t, y, args: y))))
+    order = solver.order(dfx.ODETerm(lambda t, y, args: y))
+    return max(3, order or 1)
 
 
 @functools.cache
