@@ -306,6 +306,7 @@ class DDEField(AroundVectorField):
     history_steps: int = eqx.field(static=True)
     rtol: float = eqx.field(static=True)
     atol: float = eqx.field(static=True)
+    doses: _events.Plan | None = None  # the solve's PresetTimeCallbacks, applied between its steps
     # the sensitivity DDE, discretised by the solver on the same steps (the past's interpolation of S included),
     # is the forward-mode derivative of the steps: ForwardSensitivity takes it, its products from its engine
     sensitivities_through_steps: ClassVar[bool] = True
@@ -333,10 +334,18 @@ class DDEField(AroundVectorField):
         return dataclasses.replace(self, F=self.F.with_products(backend))
 
     def driving(self) -> tuple:
-        return ()
+        """The doses' arrays (their times and owners: the inputs a custom rule takes them as), or nothing."""
+        return tuple(jax.tree.leaves(eqx.filter(self.doses, eqx.is_array)))
 
-    def driven(self, arrays, like) -> "DDEField":
-        return self
+    def driven(self, arrays, like: "DDEField") -> "DDEField":
+        """This field with the doses of `like` made of `arrays` (`driving`'s), or with their arrays left out
+        (`arrays` None)."""
+        if like.doses is None:
+            return self
+        template, rest = eqx.partition(like.doses, eqx.is_array)
+        leaves, treedef = jax.tree.flatten(template)
+        doses = rest if arrays is None else eqx.combine(jax.tree.unflatten(treedef, list(arrays)), rest)
+        return dataclasses.replace(self, doses=doses)
 
     def open(self) -> Callable:
         return self.F.open()
@@ -366,7 +375,7 @@ class DDEField(AroundVectorField):
         """Where the solution's derivatives up to `order` may jump (J,), sorted: t0 + Σ kᵢ τᵢ with 1 ≤ Σ kᵢ ≤
         order, for lags τ (L,) that do not depend on the state."""
         combos = [k for k in itertools.product(range(self.order + 1), repeat=tau.shape[0]) if 1 <= sum(k) <= self.order]
-        return jnp.sort(t0 + jnp.asarray(np.array(combos), tau.dtype) @ tau)
+        return jnp.sort(t0 + jnp.asarray(np.array(combos), tau.dtype) @ tau, axis=-1)
 
     def stepping(self, solver, y0, p, t0) -> "Stepping":
         """The loop's part of a solve from y0 (n + k,) at t0 with parameters p (m,) by `solver`: the empty past,
@@ -375,11 +384,24 @@ class DDEField(AroundVectorField):
         past = Past.empty(solver, y0, t0, self.history_steps)
         constant = lag_kind(self.lags) != "state"
         tau = self.lags_at(y0, p, t0) if constant else None  # lags fixed for the solve: their breakpoints and reach
-        jump_ts = None
+        jump_ts, jumps = None, None
         if tau is not None:
             bad = jnp.any(~jnp.isfinite(tau) | (tau <= 0))
             past = dataclasses.replace(past, y0=error_if(past.y0, bad, "the lags must be positive and finite"))
             jump_ts = self.breakpoints(tau, t0)
+        if self.doses is not None:  # each dose a jump, its breakpoints t_d + Σ kᵢ τᵢ (0 ≤ Σ kᵢ ≤ order) too
+            plan, n = self.doses, self.u.size
+            times = plan.preset[:-1]  # (its end marker dropped)
+            # the doses first: a step that lands where a breakpoint meets a dose moves with the dose
+            jumps_at = [times] + ([] if tau is None else [jump_ts, self.breakpoints(tau, times[:, None]).ravel()])
+            jump_ts = jnp.concatenate(jumps_at)
+            jump_ts = jnp.where(jump_ts > t0, jump_ts, jnp.inf)  # those at t0 apply before the first step
+            jump_ts = jump_ts[jnp.argsort(jax.lax.stop_gradient(jump_ts), stable=True)]
+
+            def affect(i, y, t):
+                return jnp.concatenate([plan.affect(plan.preset_owners[i], y[:n], p, t), y[n:]])
+
+            jumps = (times, affect)
         farthest = None if tau is None else jnp.max(tau)
 
         def record(past, t_start, t_end, y_end, interpolation):
@@ -419,7 +441,7 @@ class DDEField(AroundVectorField):
             resolved = jnp.where((s >= past.t0) & (past.count > 0), span, jnp.inf)
             return jnp.minimum(t_next, t + PAST_STEPS * jnp.min(resolved))
 
-        return Stepping(past, record, jump_ts, refine, limit, self.history_steps)
+        return Stepping(past, record, jump_ts, jumps, refine, limit, self.history_steps)
 
 
 class Stepping(eqx.Module):
@@ -428,6 +450,7 @@ class Stepping(eqx.Module):
     past: Past
     record: Callable
     jump_ts: jax.Array | None
+    jumps: tuple | None
     refine: Callable
     limit: Callable
     size: int = eqx.field(static=True)
@@ -494,8 +517,11 @@ def auto_dde_solver(prob: DDEProblem, r: Request, rtol: float, atol: float) -> t
 
 def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     """The DDE's solve: a Runge-Kutta solver stepping the method of steps, adaptive, from t0 forwards."""
-    if r.callbacks:
-        raise ValueError("callbacks of a delay equation's solve are not supported yet: drop callbacks=")
+    if any(not isinstance(c, _events.PresetTimeCallback) for c in r.callbacks or ()):
+        raise ValueError(
+            "a delay equation's solve takes PresetTimeCallbacks (doses at given times) only, not yet "
+            "ContinuousCallbacks: give the event's times, or drop it"
+        )
     if r.sign < 0:
         raise ValueError(f"tspan=({r.t0}, {r.t1}): delay equations run forwards in time: pass t1 > t0")
     o = r.options
@@ -532,6 +558,16 @@ def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
             raise ValueError("lags closes over traced values (ones being differentiated): pass them in p")
     order = int(solver.order(dfx.ODETerm(lambda t, y, args: y))) + 1  # pyright: ignore[reportArgumentType]
     field = DDEField(F, solver, prob.lags, order, history_steps, float(rtol), float(atol))
+    if r.callbacks:
+        doses = _events.Plan.of(r.callbacks, F, r.u0, r.p, (r.t0, r.t1), 1, r.max_events, "none")
+        t = jnp.asarray(r.t0, dtype)
+        closures = [eqx.filter_closure_convert(c.affect, r.u0, r.p, t) for c in r.callbacks]
+        if jax.tree.leaves(eqx.filter(closures, lambda x: isinstance(x, jax.core.Tracer))):
+            raise ValueError(
+                "a delay equation's dose (PresetTimeCallback) has an affect that closes over traced values: pass "
+                "them in p (affect(u, p, t))"
+            )
+        field = dataclasses.replace(field, doses=doses)
     times = jnp.asarray(r.ts, dtype)
     if r.entries:  # q(t1) is saved last
         times = jnp.append(times, jnp.asarray(r.t1, dtype))
@@ -582,6 +618,7 @@ class _DDEStaged(Staged):
             atol=setup.atol,
         )
 
+    events_in_steps = True
+
     def plan(self):
-        r = self.request
-        return _events.Plan.of(r.callbacks, self.setup.f, r.u0, r.p, (r.t0, r.t1), 1, r.max_events, "none")
+        return self.setup.f.doses

@@ -75,6 +75,9 @@ class Staged(abc.ABC):
     p: jax.Array
     u: Layout
     q: Layout | None
+    # whether the kind applies its callbacks (preset times only) between its own steps, in one solve, rather than
+    # the pipeline solving from event to event (`sciad._events.solve`)
+    events_in_steps: ClassVar[bool] = False
 
     @abc.abstractmethod
     def auto_sensealg(self) -> AbstractSensitivity:

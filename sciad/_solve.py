@@ -178,11 +178,12 @@ def solve(
     budget; a `SolveError` says when the lags reach back further), its steps landing on the breakpoints
     t0 + Σ kᵢ τᵢ (up to the solver's order + 1) where lags do not depend on the state, a step longer than
     the shortest lag refined by fixed-point iteration, and a step at most twice the past step it reads
-    from. Differentiable through its steps (`ForwardDiffSensitivity`, "auto"'s pick, and
-    `ForwardSensitivity`, whose sensitivity DDE discretised on the same steps is their derivative) in u0,
-    p and the values the functions close over: lags(p) and the history's parameters included, the
-    breakpoints moving with the lags. Not yet: other sensealgs, Rosenbrock solvers, events, derivatives
-    in the times, breakpoints of state-dependent lags (their steps are controlled by the error estimate).
+    from; `PresetTimeCallback`s (doses) applied between its steps. Differentiable through its steps
+    (`ForwardDiffSensitivity`, "auto"'s pick, and `ForwardSensitivity`, whose sensitivity DDE discretised on
+    the same steps is their derivative) in u0, p and the values the functions close over: lags(p) and the
+    history's parameters included, the breakpoints moving with the lags. Not yet: other sensealgs,
+    Rosenbrock solvers, `ContinuousCallback`s, derivatives in the times and the dose times, breakpoints of
+    state-dependent lags (their steps are controlled by the error estimate).
 
     Checked at the call, raising TypeError or ValueError that names the argument (and the PyTree
     leaf) and the fix: `u0`, `p` like the problem's, with float leaves, finite where concrete
@@ -247,7 +248,7 @@ def solve(
         warnings.warn(advice, UserWarning, stacklevel=3)
     p_flat, dtype, n, T = staged.p, setup.f.dtype, setup.n, len(ts)
     extras = {}
-    if callbacks:
+    if callbacks and not staged.events_in_steps:
         plan = staged.plan()
         us, q, stats, happened = events.solve(setup, sensealg, plan, u0_flat, p_flat)
         extras = _event_record(plan, happened, sign)
@@ -256,6 +257,12 @@ def solve(
         ys, stats = sensealg.solve(setup, u0_flat, p_flat)
         us, q = ys[:T, :n], ys[T, n:]
         extras["t_final"] = jnp.asarray(t1, dtype)
+        if callbacks:  # preset times, each of which happened
+            plan = staged.plan()
+            happened = events.Events(
+                extras["t_final"], plan.preset, plan.preset_owners, jnp.sum(plan.preset_owners >= 0)
+            )
+            extras = _event_record(plan, happened, sign)
     integral = None if staged.q is None else staged.q.unravel(q)
     evals = _evaluations_per_step(setup.solver)
     steps = stats.astype(jnp.int32)

@@ -361,3 +361,74 @@ def test_the_past_keeps_each_solvers_dense_output_exactly(solver):
     piece = Past.empty(solver, y0, t0, 4).piece(interpolation, t0, t1)
     for s in np.linspace(0.2, 0.9, 8):
         np.testing.assert_allclose(piece.evaluate(s), interpolation.evaluate(s), rtol=1e-12, atol=1e-13)
+
+
+def test_doses_at_preset_times_against_the_closed_form():
+    """PresetTimeCallbacks on a delay equation, applied between its steps (at t1 too): u' = -a u(t - τ) with u += d
+    at 1.5 and 3; the dose's jump reaches the rate a lag later. Solution and its derivatives in τ, a and d (the
+    dose in p) are the method of steps' closed forms; ForwardSensitivity's equal forward mode's."""
+    prob = sciad.DDEProblem(
+        decay, jnp.array([1.0]), None, (0.0, 3.0), jnp.array([1.0, 1.0, 1.0]), lags=lambda p: (p[0],)
+    )
+    ts = jnp.array([0.0, 1.0, 1.5, 2.0, 2.7, 3.0])
+    dose = sciad.PresetTimeCallback(times=[1.5, 3.0], affect=lambda u, p, t: u + p[2])
+
+    def run(p, sensealg):
+        return sciad.solve(prob, p=p, saveat=ts, callbacks=[dose], sensealg=sensealg, **TIGHT)
+
+    sol = run(prob.p, "auto")
+    t = np.asarray(ts)
+    # after the dose at 1.5 (d = 1): +d, and from 2.5 on the rate reads it: -a d (t - 2.5); the one at t1 = 3: +d
+    np.testing.assert_allclose(
+        sol.us[:, 0], decay_closed_form(t) + (t >= 1.5) - np.clip(t - 2.5, 0, None) + (t >= 3), atol=1e-12
+    )
+    assert [float(x) for x in sol.event_times[0]] == [1.5, 3.0] and int(sol.event_counts[0]) == 2
+    jac = jax.jit(jax.jacfwd(lambda p: run(p, "ForwardDiffSensitivity").us[:, 0]))(prob.p)
+    # ∂/∂τ = -a²(t - τ) + a³(t - 2τ)² + d a [t ≥ 2.5], ∂/∂a = -t + a(t - τ)² - a²(t - 2τ)³/2 - d(t - 2.5)₊ on [2, 3]
+    expected = np.array([[-0.21, -0.1815, 0.8], [0.0, 0.0, 1.5]])
+    np.testing.assert_allclose(jac[4:], expected, atol=1e-9)
+    np.testing.assert_allclose(jac[2:4, 2], [1.0, 1.0], atol=1e-12)
+    forward = jax.jit(jax.jacfwd(lambda p: run(p, "ForwardSensitivity").us[:, 0]))(prob.p)
+    np.testing.assert_allclose(forward, jac, atol=1e-12)
+
+
+def test_doses_refuse_what_they_cannot_serve():
+    prob = sciad.DDEProblem(
+        decay, jnp.array([1.0]), None, (0.0, 3.0), jnp.array([1.0, 1.0, 1.0]), lags=lambda p: (p[0],)
+    )
+    stop = sciad.ContinuousCallback(lambda u, p, t: u[0] - 0.5)
+    with pytest.raises(ValueError, match="PresetTimeCallbacks .* only"):
+        sciad.solve(prob, callbacks=[stop])
+
+    def by_closure(d):
+        dose = sciad.PresetTimeCallback(times=[1.5], affect=lambda u, p, t: u + d)
+        return sciad.solve(prob, callbacks=[dose]).us[-1, 0]
+
+    with pytest.raises(ValueError, match="closes over traced values: pass them in p"):
+        jax.grad(by_closure)(1.0)
+
+    def by_time(td):
+        dose = sciad.PresetTimeCallback(times=jnp.stack([td]), affect=lambda u, p, t: u + p[2])
+        return sciad.solve(prob, callbacks=[dose]).us[-1, 0]
+
+    with pytest.raises(ValueError, match="dose times\\) takes no derivative"):
+        jax.grad(by_time)(1.5)
+
+
+def test_a_dose_where_a_breakpoint_falls_moves_no_step_with_the_lag():
+    """A dose at 12 where the breakpoint 6τ of t0 falls (τ = 2): the step that lands there moves with the dose,
+    not with 6τ; ∂/∂τ of a transit model's exposure against central differences."""
+
+    def transit(u, h, p, t):
+        return jnp.stack([-p[0] * u[0], p[0] * u[0] - p[1] * h(t - p[2])[1]])
+
+    dose = sciad.PresetTimeCallback(times=[12.0], affect=lambda u, p, t: u.at[0].add(p[3]))
+    prob = sciad.DDEProblem(
+        transit, jnp.array([100.0, 0.0]), None, (0.0, 24.0), jnp.array([1.0, 0.2, 2.0, 100.0]), lags=lambda p: (p[2],)
+    )
+
+    @jax.jit
+    def exposure(p):
+        return jnp.sum(sciad.solve(prob, p=p, saveat=jnp.linspace(0.0, 24.0, 25), callbacks=[dose], **TIGHT).us[:, 1])
+
+    np.testing.assert_allclose(jax.grad(exposure)(prob.p), central(exposure, prob.p), rtol=1e-5)

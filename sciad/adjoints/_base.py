@@ -226,7 +226,7 @@ class Setup(eqx.Module):
             stepping = stepping(self.solver, y0, args, t0)
             controller = stepping.controller(controller)
             past = {"carried": stepping.past, "on_step": stepping.record, "carried_args": True, "limit": stepping.limit}
-            past |= {"jump_ts": stepping.jump_ts}
+            past |= {"jump_ts": stepping.jump_ts, "jumps": stepping.jumps}
         sol = integrate(
             Stepper.of(term, self.solver, controller, refine=stepping and stepping.refine),
             y0,
@@ -578,6 +578,11 @@ class AbstractSensitivity(eqx.Module):
                 jax.vmap(lambda y, t: bound.derivative(y, p_in, t))(ys, ts) if d_ts else None,
                 bound.derivative(bound.state(bound.initialised(u0, p_in)), p_in, t0) if d_t0 else None,
             )
+            if any(active[6 + len(first) - len(driving) :]):
+                raise ValueError(
+                    "what drives this solve besides u0 and p (an SDE's Brownian path, a delay equation's dose "
+                    "times) takes no derivative: hold it with jax.lax.stop_gradient"
+                )
             size_u0 = jnp.max(jnp.abs(u0))
             sizes = jax.lax.stop_gradient(jnp.stack([size_u0, jnp.maximum(size_u0, jnp.max(jnp.abs(ys)))]))
             return forward_mode_only(

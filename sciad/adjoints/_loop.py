@@ -4,6 +4,7 @@ its caller asks (saves, step states, dense output, an accumulator, a stop). Ever
 through it: the forward solves, DiscreteAdjoint's segments, event location and the continuous adjoints'
 backward sweeps (`sciad.adjoints._stepping`, in s = -t)."""
 
+import functools
 import typing
 
 import diffrax as dfx
@@ -252,6 +253,7 @@ def integrate(
     carried_args: bool = False,
     limit: typing.Callable | None = None,
     jump_ts=None,
+    jumps: tuple | None = None,
     result=dfx.RESULTS.successful,
 ) -> Trajectory:
     """Steps y0 from t0 to t1 > t0 (or from `start`, a position of an earlier call) in at most `max_steps`
@@ -269,12 +271,19 @@ def integrate(
       take (args, carried) as their args (what they read of the solve so far: a delay equation's past), and
       `limit(carried, t, y, t_next) -> t_next` bounds the step the controller proposes next from (t, y);
     - `jump_ts` (J,): the times the controller steps to just before and restarts just after
-      (`diffrax.ClipStepSizeController`'s), differentiable: a step clipped to one moves with it.
+      (`diffrax.ClipStepSizeController`'s), differentiable: a step clipped to one moves with it (with the first
+      given of several that coincide);
+    - `jumps` = (times (P,) in [t0, t1], affect(i, y, t) -> y): y jumps at times[i] (a dose), between the step
+      that ends before it and the next (each of them among `jump_ts`), at t0 before the first step and at t1
+      after the last (a save at such a time holds the state after it).
     A solve whose `result` already failed takes no step.
     Forward-mode differentiable and batchable; failures (max_steps) are reported in `result`, not raised."""
     dtype = time_dtype(t0, t1, dt0, ts)
     t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
     stepping = (lambda carried: (args, carried)) if carried_args else (lambda carried: args)  # noqa: E731
+    jumped = functools.partial(_jumped, jumps)
+    if start is None:
+        y0 = jumped(y0, -jnp.inf, t0)[0]
     start = begin(stepper, y0, stepping(carried), t0, t1, dt0) if start is None else start
     y0 = start.y
     ts = None if ts is None else jnp.asarray(ts, dtype)
@@ -328,7 +337,8 @@ def integrate(
         if jump_ts is not None:
             fixed = jax.lax.stop_gradient(jump_ts)
             landed = jax.lax.stop_gradient(t_next) == prevbefore(fixed)
-            moved = jnp.sum(jnp.where(landed, jump_ts - fixed, 0.0))
+            # where several coincide, the first of them (jump_ts in the order given among equal times)
+            moved = (jump_ts - fixed)[jnp.argmax(landed)]
             t_next = jnp.where(jnp.any(landed), jax.lax.stop_gradient(t_next) + moved, t_next)
         # After a step that reached t1, the larger of the step it had before and the one proposed after it.
         proposed = t_next - t_prev
@@ -352,9 +362,10 @@ def integrate(
 
     put = lambda b, v, i: jax.lax.dynamic_update_index_in_dim(b, v, i, 0)  # noqa: E731
 
-    def record(buffers, carried, state, accepted, step, y_end):
-        """The buffers and `carried` after an accepted step (the `accepted`-th; `step`: its start, end and dense
-        info) to `state` (t, y) (`y_end`: its y)."""
+    def record(buffers, carried, state, accepted, step, y_end, t_next):
+        """The buffers, `carried`, and y and whether it jumped (`jumps`) after an accepted step (the `accepted`-th;
+        `step`: its start, end and dense info) to `state` (t, y) (`y_end`: its y; `t_next`: where the next step
+        starts)."""
         t_start, t_end, info = step
         buffers = dict(buffers)
         if on_step is not None:
@@ -395,7 +406,7 @@ def integrate(
                 put(bt, t_end, accepted),
                 jax.tree.map(lambda b, v: put(b, v, accepted - 1), binfo, info),
             )
-        return buffers, carried
+        return buffers, carried, jumped(y_end, t_end, jnp.minimum(t_next, ulps_below(t1, 1)))
 
     def trying(state):
         at, counts, result, (keep, _) = state
@@ -412,22 +423,33 @@ def integrate(
             trying, lambda state: advance(*state[:3], carried), attempted
         )
         state = (after.t, stepped(after)) if every or step_states else None  # what the buffers take of the new state
-        buffers, carried = jax.lax.cond(
+        buffers, carried, (y, jumped_here) = jax.lax.cond(
             keep,
             record,
-            lambda buffers, carried, *_: (buffers, carried),
+            lambda buffers, carried, state, accepted, step, y, t: (buffers, carried, (y, jnp.asarray(False))),
             buffers,
             carried,
             state,
             counts[1],
             step,
             after.y,
+            after.t,
         )
+        if jumps is not None:
+            after = eqx.tree_at(lambda a: (a.y, a.made_jump), after, (y, after.made_jump | jumped_here))
         return after, counts, result, buffers, carried, step
 
     carry = (start, counts, result, buffers, carried, (start.t, start.t_next, info_zeros))
     end, (steps, accepted, rejected), result, buffers, carried, _ = jax.lax.while_loop(going, body, carry)
     result = dfx.RESULTS.where((end.t < t1) & dfx.is_successful(result), dfx.RESULTS.max_steps_reached, result)
+    if jumps is not None:  # at t1, after the last step
+        end = eqx.tree_at(lambda e: e.y, end, jumped(end.y, ulps_below(t1, 1), jnp.where(end.t >= t1, t1, -jnp.inf))[0])
+        if ts is not None:
+            at_end = (ts >= t1) & (end.t >= t1)
+            saves = jax.tree.map(
+                lambda b, y: jnp.where(at_end.reshape((-1,) + (1,) * y.ndim), y, b), buffers["saves"][1], end.y
+            )
+            buffers["saves"] = (buffers["saves"][0], saves)
     if ts is None:
         save_t, ys = end.t[None], jax.tree.map(lambda y: y[None], end.y)
     else:
@@ -458,3 +480,18 @@ def integrate(
     if step_states:
         save_t, ys = (save_t, buffers["states"][0]), (ys, buffers["states"][1])
     return Trajectory(save_t, ys, stats, result, interpolation, end, carried)
+
+
+def _jumped(jumps: tuple | None, y, after, until) -> tuple:
+    """(y after the `jumps` (times (P,), affect(i, y, t)) at the times in (after, until], in order, whether any)."""
+    if jumps is None:
+        return y, jnp.asarray(False)
+    times, affect = jumps
+
+    def one(i, carry):
+        y, any_ = carry
+        fires = (times[i] > after) & (times[i] <= until)
+        y = jax.lax.cond(fires, lambda y: affect(i, y, times[i]), lambda y: y, y)
+        return y, any_ | fires
+
+    return jax.lax.fori_loop(0, times.shape[0], one, (y, jnp.asarray(False)))
