@@ -11,10 +11,10 @@ Shampine & Reichelt's change of basis). A step of order k predicts y⁽⁰⁾ = 
 for the correction d = y_{n+1} − y⁽⁰⁾ by a chord Newton iteration with W = M − (h/α_k) J. J = ∂f/∂u and
 W's factorisation are kept in the state across steps: W is refactorised when h/α_k has moved by more
 than `REFACTOR_RATIO` since its LU (CVODE's rule; an order change enters through α_k), and when the
-iteration fails to converge: first W refactorised with the same J, then J re-evaluated at the
-prediction, and only then the step rejected (halved). `Linearisation` counts both. A rejected step
-returns the state to retry from, its differences as they were with the Jacobian and LU its attempt made
-(`rejects_itself`: sciad's loop keeps it). J and W are dense (n, n), or with `stage_jacobian` a
+iteration fails to converge: first W refactorised with the same J (where it was made for another h/α_k),
+then J re-evaluated at the prediction, and only then the step rejected (halved). `Linearisation` counts
+both. A rejected step returns the state to retry from, its differences as they were with the Jacobian and
+LU its attempt made (`rejects_itself`: sciad's loop keeps it). J and W are dense (n, n), or with `stage_jacobian` a
 `sciad.stiff.Sparse` their entries on W's pattern (J's, detected from f's jaxpr or given, ∪ M's ∪ I):
 J's by one Jacobian-vector product per colour, W's solved by SciPy's sparse LU on the host (band storage
 for a banded pattern), which holds W's factorisation and finds it again by its entries (`sciad._host_lu`):
@@ -274,7 +274,7 @@ def _factorised(lin: Linearisation, stages, c):
 
 def _newton(inputs):
     """(d, (converged, iterations, linearisation)): the NDF's correction by the chord iteration, retried
-    with W refactorised, then with J re-evaluated at the prediction, before giving up."""
+    with W refactorised (where made for another c), then with J re-evaluated at the prediction, before giving up."""
     solver, field, t, control, y_pred, psi, alpha, stages, lin = inputs
     c = jnp.asarray(control, y_pred.dtype) / alpha
     tol = solver.root_finder
