@@ -393,11 +393,13 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
     interpolation_cls: ClassVar = BDFInterpolation
     # Its capabilities, read where they matter (`sciad._dae`; `sciad._stiff.stiff_solver`: the `jacobian=` kinds its
     # `stage_jacobian` takes, a matrix-free solve keeping nothing across steps; `sciad.adjoints.step_controller`;
-    # `sciad.adjoints._loop`: a rejected step's state, with the Jacobian and LU its attempt made, is kept).
+    # `sciad.adjoints._loop`: a rejected step's state, with the Jacobian and LU its attempt made, is kept;
+    # `sciad._auto`: its steps' derivatives solve at each root with its own stage solves, sparse where they are).
     takes_mass_matrix: ClassVar[bool] = True
     stage_jacobians: ClassVar[tuple[str, ...]] = ("dense", "sparse")
     step_controller: ClassVar[type] = BDFController
     rejects_itself: ClassVar[bool] = True
+    root_derivative: ClassVar[bool] = True
 
     def __check_init__(self):
         if not (isinstance(self.max_order, int) and 1 <= self.max_order <= MAX_ORDER):

@@ -274,13 +274,11 @@ def _brusselator_start(n=BRUSSELATOR_N):
 
 
 def test_sparse_stages_agree_with_dense_and_keep_their_factorisations():
-    """On the 1-D Brusselator of 256 states "auto" takes a sparse LU for BDF; BDF with it takes the dense
-    stages' steps to roundoff; the host factorises W on about one step in ten, exactly as often as the
-    `Linearisation` counts (each W made, in a rejected attempt too, is kept in the state and found again by
-    its entries: none is factorised twice)."""
+    """On the 1-D Brusselator of 256 states BDF with sparse stages takes the dense stages' steps to roundoff;
+    the host factorises W on about one step in ten, exactly as often as the `Linearisation` counts (each W
+    made, in a rejected attempt too, is kept in the state and found again by its entries: none is factorised
+    twice)."""
     u0, p = _brusselator_start()
-    kind, why = auto_jacobian(BDF(), lambda u, p, t: _brusselator(t, u, p), u0, p, 0.0)
-    assert kind == "sparse", why
 
     def run(solver):
         return jax.jit(lambda p: _stepped(_brusselator, solver, u0, p, 10.0, 1e-6, 1e-8, ts=BRUSSELATOR_TS))(p)
@@ -296,6 +294,18 @@ def test_sparse_stages_agree_with_dense_and_keep_their_factorisations():
     np.testing.assert_allclose(sparse.ys, dense.ys, rtol=1e-10)
     assert host["factorisations"] == int(lin.factorisations) < steps / 8
     assert host["solves"] > 2 * steps  # chord iterations: every one solved with a kept LU
+
+
+def test_auto_takes_sparse_stages_and_differentiates_through_the_steps():
+    """On 256 states "auto" takes a sparse LU for BDF, and (3 parameters) forward mode through its steps,
+    whose Newton solves are differentiated at their roots with a sparse LU too."""
+    u0, p = _brusselator_start()
+    kind, why = auto_jacobian(BDF(), lambda u, p, t: _brusselator(t, u, p), u0, p, 0.0)
+    assert kind == "sparse", why
+    prob = sciad.ODEProblem(lambda u, p, t: _brusselator(t, u, p), u0, (0.0, 10.0), p)
+    choice = sciad.select_sensealg(prob, saveat=BRUSSELATOR_TS, solver="bdf")
+    assert isinstance(choice.sensealg, sciad.ForwardDiffSensitivity) and choice.features.stage_jacobian == "sparse"
+    assert "a sparse LU of W at the step's root" in choice.report()
 
 
 def _brusselator_loss(p, jacobian, sensealg, n=BRUSSELATOR_N):
