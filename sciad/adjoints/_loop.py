@@ -362,7 +362,8 @@ def integrate(
 
     def record(buffers, carried, state, accepted, step, y_end):
         """The buffers and `carried` after an accepted step (the `accepted`-th; `step`: its start, end and dense
-        info) to `state` (t, y) (`y_end`: its y)."""
+        info, and with step_states "solver" the solver state its accepted attempt started from) to `state` (t, y)
+        (`y_end`: its y)."""
         t_start, t_end, info, began = step
         buffers = dict(buffers)
         if on_step is not None:
