@@ -274,11 +274,11 @@ def _brusselator_start(n=BRUSSELATOR_N):
 
 
 def test_sparse_stages_agree_with_dense_and_keep_their_factorisations():
-    """On the 1-D Brusselator of 256 states BDF with sparse stages takes the dense stages' steps to roundoff;
+    """On the 1-D Brusselator of 128 states BDF with sparse stages takes the dense stages' steps to roundoff;
     the host factorises W on about one step in ten, exactly as often as the `Linearisation` counts (each W
     made, in a rejected attempt too, is kept in the state and found again by its entries: none is factorised
     twice)."""
-    u0, p = _brusselator_start()
+    u0, p = _brusselator_start(64)
 
     def run(solver):
         return jax.jit(lambda p: _stepped(_brusselator, solver, u0, p, 10.0, 1e-6, 1e-8, ts=BRUSSELATOR_TS))(p)
