@@ -31,7 +31,9 @@ The rule; each step is named (`Pick.rule`), its thresholds are `THRESHOLDS`
    through the steps, with no backward solve of its own (a continuous adjoint would step λ through
    a second implicit solve); with m ≤ `forward_mode_parameters`, forward mode through the steps,
    each tangent solved with the same factors. The 2-D Brusselator's size sweep
-   (`sciad.problems.brusselator_pde`, Rodas5P, jacobian="sparse") is in large-stiff.md.
+   (`sciad.problems.brusselator_pde`, Rodas5P, jacobian="sparse") is in large-stiff.md. So too BDF
+   (`root_derivative`): its Newton solves are differentiated at their roots by the implicit function
+   theorem with a sparse LU of W there, not with a dense Jacobian.
 2. `stiff-explicit`: an explicit solver on a problem estimated stiff (`stiff`, from the stiffness
    estimate `solver="auto"` makes) → `GaussAdjoint`: the explicit steps sit at their stability limit,
    where derivatives through them have no error control (they are refused there:
@@ -134,6 +136,8 @@ class Features:
       reason, `sciad._solver_choice.auto_solver`; "given"; or sciad.solve's default);
     - linearly_implicit: an implicit solver whose stages each solve one linear system, no Newton
       iteration (a Rosenbrock method: Rodas5P, Rodas4);
+    - root_derivative: an implicit solver whose steps' derivatives solve at each Newton root with its own
+      `stage_jacobian` (BDF: the implicit function theorem, sparse where its stages are);
     - stiff: whether the problem was estimated stiff for its explicit solver (`sciad._solver_choice`;
       None: not estimated);
     - delays: the lags of a delay equation (0: none).
@@ -158,6 +162,7 @@ class Features:
     solver: str = ""
     solver_reason: str = ""
     linearly_implicit: bool = False
+    root_derivative: bool = False
     stiff: bool | None = None
     delays: int = 0
 
@@ -277,6 +282,7 @@ def features(
         solver_reason=solver_reason,
         # implicit without a root finder (diffrax's implicit solvers declare one): one linear solve per stage
         linearly_implicit=getattr(solver, "linearly_implicit", False),
+        root_derivative=getattr(solver, "root_derivative", False),
         stiff=stiff,
     )
 
@@ -322,22 +328,28 @@ def _rule(feat: Features, thresholds: Thresholds) -> Pick:
                 "the consistent initialisation inside it (one tangent per parameter, no tape)",
             )
         return Pick(DiscreteAdjoint(), "mass-matrix", why + f"m = {m} > {few} parameters: reverse mode")
-    if feat.linearly_implicit and feat.stage_jacobian != "dense":
-        how = "with the step's own sparse factors" if feat.stage_jacobian == "sparse" else "by GMRES on VJPs"
+    if (feat.linearly_implicit or feat.root_derivative) and feat.stage_jacobian != "dense":
+        if feat.linearly_implicit:
+            what = f"a Rosenbrock solver ({feat.solver}) with {feat.stage_jacobian} stage solves"
+            how = "with the step's own sparse factors" if feat.stage_jacobian == "sparse" else "by GMRES on VJPs"
+            solve = "no Newton iteration to differentiate; through the steps, each stage's linear solve transposed "
+            solve += how
+        else:
+            what = f"{feat.solver} with {feat.stage_jacobian} stage solves"
+            how = "with a sparse LU of W at the step's root"
+            solve = f"its Newton solves differentiated at their roots (the implicit function theorem) {how}"
         if m <= few:
             return Pick(
                 ForwardDiffSensitivity(),
                 "sparse-stages",
-                f"a Rosenbrock solver ({feat.solver}) with {feat.stage_jacobian} stage solves and m = {m} ≤ "
-                f"{few} parameters: forward mode through the steps, every tangent solved {how} (one "
-                "tangent per parameter, no tape)",
+                f"{what} and m = {m} ≤ {few} parameters: forward mode through the steps, every tangent solved "
+                f"{how} (one tangent per parameter, no tape)",
             )
         return Pick(
             DiscreteAdjoint(),
             "sparse-stages",
-            f"a Rosenbrock solver ({feat.solver}) with {feat.stage_jacobian} stage solves: no Newton iteration "
-            f"to differentiate; through the steps, each stage's linear solve transposed {how}, no backward "
-            "solve of its own (a continuous adjoint would step λ through a second implicit solve)",
+            f"{what}: {solve}, no backward solve of its own (a continuous adjoint would step λ through a second "
+            "implicit solve)",
         )
     if feat.implicit_solver and feat.stage_jacobian != "dense":
         return Pick(

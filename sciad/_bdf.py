@@ -9,10 +9,16 @@ Shampine & Reichelt's change of basis). A step of order k predicts y⁽⁰⁾ = 
     M (d + ψ) = (h/α_k) f(t_{n+1}, y⁽⁰⁾ + d),   ψ = Σ_{1≤j≤k} γ_j D_j / α_k,   α_k = (1 − κ_k) γ_k,
 
 for the correction d = y_{n+1} − y⁽⁰⁾ by a chord Newton iteration with W = M − (h/α_k) J. J = ∂f/∂u and
-W's LU factorisation are kept in the state across steps: W is refactorised when h/α_k has moved by more
+W's factorisation are kept in the state across steps: W is refactorised when h/α_k has moved by more
 than `REFACTOR_RATIO` since its LU (CVODE's rule; an order change enters through α_k), and when the
-iteration fails to converge: first W refactorised with the same J, then J re-evaluated at the
-prediction, and only then the step rejected (halved). `Linearisation` counts both.
+iteration fails to converge: first W refactorised with the same J (where it was made for another h/α_k),
+then J re-evaluated at the prediction, and only then the step rejected (halved). `Linearisation` counts
+both. A rejected step returns the state to retry from, its differences as they were with the Jacobian and
+LU its attempt made (`rejects_itself`: sciad's loop keeps it). J and W are dense (n, n), or with `stage_jacobian` a
+`sciad.stiff.Sparse` their entries on W's pattern (J's, detected from f's jaxpr or given, ∪ M's ∪ I):
+J's by one Jacobian-vector product per colour, W's solved by SciPy's sparse LU on the host (band storage
+for a banded pattern), which holds W's factorisation and finds it again by its entries (`sciad._host_lu`):
+keeping W's entries in the state keeps its factorisation.
 
 Order and step size. The solver chooses them, as SciPy's BDF does: its error estimate at order k is
 E_k d (E the NDF's error constants), scaled as diffrax's controllers scale errors (atol + rtol ·
@@ -28,9 +34,9 @@ implicit solvers get them (`root_finder`, filled in by sciad's `Stepper` and by 
 
 Derivative. The correction d is the root of the NDF's equation, differentiated by the implicit function
 theorem (`_correction`'s rule, as optimistix's `ImplicitAdjoint`): its tangent solves with W at the
-converged root and the true Jacobian there, never through the Newton iterates or the kept (stale)
-factorisation. Forward and reverse mode both enter a step (reverse mode by transposing that linear
-solve); the order, the counters, J and the LU carry no derivative.
+converged root and the true Jacobian there (sparse too: `Sparse.stage_solver` of the residual), never
+through the Newton iterates or the kept (stale) factorisation. Forward and reverse mode both enter a step
+(reverse mode by transposing that linear solve); the order, the counters, J and the LU carry no derivative.
 
     solver = sciad.BDF(mass_matrix=jnp.array([1.0, 1.0, 0.0]))
     sciad.solve(prob, solver=solver, rtol=1e-8, atol=1e-10)   # or solver="bdf"
@@ -50,7 +56,8 @@ import optimistix as optx
 
 from sciad._diffrax_internals import use_stepsize_tol
 from sciad._equinox_internals import unvmap_any
-from sciad._rosenbrock import checked_mass_matrix, mass_operator
+from sciad._host_lu import HostLU, lu_solve
+from sciad._rosenbrock import checked_mass_matrix, mass_operator, mass_pattern
 
 MAX_ORDER = 5
 NEWTON_MAXITER = 4  # chord iterations per attempt (`BDF.root_find_max_steps`'s default)
@@ -110,13 +117,13 @@ class BDFInterpolation(dfx.AbstractLocalInterpolation):
 
 
 class Linearisation(eqx.Module):
-    """What the chord iteration solves with, kept across steps: J = ∂f/∂u (n, n) where last evaluated, the
-    LU factors of W = M − c J (n, n) and their pivots (n,) (as floats), the c = h/α_k they were made
-    for, and how many factorisations and Jacobian evaluations the solve has made (floats)."""
+    """What the chord iteration solves with, kept across steps: J = ∂f/∂u where last evaluated, W = M − c J
+    factorised for the c = h/α_k in it, and how many factorisations and Jacobian evaluations the solve has
+    made (floats). Dense: J (n, n) and W's LU factors (n, n) and pivots (n,) (as floats); sparse: J's and
+    W's entries (nnz,) on W's pattern (the host's LU of W found again by them)."""
 
     jacobian: jax.Array
-    lu: jax.Array
-    pivots: jax.Array
+    factors: Any
     c: jax.Array
     factorisations: jax.Array
     jacobians: jax.Array
@@ -171,16 +178,104 @@ class BDFController(dfx.AbstractAdaptiveStepSizeController):
         return keep, next_t0, next_t0 + dt, False, controller_state, dfx.RESULTS.successful
 
 
-def _factorised(lin: Linearisation, M, c):
-    """`lin` with W = M − c J factorised (M (n, n))."""
-    lu, pivots = jsl.lu_factor(M - c * lin.jacobian)
-    return Linearisation(lin.jacobian, lu, pivots.astype(c.dtype), c, lin.factorisations + 1, lin.jacobians)
+class _Mass(eqx.Module):
+    """The solver's `mass_matrix` M over the flattened state (None: I; (n,): its diagonal; (n, n)), taken as I
+    where `identity` holds: diffrax steps the finished members of a vmapped solve with t0 = t1 and discards
+    the result; there W = M is singular for a DAE, and I gives the same d = 0."""
+
+    matrix: jax.Array | None
+    identity: jax.Array
+
+    def __call__(self, v):
+        """M v (n,)."""
+        return jnp.where(self.identity, v, mass_operator(self.matrix, v.size, v.dtype)[1](v))
+
+    def dense(self, n: int, dtype):
+        """M (n, n)."""
+        return jnp.where(self.identity, jnp.eye(n, dtype=dtype), mass_operator(self.matrix, n, dtype)[0])
+
+    def entries(self, rows, cols, dtype):
+        """M's entries (nnz,) at a pattern's `rows`, `cols` (nnz,)."""
+        diagonal = jnp.asarray(rows == cols, dtype)
+        M = self.matrix
+        if M is None:
+            values = diagonal
+        elif M.ndim == 1:
+            values = diagonal * M.astype(dtype)[rows]
+        else:
+            values = M.astype(dtype)[rows, cols]
+        return jnp.where(self.identity, diagonal, values)
+
+
+class _DenseStages(eqx.Module):
+    """W = M − c J as dense matrices: J (n, n) by forward mode, W's LU factors (n, n) and pivots (n,) (as floats)."""
+
+    mass: _Mass
+
+    def jacobian(self, rate, y):
+        """J = ∂rate/∂y at y (n,)."""
+        return jax.jacfwd(rate)(y)
+
+    def factorised(self, jacobian, c):
+        """W = M − c J factorised."""
+        lu, pivots = jsl.lu_factor(self.mass.dense(jacobian.shape[0], jacobian.dtype) - c * jacobian)
+        return lu, pivots.astype(c.dtype)
+
+    def solve(self, factors, b):
+        """W⁻¹ b (n,) by W's factors."""
+        lu, pivots = factors
+        return jsl.lu_solve((lu, pivots.astype(jnp.int32)), b)
+
+    def implicit_solve(self, residual, d, inputs, b):
+        """x with (∂residual/∂d at (d, inputs)) x = b, linear in b and transposable (reverse mode)."""
+        return lx.linear_solve(lx.MatrixLinearOperator(jax.jacfwd(residual)(d, inputs)), b, lx.LU()).value
+
+
+class _SparseStages(eqx.Module):
+    """W = M − c J by their entries (nnz,) on W's pattern (`Sparse.factorisable`: J's ∪ M's ∪ I, symmetrised):
+    J's by one JVP per colour, W's solved by the host's sparse LU, which holds W's factorisation and finds it
+    again by its entries."""
+
+    mass: _Mass
+    stage_jacobian: Any  # a sciad.stiff.Sparse
+    colouring: Any = eqx.field(static=True)
+    lu: HostLU = eqx.field(static=True)
+
+    def jacobian(self, rate, y):
+        """J's entries (nnz,) at y (n,)."""
+        return self.colouring.jacobian_values(rate, y)
+
+    def factorised(self, jacobian, c):
+        """W's entries (nnz,): the host factorises W at its first solve."""
+        return self.mass.entries(self.lu.rows, self.lu.cols, jacobian.dtype) - c * jacobian
+
+    def solve(self, factors, b):
+        """W⁻¹ b (n,) by W's entries."""
+        return lu_solve(self.lu, factors, b)
+
+    def implicit_solve(self, residual, d, inputs, b):
+        """x with (∂residual/∂d at (d, inputs)) x = b by the host's LU of that matrix (its entries by coloured
+        JVPs of the residual), linear in b and transposable (reverse mode: the transposed solve)."""
+        dynamic, static = eqx.partition(inputs, eqx.is_array)
+
+        def fn(d, dynamic):
+            return residual(d, eqx.combine(dynamic, static))
+
+        also = mass_pattern(self.mass.matrix)
+        operator, solver, state = self.stage_jacobian.stage_solver(fn, d, dynamic, also=also)
+        return lx.linear_solve(operator, b, solver, state=state).value
+
+
+def _factorised(lin: Linearisation, stages, c):
+    """`lin` with W = M − c J factorised."""
+    factors = stages.factorised(lin.jacobian, c)
+    return Linearisation(lin.jacobian, factors, c, lin.factorisations + 1, lin.jacobians)
 
 
 def _newton(inputs):
     """(d, (converged, iterations, linearisation)): the NDF's correction by the chord iteration, retried
-    with W refactorised, then with J re-evaluated at the prediction, before giving up."""
-    solver, field, t, control, y_pred, psi, alpha, M, lin = inputs
+    with W refactorised (where made for another c), then with J re-evaluated at the prediction, before giving up."""
+    solver, field, t, control, y_pred, psi, alpha, stages, lin = inputs
     c = jnp.asarray(control, y_pred.dtype) / alpha
     tol = solver.root_finder
     rtol, atol, norm = tol.rtol, tol.atol, tol.norm
@@ -190,16 +285,14 @@ def _newton(inputs):
     scale = atol + rtol * jnp.abs(y_pred)
 
     def chord(lin):
-        lu = (lin.lu, lin.pivots.astype(jnp.int32))
-
         def going(carry):
             i, _, _, converged, diverged = carry
             return (i < maxiter) & ~converged & ~diverged
 
         def iteration(carry):
             i, d, old, _, _ = carry
-            rhs = field(t, y_pred + d, control) / alpha - M @ (psi + d)
-            dy = jsl.lu_solve(lu, rhs)
+            rhs = field(t, y_pred + d, control) / alpha - stages.mass(psi + d)
+            dy = stages.solve(lin.factors, rhs)
             size = norm(dy / scale)
             rate = size / old
             diverged = ~jnp.isfinite(size) | (
@@ -224,33 +317,34 @@ def _newton(inputs):
             lambda: eqx.tree_at(
                 lambda s: (s.jacobian, s.jacobians),
                 lin,
-                (jax.jacfwd(lambda y: field.rate(t, y))(y_pred), lin.jacobians + 1),
+                (stages.jacobian(lambda y: field.rate(t, y), y_pred), lin.jacobians + 1),
             ),
             lambda: lin,
         )
-        lin = jax.lax.cond(refactorise, lambda: _factorised(lin, M, c), lambda: lin)
+        lin = jax.lax.cond(refactorise, lambda: _factorised(lin, stages, c), lambda: lin)
         done = converged | ~refactorise
         return lin, fresh_lu | refactorise, fresh_jacobian | new_jacobian, converged, d, iterations, done
 
     stale = ~(jnp.abs(c - lin.c) <= REFACTOR_RATIO * jnp.abs(lin.c))
-    lin = jax.lax.cond(stale, lambda: _factorised(lin, M, c), lambda: lin)
+    lin = jax.lax.cond(stale, lambda: _factorised(lin, stages, c), lambda: lin)
     no = jnp.asarray(False)
-    start = (lin, stale, no, no, jnp.zeros_like(y_pred), jnp.asarray(0), no)
+    # W made for this c already (refactorising it with the same J would give the same W): a failure re-evaluates J
+    start = (lin, stale | (c == lin.c), no, no, jnp.zeros_like(y_pred), jnp.asarray(0), no)
     lin, _, _, converged, d, iterations, _ = jax.lax.while_loop(lambda s: ~s[-1], attempt, start)
     return d, (converged.astype(y_pred.dtype), iterations.astype(y_pred.dtype), lin)
 
 
 def _ndf_residual(d, inputs):
     """M (d + ψ) − (h/α) f(t, y⁽⁰⁾ + d): zero at the step's correction d."""
-    _, field, t, control, y_pred, psi, alpha, M, _ = inputs
-    return M @ (d + psi) - field(t, y_pred + d, control) / alpha
+    _, field, t, control, y_pred, psi, alpha, stages, _ = inputs
+    return stages.mass(d + psi) - field(t, y_pred + d, control) / alpha
 
 
 @eqx.filter_custom_jvp
 def _correction(inputs):
     """`_newton`'s (d, (converged, iterations, linearisation)), d differentiated as the root of
     `_ndf_residual` (the implicit function theorem: its tangent solves with ∂residual/∂d at d itself,
-    W = M − (h/α) J with J there); the rest carries no derivative."""
+    W = M − (h/α) J with J there, dense or sparse as the iteration's); the rest carries no derivative."""
     return _newton(inputs)
 
 
@@ -261,8 +355,8 @@ def _correction_jvp(primals, tangents):
     none = lambda x: x is None  # noqa: E731
     nondiff, diff = eqx.partition(inputs, jax.tree.map(none, t_inputs, is_leaf=none), is_leaf=none)
     _, t_residual = jax.jvp(lambda diff: _ndf_residual(d, eqx.combine(diff, nondiff)), (diff,), (t_inputs,))
-    W = lx.MatrixLinearOperator(jax.jacfwd(_ndf_residual)(d, inputs))
-    t_d = -lx.linear_solve(W, t_residual, lx.LU()).value
+    stages = inputs[7]
+    t_d = -stages.implicit_solve(_ndf_residual, d, inputs, t_residual)
     return (d, aux), (t_d, jax.tree.map(jnp.zeros_like, aux))
 
 
@@ -283,23 +377,29 @@ class _Field(eqx.Module):
 class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
     """Variable-order BDF (1–5, NDF form, quasi-constant step size; Shampine & Reichelt) for stiff ODEs and
     index-1 DAEs M u' = f, M the `mass_matrix`: None (the identity), a vector (n,) (its diagonal) or a
-    matrix (n, n) over the flattened state; orders up to `max_order` (1–5). A dense Jacobian and LU are kept
-    across steps and refactorised only when the step or order moves W = M − (h/α_k) J far or the chord
-    iteration fails. It chooses its own order and steps (`BDFController`, its `step_controller`). Any term
+    matrix (n, n) over the flattened state; orders up to `max_order` (1–5). The Jacobian and W = M − (h/α_k) J's
+    factorisation are kept across steps and remade only when the step or order moves W far or the chord
+    iteration fails: dense, or with `stage_jacobian` a `sciad.stiff.Sparse` (`jacobian="sparse"`) sparse, its
+    LU on the host. It chooses its own order and steps (`BDFController`, its `step_controller`). Any term
     whose `vf_prod` is its `vf` times the step (`diffrax.ODETerm`) steps with it."""
 
     mass_matrix: jax.Array | None = eqx.field(default=None, converter=checked_mass_matrix)
     root_finder: NewtonTolerances = NewtonTolerances()  # pyright: ignore[reportIncompatibleVariableOverride]  # tolerances only
     root_find_max_steps: int = eqx.field(default=NEWTON_MAXITER, static=True)  # chord iterations per attempt
     max_order: int = eqx.field(default=MAX_ORDER, static=True)
+    stage_jacobian: Any = None  # None (dense) or a sciad.stiff.Sparse
 
     term_structure: ClassVar = dfx.AbstractTerm
     interpolation_cls: ClassVar = BDFInterpolation
-    # Its capabilities, read where they matter (`sciad._dae`, `sciad._stiff`: its LU is dense, no `jacobian=` but
-    # "dense"; `sciad.adjoints.step_controller`).
+    # Its capabilities, read where they matter (`sciad._dae`; `sciad._stiff.stiff_solver`: the `jacobian=` kinds its
+    # `stage_jacobian` takes, a matrix-free solve keeping nothing across steps; `sciad.adjoints.step_controller`;
+    # `sciad.adjoints._loop`: a rejected step's state, with the Jacobian and LU its attempt made, is kept;
+    # `sciad._auto`: its steps' derivatives solve at each root with its own stage solves, sparse where they are).
     takes_mass_matrix: ClassVar[bool] = True
-    dense_stages: ClassVar[bool] = True
+    stage_jacobians: ClassVar[tuple[str, ...]] = ("dense", "sparse")
     step_controller: ClassVar[type] = BDFController
+    rejects_itself: ClassVar[bool] = True
+    root_derivative: ClassVar[bool] = True
 
     def __check_init__(self):
         if not (isinstance(self.max_order, int) and 1 <= self.max_order <= MAX_ORDER):
@@ -318,11 +418,29 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
         flat, unravel = jfu.ravel_pytree(y0)
         field = _Field(terms, args, unravel)
         h = jnp.asarray(t1 - t0, flat.dtype)
-        n = flat.size
-        jacobian = jax.lax.stop_gradient(jax.jacfwd(lambda y: field.rate(t0, y))(flat))
+        stages = self._stages(terms, t0, args, flat, unravel, False)
+        jacobian = jax.lax.stop_gradient(stages.jacobian(lambda y: field.rate(t0, y), flat))
         zero = jnp.zeros((), flat.dtype)
-        lin = Linearisation(jacobian, jnp.zeros((n, n), flat.dtype), jnp.zeros((n,), flat.dtype), zero, zero, zero + 1)
+        factors = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: stages.factorised(jacobian, zero)))
+        lin = Linearisation(jacobian, factors, zero, zero, zero + 1)  # c = 0: factorised at the first step
         return BDFState(self._restarted(field, t0, flat, h), h, zero + 1, zero, lin)
+
+    def _stages(self, terms, t, args, flat, unravel, identity):
+        """How a step's chord iteration forms and solves with W = M − c J (M taken as I where `identity`):
+        densely, or by `stage_jacobian` on W's pattern, J's detected from f's jaxpr at t over the flattened
+        state (its arrays passed explicitly, so that detection reads the step's jaxpr rather than captured
+        values) ∪ M's."""
+        mass = _Mass(self.mass_matrix, jnp.asarray(identity))
+        if self.stage_jacobian is None:
+            return _DenseStages(mass)
+        dynamic, static = eqx.partition((terms, t, args), eqx.is_array)
+
+        def rate(y, dynamic):
+            terms, t, args = eqx.combine(dynamic, static)
+            return jfu.ravel_pytree(terms.vf(t, unravel(y), args))[0]
+
+        colouring, lu = self.stage_jacobian.factorisable(rate, flat, dynamic, also=mass_pattern(self.mass_matrix))
+        return _SparseStages(mass, self.stage_jacobian, colouring, lu)
 
     def _restarted(self, field, t0, flat, h):
         """D at order 1 from y (n,): [y, h u'], u' solving M u' = f(t0, y) (least squares where M is singular)."""
@@ -350,10 +468,7 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
         field = _Field(terms, args, unravel)
         control = terms.contr(t0, t1)
         dt = jnp.asarray(t1 - t0, dtype)
-        M = mass_operator(self.mass_matrix, flat.size, dtype)[0]
-        # diffrax steps the finished members of a vmapped solve with t0 = t1 and discards the result:
-        # there W = M is singular for a DAE; I gives the same d = 0.
-        M = jnp.where(dt == 0, jnp.eye(flat.size, dtype=dtype), M)
+        stages = self._stages(terms, t1, args, flat, unravel, dt == 0)
         state = solver_state
         # after a jump (an event's), from y alone at order 1
         restart = jnp.asarray(made_jump)
@@ -382,7 +497,7 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
         y_pred = jnp.where(rows[:, None] <= k, D, 0).sum(0)
         psi = jnp.where((rows >= 1) & (rows <= k), table(_GAMMA), 0) @ D / alpha
 
-        inputs = (self, field, t1, control, y_pred, psi, alpha, M, lin)
+        inputs = (self, field, t1, control, y_pred, psi, alpha, stages, lin)
         d, (converged, iterations, lin) = _correction(inputs)
         converged, iterations, lin = jax.lax.stop_gradient((converged == 1, iterations, lin))
         y_new = y_pred + d

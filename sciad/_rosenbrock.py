@@ -82,9 +82,11 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
 
     term_structure: ClassVar = dfx.AbstractTerm
     interpolation_cls: ClassVar = RosenbrockInterpolation
-    # Its capabilities, read where they matter (`sciad._stiff.is_implicit`, `with_stage_jacobian`, `sciad._dae`): one
-    # linear system per stage, solved by its `stage_jacobian`, with W = M/(hγ) - ∂f/∂u for its `mass_matrix`.
+    # Its capabilities, read where they matter (`sciad._stiff.is_implicit`, `stiff_solver`, `sciad._dae`): one
+    # linear system per stage, solved by its `stage_jacobian` (of these kinds), with W = M/(hγ) - ∂f/∂u for its
+    # `mass_matrix`.
     linearly_implicit: ClassVar[bool] = True
+    stage_jacobians: ClassVar[tuple[str, ...]] = ("dense", "sparse", "matrix-free")
     takes_mass_matrix: ClassVar[bool] = True
 
     def order(self, terms):
@@ -166,11 +168,16 @@ class AbstractRosenbrock(dfx.AbstractAdaptiveSolver):
             My = y if M is None else (M.astype(y.dtype) * y if M.ndim == 1 else M.astype(y.dtype) @ y)
             return My / jnp.asarray(gamma, y.dtype) - increment
 
-        M = self.mass_matrix
-        also = None
-        if M is not None and M.ndim == 2:  # a diagonal's pattern is in I already
-            also = np.ones(M.shape, bool) if isinstance(M, jax.core.Tracer) else np.asarray(M) != 0
+        also = mass_pattern(self.mass_matrix)
         return self.stage_jacobian.stage_solver(w, flat, dynamic, also=also, identity=identity)
+
+
+def mass_pattern(M):
+    """The boolean pattern (n, n) a solver's `mass_matrix` M adds to ∂f/∂u's in a stage matrix (all of it
+    where M is traced), or None where I holds it (None, a diagonal)."""
+    if M is None or M.ndim == 1:
+        return None
+    return np.ones(M.shape, bool) if isinstance(M, jax.core.Tracer) else np.asarray(M) != 0
 
 
 def mass_operator(M, n: int, dtype) -> tuple:

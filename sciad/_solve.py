@@ -117,8 +117,8 @@ def solve(
     "auto" (default: "sparse" for an implicit or Rosenbrock solver on hundreds of states or more whose
     ∂f/∂u is sparse, else "dense"; `sciad._stiff.auto_jacobian`), "dense" (diffrax's dense Jacobian and LU),
     "sparse" (the pattern detected from f's jaxpr, entries by coloured JVPs, SciPy's sparse LU once
-    per step), "matrix-free" (Newton–Krylov: GMRES on Jacobian-vector products), or a
-    `sciad.stiff.Sparse(...)` / `sciad.stiff.MatrixFree(...)`.
+    per step; "bdf" keeps it across steps), "matrix-free" (Newton–Krylov: GMRES on Jacobian-vector
+    products; not "bdf"), or a `sciad.stiff.Sparse(...)` / `sciad.stiff.MatrixFree(...)`.
 
     A problem with a mass matrix M (`ODEProblem(..., mass_matrix=M)`; a singular M is an index-1
     DAE) is solved by a solver that takes M: "rodas5p" ("auto"'s choice then) or "rodas4", or

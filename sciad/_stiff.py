@@ -26,6 +26,11 @@ u ↦ M u/(hγ) − J u, factorised on the host and reused for every stage; its 
 with the same factors (transposed for reverse mode), never differentiating the LU. `MatrixFree`:
 GMRES on JVPs of the same map, to `stage_rtol` (no Newton iteration corrects a stage).
 
+BDF (`sciad._bdf`) takes a `Sparse` as its `stage_jacobian` too: W = M − (h/α) J on the pattern, colouring
+and host LU of `Sparse.factorisable`, J's and W's entries kept in its state across steps (the host finds
+W's factorisation again by its entries), and its implicit derivative by `stage_solver` at the step's root.
+A matrix-free solve keeps nothing across steps: BDF refuses it.
+
     solver = diffrax.Kvaerno5(root_finder=sciad._stiff.StageNewton(sciad.stiff.Sparse()))
 
 `stiff_solver(solver, jacobian)` does that for a solver or its name; `sciad.solve(...,
@@ -176,10 +181,11 @@ class Sparse(AbstractStageJacobian):
         ok = jnp.all(jnp.isfinite(x))
         return unravel(jnp.where(ok, x, 0)), lx.RESULTS.where(ok, lx.RESULTS.successful, lx.RESULTS.singular)
 
-    def stage_solver(self, fn, y, args, also=None, identity=None):
-        """A = ∂fn/∂y factorised once on the host and reused by every solve and by their derivatives
-        (`HostSparseLU`). A's pattern: `pattern` (given) or detected from fn's jaxpr, ∪ `also`, ∪ I,
-        symmetrised; its entries by coloured JVPs of fn."""
+    def factorisable(self, fn, y, args, also=None):
+        """(colouring, host LU) for A = ∂fn/∂y at any (y, args) (fn(y, args) (n,), y flat (n,), args a
+        PyTree of arrays): A's pattern `pattern` (given) or detected from fn's jaxpr, ∪ `also` (a boolean
+        (n, n)), ∪ I, symmetrised; its entries (nnz,) `colouring.jacobian_values(lambda x: fn(x, args), y)`,
+        in the order of the `HostLU`'s `rows`, `cols`, which `lu_solve` solves with."""
         import scipy.sparse as sp
 
         from sciad import _sparsity as sparsity  # SciPy on first use
@@ -192,11 +198,16 @@ class Sparse(AbstractStageJacobian):
             union = union + sp.csr_matrix(also, dtype=bool)
         pattern = sparsity.PATTERNS.given(sparsity.GivenPattern(union))  # ∪ Pᵀ ∪ I; colourings kept
         colouring = pattern.colouring(self.dense_row)
-        values = colouring.jacobian_values(lambda x: fn(x, args), y)
         rows, cols = colouring.rows_cols
+        return colouring, HostLU(rows, cols, colouring.matrix.shape, self.kept)  # pyright: ignore[reportArgumentType]  # SciPy's stubs: a matrix's shape
+
+    def stage_solver(self, fn, y, args, also=None, identity=None):
+        """A = ∂fn/∂y factorised once on the host and reused by every solve and by their derivatives
+        (`HostSparseLU`). A's pattern and entries: `factorisable`'s."""
+        colouring, lu = self.factorisable(fn, y, args, also)
+        values = colouring.jacobian_values(lambda x: fn(x, args), y)
         if identity is not None:
-            values = jnp.where(identity, jnp.asarray(rows == cols, values.dtype), values)
-        lu = HostLU(rows, cols, colouring.matrix.shape, self.kept)  # pyright: ignore[reportArgumentType]  # SciPy's stubs: a matrix's shape
+            values = jnp.where(identity, jnp.asarray(lu.rows == lu.cols, values.dtype), values)
         state = (jax.lax.stop_gradient(values), lu, False)
         return lx.JacobianLinearOperator(fn, y, args), HostSparseLU(), state
 
@@ -373,8 +384,6 @@ def auto_jacobian(solver: dfx.AbstractSolver, f: Callable, u0, p, t0) -> tuple[s
     n = flat.size
     if not is_implicit(solver):
         return "dense", "an explicit solver solves no linear systems"
-    if getattr(solver, "dense_stages", False):
-        return "dense", f"{type(solver).__name__} keeps a dense LU across steps"
     if n < SPARSE_STATES:
         return "dense", f"{n} states: a dense LU is cheap below {SPARSE_STATES}"
     from sciad import _sparsity as sparsity
@@ -416,8 +425,9 @@ def with_stage_jacobian(solver: dfx.AbstractSolver, jacobian, f: Callable, u0, p
 def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
     """`solver` with its implicit stages' linear solves by `jacobian`: "dense" (diffrax's own, the
     solver unchanged), "sparse" (`Sparse()`), "matrix-free" (`MatrixFree()`), or an
-    `AbstractStageJacobian` instance. A Rosenbrock solver takes any of them as its `stage_jacobian`
-    (W = M/(hγ) − J: factorised sparsely once per step, or solved by GMRES). Explicit solvers have no
+    `AbstractStageJacobian` instance. A solver that declares the `stage_jacobians` kinds it takes as its
+    `stage_jacobian` gets it there: a Rosenbrock solver any of them (W = M/(hγ) − J: factorised sparsely once
+    per step, or solved by GMRES), BDF a `Sparse` (W = M − (h/α) J kept across steps). Explicit solvers have no
     stages to solve: any `jacobian` but "dense" is an error for them ("auto" is decided by
     `auto_jacobian` before this)."""
     if isinstance(jacobian, str):
@@ -434,11 +444,13 @@ def stiff_solver(solver: dfx.AbstractSolver, jacobian) -> dfx.AbstractSolver:
             f"jacobian must be one of {['auto', *sorted(JACOBIANS)]}, a sciad.stiff.Sparse or a "
             f"sciad.stiff.MatrixFree, got {type(jacobian).__name__}"
         )
-    if getattr(solver, "dense_stages", False):
-        raise ValueError(
-            f"jacobian={jacobian!r}: {type(solver).__name__} keeps a dense LU across steps; pass jacobian='dense'"
-        )
-    if getattr(solver, "linearly_implicit", False):
+    kinds = getattr(solver, "stage_jacobians", None)
+    if kinds is not None:
+        if jacobian.kind not in kinds:
+            raise ValueError(
+                f"jacobian={jacobian!r}: {type(solver).__name__} solves its stages with "
+                f"{' or '.join(f'jacobian={kind!r}' for kind in kinds)} only; pass one of them"
+            )
         return eqx.tree_at(lambda s: s.stage_jacobian, solver, jacobian, is_leaf=lambda x: x is None)
     if not isinstance(solver, dfx.AbstractImplicitSolver):
         raise ValueError(

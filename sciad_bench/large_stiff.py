@@ -1,8 +1,9 @@
 """`sciad bench large-stiff`: the 2-D Brusselator PDE on N × N grids (2N² states), rtol = atol = 1e-6,
 t ≤ 1: forward solves and gradients of sciad (solver, jacobian and sensealg "auto": Rodas5P, one sparse
 LU per step and no Newton iteration, and ForwardDiffSensitivity for its 3 parameters; Kvaerno5 with its
-sparse and matrix-free Newton, and each stage strategy where it finishes) against diffrax's default
-(Kvaerno5, a dense Newton), SciPy's `solve_ivp(method="BDF", jac_sparsity=...)` (forward only) and
+sparse and matrix-free Newton, and each stage strategy where it finishes; BDF with its sparse LU kept
+across steps, its gradients through its steps by forward mode and DiscreteAdjoint) against diffrax's
+default (Kvaerno5, a dense Newton), SciPy's `solve_ivp(method="BDF", jac_sparsity=...)` (forward only) and
 SUNDIALS' CVODES through CasADi (BDF, Newton on CasADi's symbolic sparse Jacobian with its default sparse
 QR, faster here than its "csparse" LU; forward, and the gradient by its adjoint
 sensitivities: `jtimes(L, p, 1, True)`, CVODES' backward problem from checkpoints), checked against each
@@ -209,6 +210,7 @@ def forward_plan(n):
     plan = {
         "sciad auto (Rodas5P, sparse)": lambda b: sciad_forward(b, "auto"),
         "sciad Kvaerno5 (sparse)": lambda b: sciad_forward(b, "sparse", "kvaerno5"),
+        "sciad BDF (sparse)": lambda b: sciad_forward(b, "sparse", "bdf"),
         "SciPy BDF (sparse)": scipy_forward,
     }
     if n <= CVODES_UP_TO:
@@ -226,6 +228,10 @@ def gradient_plan(n):
         "sciad auto (Rodas5P, sparse)": lambda b: sciad_gradient(b, "auto"),
         "sciad DiscreteAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "DiscreteAdjoint", "sparse", "rodas5p"),
         "sciad GaussAdjoint (Rodas5P, sparse)": lambda b: sciad_gradient(b, "GaussAdjoint", "sparse", "rodas5p"),
+        "sciad ForwardDiffSensitivity (BDF, sparse)": lambda b: sciad_gradient(
+            b, "ForwardDiffSensitivity", "sparse", "bdf"
+        ),
+        "sciad DiscreteAdjoint (BDF, sparse)": lambda b: sciad_gradient(b, "DiscreteAdjoint", "sparse", "bdf"),
         REFERENCE: lambda b: sciad_gradient(b, "InterpolatingAdjoint", "sparse", "kvaerno5"),
     }
     if n <= CVODES_GRADIENT_UP_TO:

@@ -1,7 +1,8 @@
 """sciad's variable-order BDF (`sciad._bdf`): the steps each order takes as rtol falls, accuracy on
 Robertson against SciPy's BDF and Radau and on a stiff linear system with a closed form, factorisations
-kept across steps, a mass-matrix DAE against Rodas5P, jit/vmap/PyTree/float32, and gradients by forward
-mode, the discrete adjoint and a continuous adjoint against finite differences and Rodas5P."""
+kept across steps (a rejected attempt's too), a mass-matrix DAE against Rodas5P, jit/vmap/PyTree/float32,
+gradients by forward mode, the discrete adjoint and a continuous adjoint against finite differences and
+Rodas5P, and sparse stages (the host's LU of W kept across steps) against dense ones on a 1-D Brusselator."""
 
 import diffrax as dfx
 import jax
@@ -13,13 +14,15 @@ from scipy.integrate import solve_ivp
 import sciad
 from helpers import dae
 from sciad._bdf import BDF, BDFController
+from sciad._host_lu import COUNTS
+from sciad._stiff import MatrixFree, Sparse, auto_jacobian
 from sciad.adjoints._loop import Stepper, integrate
 
 
-def _stepped(vf, solver, y0, args, t1, rtol, atol, ts=None, max_steps=100_000):
+def _stepped(vf, solver, y0, args, t1, rtol, atol, ts=None, max_steps=100_000, dt0=None):
     """sciad's loop over `solver`'s steps of vf(t, y, args) from t = 0 (its end state's counts readable)."""
     stepper = Stepper.of(dfx.ODETerm(vf), solver, BDFController(rtol=rtol, atol=atol))
-    return integrate(stepper, y0, args, 0.0, t1, ts=ts, max_steps=max_steps)
+    return integrate(stepper, y0, args, 0.0, t1, ts=ts, max_steps=max_steps, dt0=dt0)
 
 
 def _cosine(t, u, lam):  # u' = λ (u − cos t) − sin t: u = cos t from u(0) = 1, for any λ
@@ -215,8 +218,8 @@ def test_options_checked():
     with pytest.raises(ValueError, match="max_order"):
         BDF(max_order=6)
     prob = sciad.ODEProblem(_pytree_rhs, {"x": jnp.ones(2), "y": jnp.array(0.0)}, (0.0, 1.0), {"a": 0.7})
-    with pytest.raises(ValueError, match="keeps a dense LU across steps; pass jacobian='dense'"):
-        sciad.solve(prob, solver="bdf", jacobian="sparse")
+    with pytest.raises(ValueError, match="jacobian='dense' or jacobian='sparse' only"):
+        sciad.solve(prob, solver="bdf", jacobian=MatrixFree())
 
 
 @pytest.mark.slow
@@ -231,3 +234,109 @@ def test_dae_gradients_against_the_closed_form(sensealg):
 
     g = jax.jit(jax.grad(loss, argnums=(0, 1)))(1.5, jnp.asarray(dae.P0))
     np.testing.assert_allclose([g[0], *g[1]], dae.exact_gradients(1.5, dae.P0), rtol=1e-7)
+
+
+def test_a_rejected_attempts_linearisation_is_kept():
+    """A first step of 1e3 on Robertson is rejected: the loop keeps the state BDF returns with it (its
+    differences as they were, with the W factorised and the J evaluated in the attempt; `rejects_itself`)."""
+    sol = jax.jit(
+        lambda p: _stepped(_robertson, BDF(), jnp.array([1.0, 0.0, 0.0]), p, 1e5, 1e-8, 1e-10, max_steps=1, dt0=1e3)
+    )(jnp.asarray(dae.ROBERTSON_P))
+    assert int(sol.stats["num_rejected_steps"]) == 1
+    state = sol.end.solver_state
+    assert int(state.linearisation.factorisations) >= 1 and int(state.linearisation.jacobians) >= 1
+    assert float(state.linearisation.c) > 0  # W made for this attempt's h/α
+    np.testing.assert_array_equal(state.D[0], [1.0, 0.0, 0.0])
+
+
+def _brusselator(t, u, p):
+    """The 1-D Brusselator u' = a + u²v − (b + 1) u + α Δu, v' = b u − u²v + α Δv (no-flux ends), u = (u, v)."""
+    a, b, alpha = p[0], p[1], p[2]
+    n = u.shape[0] // 2
+    x, y = u[:n], u[n:]
+
+    def laplacian(w):
+        return jnp.concatenate([w[1:2] - w[:1], w[2:] - 2 * w[1:-1] + w[:-2], w[-2:-1] - w[-1:]])
+
+    x2y = x * x * y
+    return jnp.concatenate([a + x2y - (b + 1) * x + alpha * laplacian(x), b * x - x2y + alpha * laplacian(y)])
+
+
+BRUSSELATOR_N = 128  # grid points: 256 states, where "auto" takes a sparse LU
+BRUSSELATOR_TS = np.array([1.0, 4.0, 10.0])
+
+
+def _brusselator_start(n=BRUSSELATOR_N):
+    x = np.linspace(0, 1, n)
+    return jnp.asarray(np.concatenate([1 + np.sin(2 * np.pi * x), np.full(n, 3.0)])), jnp.array(
+        [1.0, 3.0, 0.02 * (n - 1) ** 2]
+    )
+
+
+def test_sparse_stages_agree_with_dense_and_keep_their_factorisations():
+    """On the 1-D Brusselator of 128 states BDF with sparse stages takes the dense stages' steps to roundoff;
+    the host factorises W on about one step in ten, exactly as often as the `Linearisation` counts (each W
+    made, in a rejected attempt too, is kept in the state and found again by its entries: none is factorised
+    twice)."""
+    u0, p = _brusselator_start(64)
+
+    def run(solver):
+        return jax.jit(lambda p: _stepped(_brusselator, solver, u0, p, 10.0, 1e-6, 1e-8, ts=BRUSSELATOR_TS))(p)
+
+    dense = run(BDF())
+    COUNTS.clear()
+    sparse = jax.block_until_ready(run(BDF(stage_jacobian=Sparse())))
+    host = COUNTS.snapshot()
+    lin = sparse.end.solver_state.linearisation
+    steps = int(sparse.stats["num_steps"])
+    assert int(sparse.stats["num_rejected_steps"]) > 0
+    assert steps == int(dense.stats["num_steps"])
+    np.testing.assert_allclose(sparse.ys, dense.ys, rtol=1e-10)
+    assert host["factorisations"] == int(lin.factorisations) < steps / 8
+    assert host["solves"] > 2 * steps  # chord iterations: every one solved with a kept LU
+
+
+def test_auto_takes_sparse_stages_and_differentiates_through_the_steps():
+    """On 256 states "auto" takes a sparse LU for BDF, and (3 parameters) forward mode through its steps,
+    whose Newton solves are differentiated at their roots with a sparse LU too."""
+    u0, p = _brusselator_start()
+    kind, why = auto_jacobian(BDF(), lambda u, p, t: _brusselator(t, u, p), u0, p, 0.0)
+    assert kind == "sparse", why
+    prob = sciad.ODEProblem(lambda u, p, t: _brusselator(t, u, p), u0, (0.0, 10.0), p)
+    choice = sciad.select_sensealg(prob, saveat=BRUSSELATOR_TS, solver="bdf")
+    assert isinstance(choice.sensealg, sciad.ForwardDiffSensitivity) and choice.features.stage_jacobian == "sparse"
+    assert "a sparse LU of W at the step's root" in choice.report()
+
+
+def _brusselator_loss(p, jacobian, sensealg, n=BRUSSELATOR_N):
+    u0, _ = _brusselator_start(n)
+    prob = sciad.ODEProblem(lambda u, p, t: _brusselator(t, u, p), u0, (0.0, 10.0), p)
+    sol = sciad.solve(
+        prob, saveat=BRUSSELATOR_TS, solver="bdf", jacobian=jacobian, sensealg=sensealg, rtol=1e-6, atol=1e-8
+    )
+    return jnp.sum(sol.us**2)
+
+
+def test_sparse_gradient_through_the_steps():
+    """∂L/∂p through sparse BDF's steps: the discrete adjoint (each step recomputed from the state its accepted
+    attempt started from, the implicit function theorem's solve transposed on the host) equals forward mode
+    through the same steps."""
+    n = 32
+    p = _brusselator_start(n)[1]
+    grad = jax.jit(jax.grad(_brusselator_loss), static_argnums=(1, 2, 3))
+    discrete = grad(p, "sparse", sciad.DiscreteAdjoint(), n)
+    forward = grad(p, "sparse", sciad.ForwardDiffSensitivity(), n)
+    np.testing.assert_allclose(discrete, forward, rtol=1e-12)  # 1e-10 from the state before a rejection
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sensealg", [sciad.DiscreteAdjoint(), sciad.GaussAdjoint()])
+def test_sparse_gradients_against_dense(sensealg):
+    """∂L/∂p on 256 states by sparse BDF (the discrete adjoint; GaussAdjoint, its adjoint solved backwards by
+    sparse BDF on λ's own pattern) against the dense stages' discrete adjoint."""
+    p = _brusselator_start()[1]
+    grad = jax.jit(jax.grad(_brusselator_loss), static_argnums=(1, 2))
+    dense = grad(p, "dense", sciad.DiscreteAdjoint())
+    sparse = grad(p, "sparse", sensealg)
+    # the continuous adjoint differs from the discrete one by their errors at rtol 1e-6
+    np.testing.assert_allclose(sparse, dense, rtol=1e-10 if isinstance(sensealg, sciad.DiscreteAdjoint) else 1e-3)

@@ -24,7 +24,11 @@ class Stepper(eqx.Module):
     default loop is a custom_vjp, which forward mode cannot enter; `forward_mode=False` keeps it, for
     the steps `restep` leaves to the solver, which reverse mode differentiates), and an implicit solver's root
     finder given the controller's rtol, atol and norm where it leaves them to the controller. Every
-    loop sciad runs over a solver's steps itself (the backward sweep, event location) steps one."""
+    loop sciad runs over a solver's steps itself (the backward sweep, event location) steps one.
+
+    A solver may declare `rejects_itself = True` (a class variable): its step returns, on a step the controller
+    rejects, the state to retry from (BDF's: its differences as they were, with the Jacobian and LU the failed
+    attempt made), which the loop keeps, where it otherwise retries from the state the attempt started from."""
 
     terms: dfx.AbstractTerm
     solver: dfx.AbstractSolver
@@ -264,7 +268,8 @@ def integrate(
       (T + max_steps // k entries, inf after the last);
     - `step_states`: (t, y) at the start and after every accepted step as well (max_steps + 1 entries, inf after
       the last): `ts` and `ys` are then pairs (saves, step states); "solver": y as the pair (y, the solver's state)
-      (what a step starts from, for a solver that carries more than y between steps);
+      (what a step starts from, for a solver that carries more than y between steps: for each step, the state
+      its accepted attempt started from);
     - `dense`: the steps' dense output, `Trajectory.interpolation`;
     - `on_step(carried, t_start, t_end, y_end, interpolation) -> carried` on each accepted step, from
       `carried`; the solve stops after the step where `until(carried)` holds; `carried_args`: the solver's steps
@@ -295,6 +300,7 @@ def integrate(
     if every:
         buffers["every"] = (0, full(max_steps // every, t0), jax.tree.map(lambda y: full(max_steps // every, y), y0))
     stepped = (lambda at: (at.y, at.solver_state)) if step_states == "solver" else (lambda at: at.y)
+    began = (lambda at: at.solver_state) if step_states == "solver" else (lambda at: None)
     if step_states:
         buffers["states"] = (
             full(max_steps + 1, t0).at[0].set(start.t),
@@ -345,6 +351,8 @@ def integrate(
         proposed = jnp.where(keep & (at.t_next >= t1), jnp.maximum(proposed, at.proposed), proposed)
         t_next = jnp.where(t_next > floor, jnp.where(keep, t1, t_prev + 0.5 * (t1 - t_prev)), t_next)
         y = select(y1, at.y)
+        if not getattr(stepper.solver, "rejects_itself", False):
+            solver_state = select(solver_state, at.solver_state)
         solver_result = dfx.RESULTS.where(keep, solver_result, dfx.RESULTS.successful)
         result = dfx.RESULTS.where(dfx.is_okay(result), solver_result, result)
         result = dfx.RESULTS.where(dfx.is_okay(result), controller_result, result)
@@ -352,21 +360,21 @@ def integrate(
             t_prev,
             t_next,
             y,
-            select(solver_state, at.solver_state),
+            solver_state,
             controller_state,
             jnp.where(keep, made_jump, at.made_jump),
             proposed,
         )
         counts = (steps + 1, accepted + jnp.where(keep, 1, 0), rejected + jnp.where(keep, 0, 1))
-        return after, counts, result, (keep, (at.t, at.t_next, info))
+        return after, counts, result, (keep, (at.t, at.t_next, info, began(at)))
 
     put = lambda b, v, i: jax.lax.dynamic_update_index_in_dim(b, v, i, 0)  # noqa: E731
 
     def record(buffers, carried, state, accepted, step, y_end, t_next):
         """The buffers, `carried`, and y and whether it jumped (`jumps`) after an accepted step (the `accepted`-th;
-        `step`: its start, end and dense info) to `state` (t, y) (`y_end`: its y; `t_next`: where the next step
-        starts)."""
-        t_start, t_end, info = step
+        `step`: its start, end and dense info, and with step_states "solver" the solver state its accepted attempt
+        started from) to `state` (t, y) (`y_end`: its y; `t_next`: where the next step starts)."""
+        t_start, t_end, info, began = step
         buffers = dict(buffers)
         if on_step is not None:
             carried = on_step(carried, t_start, t_end, y_end, stepper.interpolation(t_start, t_end, info))
@@ -399,7 +407,10 @@ def integrate(
         if step_states:
             bt, by = buffers["states"]
             t, y = state
-            buffers["states"] = (put(bt, t, accepted), jax.tree.map(lambda b, v: put(b, v, accepted), by, y))
+            by = jax.tree.map(lambda b, v: put(b, v, accepted), by, y)
+            if began is not None:  # the state the step's accepted attempt started from (`rejects_itself`)
+                by = (by[0], jax.tree.map(lambda b, v: put(b, v, accepted - 1), by[1], began))
+            buffers["states"] = (put(bt, t, accepted), by)
         if dense:
             bt, binfo = buffers["dense"]
             buffers["dense"] = (
@@ -439,7 +450,7 @@ def integrate(
             after = eqx.tree_at(lambda a: (a.y, a.made_jump), after, (y, after.made_jump | jumped_here))
         return after, counts, result, buffers, carried, step
 
-    carry = (start, counts, result, buffers, carried, (start.t, start.t_next, info_zeros))
+    carry = (start, counts, result, buffers, carried, (start.t, start.t_next, info_zeros, began(start)))
     end, (steps, accepted, rejected), result, buffers, carried, _ = jax.lax.while_loop(going, body, carry)
     result = dfx.RESULTS.where((end.t < t1) & dfx.is_successful(result), dfx.RESULTS.max_steps_reached, result)
     if jumps is not None:  # at t1, after the last step
