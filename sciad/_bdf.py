@@ -57,7 +57,7 @@ import optimistix as optx
 from sciad._diffrax_internals import use_stepsize_tol
 from sciad._equinox_internals import unvmap_any
 from sciad._host_lu import HostLU, lu_solve
-from sciad._rosenbrock import checked_mass_matrix, mass_operator, mass_pattern
+from sciad._rosenbrock import StepPolynomial, checked_mass_matrix, mass_operator, mass_pattern
 
 MAX_ORDER = 5
 NEWTON_MAXITER = 4  # chord iterations per attempt (`BDF.root_find_max_steps`'s default)
@@ -91,7 +91,7 @@ def rescaled(D, order, factor):
     return D.at[: MAX_ORDER + 1].set(RU.T @ D[: MAX_ORDER + 1])
 
 
-class BDFInterpolation(dfx.AbstractLocalInterpolation):
+class BDFInterpolation(StepPolynomial):
     """The step's interpolating polynomial on [t0, t1], of the step's order k: with θ = (t − t1)/(t1 − t0),
     y(t) = D_0 + Σ_{j≥1} D_j Π_{m<j} (θ + m)/(m + 1). `D`: the state's structure with a leading axis
     MAX_ORDER + 1 (the differences after the step, zero past k)."""
@@ -100,15 +100,9 @@ class BDFInterpolation(dfx.AbstractLocalInterpolation):
     t1: Any
     D: Any
 
-    def evaluate(self, t0, t1=None, left=True):
-        del left
-        if t1 is not None:
-            return jax.tree.map(jnp.subtract, self.evaluate(t1), self.evaluate(t0))
-        span = self.t1 - self.t0  # 0 on the discarded steps of a vmapped solve's finished members
-        theta = jnp.where(span == 0, 0, (t0 - self.t1) / jnp.where(span == 0, 1, span))
-
+    def at(self, theta):
         def leaf(D):
-            th = theta.astype(D.dtype)
+            th = theta.astype(D.dtype) - 1  # from t1
             m = jnp.arange(MAX_ORDER, dtype=D.dtype)
             weights = jnp.cumprod((th + m) / (m + 1))
             return D[0] + jnp.tensordot(weights, D[1:], axes=1)

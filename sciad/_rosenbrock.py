@@ -25,6 +25,7 @@ or a `sciad.stiff.MatrixFree` (GMRES on Jacobian-vector products to a tight tole
 size n × n formed; a solve that does not converge rejects the step): their `stage_solver`.
 """
 
+import abc
 from typing import Any, ClassVar
 
 import diffrax as dfx
@@ -39,7 +40,26 @@ import numpy as np
 from sciad._rosenbrock_tableaus import RODAS4, RODAS5P, RosenbrockTableau
 
 
-class RosenbrockInterpolation(dfx.AbstractLocalInterpolation):
+class StepPolynomial(dfx.AbstractLocalInterpolation):
+    """A step's dense output on [t0, t1] as a polynomial `at(θ)` in θ = (t − t0)/(t1 − t0) (0 where the step
+    spans no time: the discarded steps of a vmapped solve's finished members)."""
+
+    t0: eqx.AbstractVar[Any]
+    t1: eqx.AbstractVar[Any]
+
+    @abc.abstractmethod
+    def at(self, theta):
+        """y at the fraction `theta` (a scalar) of the step."""
+
+    def evaluate(self, t0, t1=None, left=True):
+        del left
+        if t1 is not None:
+            return jax.tree.map(jnp.subtract, self.evaluate(t1), self.evaluate(t0))
+        span = self.t1 - self.t0
+        return self.at(jnp.where(span == 0, 0, (t0 - self.t0) / jnp.where(span == 0, 1, span)))
+
+
+class RosenbrockInterpolation(StepPolynomial):
     """A Rodas method's own dense output on [t0, t1]: with θ = (t − t0)/(t1 − t0),
     y(t) = (1 − θ) y0 + θ (y1 + (1 − θ)(k_0 + θ k_1 + … + θ^{q−1} k_{q−1})).
     `y0`, `y1`: the state's structure; `k`: the same with a leading axis q (the tableau's `dense`
@@ -51,13 +71,7 @@ class RosenbrockInterpolation(dfx.AbstractLocalInterpolation):
     y1: Any
     k: Any
 
-    def evaluate(self, t0, t1=None, left=True):
-        del left
-        if t1 is not None:
-            return jax.tree.map(jnp.subtract, self.evaluate(t1), self.evaluate(t0))
-        span = self.t1 - self.t0  # 0 on the discarded steps of a vmapped solve's finished members
-        theta = jnp.where(span == 0, 0, (t0 - self.t0) / jnp.where(span == 0, 1, span))
-
+    def at(self, theta):
         def leaf(y0, y1, k):
             th = theta.astype(y0.dtype)
             poly = k[-1]
