@@ -390,6 +390,11 @@ def test_doses_at_preset_times_against_the_closed_form():
     np.testing.assert_allclose(jac[2:4, 2], [1.0, 1.0], atol=1e-12)
     forward = jax.jit(jax.jacfwd(lambda p: run(p, "ForwardSensitivity").us[:, 0]))(prob.p)
     np.testing.assert_allclose(forward, jac, atol=1e-12)
+    # members of a vmapped batch, their doses in p: the first member's is the one above
+    batch = jax.jit(jax.vmap(jax.jacfwd(lambda p: run(p, "ForwardDiffSensitivity").us[:, 0])))
+    members = batch(jnp.stack([prob.p, jnp.array([0.8, 1.2, 0.5])]))
+    np.testing.assert_allclose(members[0], jac, atol=1e-12)
+    assert not np.allclose(members[1], jac)
 
 
 def test_doses_refuse_what_they_cannot_serve():
