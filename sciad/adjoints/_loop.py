@@ -278,7 +278,7 @@ def integrate(
     - `jump_ts` (J,): the times the controller steps to just before and restarts just after
       (`diffrax.ClipStepSizeController`'s), differentiable: a step clipped to one moves with it (with the first
       given of several that coincide);
-    - `jumps` = (times (P,) in [t0, t1], affect(i, y, t) -> y): y jumps at times[i] (a dose), between the step
+    - `jumps` = (times (P,) sorted, in [t0, t1], affect(i, y, t) -> y): y jumps at times[i] (a dose), between the step
       that ends before it and the next (each of them among `jump_ts`), at t0 before the first step and at t1
       after the last (a save at such a time holds the state after it).
     A solve whose `result` already failed takes no step.
@@ -494,15 +494,13 @@ def integrate(
 
 
 def _jumped(jumps: tuple | None, y, after, until) -> tuple:
-    """(y after the `jumps` (times (P,), affect(i, y, t)) at the times in (after, until], in order, whether any)."""
+    """(y after the `jumps` (times (P,) sorted, affect(i, y, t)) at the times in (after, until], in order, whether
+    any): a loop over those alone (none between most steps), found by bisection."""
     if jumps is None:
         return y, jnp.asarray(False)
     times, affect = jumps
-
-    def one(i, carry):
-        y, any_ = carry
-        fires = (times[i] > after) & (times[i] <= until)
-        y = jax.lax.cond(fires, lambda y: affect(i, y, times[i]), lambda y: y, y)
-        return y, any_ | fires
-
-    return jax.lax.fori_loop(0, times.shape[0], one, (y, jnp.asarray(False)))
+    fixed = jax.lax.stop_gradient(times)
+    first = jnp.searchsorted(fixed, jax.lax.stop_gradient(after), side="right")
+    last = jnp.searchsorted(fixed, jax.lax.stop_gradient(until), side="right")
+    y = jax.lax.fori_loop(first, last, lambda i, y: affect(i, y, times[i]), y)
+    return y, last > first
