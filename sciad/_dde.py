@@ -35,6 +35,7 @@ from sciad._problem import (
 )
 from sciad._pytrees import Layout, leaf_names
 from sciad._solver_choice import auto_solver
+from sciad._stiff import is_implicit
 from sciad._vector_field import AroundVectorField, VectorField
 from sciad.adjoints._base import AbstractSensitivity, Setup, stored_steps
 
@@ -559,6 +560,12 @@ def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     order = int(solver.order(dfx.ODETerm(lambda t, y, args: y))) + 1  # pyright: ignore[reportArgumentType]
     field = DDEField(F, solver, prob.lags, order, history_steps, float(rtol), float(atol))
     if r.callbacks:
+        if is_implicit(solver):
+            raise ValueError(
+                f"solver={type(solver).__name__}(): a delay equation's doses take an explicit Runge-Kutta solver "
+                "for now (with an implicit one the derivative in the lags after a dose is not right yet): pass "
+                "solver='tsit5'"
+            )
         doses = _events.Plan.of(r.callbacks, F, r.u0, r.p, (r.t0, r.t1), 1, r.max_events, "none")
         t = jnp.asarray(r.t0, dtype)
         closures = [eqx.filter_closure_convert(c.affect, r.u0, r.p, t) for c in r.callbacks]

@@ -404,6 +404,9 @@ def test_doses_refuse_what_they_cannot_serve():
     stop = sciad.ContinuousCallback(lambda u, p, t: u[0] - 0.5)
     with pytest.raises(ValueError, match="PresetTimeCallbacks .* only"):
         sciad.solve(prob, callbacks=[stop])
+    dose = sciad.PresetTimeCallback(times=[1.5], affect=lambda u, p, t: u + p[2])
+    with pytest.raises(ValueError, match="doses take an explicit Runge-Kutta solver .* pass solver='tsit5'"):
+        sciad.solve(prob, callbacks=[dose], solver="kvaerno5")
 
     def by_closure(d):
         dose = sciad.PresetTimeCallback(times=[1.5], affect=lambda u, p, t: u + d)
