@@ -35,9 +35,9 @@ from sciad._problem import (
 )
 from sciad._pytrees import Layout, leaf_names
 from sciad._solver_choice import auto_solver
-from sciad._stiff import is_implicit
 from sciad._vector_field import AroundVectorField, VectorField
 from sciad.adjoints._base import AbstractSensitivity, Setup, stored_steps
+from sciad.adjoints._loop import end_floor
 
 LAG_KINDS = {1: "parameter", 3: "state"}  # a callable's positional parameters -> what its lags depend on
 FIXED_POINT_ITERATIONS = 10  # at most, per step whose lag is shorter than the step
@@ -314,7 +314,7 @@ class DDEField(AroundVectorField):
     host_engines_refused: ClassVar[str] = (
         "a delay equation's solve takes JAX engines for its products (the solution's past enters them)"
     )
-    stiff_advice: ClassVar[str] = 'Pass solver="auto" or an implicit solver (solver="kvaerno5")'
+    stiff_advice: ClassVar[str] = 'Pass solver="auto" or an implicit solver (solver="kvaerno3")'
     no_time_derivative: ClassVar[str] = (
         "a delay equation's solve is not differentiable in its times (tspan, saveat) yet: differentiate in u0, p "
         "(the lags and the history's parameters among them) with the times held (jax.lax.stop_gradient)"
@@ -378,9 +378,9 @@ class DDEField(AroundVectorField):
         combos = [k for k in itertools.product(range(self.order + 1), repeat=tau.shape[0]) if 1 <= sum(k) <= self.order]
         return jnp.sort(t0 + jnp.asarray(np.array(combos), tau.dtype) @ tau, axis=-1)
 
-    def stepping(self, solver, y0, p, t0) -> "Stepping":
-        """The loop's part of a solve from y0 (n + k,) at t0 with parameters p (m,) by `solver`: the empty past,
-        how a step records itself into it, the breakpoints, and the fixed-point refinement of a step."""
+    def stepping(self, solver, y0, p, t0, t1) -> "Stepping":
+        """The loop's part of a solve from y0 (n + k,) at t0 to t1 with parameters p (m,) by `solver`: the empty
+        past, how a step records itself into it, the breakpoints, and the fixed-point refinement of a step."""
         dtype = y0.dtype
         past = Past.empty(solver, y0, t0, self.history_steps)
         constant = lag_kind(self.lags) != "state"
@@ -403,6 +403,8 @@ class DDEField(AroundVectorField):
                 return jnp.concatenate([plan.affect(plan.preset_owners[i], y[:n], p, t), y[n:]])
 
             jumps = (times, affect)
+        if jump_ts is not None:  # one within the loop's floor of t1 is t1: the last step ends there, unmoved
+            jump_ts = jnp.where(jax.lax.stop_gradient(jump_ts) <= end_floor(t1), jump_ts, jnp.inf)
         farthest = None if tau is None else jnp.max(tau)
 
         def record(past, t_start, t_end, y_end, interpolation):
@@ -483,9 +485,13 @@ def history_rate(prob: DDEProblem) -> Callable:
             if jnp.shape(s):
                 raise ValueError(f"h(s) takes a scalar time s, got shape {jnp.shape(s)}: pass e.g. h(t - tau[0])")
             s = jnp.asarray(s, past.t0.dtype)
-            after = layout.unravel(past.state(jnp.maximum(s, past.t0))[:n])
-            before = layout.unravel(past.y0[:n]) if history is None else history(p, jnp.minimum(s, past.t0))
-            return jax.tree.map(lambda a, b: jnp.where(s < past.t0, b, a).astype(a.dtype), after, before)
+            # s = t0 reads the history: only a stage at the end of a step that ends on t0 + τ (t1 there) reads
+            # t0 itself, and that step's interior reads the history (steps restart just after a breakpoint).
+            # Clamped by `where`, not min/max: their derivative at a tie is half of each side's.
+            before_t0 = s <= past.t0
+            after = layout.unravel(past.state(jnp.where(before_t0, past.t0, s))[:n])
+            before = layout.unravel(past.y0[:n]) if history is None else history(p, jnp.where(before_t0, s, past.t0))
+            return jax.tree.map(lambda a, b: jnp.where(before_t0, b, a).astype(a.dtype), after, before)
 
         return f(u, h, p, t)
 
@@ -505,7 +511,7 @@ class _Instantaneous:
 
 
 def auto_dde_solver(prob: DDEProblem, r: Request, rtol: float, atol: float) -> tuple[str, str]:
-    """(the solver's name, why): Tsit5, or Kvaerno5 where an explicit method would spend its steps on stability
+    """(the solver's name, why): Tsit5, or Kvaerno3 (its stages within the step) where an explicit method would spend its steps on stability
     (`sciad._solver_choice.auto_solver` on the instantaneous Jacobian ∂f/∂u)."""
     held = _Instantaneous(
         lambda u, p, t: prob.f(u, lambda s: jax.lax.stop_gradient(u), p, t), prob.u0, prob.p, prob.tspan
@@ -513,7 +519,13 @@ def auto_dde_solver(prob: DDEProblem, r: Request, rtol: float, atol: float) -> t
     pick = auto_solver(held, r.u0, r.p, (r.t0, r.t1), rtol=rtol, atol=atol, jacobian="dense")
     if pick.name == "tsit5":
         return "tsit5", pick.reason
-    return "kvaerno5", pick.reason.replace("Rodas5P, linearly implicit", "Kvaerno5, implicit")
+    return "kvaerno3", pick.reason.replace("Rodas5P, linearly implicit", "Kvaerno3, implicit")
+
+
+def _stage_times(solver) -> list[float]:
+    """A Runge-Kutta solver's stage times c (as fractions of its step)."""
+    tableau = solver.tableau
+    return [float(c) for t in getattr(tableau, "tableaus", (tableau,)) for c in np.atleast_1d(t.c)]
 
 
 def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
@@ -537,8 +549,14 @@ def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     ):
         raise ValueError(
             f"solver={type(solver).__name__}(): delay equations are stepped by Runge-Kutta solvers, explicit or "
-            f"implicit (diffrax's Kvaerno3, Kvaerno5, ...), here: pass one of "
+            f"implicit (diffrax's Kvaerno3, ...), here: pass one of "
             f"{sorted(k for k, v in SOLVERS.items() if not getattr(v, 'linearly_implicit', False))} or diffrax's"
+        )
+    if not all(0 <= c <= 1 for c in _stage_times(solver)):
+        raise ValueError(
+            f"solver={type(solver).__name__}(): its stages reach past the step's end (c > 1), where a delay "
+            "equation's past may jump (a breakpoint, a dose): pass a solver whose stages stay within the step, "
+            "solver='kvaerno3' (implicit) or 'tsit5'"
         )
     dtype = jnp.result_type(*jax.tree.leaves(r.u0), *jax.tree.leaves(eqx.filter(r.p, eqx.is_array)))
     n = sum(int(np.size(x)) for x in jax.tree.leaves(r.u0))
@@ -560,12 +578,6 @@ def _staged(prob: DDEProblem, r: Request) -> "_DDEStaged":
     order = int(solver.order(dfx.ODETerm(lambda t, y, args: y))) + 1  # pyright: ignore[reportArgumentType]
     field = DDEField(F, solver, prob.lags, order, history_steps, float(rtol), float(atol))
     if r.callbacks:
-        if is_implicit(solver):
-            raise ValueError(
-                f"solver={type(solver).__name__}(): a delay equation's doses take an explicit Runge-Kutta solver "
-                "for now (with an implicit one the derivative in the lags after a dose is not right yet): pass "
-                "solver='tsit5'"
-            )
         doses = _events.Plan.of(r.callbacks, F, r.u0, r.p, (r.t0, r.t1), 1, r.max_events, "none")
         t = jnp.asarray(r.t0, dtype)
         closures = [eqx.filter_closure_convert(c.affect, r.u0, r.p, t) for c in r.callbacks]
