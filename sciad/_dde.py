@@ -511,8 +511,8 @@ class _Instantaneous:
 
 
 def auto_dde_solver(prob: DDEProblem, r: Request, rtol: float, atol: float) -> tuple[str, str]:
-    """(the solver's name, why): Tsit5, or Kvaerno3 (its stages within the step) where an explicit method would spend its steps on stability
-    (`sciad._solver_choice.auto_solver` on the instantaneous Jacobian ∂f/∂u)."""
+    """(the solver's name, why): Tsit5, or Kvaerno3 (its stages within the step) where an explicit method would
+    spend its steps on stability (`sciad._solver_choice.auto_solver` on the instantaneous Jacobian ∂f/∂u)."""
     held = _Instantaneous(
         lambda u, p, t: prob.f(u, lambda s: jax.lax.stop_gradient(u), p, t), prob.u0, prob.p, prob.tspan
     )
