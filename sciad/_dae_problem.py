@@ -98,6 +98,12 @@ class DAEProblem(AbstractProblem):
     def staged(self, request: Request) -> Staged:
         return _staged(self, request)
 
+    def sensealg_choice(self, ts, *, rtol: float, atol: float):
+        """ "auto"'s `sciad._auto.Choice` for a solve saved at `ts` (T,) (`sciad.select_sensealg`)."""
+        from sciad._auto import auto_dae_sensealg
+
+        return auto_dae_sensealg(self.u0, self.p, ts, solver=BDF(), rtol=rtol, atol=atol)
+
 
 def _check_du0(du0, u0) -> None:
     if jax.tree.structure(du0) != jax.tree.structure(u0):
@@ -271,6 +277,10 @@ class DAEField(AroundVectorField):
     @property
     def integrand_size(self) -> int:
         return self.F.integrand_size
+
+    @property
+    def static_p(self):
+        return self.F.static_p
 
     def with_closure(self, c, merged: bool) -> "DAEField":
         return dataclasses.replace(self, F=self.F.with_closure(c, merged))

@@ -166,6 +166,9 @@ def select_sensealg(
     close over), u0, p, tspan, saveat, solver, tolerances, max_steps,
     memory budget, timing budget and device.
     """
+    own = getattr(prob, "sensealg_choice", None)  # a kind with a rule of its own (a fully implicit DAE's)
+    if own is not None and not autotune:
+        return own(check_saveat(saveat, *prob.tspan), rtol=rtol, atol=atol)
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
     ts = check_saveat(saveat, *prob.tspan)
