@@ -376,7 +376,6 @@ def consistent_derivative(mass: MassMatrix, rate, u, t):
     return split.state(row, -jnp.linalg.solve(block, moved))  # M⁺f has no part along V₀
 
 
-
 # --- the fully implicit form F(u', u, t) = 0 (`sciad.DAEProblem`) --------------------------------------------------
 # Its split is M's for M = ∂F/∂u' at (u0', u0), held for the solve (as IDAS holds its algebraic/differential `id`):
 # U₀ spans the equations ∂F/∂u' does not see (U₀ᵀ F = 0 are the algebraic equations), V₀ the states it does not

@@ -3,9 +3,11 @@ and what it adds to the solve: which states are algebraic (from ∂F/∂u' at (d
 initialisation, the BDF's residual term (`sciad._bdf.ResidualTerm`), the consistent u' at save and event times."""
 
 import dataclasses
+import typing
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.flatten_util as jfu
@@ -192,8 +194,13 @@ def _staged(prob: DAEProblem, r: Request) -> "_DAEStaged":
     check_tolerances(rtol, atol, r.max_steps)
     mass = prob.derivative_jacobian
     initialization = check_initialization(o["initialization"], mass)
-    solver = BDF() if r.solver is None or (isinstance(r.solver, str) and r.solver in ("auto", "bdf")) else r.solver
-    if not getattr(solver, "takes_residual", False) or getattr(solver, "mass_matrix", None) is not None:
+    default = r.solver is None or (isinstance(r.solver, str) and r.solver in ("auto", "bdf"))
+    solver = BDF() if default else r.solver
+    if (
+        not isinstance(solver, dfx.AbstractSolver)
+        or not getattr(solver, "takes_residual", False)
+        or getattr(solver, "mass_matrix", None) is not None
+    ):
         raise ValueError(
             f"solver={r.solver!r}: a DAEProblem (F(du, u, p, t) = 0) is solved by sciad's BDF without a mass matrix: "
             "pass solver='bdf' (the default) or sciad.BDF(); for a Rosenbrock solver, write it as "
@@ -297,41 +304,38 @@ class DAEField(AroundVectorField):
     def open(self) -> Callable:
         return self.F.open()
 
+    def _values(self, du, u, p, t):
+        """[F(du, u); g(u)] (n + k,) in the field's dtype (an F that computes in a wider one is cast back)."""
+        return self.F(u, p, t, self.u.unravel(du)).astype(self.dtype)
+
     def residual(self, dy, y, p, t):
         """The residual (n + k,) at the state y = (u, q) and its derivative dy: [F(du, u); dq − g(u)]."""
         n = self.u.size
-        out = self.F(y[:n], p, t, self.u.unravel(dy[:n]))
+        out = self._values(dy[:n], y[:n], p, t)
         return out if not self.integrand_size else jnp.concatenate([out[:n], dy[n:] - out[n:]])
 
     def __call__(self, u, p, t):
         """The consistent rate [u'; g(u)] (n + k,) at a consistent u (n,) (`sciad._dae.implicit_derivative`)."""
         n = self.u.size
-
-        def residual(du, u, t):
-            return self.F(u, p, t, self.u.unravel(du))[:n]
-
-        du = implicit_derivative(self.mass, residual, u, t, self.rtol, self.atol)
+        du = implicit_derivative(self.mass, self._equations(p), u, t, self.rtol, self.atol)
         if not self.integrand_size:
             return du
-        return jnp.concatenate([du, self.F(u, p, t, self.u.unravel(du))[n:]])
+        return jnp.concatenate([du, self._values(du, u, p, t)[n:]])
+
+    def _equations(self, p) -> Callable:
+        """F(du, u, t) (n,) at the flat parameters p."""
+        return lambda du, u, t: self._values(du, u, p, t)[: self.u.size]
 
     def terms(self, solver, vector_field, noise):
         """The residual as the BDF's term (`ResidualTerm`), its args the flat p."""
         if vector_field is not None or noise is not None:
             raise ValueError(self.through_steps_only)
         n = self.u.size
-        return ResidualTerm(
-            lambda t, y, dy, p: self.residual(dy, y, p, t), lambda t, y, p: self(y[:n], p, t)
-        )
+        return ResidualTerm(lambda t, y, dy, p: self.residual(dy, y, p, t), lambda t, y, p: self(y[:n], p, t))
 
     def initialised(self, mode: str, u0, du0, p, t0, what: str = "u0"):
         """u0 (n,) initialised from (u0, du0) at t0 in `mode` (`sciad._dae.initialise_implicit`)."""
-        n = self.u.size
-
-        def residual(du, u, t):
-            return self.F(u, p, t, self.u.unravel(du))[:n]
-
-        return initialise_implicit(mode, self.mass, residual, u0, du0, t0, self.rtol, self.atol, what)
+        return initialise_implicit(mode, self.mass, self._equations(p), u0, du0, t0, self.rtol, self.atol, what)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,16 +358,14 @@ class _DAEStaged(Staged):
         from sciad._auto import auto_dae_sensealg
 
         r, setup = self.request, self.setup
-        return auto_dae_sensealg(
-            r.u0, (r.p, setup.f.held), r.ts, solver=setup.solver, rtol=setup.rtol, atol=setup.atol
-        )
+        return auto_dae_sensealg(r.u0, (r.p, setup.f.held), r.ts, solver=setup.solver, rtol=setup.rtol, atol=setup.atol)
 
     def prepared(self, sensealg: AbstractSensitivity) -> tuple[Setup, jax.Array]:
         setup = self.setup
         return setup, setup.f.initialised(self.initialization, self.u0, self.du0, self.p, setup.t0)
 
     def plan(self):
-        r, mode, field = self.request, self.initialization, self.setup.f
+        r, mode, field = self.request, self.initialization, typing.cast(DAEField, self.setup.f)
         callbacks = [dataclasses.replace(c, affect=_reinitialising(c.affect, field, mode, r.sign)) for c in r.callbacks]
         return events.Plan.of(callbacks, field, r.u0, r.p, (r.t0, r.t1), r.sign, r.max_events)
 

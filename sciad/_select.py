@@ -24,6 +24,7 @@ from sciad._auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
 from sciad._auto import features as trace_features
 from sciad._custom_types import RealScalarLike
 from sciad._dae import dae_solver
+from sciad._dae_problem import DAEProblem
 from sciad._ode import ODEProblem, get_solver
 from sciad._problem import check_saveat
 from sciad._solve import solve
@@ -123,7 +124,7 @@ def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
 
 
 def select_sensealg(
-    prob: ODEProblem,
+    prob: ODEProblem | DAEProblem,
     *,
     saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
     loss: Callable[[PyTree[Shaped[Array, "T ..."]]], Float[ArrayLike, ""]] | None = None,
