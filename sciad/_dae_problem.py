@@ -27,17 +27,20 @@ from sciad._dae import (
     initialise_implicit,
 )
 from sciad._dense import DenseOutput
+from sciad._ode import _in_reverse
 from sciad._problem import (
     AbstractProblem,
     Request,
     Staged,
     _describe,
     _traced,
+    check_leaves,
     check_params,
     check_state,
     check_steps,
     check_tolerances,
     check_tspan,
+    forward_times,
 )
 from sciad._pytrees import Layout, leaf_names
 from sciad._vector_field import AroundVectorField, VectorField
@@ -129,14 +132,7 @@ def _check_residual(F: Callable, u0, du0, p, t0) -> None:
             f"{RESIDUAL} returns {_describe(out)} but u0 is {_describe(u0)}: the residual has u0's structure, one "
             "equation per state (return one array with xp.stack / xp.asarray for a vector state)"
         )
-    for (label, y), (_, u) in zip(leaf_names(out, RESIDUAL), leaf_names(u0, "u0")):
-        if not (hasattr(y, "dtype") and jnp.issubdtype(y.dtype, jnp.inexact)):
-            raise ValueError(f"{label} must return float arrays (the residual, u0's structure), got {_describe(y)}")
-        if tuple(y.shape) != tuple(np.shape(u)):
-            raise ValueError(
-                f"{label} returns shape {tuple(y.shape)} but u0{label[len(RESIDUAL) :]} has shape "
-                f"{tuple(np.shape(u))}: they must match"
-            )
+    check_leaves(RESIDUAL, out, u0, "the residual")
 
 
 TRACED_PROBLEM = (
@@ -223,13 +219,10 @@ def _staged(prob: DAEProblem, r: Request) -> "_DAEStaged":
     sign = r.sign
     dtype = jnp.result_type(*jax.tree.leaves(r.u0), *jax.tree.leaves(eqx.filter(r.p, eqx.is_array)))
     example = jax.tree.map(lambda x: jnp.zeros(jnp.shape(x), dtype), r.u0)  # du, as F is traced with it
-    g = r.integrand if sign > 0 or r.integrand is None else _negated(r.integrand)
+    g = r.integrand if sign > 0 or r.integrand is None else _in_reverse(r.integrand)
     F = VectorField.of(_in_time(prob.F, sign), r.u0, r.p, sign * r.t0, host=False, integrand=g, extra=(example,))
     field = DAEField(F, mass, float(rtol), float(atol))
-    s0, s1 = (sign * jnp.asarray(t, dtype) for t in (r.t0, r.t1))
-    saves = sign * jnp.asarray(r.ts, dtype)
-    if r.integrand is not None and not r.callbacks:  # q(t1) is saved last
-        saves = jnp.concatenate([saves, s1[None]])
+    s0, s1, saves = forward_times(r, dtype)
     setup = Setup(
         field,
         solver,
@@ -253,11 +246,6 @@ def _in_time(F: Callable, sign: int) -> Callable:
     if sign > 0:
         return lambda u, p, s, du: F(du, u, p, s)
     return lambda u, p, s, du: F(jax.tree.map(jnp.negative, du), u, p, -s)
-
-
-def _negated(g: Callable) -> Callable:
-    """An integrand g(u, p, t) in s = -t: -g(u, p, -s)."""
-    return lambda u, p, s: jax.tree.map(jnp.negative, g(u, p, -s))
 
 
 class DAEField(AroundVectorField):

@@ -82,8 +82,8 @@ def solve(
     brownian: BrownianPath | dfx.AbstractBrownianPath | None = None,
     history_steps: int | None = None,
 ) -> Solution:
-    """Solve `prob` (an `ODEProblem`, a `DAEProblem`, an `SDEProblem` or a `DDEProblem`) and save u at `saveat` (default: t0 and t1;
-    concrete or traced times (T,)). Options a problem's kind does not take are refused, naming it.
+    """Solve `prob` (an `ODEProblem`, a `DAEProblem`, an `SDEProblem` or a `DDEProblem`) and save u at `saveat`
+    (default: t0 and t1; concrete or traced times (T,)). Options a problem's kind does not take are refused, naming it.
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
     jax.vmap) with respect to `u0` and `p` passed here (PyTrees like the problem's), values f
