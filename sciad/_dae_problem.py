@@ -363,9 +363,6 @@ class _DAEStaged(Staged):
         return {"interpolation": DenseOutput.of(setup, sensealg, u0, self.p, self.request.sign)}
 
 
-AFFECTED = "the state an event's affect returned"
-
-
 def _reinitialising(affect: Callable, field: DAEField, mode: str, sign: int) -> Callable:
     """`affect(u, p, t)` followed by the initialisation in `mode` at the event time (its algebraic states
     re-solved from the differential ones, or checked), `field` in the solve's forward time s = sign t."""
@@ -375,6 +372,6 @@ def _reinitialising(affect: Callable, field: DAEField, mode: str, sign: int) -> 
         v = F.u.ravel(affect(u, p, t)).astype(F.dtype)
         params = F.p.ravel(eqx.filter(p, eqx.is_array)).astype(F.dtype)
         s = sign * jnp.asarray(t, F.dtype)
-        return F.u.unravel(field.initialised(mode, v, jnp.zeros_like(v), params, s, AFFECTED))
+        return F.u.unravel(field.initialised(mode, v, jnp.zeros_like(v), params, s, events.AFFECTED))
 
     return after
