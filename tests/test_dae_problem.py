@@ -162,15 +162,18 @@ def test_refusals():
         sciad.solve(MIXED, u0=Q @ jnp.array([1.0, 2.0]), initialization="check")
 
 
-def test_float32_pytree_state():
+def test_float32_pytree_state_dense():
     # x' = -a x + z, 0 = z - c x on a dict state, in float32 (F computing in float64 is cast back)
     def residual(du, u, p, t):
         return {"x": du["x"] + p[0] * u["x"] - u["z"], "z": u["z"] - p[1] * u["x"]}
 
     one, zero = jnp.ones((), jnp.float32), jnp.zeros((), jnp.float32)
     prob = sciad.DAEProblem(residual, {"x": one, "z": one}, {"x": zero, "z": zero}, (0.0, 1.0), P0)
-    sol = sciad.solve(prob, u0={"x": one, "z": one}, p=P0.astype(jnp.float32), saveat=TS, rtol=1e-5, atol=1e-7)
+    p = P0.astype(jnp.float32)
+    sol = sciad.solve(prob, u0={"x": one, "z": one}, p=p, saveat=TS, rtol=1e-5, atol=1e-7, dense=True)
     x = np.exp((P0[1] - P0[0]) * np.asarray(TS))
     assert sol.us["x"].dtype == jnp.float32
     np.testing.assert_allclose(sol.us["x"], x, rtol=1e-4)
     np.testing.assert_allclose(sol.us["z"], P0[1] * x, rtol=1e-4)  # z initialised to c x from 1
+    between = sol.interpolation(jnp.array([0.1, 0.7]))  # the BDF's own dense output
+    np.testing.assert_allclose(between["x"], np.exp((P0[1] - P0[0]) * np.array([0.1, 0.7])), rtol=1e-4)
