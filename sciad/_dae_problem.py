@@ -164,8 +164,7 @@ def _derivative_jacobian(F: Callable, u0, du0, p, t0) -> MassMatrix:
             "differentiable"
         )
     n = u.size
-    mass = MassMatrix.of(A, n)
-    assert mass is not None
+    mass = typing.cast(MassMatrix, MassMatrix.of(A, n))  # A is a matrix: a MassMatrix
     if mass.singular:
         k = mass.algebraic
         block = algebraic_block(mass, B)
@@ -223,18 +222,9 @@ def _staged(prob: DAEProblem, r: Request) -> "_DAEStaged":
     F = VectorField.of(_in_time(prob.F, sign), r.u0, r.p, sign * r.t0, host=False, integrand=g, extra=(example,))
     field = DAEField(F, mass, float(rtol), float(atol))
     s0, s1, saves = forward_times(r, dtype)
-    setup = Setup(
-        field,
-        solver,
-        s0,
-        s1,
-        saves,
-        float(rtol),
-        float(atol),
-        int(r.max_steps),
-        stepsize_controller=controller,
-        dt0=None if dt0 is None else jnp.asarray(dt0, dtype),
-    )
+    first = None if dt0 is None else jnp.asarray(dt0, dtype)
+    steps = (float(rtol), float(atol), int(r.max_steps))
+    setup = Setup(field, solver, s0, s1, saves, *steps, stepsize_controller=controller, dt0=first)
     u0 = jnp.asarray(F.u.ravel(r.u0), dtype)
     p = jnp.asarray(F.p.ravel(eqx.filter(r.p, eqx.is_array)), dtype)
     du0 = sign * jax.lax.stop_gradient(jnp.asarray(F.u.ravel(prob.du0), dtype))  # a guess: no derivative

@@ -166,6 +166,8 @@ def select_sensealg(
     that changes them: f and loss (their programs and the values they
     close over), u0, p, tspan, saveat, solver, tolerances, max_steps,
     memory budget, timing budget and device.
+
+    A `DAEProblem` (F(u', u, p, t) = 0) is chosen for by its own rule (`implicit-dae`, not autotuned).
     """
     own = getattr(prob, "sensealg_choice", None)  # a kind with a rule of its own (a fully implicit DAE's)
     if own is not None and not autotune:
