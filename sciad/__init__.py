@@ -21,6 +21,7 @@ from sciad import (
 )
 from sciad._bdf import BDF
 from sciad._brownian import BrownianPath
+from sciad._dae_problem import DAEProblem
 from sciad._dde import DDEProblem
 from sciad._diffrax_adjoint import DiffraxAdjoint, diffrax_adjoint
 from sciad._ensemble import ensemble
@@ -62,6 +63,7 @@ __all__ = [
     "ForwardSensitivity",
     "GaussAdjoint",
     "InterpolatingAdjoint",
+    "DAEProblem",
     "DDEProblem",
     "ODEProblem",
     "PresetTimeCallback",

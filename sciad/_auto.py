@@ -19,6 +19,9 @@ The rule; each step is named (`Pick.rule`), its thresholds are `THRESHOLDS`
    a second implicit solve with its own consistent λ), which costs more than transposing the
    forward steps, and ForwardSensitivity's sensitivity DAE enlarges every stage solve where
    ForwardDiffSensitivity pushes tangents through the steps (paper/tables/dae.md).
+   `implicit-dae`: a fully implicit DAE F(u', u, p, t) = 0 (`sciad.DAEProblem`, stepped by BDF), which is
+   differentiated through its steps alone → `ForwardDiffSensitivity` for n + m ≤ `forward_mode_parameters`
+   (its consistent initialisation makes u0 depend on p), else `DiscreteAdjoint`.
 1. `sparse-stages`: an implicit solver whose stages go by a sparse (or matrix-free) Newton
    (`stage_jacobian`, from `sciad._stiff.auto_jacobian` or the user's `jacobian`) →
    `GaussAdjoint`: its backward solve of λ alone (n) steps the same Newton; forward mode through
@@ -101,6 +104,7 @@ class Thresholds:
 THRESHOLDS = Thresholds(forward_mode_parameters=8, dense_saves=5, parameters_per_state=4)
 RULES = (
     "mass-matrix",
+    "implicit-dae",
     "sparse-stages",
     "stiff-explicit",
     "few-parameters",
@@ -140,7 +144,8 @@ class Features:
       `stage_jacobian` (BDF: the implicit function theorem, sparse where its stages are);
     - stiff: whether the problem was estimated stiff for its explicit solver (`sciad._solver_choice`;
       None: not estimated);
-    - delays: the lags of a delay equation (0: none).
+    - delays: the lags of a delay equation (0: none);
+    - implicit_form: a fully implicit DAE F(u', u, p, t) = 0 (`sciad.DAEProblem`).
     """
 
     states: int
@@ -165,6 +170,7 @@ class Features:
     root_derivative: bool = False
     stiff: bool | None = None
     delays: int = 0
+    implicit_form: bool = False
 
 
 class Pick(NamedTuple):
@@ -313,6 +319,18 @@ def _rule(feat: Features, thresholds: Thresholds) -> Pick:
         )
     if feat.stochastic:
         return _sde_rule(feat, thresholds)
+    if feat.implicit_form:
+        why = (
+            f"a fully implicit DAE F(u', u, p, t) = 0 ({feat.solver}), differentiated through its steps "
+            "(ForwardDiffSensitivity, ForwardSensitivity or DiscreteAdjoint); "
+        )
+        if n + m <= few:
+            return Pick(
+                ForwardDiffSensitivity(),
+                "implicit-dae",
+                why + f"n + m = {n + m} ≤ {few} tangents (the consistent u0 follows p): forward mode, no tape",
+            )
+        return Pick(DiscreteAdjoint(), "implicit-dae", why + f"n + m = {n + m} > {few} tangents: reverse mode")
     if feat.mass_matrix:
         why = (
             "a mass matrix: through the solver's steps (every sensealg serves it; the continuous adjoints "
@@ -453,6 +471,18 @@ def auto_sensealg(
         mass_matrix=mass_matrix,
         solver_reason=solver_reason,
         stiff=stiff,
+    )
+    pick = heuristic(feat)
+    return Choice(pick.sensealg, feat, [{"name": describe(pick.sensealg), "reason": pick.reason}])
+
+
+def auto_dae_sensealg(
+    u0: PyTree[ArrayLike], p: PyTree[Any], ts: Real[ArrayLike, " T"], *, solver, rtol: float, atol: float
+) -> Choice:
+    """The `Choice` for a fully implicit DAE's solve by `solver` (`implicit-dae`), from shapes alone."""
+    feat = dataclasses.replace(
+        features(u0, p, ts, solver=solver, rtol=rtol, atol=atol, solver_reason="sciad.DAEProblem's solver"),
+        implicit_form=True,
     )
     pick = heuristic(feat)
     return Choice(pick.sensealg, feat, [{"name": describe(pick.sensealg), "reason": pick.reason}])

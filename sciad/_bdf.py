@@ -1,4 +1,5 @@
-"""A variable-order BDF (orders 1–5) for M u' = f(u, p, t) with a constant mass matrix M, as a diffrax solver.
+"""A variable-order BDF (orders 1–5) for M u' = f(u, p, t) with a constant mass matrix M, or for a fully implicit
+DAE F(u', u, t) = 0 (a `ResidualTerm`), as a diffrax solver.
 
 The method is the NDF form of Shampine & Reichelt's ode15s (MATLAB; SciPy's `scipy.integrate.BDF`
 is the same method) with a quasi-constant step size. The solver's state keeps the backward
@@ -8,7 +9,10 @@ Shampine & Reichelt's change of basis). A step of order k predicts y⁽⁰⁾ = 
 
     M (d + ψ) = (h/α_k) f(t_{n+1}, y⁽⁰⁾ + d),   ψ = Σ_{1≤j≤k} γ_j D_j / α_k,   α_k = (1 − κ_k) γ_k,
 
-for the correction d = y_{n+1} − y⁽⁰⁾ by a chord Newton iteration with W = M − (h/α_k) J. J = ∂f/∂u and
+for the correction d = y_{n+1} − y⁽⁰⁾ by a chord Newton iteration with W = M − (h/α_k) J. A fully implicit DAE
+F(u', u, t) = 0 (a `ResidualTerm`) is the same step with that equation written as its residual: it solves
+(h/α_k) F((α_k/h)(d + ψ), y⁽⁰⁾ + d, t_{n+1}) = 0, which is M (d + ψ) − (h/α_k) f for F = M u' − f, with
+W = ∂F/∂u' + (h/α_k) ∂F/∂u (the pair (∂F/∂u', ∂F/∂u) kept in place of J; dense stages only). J = ∂f/∂u and
 W's factorisation are kept in the state across steps: W is refactorised when h/α_k has moved by more
 than `REFACTOR_RATIO` since its LU (CVODE's rule; an order change enters through α_k), and when the
 iteration fails to converge: first W refactorised with the same J (where it was made for another h/α_k),
@@ -42,6 +46,8 @@ through the Newton iterates or the kept (stale) factorisation. Forward and rever
     sciad.solve(prob, solver=solver, rtol=1e-8, atol=1e-10)   # or solver="bdf"
 """
 
+import abc
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import diffrax as dfx
@@ -201,18 +207,18 @@ class _Mass(eqx.Module):
         return jnp.where(self.identity, diagonal, values)
 
 
-class _DenseStages(eqx.Module):
-    """W = M − c J as dense matrices: J (n, n) by forward mode, W's LU factors (n, n) and pivots (n,) (as floats)."""
+class _AbstractDenseStages(eqx.Module):
+    """W as a dense matrix, its LU factors (n, n) and pivots (n,) (as floats) kept."""
 
-    mass: _Mass
+    mass: eqx.AbstractVar[_Mass]
 
-    def jacobian(self, rate, y):
-        """J = ∂rate/∂y at y (n,)."""
-        return jax.jacfwd(rate)(y)
+    @abc.abstractmethod
+    def matrix(self, jacobian, c):
+        """W (n, n) for c = h/α from the kept `jacobian`."""
 
     def factorised(self, jacobian, c):
-        """W = M − c J factorised."""
-        lu, pivots = jsl.lu_factor(self.mass.dense(jacobian.shape[0], jacobian.dtype) - c * jacobian)
+        """W factorised."""
+        lu, pivots = jsl.lu_factor(self.matrix(jacobian, c))
         return lu, pivots.astype(c.dtype)
 
     def solve(self, factors, b):
@@ -223,6 +229,29 @@ class _DenseStages(eqx.Module):
     def implicit_solve(self, residual, d, inputs, b):
         """x with (∂residual/∂d at (d, inputs)) x = b, linear in b and transposable (reverse mode)."""
         return lx.linear_solve(lx.MatrixLinearOperator(jax.jacfwd(residual)(d, inputs)), b, lx.LU()).value
+
+
+class _DenseStages(_AbstractDenseStages):
+    """W = M − c J, J (n, n) by forward mode."""
+
+    mass: _Mass
+
+    def jacobian(self, rate, y):
+        """J = ∂rate/∂y at y (n,)."""
+        return jax.jacfwd(rate)(y)
+
+    def matrix(self, jacobian, c):
+        return self.mass.dense(jacobian.shape[0], jacobian.dtype) - c * jacobian
+
+
+class _ResidualStages(_AbstractDenseStages):
+    """W = ∂F/∂u' + c ∂F/∂u from the kept pair (∂F/∂u', ∂F/∂u) (2, n, n) (I where the mass's `identity` holds)."""
+
+    mass: _Mass
+
+    def matrix(self, jacobian, c):
+        n = jacobian.shape[-1]
+        return jnp.where(self.mass.identity, jnp.eye(n, dtype=jacobian.dtype), jacobian[0] + c * jacobian[1])
 
 
 class _SparseStages(eqx.Module):
@@ -285,8 +314,7 @@ def _newton(inputs):
 
         def iteration(carry):
             i, d, old, _, _ = carry
-            rhs = field(t, y_pred + d, control) / alpha - stages.mass(psi + d)
-            dy = stages.solve(lin.factors, rhs)
+            dy = stages.solve(lin.factors, -_ndf_residual(d, inputs))
             size = norm(dy / scale)
             rate = size / old
             diverged = ~jnp.isfinite(size) | (
@@ -311,7 +339,7 @@ def _newton(inputs):
             lambda: eqx.tree_at(
                 lambda s: (s.jacobian, s.jacobians),
                 lin,
-                (stages.jacobian(lambda y: field.rate(t, y), y_pred), lin.jacobians + 1),
+                (field.linearised(stages, t, y_pred, psi / jnp.where(c == 0, 1, c)), lin.jacobians + 1),
             ),
             lambda: lin,
         )
@@ -329,16 +357,18 @@ def _newton(inputs):
 
 
 def _ndf_residual(d, inputs):
-    """M (d + ψ) − (h/α) f(t, y⁽⁰⁾ + d): zero at the step's correction d."""
+    """(h/α) F((α/h)(d + ψ), y⁽⁰⁾ + d, t) (for M u' = f: M (d + ψ) − (h/α) f(t, y⁽⁰⁾ + d)): zero at the step's
+    correction d."""
     _, field, t, control, y_pred, psi, alpha, stages, _ = inputs
-    return stages.mass(d + psi) - field(t, y_pred + d, control) / alpha
+    return field.ndf(stages, t, y_pred + d, d + psi, control, alpha)
 
 
 @eqx.filter_custom_jvp
 def _correction(inputs):
     """`_newton`'s (d, (converged, iterations, linearisation)), d differentiated as the root of
     `_ndf_residual` (the implicit function theorem: its tangent solves with ∂residual/∂d at d itself,
-    W = M − (h/α) J with J there, dense or sparse as the iteration's); the rest carries no derivative."""
+    W = M − (h/α) J (or ∂F/∂u' + (h/α) ∂F/∂u) there, dense or sparse as the iteration's); the rest carries no
+    derivative."""
     return _newton(inputs)
 
 
@@ -355,17 +385,67 @@ def _correction_jvp(primals, tangents):
 
 
 class _Field(eqx.Module):
-    """The term's increment h f(t, y) and rate f(t, y) over the flattened state."""
+    """M u' = f(t, u) over the flattened state: the term's rate f(t, y) and the NDF's residual."""
 
     terms: Any
     args: Any
     unravel: Any = eqx.field(static=True)
 
-    def __call__(self, t, y, control):
-        return jfu.ravel_pytree(self.terms.vf_prod(t, self.unravel(y), self.args, control))[0]
+    def rate(self, t, y):
+        return jfu.ravel_pytree(self.terms.vf(t, self.unravel(y), self.args))[0]
+
+    def ndf(self, stages, t, y, z, control, alpha):
+        """c F(z / c, y) for F(u', u) = M u' − f(t, u) and c = h/α: M z − (h/α) f(t, y) (n,)."""
+        increment = jfu.ravel_pytree(self.terms.vf_prod(t, self.unravel(y), self.args, control))[0]
+        return stages.mass(z) - increment / alpha
+
+    def linearised(self, stages, t, y, du):
+        """J = ∂f/∂u at y (u' unused): W = M − c J."""
+        return stages.jacobian(lambda y: self.rate(t, y), y)
+
+
+class _Implicit(eqx.Module):
+    """F(u', u, t) = 0 over the flattened state (a `ResidualTerm`): the consistent u' at y (`rate`), the residual
+    and the NDF's residual."""
+
+    terms: Any
+    args: Any
+    unravel: Any = eqx.field(static=True)
 
     def rate(self, t, y):
         return jfu.ravel_pytree(self.terms.vf(t, self.unravel(y), self.args))[0]
+
+    def residual(self, t, y, du):
+        return jfu.ravel_pytree(self.terms.residual(t, self.unravel(y), self.unravel(du), self.args))[0]
+
+    def ndf(self, stages, t, y, z, control, alpha):
+        """c F(z / c, y) for c = h/α (n,) (z where c = 0: a finished member of a vmapped solve, W = I)."""
+        c = jnp.asarray(control, y.dtype) / alpha
+        safe = jnp.where(c == 0, 1, c)
+        return jnp.where(c == 0, z, safe * self.residual(t, y, z / safe))
+
+    def linearised(self, stages, t, y, du):
+        """(∂F/∂u', ∂F/∂u) (2, n, n) at (u', y) (u' None: the consistent one): W = ∂F/∂u' + c ∂F/∂u."""
+        du = self.rate(t, y) if du is None else du
+        return jnp.stack(jax.jacfwd(lambda du, y: self.residual(t, y, du), argnums=(0, 1))(du, y))
+
+
+class ResidualTerm(dfx.AbstractTerm):
+    """A fully implicit DAE F(u', u, t) = 0 as the term `BDF` steps: `residual(t, y, u', args)` (y's structure)
+    and `derivative(t, y, args)`, the consistent u' at y, which is the term's `vf` (a restart's slope, the first
+    step's size)."""
+
+    residual: Callable
+    derivative: Callable
+
+    def vf(self, t, y, args):
+        return self.derivative(t, y, args)
+
+    def contr(self, t0, t1, **kwargs):
+        return t1 - t0
+
+    def prod(self, vf, control):
+        return jax.tree.map(lambda v: v * control, vf)
 
 
 class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
@@ -375,7 +455,8 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
     factorisation are kept across steps and remade only when the step or order moves W far or the chord
     iteration fails: dense, or with `stage_jacobian` a `sciad.stiff.Sparse` (`jacobian="sparse"`) sparse, its
     LU on the host. It chooses its own order and steps (`BDFController`, its `step_controller`). Any term
-    whose `vf_prod` is its `vf` times the step (`diffrax.ODETerm`) steps with it."""
+    whose `vf_prod` is its `vf` times the step (`diffrax.ODETerm`) steps with it, and a `ResidualTerm`, a fully
+    implicit DAE F(u', u, t) = 0 (without a mass matrix; dense stages)."""
 
     mass_matrix: jax.Array | None = eqx.field(default=None, converter=checked_mass_matrix)
     root_finder: NewtonTolerances = NewtonTolerances()  # pyright: ignore[reportIncompatibleVariableOverride]  # tolerances only
@@ -394,6 +475,7 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
     step_controller: ClassVar[type] = BDFController
     rejects_itself: ClassVar[bool] = True
     root_derivative: ClassVar[bool] = True
+    takes_residual: ClassVar[bool] = True  # steps a `ResidualTerm` (`sciad._dae_problem`)
 
     def __check_init__(self):
         if not (isinstance(self.max_order, int) and 1 <= self.max_order <= MAX_ORDER):
@@ -410,21 +492,34 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
 
     def init(self, terms, t0, t1, y0, args):
         flat, unravel = jfu.ravel_pytree(y0)
-        field = _Field(terms, args, unravel)
+        field = self._field(terms, args, unravel)
         h = jnp.asarray(t1 - t0, flat.dtype)
         stages = self._stages(terms, t0, args, flat, unravel, False)
-        jacobian = jax.lax.stop_gradient(stages.jacobian(lambda y: field.rate(t0, y), flat))
+        jacobian = jax.lax.stop_gradient(field.linearised(stages, t0, flat, None))
         zero = jnp.zeros((), flat.dtype)
         factors = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: stages.factorised(jacobian, zero)))
         lin = Linearisation(jacobian, factors, zero, zero, zero + 1)  # c = 0: factorised at the first step
         return BDFState(self._restarted(field, t0, flat, h), h, zero + 1, zero, lin)
 
+    def _field(self, terms, args, unravel):
+        """The equation the steps solve: M u' = f (`_Field`), or F(u', u, t) = 0 for a `ResidualTerm` (`_Implicit`)."""
+        if getattr(terms, "residual", None) is None:
+            return _Field(terms, args, unravel)
+        if self.mass_matrix is not None or self.stage_jacobian is not None:
+            raise ValueError(
+                "BDF steps a fully implicit DAE F(u', u, t) = 0 without a mass matrix (F holds it) and with dense "
+                "stages: pass sciad.BDF() (jacobian='dense')"
+            )
+        return _Implicit(terms, args, unravel)
+
     def _stages(self, terms, t, args, flat, unravel, identity):
         """How a step's chord iteration forms and solves with W = M − c J (M taken as I where `identity`):
         densely, or by `stage_jacobian` on W's pattern, J's detected from f's jaxpr at t over the flattened
         state (its arrays passed explicitly, so that detection reads the step's jaxpr rather than captured
-        values) ∪ M's."""
+        values) ∪ M's; for a `ResidualTerm`, W = ∂F/∂u' + c ∂F/∂u densely."""
         mass = _Mass(self.mass_matrix, jnp.asarray(identity))
+        if getattr(terms, "residual", None) is not None:
+            return _ResidualStages(mass)
         if self.stage_jacobian is None:
             return _DenseStages(mass)
         dynamic, static = eqx.partition((terms, t, args), eqx.is_array)
@@ -437,7 +532,8 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
         return _SparseStages(mass, self.stage_jacobian, colouring, lu)
 
     def _restarted(self, field, t0, flat, h):
-        """D at order 1 from y (n,): [y, h u'], u' solving M u' = f(t0, y) (least squares where M is singular)."""
+        """D at order 1 from y (n,): [y, h u'], u' solving M u' = f(t0, y) (least squares where M is singular; a
+        `ResidualTerm`'s consistent u')."""
         f0 = field.rate(t0, flat)
         M = self.mass_matrix
         if M is None:
@@ -459,7 +555,7 @@ class BDF(dfx.AbstractImplicitSolver, dfx.AbstractAdaptiveSolver):
             )
         flat, unravel = jfu.ravel_pytree(y0)
         dtype = flat.dtype
-        field = _Field(terms, args, unravel)
+        field = self._field(terms, args, unravel)
         control = terms.contr(t0, t1)
         dt = jnp.asarray(t1 - t0, dtype)
         stages = self._stages(terms, t1, args, flat, unravel, dt == 0)

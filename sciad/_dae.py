@@ -261,7 +261,14 @@ def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float
     solver = _algebraic_solver(residual, z0, args)
     if mode == "check":
         return _checked(residual, z0, args, u0, rtol, atol, solver, what)
-    floor = 100 * float(jnp.finfo(u0.dtype).eps)  # a tolerance the dtype can meet
+    return split.state(u0, _solved(residual, z0, args, rtol, atol, INIT_FAILED.format(k=z0.size, what=what), solver))
+
+
+def _solved(residual, z0, args, rtol: float, atol: float, failure: str, solver=None):
+    """z (k,) with residual(z, args) = 0 by Newton from z0 at tolerances `NEWTON_TIGHTER` times rtol and atol
+    (`solver`: `_algebraic_solver`'s), differentiated by the implicit function theorem; `SolveError(failure)`
+    where it fails."""
+    floor = 100 * float(jnp.finfo(z0.dtype).eps)  # a tolerance the dtype can meet
     # Cauchy termination (small corrections and residual): without it optimistix calls an iteration
     # that has not converged within two steps diverged, which a start far from the solution is.
     linear: dict[str, typing.Any] = {} if solver is None else dict(linear_solver=solver)
@@ -273,7 +280,7 @@ def initialise(mode: str, field, mass: MassMatrix | None, u0, p, t0, rtol: float
     # where "check" would accept it.
     ratio, _ = jax.lax.stop_gradient(_distance(residual, sol.value, args, rtol, atol, solver))
     failed = ((sol.result != optx.RESULTS.successful) & ~(ratio <= 1)) | ~jnp.all(jnp.isfinite(sol.value))
-    return split.state(u0, _refused(sol.value, failed, INIT_FAILED.format(k=z0.size, steps=NEWTON_STEPS, what=what)))
+    return _refused(sol.value, failed, failure)
 
 
 def _refused(x, pred, message: str):
@@ -289,7 +296,7 @@ def _refused(x, pred, message: str):
 
 INIT_FAILED = (
     "initialization='consistent': Newton's method did not solve the {k} algebraic equation(s) for the "
-    "algebraic states within {steps} iterations from {what} (diverged, or a singular ∂f/∂u on the algebraic "
+    f"algebraic states within {NEWTON_STEPS} iterations from {{what}} (diverged, or a singular ∂f/∂u on the algebraic "
     "states: the DAE is not index 1 there): start {what}'s algebraic states closer to a solution, or "
     "check the algebraic equations"
 )
@@ -329,16 +336,17 @@ def _distance(residual, z, args, rtol, atol, solver=None):
     return jnp.max(jnp.abs(step) / (atol + rtol * jnp.abs(z)), initial=0.0), jnp.max(jnp.abs(r), initial=0.0)
 
 
-def _checked(residual, z0, args, u0, rtol, atol, solver=None, what="u0"):
+def _checked(residual, z0, args, u0, rtol, atol, solver=None, what="u0", message=INCONSISTENT):
     """u0, or a `SolveError` (now where the values are known, else when the program runs) when the
-    Newton correction of the algebraic states at u0 exceeds atol + rtol |u| somewhere (`what`: u0's name)."""
+    Newton correction of the algebraic states at u0 exceeds atol + rtol |u| somewhere (`what`: u0's name;
+    `message`: `INCONSISTENT`'s fields)."""
     distance = functools.partial(_distance, residual, rtol=rtol, atol=atol, solver=solver)
     known = _concrete((z0, args))
     if known is not None:
         ratio, size = (float(x) for x in distance(*known))
         if not ratio <= 1:  # NaN too
             raise SolveError(
-                INCONSISTENT.format(
+                message.format(
                     what=what,
                     distance=f"{ratio:.3g} tolerances",
                     k=z0.size,
@@ -348,7 +356,7 @@ def _checked(residual, z0, args, u0, rtol, atol, solver=None, what="u0"):
         return u0
     ratio, _ = jax.lax.stop_gradient(distance(z0, args))
     return _refused(
-        u0, ~(ratio <= 1), INCONSISTENT.format(what=what, distance="more than the tolerances", k=z0.size, residual="")
+        u0, ~(ratio <= 1), message.format(what=what, distance="more than the tolerances", k=z0.size, residual="")
     )
 
 
@@ -367,6 +375,79 @@ def consistent_derivative(mass: MassMatrix, rate, u, t):
     block = jax.jacfwd(lambda z: split.residual(rate(split.state(u, z), t)))(split.variables(u))
     return split.state(row, -jnp.linalg.solve(block, moved))  # M⁺f has no part along V₀
 
+
+# --- the fully implicit form F(u', u, t) = 0 (`sciad.DAEProblem`) --------------------------------------------------
+# Its split is M's for M = ∂F/∂u' at (u0', u0), held for the solve (as IDAS holds its algebraic/differential `id`):
+# U₀ spans the equations ∂F/∂u' does not see (U₀ᵀ F = 0 are the algebraic equations), V₀ the states it does not
+# (V₀ᵀ u the algebraic states); F = M u' − f is the mass-matrix form. Index 1: A = U₀ᵀ (∂F/∂u) V₀ (k, k) is
+# invertible. Along a solution the algebraic equations' time derivative, U₀ᵀ (∂F/∂u u' + ∂F/∂t) = 0, fixes u''s
+# algebraic part; F = 0 fixes the rest.
+
+
+def algebraic_block(mass: MassMatrix, jacobian: np.ndarray) -> np.ndarray:
+    """A = U₀ᵀ J V₀ (k, k) of `mass`'s split for J (n, n) (NumPy): for J = ∂F/∂u, invertible for an index-1 DAE."""
+    split = _Split.of(mass)
+    if split.index is not None:
+        return jacobian[np.ix_(split.index, split.index)]
+    return split.equations.T @ jacobian @ split.states  # pyright: ignore[reportOptionalMemberAccess]  # a full split
+
+
+def _moved(equations: _Split, residual, du, u, t):
+    """The algebraic equations' time derivative U₀ᵀ (∂F/∂u u' + ∂F/∂t) (k,) at (u', u, t) (`equations`: the split
+    transposed, its `variables` U₀ᵀ)."""
+    return jax.jvp(lambda u, t: equations.variables(residual(du, u, t)), (u, t), (du, jnp.ones_like(t)))[1]
+
+
+def implicit_derivative(mass: MassMatrix, residual, u, t, rtol: float, atol: float):
+    """u' (n,) of residual(u', u, t) = 0 (n,) at a consistent u (n,), `mass` the split of ∂F/∂u': F = 0 with its
+    algebraic equations replaced by their time derivative, solved by Newton from u' = 0 (one step where F is
+    linear in u'), differentiated by the implicit function theorem. What a save time's derivative is, and the
+    slope a BDF restarts from."""
+    equations = _Split.of(mass).transposed() if mass.singular else None
+
+    def system(du, args):
+        u, t = args
+        F = residual(du, u, t)
+        return F if equations is None else equations.state(F, _moved(equations, residual, du, u, t))
+
+    return _solved(system, jnp.zeros_like(u), (u, t), rtol, atol, DERIVATIVE_FAILED)
+
+
+def initialise_implicit(mode: str, mass: MassMatrix, residual, u0, du0, t0, rtol: float, atol: float, what="u0"):
+    """u0 (n,) for the solve of residual(u', u, t) = 0 from t0, `mass` the split of ∂F/∂u': "consistent" solves
+    its algebraic states, with u' (from du0), from its differential ones (F = 0 and the algebraic equations'
+    time derivative: Newton, differentiated by the implicit function theorem, a failure raising `SolveError`);
+    "check" raises `SolveError` where (u0, du0) are further from F = 0 than atol + rtol |·| (the Newton
+    correction of u0's algebraic states and du0, du0's algebraic part held); "none": u0."""
+    if mode == "none" or not mass.singular:
+        return u0
+    split = _Split.of(mass)
+    equations, k = split.transposed(), mass.algebraic
+
+    def system(x, args):
+        u0, du0, t = args
+        z, du = x[:k], x[k:]
+        u = split.state(u0, z)
+        held = split.variables(du - du0) if mode == "check" else _moved(equations, residual, du, u, t)
+        return jnp.concatenate([residual(du, u, t), held])
+
+    x0 = jnp.concatenate([split.variables(u0), du0])
+    args = (u0, du0, jnp.asarray(t0, u0.dtype))
+    if mode == "check":
+        return _checked(system, x0, args, u0, rtol, atol, what=what, message=INCONSISTENT_IMPLICIT)
+    return split.state(u0, _solved(system, x0, args, rtol, atol, INIT_FAILED.format(k=k, what=what))[:k])
+
+
+INCONSISTENT_IMPLICIT = (
+    "initialization='check': {what} and du0 are not consistent: they are {distance} from solving F(du, u, p, t0) "
+    "= 0 (the Newton correction of {what}'s {k} algebraic states and du0, against atol + rtol |·|){residual}: pass "
+    "initialization='consistent' (the default) to solve {what}'s algebraic states and du0 from its differential "
+    "states, or correct them"
+)
+DERIVATIVE_FAILED = (
+    "Newton's method did not find the consistent u' from F(u', u, p, t) = 0 and its algebraic equations' time "
+    "derivative (a singular ∂F/∂u on the algebraic states: the DAE is not index 1 there)"
+)
 
 # --- sensitivities and adjoints ---------------------------------------------------------------------
 # M u' = f, index 1, J = ∂f/∂u. In M's split (`_Split`: M = U₁ΣV₁ᵀ, V₀ spanning its null space, U₀ its

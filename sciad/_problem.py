@@ -323,16 +323,31 @@ def check_rhs(f: Callable, u0, p, t0: float) -> None:
             f"f(u, p, t) returns {_describe(out)} but u0 is {_describe(u0)}: they must match "
             f"(return one array with xp.stack / xp.asarray for a vector state){hint()}"
         )
-    for (label, y), (_, u) in zip(leaf_names(out, "f(u, p, t)"), leaf_names(u0, "u0")):
+    check_leaves("f(u, p, t)", out, u0, "du/dt", hint)
+
+
+def check_leaves(call: str, out, u0, what: str, hint: Callable[[], str] = lambda: "") -> None:
+    """Each leaf of `out` (what `call` returned, traced; u0's structure) a float array of its u0 leaf's shape
+    (`what` it is, `hint()` appended), else a ValueError naming the leaf."""
+    for (label, y), (_, u) in zip(leaf_names(out, call), leaf_names(u0, "u0")):
         if not _is_float(y):
-            raise ValueError(
-                f"{label} must return float arrays (du/dt, u0's structure), got {_describe(y)}{_float_fix([y])}{hint()}"
-            )
+            got = f"{_describe(y)}{_float_fix([y])}{hint()}"
+            raise ValueError(f"{label} must return float arrays ({what}, u0's structure), got {got}")
         if tuple(y.shape) != tuple(np.shape(u)):
             raise ValueError(
-                f"{label} returns shape {tuple(y.shape)} but u0{label[len('f(u, p, t)') :]} has shape "
+                f"{label} returns shape {tuple(y.shape)} but u0{label[len(call) :]} has shape "
                 f"{tuple(np.shape(u))}: they must match{hint()}"
             )
+
+
+def forward_times(r: Request, dtype) -> tuple:
+    """(s0, s1, the save times (T,)) in the solve's forward time s = sign t, with s1 appended where an integrand
+    is solved without callbacks (q(t1) is saved last)."""
+    s0, s1 = (r.sign * jnp.asarray(t, dtype) for t in (r.t0, r.t1))
+    saves = r.sign * jnp.asarray(r.ts, dtype)
+    if r.integrand is not None and not r.callbacks:
+        saves = jnp.concatenate([saves, s1[None]])
+    return s0, s1, saves
 
 
 DIFFRAX_ORDER = (

@@ -24,6 +24,7 @@ from sciad._auto import THRESHOLDS, Choice, Features, auto_sensealg, heuristic
 from sciad._auto import features as trace_features
 from sciad._custom_types import RealScalarLike
 from sciad._dae import dae_solver
+from sciad._dae_problem import DAEProblem
 from sciad._ode import ODEProblem, get_solver
 from sciad._problem import check_saveat
 from sciad._solve import solve
@@ -123,7 +124,7 @@ def candidates(feat: Features) -> list[tuple[AbstractSensitivity, str]]:
 
 
 def select_sensealg(
-    prob: ODEProblem,
+    prob: ODEProblem | DAEProblem,
     *,
     saveat: Real[ArrayLike, " T"] | Sequence[RealScalarLike] | None = None,
     loss: Callable[[PyTree[Shaped[Array, "T ..."]]], Float[ArrayLike, ""]] | None = None,
@@ -165,7 +166,12 @@ def select_sensealg(
     that changes them: f and loss (their programs and the values they
     close over), u0, p, tspan, saveat, solver, tolerances, max_steps,
     memory budget, timing budget and device.
+
+    A `DAEProblem` (F(u', u, p, t) = 0) is chosen for by its own rule (`implicit-dae`, not autotuned).
     """
+    own = getattr(prob, "sensealg_choice", None)  # a kind with a rule of its own (a fully implicit DAE's)
+    if own is not None and not autotune:
+        return own(check_saveat(saveat, *prob.tspan), rtol=rtol, atol=atol)
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"prob must be a sciad.ODEProblem, got {type(prob).__name__}")
     ts = check_saveat(saveat, *prob.tspan)

@@ -82,8 +82,8 @@ def solve(
     brownian: BrownianPath | dfx.AbstractBrownianPath | None = None,
     history_steps: int | None = None,
 ) -> Solution:
-    """Solve `prob` (an `ODEProblem`, an `SDEProblem` or a `DDEProblem`) and save u at `saveat` (default: t0 and t1;
-    concrete or traced times (T,)). Options a problem's kind does not take are refused, naming it.
+    """Solve `prob` (an `ODEProblem`, a `DAEProblem`, an `SDEProblem` or a `DDEProblem`) and save u at `saveat`
+    (default: t0 and t1; concrete or traced times (T,)). Options a problem's kind does not take are refused, naming it.
 
     Differentiable (jax.grad, jax.vjp, jax.jvp, jax.jacfwd, jax.hessian; under jax.jit and
     jax.vmap) with respect to `u0` and `p` passed here (PyTrees like the problem's), values f
@@ -172,6 +172,11 @@ def solve(
     `Solution.brownian` is the path it used. Not yet: state-dependent events and t1 < t0 (refused
     naming the fix).
 
+    A `DAEProblem` (F(u', u, p, t) = 0, index 1) is solved by `sciad.BDF` on its residual, its algebraic states
+    read off ∂F/∂u' at (du0, u0) and initialised as `initialization` says (default "consistent"); differentiated
+    through its steps (`ForwardDiffSensitivity`, `DiscreteAdjoint`, `ForwardSensitivity`) in u0, p and the times;
+    `PresetTimeCallback`s re-initialise after their affects (`sciad._dae_problem`).
+
     A `DDEProblem` is solved by the method of steps: a Runge-Kutta solver ("auto": Tsit5, or Kvaerno5 where
     the instantaneous Jacobian is stiff), adaptive, its rate reading the solution's own dense output at the
     past times it asks for (the last `history_steps` steps kept, default as many as fit a small memory
@@ -197,7 +202,9 @@ def solve(
     as its last line, under a user's `jax.jit`.
     """
     if not isinstance(prob, AbstractProblem):
-        raise TypeError(f"prob must be a sciad.ODEProblem, SDEProblem or DDEProblem, got {type(prob).__name__}")
+        raise TypeError(
+            f"prob must be a sciad.ODEProblem, DAEProblem, SDEProblem or DDEProblem, got {type(prob).__name__}"
+        )
     given = {
         "dense": dense,
         "jacobian": jacobian,

@@ -107,6 +107,7 @@ LAYERS = {
         "_ode",
         "_sde",
         "_dde",
+        "_dae_problem",
         "_sde_solvers",
         "_brownian",
         "_steady",

@@ -492,6 +492,8 @@ class AbstractSensitivity(eqx.Module):
     follows_steps: typing.ClassVar[bool] = False
     # It differentiates the loop's own steps by forward mode (every kind's: a delay equation's past included).
     through_the_steps: typing.ClassVar[bool] = False
+    # It differentiates the loop's own steps by reverse mode (a kind whose field declares `steps_reversed`).
+    reverses_the_steps: typing.ClassVar[bool] = False
 
     @abc.abstractmethod
     def forward(self, setup: Setup, u0, p, active) -> tuple[jax.Array, jax.Array, typing.Any]:
@@ -525,7 +527,8 @@ class AbstractSensitivity(eqx.Module):
         one place a sensealg says so, for every problem kind). Here: a host engine for a kind whose products
         must be JAX's (its field's `host_engines_refused`)."""
         steps_only = getattr(setup.f, "through_steps_only", None)  # a kind differentiated through its steps alone
-        if steps_only and not self.through_the_steps:
+        reversed_steps = self.reverses_the_steps and getattr(setup.f, "steps_reversed", False)
+        if steps_only and not (self.through_the_steps or reversed_steps):
             return f"sensealg={type(self).__name__}: {steps_only}"
         why = getattr(setup.f, "host_engines_refused", None)
         host = [e.name for e in self.engines() if not e.traced]

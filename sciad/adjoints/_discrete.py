@@ -76,6 +76,7 @@ class DiscreteAdjoint(AbstractSensitivity):
 
     stores_interpolation = False
     follows_steps = True
+    reverses_the_steps = True
 
     stored_steps: int | None = None
 
