@@ -47,9 +47,13 @@ def test_stability_steps_of_a_linear_system():
     """u' = -λu: ρ = λ everywhere, counted once the mode has decayed below rtol: S = λ (T − ln(1/rtol)/λ) / β;
     an undamped rotation of any speed counts nothing."""
     u0, ts, us = jnp.ones(2), jnp.array([0.5, 1.0]), jnp.ones((2, 2))
-    S = stability_steps(lambda u, t: -250.0 * u, 0.0, 2.0, u0, ts, us, 2.5, 1e-6)
+    S, rotation = jax.jit(  # both compiled as one program (eagerly, a small program per operation)
+        lambda: (
+            stability_steps(lambda u, t: -250.0 * u, 0.0, 2.0, u0, ts, us, 2.5, 1e-6),
+            stability_steps(lambda u, t: 1e4 * jnp.stack([u[1], -u[0]]), 0.0, 2.0, u0, ts, us, 2.5, 1e-6),
+        )
+    )()
     assert float(S) == pytest.approx((250.0 * 2.0 - np.log(1e6)) / 2.5, rel=1e-6)
-    rotation = stability_steps(lambda u, t: 1e4 * jnp.stack([u[1], -u[0]]), 0.0, 2.0, u0, ts, us, 2.5, 1e-6)
     assert float(rotation) == 0.0
 
 
