@@ -203,15 +203,20 @@ def test_restep_is_the_solvers_own_step(solver):
 
     stepper = Stepper.of(dfx.ODETerm(f), solver, sciad.step_controller(solver, 1e-6, 1e-6), forward_mode=False)
     y0, t0, t1 = jnp.array([0.3, -0.7]), 0.2, 0.45
-    y1, dense = stepper.restep(t0, t1, y0, 1.3)
-    own_y1, _, own_dense, _, _ = stepper.step(t0, t1, y0, 1.3, stepper.zero_state(t0, t1, y0, 1.3), True)
+
+    @jax.jit  # every step compiled as one program (eagerly, a small program per operation)
+    def steps():
+        y1, dense = stepper.restep(t0, t1, y0, 1.3)
+        own_y1, _, own_dense, _, _ = stepper.step(t0, t1, y0, 1.3, stepper.zero_state(t0, t1, y0, 1.3), True)
+        between = [stepper.interpolation(t0, t1, d).evaluate(0.33) for d in (dense, own_dense)]
+        terms, state = dfx.ODETerm(f), solver.init(dfx.ODETerm(f), t0, t1, y0, 1.3)
+        # FSAL's first stage evaluated, and taken from the state
+        ours = [stepper.step(t0, t1, y0, 1.3, state, made_jump)[:4] for made_jump in (True, False)]
+        diffrax = [solver.step(terms, t0, t1, y0, 1.3, state, made_jump)[:4] for made_jump in (True, False)]
+        return (y1, own_y1), between, ours, diffrax
+
+    (y1, own_y1), between, ours, diffrax = steps()
     np.testing.assert_array_equal(y1, own_y1)
-    np.testing.assert_array_equal(
-        stepper.interpolation(t0, t1, dense).evaluate(0.33), stepper.interpolation(t0, t1, own_dense).evaluate(0.33)
-    )
-    terms, state = dfx.ODETerm(f), solver.init(dfx.ODETerm(f), t0, t1, y0, 1.3)
-    for made_jump in (True, False):  # FSAL's first stage evaluated, and taken from the state
-        ours = stepper.step(t0, t1, y0, 1.3, state, made_jump)
-        diffrax = solver.step(terms, t0, t1, y0, 1.3, state, made_jump)
-        for a, b in zip(jax.tree.leaves(ours[:4]), jax.tree.leaves(diffrax[:4])):
-            np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-15)
+    np.testing.assert_array_equal(*between)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(diffrax)):
+        np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-15)
