@@ -91,10 +91,13 @@ def test_neural_ode_example():
         def __call__(self, t, y, args):
             return self.mlp(y)
 
-    key = jax.random.PRNGKey(0)
-    func = Func(eqx.nn.MLP(2, 2, 16, 2, activation=jax.nn.softplus, final_activation=jax.nn.tanh, key=key))
+    @eqx.filter_jit  # the model and the batch drawn in one program (eagerly, a small program per operation)
+    def setup(key):
+        mlp = eqx.nn.MLP(2, 2, 16, 2, activation=jax.nn.softplus, final_activation=jax.nn.tanh, key=key)
+        return Func(mlp), jax.random.normal(key, (3, 2))
+
+    func, y0s = setup(jax.random.PRNGKey(0))
     ts = jnp.linspace(0.0, 3.0, 12)
-    y0s = jax.random.normal(key, (3, 2))
 
     def loss(func, adjoint):
         ys = jax.vmap(
