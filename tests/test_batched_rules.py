@@ -128,13 +128,14 @@ def test_vmap_with_batched_p_equals_members():
 
 def test_vmap_over_members_of_several_segments():
     """DiscreteAdjoint's solve in segments (`SEGMENT_STEPS` steps each) under vmap, the members taking
-    different numbers of segments (their own frequencies ω in the state): the members' gradients, p's summed."""
+    different numbers of segments (their own frequencies ω in the state): the members' gradients, p's summed
+    (each member's by forward mode through the same steps)."""
 
     def f(u, p, t):
         x, v, omega = u
         return jnp.stack([v, -(omega**2) * x - p[0] * v + p[1] * jnp.sin(t), 0.0 * omega])
 
-    def solve(u0, p):
+    def solve(u0, p, sensealg):
         return sciad.solve(
             sciad.ODEProblem(f, u0, (0.0, 6.0), p),
             u0=u0,
@@ -143,14 +144,14 @@ def test_vmap_over_members_of_several_segments():
             solver="tsit5",
             rtol=1e-6,
             atol=1e-6,
-            sensealg=sciad.DiscreteAdjoint(),
+            sensealg=sensealg,
         )
 
     def loss(u0, p):
-        return jnp.sum(solve(u0, p).us[:, :2] ** 2)
+        return jnp.sum(solve(u0, p, sciad.DiscreteAdjoint()).us[:, :2] ** 2)
 
     def loss_and_steps(u0, p):
-        sol = solve(u0, p)
+        sol = solve(u0, p, sciad.ForwardDiffSensitivity())
         return jnp.sum(sol.us[:, :2] ** 2), sol.stats["accepted_steps"]
 
     u0s, p = jnp.array([[1.0, 0.0, 2.0], [0.5, 1.0, 20.0], [0.0, 1.0, 60.0]]), jnp.array([0.1, 0.5])

@@ -91,10 +91,13 @@ def test_neural_ode_example():
         def __call__(self, t, y, args):
             return self.mlp(y)
 
-    key = jax.random.PRNGKey(0)
-    func = Func(eqx.nn.MLP(2, 2, 16, 2, activation=jax.nn.softplus, final_activation=jax.nn.tanh, key=key))
+    @eqx.filter_jit  # the model and the batch drawn in one program (eagerly, a small program per operation)
+    def setup(key):
+        mlp = eqx.nn.MLP(2, 2, 16, 2, activation=jax.nn.softplus, final_activation=jax.nn.tanh, key=key)
+        return Func(mlp), jax.random.normal(key, (3, 2))
+
+    func, y0s = setup(jax.random.PRNGKey(0))
     ts = jnp.linspace(0.0, 3.0, 12)
-    y0s = jax.random.normal(key, (3, 2))
 
     def loss(func, adjoint):
         ys = jax.vmap(
@@ -219,7 +222,8 @@ def test_backwards_in_time_with_saveat_fn_and_subs():
 
 def test_forward_mode_and_a_hessian():
     """jax.jacfwd and jax.hessian through diffeqsolve (RecursiveCheckpointAdjoint refuses forward mode):
-    the Jacobian is the reverse-mode gradient, the Hessian symmetric and DirectAdjoint's."""
+    the Jacobian is the reverse-mode gradient, the Hessian symmetric and diffrax's own forward over forward
+    mode's (ForwardMode)."""
 
     def loss(adjoint, p):
         return jnp.sum(_solve(adjoint, Y0, p, t1=3.0, saveat=dfx.SaveAt(t1=True)).ys ** 2)
@@ -231,7 +235,8 @@ def test_forward_mode_and_a_hessian():
     np.testing.assert_allclose(jacfwd(ours, P), grad(ours, P), rtol=1e-10)
     ours = hessian(ours, P)
     np.testing.assert_allclose(ours, ours.T, rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(ours, hessian(dfx.DirectAdjoint(), P), rtol=1e-6, atol=1e-8)
+    theirs = jax.jit(jax.jacfwd(jax.jacfwd(loss, 1), 1), static_argnums=0)(dfx.ForwardMode(), P)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize(
@@ -260,14 +265,19 @@ def test_solve_takes_diffraxs_controller_and_first_step():
     """`sciad.solve(..., stepsize_controller=, dt0=)`: the steps of diffrax's solve with that controller and
     dt0 (backwards in time too); conflicting tolerances and a dt0 against the direction are refused."""
     prob = sciad.ODEProblem(lotka_volterra_rhs, Y0, (0.0, 10.0), P)
-    for tspan, dt0, ts in (((0.0, 10.0), 0.05, TS), ((10.0, 0.0), -0.05, TS[::-1])):
+    # forwards: the module's diffrax solve (saves at t0, TS, t1); backwards: its own
+    _, forwards = _SUM_OF_SQUARES(dfx.RecursiveCheckpointAdjoint(), Y0, P)[0]
+    backwards = _solve(
+        dfx.RecursiveCheckpointAdjoint(), Y0, P, t0=10.0, t1=0.0, dt0=-0.05, saveat=dfx.SaveAt(ts=TS[::-1])
+    )
+    for tspan, dt0, ts, theirs, saved in (
+        ((0.0, 10.0), 0.05, TS, forwards, slice(1, -1)),
+        ((10.0, 0.0), -0.05, TS[::-1], backwards, slice(None)),
+    ):
         ours = jax.jit(  # compiled whole (eagerly, a small program per operation)
             lambda: sciad.solve(prob, tspan=tspan, saveat=ts, solver="tsit5", stepsize_controller=CONTROLLER, dt0=dt0)
         )()
-        theirs = _solve(
-            dfx.RecursiveCheckpointAdjoint(), Y0, P, t0=tspan[0], t1=tspan[1], dt0=dt0, saveat=dfx.SaveAt(ts=ts)
-        )
-        np.testing.assert_allclose(ours.us, theirs.ys, rtol=1e-14)
+        np.testing.assert_allclose(ours.us, theirs.ys[saved], rtol=1e-14)
         assert int(ours.stats["steps"]) == int(theirs.stats["num_steps"])
     with pytest.raises(ValueError, match="rtol=0.001 differs from stepsize_controller.rtol"):
         sciad.solve(prob, rtol=1e-3, stepsize_controller=CONTROLLER)
@@ -278,9 +288,9 @@ def test_solve_takes_diffraxs_controller_and_first_step():
 
 
 @pytest.mark.parametrize("sensealg", ["auto", "GaussAdjoint"])
-def test_event_with_kvaerno5_pytrees_and_vmap(sensealg):
-    """A stopping event with an implicit solver, dict states and args, under jit(vmap(grad)): the stopping
-    time's derivative in the height is 1 / sqrt(2 g h) for each member."""
+def test_event_with_an_implicit_solver_pytrees_and_vmap(sensealg):
+    """A stopping event with an implicit solver (Kvaerno3), dict states and args, under jit(vmap(grad)): the
+    stopping time's derivative in the height is 1 / sqrt(2 g h) for each member."""
 
     def fall(t, y, args):
         return {"h": y["v"], "v": -args["g"] * jnp.ones_like(y["h"])}
@@ -290,7 +300,7 @@ def test_event_with_kvaerno5_pytrees_and_vmap(sensealg):
     def stop(h):
         return dfx.diffeqsolve(
             dfx.ODETerm(fall),
-            dfx.Kvaerno5(),
+            dfx.Kvaerno3(),
             0.0,
             10.0,
             0.01,

@@ -89,9 +89,13 @@ def test_save_times_and_integral_together(name):
     decays = np.exp(-K * (np.asarray(ts) - t0))
     _, d_k, _, d_t0, d_t1 = closed_energy(K, U0, t0, t1)
     expected = [d_k - np.sum((np.asarray(ts) - t0) * decays), d_t0 + K * np.sum(decays), d_t1, *(-K * decays)]
-    g = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(K, t0, t1, ts)
+    g, tangent = jax.jit(  # the gradient and the tangent: one program
+        lambda t0: (
+            jax.grad(loss, argnums=(0, 1, 2, 3))(K, t0, t1, ts),
+            jax.jvp(lambda t0: loss(K, t0, t1, ts), (t0,), (1.0,))[1],
+        )
+    )(t0)
     close(np.array([g[0], g[1], g[2], *g[3]]), np.array(expected), name)
-    tangent = jax.jit(lambda t0: jax.jvp(lambda t0: loss(K, t0, t1, ts), (t0,), (1.0,))[1])(t0)
     close(tangent, expected[1], f"{name}: jvp in t0")
 
 
@@ -111,10 +115,13 @@ def test_backwards_in_time(name):
             sensealg=name,
         )
 
-    sol = solve(K)
+    def loss(k):
+        sol = solve(k)
+        return sol.us[-1, 0] + sol.integral, sol
+
+    (_, sol), g = values_and_jacobian(loss, K, has_aux=True)  # the solution and the gradient: one program
     close(sol.us[:, 0], np.exp(K * np.array([0.0, 1.0, 2.0])), f"{name}: states")
     close(sol.integral, -np.sum(U0**2) * (np.exp(4 * K) - 1) / (2 * K), f"{name}: integral")
-    g = jax.jit(jax.grad(lambda k: solve(k).us[-1, 0] + solve(k).integral))(K)
     expected = 2 * np.exp(2 * K) - np.sum(U0**2) * (4 * np.exp(4 * K) / (2 * K) - (np.exp(4 * K) - 1) / (2 * K**2))
     close(g, expected, f"{name}: gradient")
 
@@ -246,11 +253,16 @@ def test_hessian_of_a_dense_output_loss(name):
 def test_dense_output_is_the_interpolant_of_the_one_solve():
     """Values come from the solve's dense output, with u0's structure and t's shape in front."""
     prob = sciad.ODEProblem(lambda u, p, t: {"x": -u["x"]}, {"x": np.ones(3)}, (0.0, 1.0))
-    sol = sciad.solve(prob, saveat=[0.0, 0.5, 1.0], dense=True, rtol=1e-8, atol=1e-8)
     grid = jnp.array([[0.0, 0.5], [1.0, 0.25]])
-    out = sol.interpolation(grid)
+
+    @jax.jit  # the solve and its dense output compiled as one program (eagerly, a small program per operation)
+    def solve():
+        sol = sciad.solve(prob, saveat=[0.0, 0.5, 1.0], dense=True, rtol=1e-8, atol=1e-8)
+        return sol.us, sol.interpolation(grid)
+
+    us, out = solve()
     assert out["x"].shape == (2, 2, 3)
-    np.testing.assert_allclose(out["x"][0], sol.us["x"][:2], rtol=1e-7)
+    np.testing.assert_allclose(out["x"][0], us["x"][:2], rtol=1e-7)
     np.testing.assert_allclose(out["x"][1, 1], np.exp(-0.25) * np.ones(3), rtol=1e-6)
 
 
@@ -316,6 +328,6 @@ def test_save_times_alone(name):
 
     u = U0 * np.exp(-K * np.asarray(ts))[:, None]
     expected = np.sum(2 * u * (-K * u), axis=1)  # ∂|u(tᵢ)|²/∂tᵢ
-    close(jax.jit(jax.grad(loss))(ts), expected, f"{name}: ∂L/∂ts")
-    tangent = jax.jit(lambda ts: jax.jvp(loss, (ts,), (jnp.ones_like(ts),))[1])(ts)
+    gradient, tangent = jax.jit(lambda ts: (jax.grad(loss)(ts), jax.jvp(loss, (ts,), (jnp.ones_like(ts),))[1]))(ts)
+    close(gradient, expected, f"{name}: ∂L/∂ts")
     close(tangent, np.sum(expected), f"{name}: the tangent in ts")
