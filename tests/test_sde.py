@@ -498,7 +498,7 @@ def test_hessians_forward_over_reverse(name):
     u, _ = gbm_exact("ito", P, W)
     b = W - SIGMA * T  # ∂ log u / ∂σ (∂ log u / ∂μ = T)
     exact = u * np.array([[T * T, T * b], [T * b, b * b - T]])
-    np.testing.assert_allclose(H, exact, rtol=5e-2, atol=1e-2)  # the steps' Hessian, to their strong order
+    np.testing.assert_allclose(H, exact, rtol=5e-2, atol=1e-2)  # the closed form's, to the solver's strong order
 
 
 def test_jvp_and_float32():
