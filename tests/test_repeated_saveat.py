@@ -121,22 +121,27 @@ SDE_CASES = [
 
 @pytest.mark.parametrize("name,solver", SDE_CASES)
 def test_sde_repeated_times(name, solver):
-    """An SDE's path saved at repeated grid times: the values repeat, the gradients add up."""
+    """An SDE's path saved at repeated grid times: the values repeat and are the path's at the distinct times
+    (the same grid and path); the gradients add up: the cotangents split over the repeats give the gradient of
+    the same cotangents summed onto each time's first occurrence (one compiled gradient, called with both)."""
 
-    def sde_loss(p, ts, w):
-        us = sciad.solve(SDE, p=p, key=jax.random.key(0), dt0=1 / 16, saveat=ts, solver=solver, sensealg=name).us
+    def sde_us(p, ts):
+        return sciad.solve(SDE, p=p, key=jax.random.key(0), dt0=1 / 16, saveat=ts, solver=solver, sensealg=name).us
+
+    def sde_loss(p, w):
+        us = sde_us(p, np.array([0.0, 0.25, 0.25, 1.0, 1.0]))  # the times constants of the program
         return jnp.sum(w * us), us
 
-    def compiled(ts):
-        """The value, path and gradient at the concrete times `ts` (constants of the program) from one compiled
-        program (an eager gradient compiles one per operation)."""
-        return jax.jit(jax.value_and_grad(lambda p, w: sde_loss(p, ts, w), has_aux=True))
-
-    index = jnp.array([0, 1, 1, 2, 2])
-    w = W[:5]
-    repeated = compiled(np.array([0.0, 0.25, 0.25, 1.0, 1.0]))(SDE.p, w)
-    (value_d, us_d), dp_d = compiled(np.array([0.0, 0.25, 1.0]))(SDE.p, summed(w, index, 3))
-    (value, us), dp = repeated
+    index = np.array([0, 1, 1, 2, 2])
+    w = np.asarray(W[:5])  # NumPy: no eager JAX operation (each compiles a program of its own)
+    first = np.unique(index, return_index=True)[1]
+    w_first = np.zeros_like(w)
+    np.add.at(w_first, first[index], w)  # the cotangents summed onto each time's first occurrence
+    grad = jax.jit(jax.value_and_grad(sde_loss, has_aux=True))
+    (value, us), dp = grad(SDE.p, w)
+    (value_first, _), dp_first = grad(SDE.p, w_first)
+    us_d = jax.jit(lambda p: sde_us(p, np.array([0.0, 0.25, 1.0])))(SDE.p)  # the solution alone
     np.testing.assert_array_equal(us, us_d[index])  # the same grid and path
-    np.testing.assert_allclose(value, value_d, rtol=1e-12)
-    np.testing.assert_allclose(dp, dp_d, rtol=1e-10)
+    np.testing.assert_allclose(value, np.sum(w * np.asarray(us_d)[index]), rtol=1e-12)
+    np.testing.assert_allclose(value_first, value, rtol=1e-12)
+    np.testing.assert_allclose(dp, dp_first, rtol=1e-10)

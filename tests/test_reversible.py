@@ -2,6 +2,8 @@
 reconstructed backwards, checked against forward mode through the same steps (another code path), against
 the base solver's own discrete gradient, in memory, and under jit, vmap and second derivatives."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,47 +33,48 @@ def loss(u0, p, sensealg=None, solver="tsit5", max_steps=4096, ts=TS, rtol=1e-7)
     return jnp.sum(jnp.sin(sol.us) * jnp.arange(1.0, 3.0))
 
 
+@functools.cache
+def gradient(solver="tsit5", max_steps=4096):
+    """The reconstructed reverse pass's gradient in (u0, p) at a tight tolerance, compiled once per solver and
+    max_steps for the module (called at several parameters; its memory analysis read by the memory test)."""
+    grad = jax.grad(lambda u0, p: loss(u0, p, solver=solver, max_steps=max_steps, rtol=1e-9), argnums=(0, 1))
+    return jax.jit(grad).lower(U0, P).compile()
+
+
 @pytest.mark.parametrize("solver", ["tsit5", pytest.param("dopri5", marks=pytest.mark.slow)])
 def test_gradient_is_forward_mode_through_the_steps(solver):
     """The reconstructed reverse pass against forward mode through the forward steps (the sensealg's
     pushforward): the same derivative of the same discrete solution, to rounding."""
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnames="solver")(U0, P, solver=solver)
-    tangent = jax.jit(jax.jacfwd(loss, argnums=(0, 1)), static_argnames="solver")(U0, P, solver=solver)
-    for g, t in zip(grad, tangent):
+    tangent = jax.jit(jax.jacfwd(lambda u0, p: loss(u0, p, solver=solver, rtol=1e-9), argnums=(0, 1)))(U0, P)
+    for g, t in zip(gradient(solver)(U0, P), tangent):
         np.testing.assert_allclose(g, t, rtol=1e-8)
 
 
 def test_close_to_the_solvers_own_gradient():
     """At a tight tolerance its gradient is Tsit5's (forward mode through Tsit5's steps) to about the tolerance."""
-    grad = jax.jit(jax.grad(lambda p, s: loss(U0, p, s, rtol=1e-9)), static_argnums=1)  # compiled, not eager
-    ours, base = (grad(P, s) for s in (sciad.ReversibleAdjoint(), sciad.ForwardDiffSensitivity()))
-    np.testing.assert_allclose(ours, base, rtol=1e-6)
+    base = jax.jit(jax.grad(lambda p: loss(U0, p, sciad.ForwardDiffSensitivity(), rtol=1e-9)))(P)  # compiled
+    np.testing.assert_allclose(gradient()(U0, P)[1], base, rtol=1e-6)
 
 
 def test_memory_holds_the_step_times_alone():
     """XLA's buffers for the gradient as max_steps grows 10×: the step times (a few scalars per allowed step),
     no state per step."""
-
-    def temp_bytes(max_steps):
-        grad = jax.jit(jax.grad(lambda p: loss(U0, p, max_steps=max_steps, ts=TS[[0, -1]]))).lower(P).compile()
-        stats = grad.memory_analysis()
-        if stats is None:
-            pytest.skip("this backend reports no memory analysis")
-        return stats.temp_size_in_bytes
-
-    per_step = (temp_bytes(40960) - temp_bytes(4096)) / (40960 - 4096)
+    temp_bytes = [gradient(max_steps=n).memory_analysis().temp_size_in_bytes for n in (4096, 40960)]
+    per_step = (temp_bytes[1] - temp_bytes[0]) / (40960 - 4096)
     assert per_step <= 3 * 8, per_step  # a stored Tsit5 step would be 8 states' worth (128 bytes here)
 
 
 def test_vmap_and_second_derivatives():
-    grad = jax.jit(jax.grad(loss, argnums=1))
+    """Under `jax.vmap` over the parameters each member is the unbatched gradient; vᵀHv by forward mode over
+    the reconstructed reverse pass against forward mode over forward mode through the steps."""
     ps = jnp.stack([P, 1.1 * P])
+    grad = jax.grad(lambda u0, p: loss(u0, p, rtol=1e-9), argnums=1)
     batched = jax.jit(jax.vmap(grad, in_axes=(None, 0)))(U0, ps)
     for p, g in zip(ps, batched):
-        np.testing.assert_allclose(g, grad(U0, p), rtol=1e-10)
+        np.testing.assert_allclose(g, gradient()(U0, p)[1], rtol=1e-10)
     # vᵀHv by forward mode over the reconstructed reverse pass, and over forward mode through the steps
     v = jnp.array([1.0, -0.5, 0.25, 2.0])
-    over_reverse = jax.jit(lambda p: jax.jvp(lambda p: grad(U0, p), (p,), (v,))[1] @ v)(P)
+    over_reverse = jax.jit(lambda p: jax.jvp(lambda p: jax.grad(loss, argnums=1)(U0, p), (p,), (v,))[1] @ v)(P)
     directional = lambda p: jax.jvp(lambda p: loss(U0, p), (p,), (v,))[1]  # noqa: E731
     over_forward = jax.jit(lambda p: jax.jvp(directional, (p,), (v,))[1])(P)
     np.testing.assert_allclose(over_reverse, over_forward, rtol=1e-7)

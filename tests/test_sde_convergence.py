@@ -14,6 +14,8 @@ the noise and second order in the drift: their error falls below the OU referenc
 rule on the finest path), so only "at least 1" is checked. `ORDERS` holds the expected values; the
 test accepts a measured slope within 0.2 of them (at least them, for `AT_LEAST`)."""
 
+import functools
+
 import diffrax
 import jax
 import jax.numpy as jnp
@@ -42,10 +44,21 @@ ORDERS = {
 AT_LEAST = {("heun", "additive"), ("reversible_heun", "additive")}
 
 
-def problem(kind: str):
-    if kind == "additive":  # du = -θ u dt + σ dW: Itô = Stratonovich
-        return sciad.SDEProblem(lambda u, p, t: -THETA * u, lambda u, p, t: SIGMA + 0 * u, np.array([1.0]), (0.0, T))
-    return sciad.SDEProblem(lambda u, p, t: MU * u, lambda u, p, t: SIGMA * u, np.array([1.0]), (0.0, T), calculus=kind)
+# GBM (Stratonovich) and Ornstein–Uhlenbeck are one family, du = a u dt + (b u + c) dW, stacked under one vmap
+PARAMETERS = {"stratonovich": (MU, SIGMA, 0.0), "additive": (-THETA, 0.0, SIGMA)}  # (a, b, c)
+
+
+def problem(calculus: str):
+    """du = a u dt + (b u + c) dW with p = (a, b, c): GBM for c = 0, Ornstein–Uhlenbeck (additive noise: Itô =
+    Stratonovich) for b = 0."""
+    return sciad.SDEProblem(
+        lambda u, p, t: p[0] * u,
+        lambda u, p, t: p[1] * u + p[2],
+        np.array([1.0]),
+        (0.0, T),
+        np.array([MU, SIGMA, 0.0]),
+        calculus=calculus,
+    )
 
 
 def exact(kind: str, path, dt_fine: float):
@@ -61,24 +74,39 @@ def exact(kind: str, path, dt_fine: float):
     return jnp.exp(-THETA * T) + SIGMA * jnp.exp(-THETA * (T - s)) @ increments
 
 
-def errors(solver: str, kind: str):
-    """Mean |u_N - u(T)| over the paths at each dt; the reference is on the path of the finest dt, whose
-    increments summed give the coarser paths' (the same Brownian motion)."""
-    prob = problem(kind)
+@functools.cache
+def errors_by_kind(solver: str, calculus: str) -> dict:
+    """Mean |u_N - u(T)| over the paths at each dt, per kind of problem solved in `calculus` (Itô: GBM;
+    Stratonovich: GBM and OU, their parameters under one vmap: one compiled program); the reference is on the
+    path of the finest dt (the path a solve with the key at that dt draws), whose increments summed give the
+    coarser paths' (the same Brownian motion)."""
+    kinds = ["ito"] if calculus == "ito" else list(PARAMETERS)
+    parameters = jnp.array([PARAMETERS.get(kind, (MU, SIGMA, 0.0)) for kind in kinds])
+    prob = problem(calculus)
     fine = DTS[-1]
 
-    def on_key(key):
-        sol_fine = sciad.solve(prob, key=key, dt0=fine, solver=solver, sensealg="DiscreteAdjoint")
-        path = sol_fine.brownian
+    def on_key(key, p):
+        path = sciad.BrownianPath(key, 0.0, fine, int(round(T / fine)), (1,), np.dtype("float64"))  # a solve's
         out = []
         for dt in DTS:
             steps, ratio = int(round(T / dt)), int(round(dt / fine))
             summed = _Summed(path.increments().reshape(steps, ratio, 1).sum(1), dt)  # the same motion, coarser
-            u = sciad.solve(prob, brownian=summed, dt0=dt, solver=solver, sensealg="DiscreteAdjoint").us[-1, 0]
-            out.append(jnp.abs(u - exact(kind, path, fine)))
-        return jnp.stack(out)
+            sol = sciad.solve(prob, p=p, brownian=summed, dt0=dt, solver=solver, sensealg="DiscreteAdjoint")
+            out.append(sol.us[-1, 0])
+        return jnp.stack(out), jnp.stack([exact(kind, path, fine) for kind in kinds])
 
-    return np.asarray(jnp.mean(jax.jit(jax.vmap(on_key))(KEYS), axis=0))
+    def per_kind(p):
+        us, references = jax.vmap(lambda key: on_key(key, p))(KEYS)  # (paths, dts), (paths, kinds)
+        return us, references
+
+    us, references = jax.jit(jax.vmap(per_kind))(parameters)  # (kinds, paths, dts), (kinds, paths, kinds)
+    return {
+        kind: np.asarray(jnp.mean(jnp.abs(us[i] - references[i, :, i, None]), axis=0)) for i, kind in enumerate(kinds)
+    }
+
+
+def errors(solver: str, kind: str):
+    return errors_by_kind(solver, "ito" if kind == "ito" else "stratonovich")[kind]
 
 
 class _Summed(diffrax.AbstractBrownianPath):
