@@ -2,9 +2,9 @@
 tangents) and the continuous adjoints (the adjoint DAE Mᵀλ' = -Jᵀλ - (∂g/∂u)ᵀw_Q with consistent λ
 at every breakpoint and ∂L/∂u0 = Mᵀλ(t0), `sciad._dae`), in u0 and p, against closed forms, the
 through-the-steps sensealgs (DiscreteAdjoint, ForwardDiffSensitivity), Robertson's ODE form and
-finite differences: losses nonlinear in the algebraic state, an integrand, jit and vmap, Robertson
-(also with a full M), Backsolve's refusal, a Hessian. The linear DAE's closed form and the full
-singular M, for every sensealg: tests/test_dae.py."""
+finite differences: losses nonlinear in the algebraic state, an integrand, Robertson (also with a full M),
+Backsolve's refusal, a Hessian. The linear DAE's closed form and the full singular M, for every sensealg, and
+jit(vmap(grad)) over u0 and p for the continuous adjoints and ForwardSensitivity: tests/test_dae.py."""
 
 import jax
 import jax.numpy as jnp
@@ -33,28 +33,6 @@ def name(sensealg):
     return sciad.adjoints.describe(sensealg)
 
 
-# --- (a) the linear index-1 DAE (its closed form for every sensealg: tests/test_dae.py) --------------
-
-
-@pytest.mark.parametrize(
-    "sensealg", [sciad.GaussAdjoint(), sciad.InterpolatingAdjoint(), sciad.ForwardSensitivity()], ids=name
-)
-def test_jit_and_vmap(sensealg):
-    """jax.jit(jax.vmap(jax.grad)) over parameters and u0 together, against the closed form."""
-    prob = linear_problem()
-
-    def loss(u0, p):
-        return linear_loss(sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us)
-
-    ps = np.array([[2.0, 0.5], [1.0, 0.2], [3.0, 1.0]])
-    u0s = np.array([[1.5, 0.0], [0.5, 1.0], [2.0, -1.0]])
-    g_u0, g_p = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1))))(u0s, ps)
-    for x0, p, gu, gp in zip(u0s[:, 0], ps, g_u0, g_p):
-        d_x0, d_a, d_b = exact_gradients(x0, p)
-        np.testing.assert_allclose(gu, [d_x0, 0.0], rtol=1e-6, atol=1e-10)
-        np.testing.assert_allclose(gp, [d_a, d_b], rtol=1e-6)
-
-
 # --- (d, e) a nonlinear DAE: a loss on the algebraic state at save times, an integrand ------------------
 # x' = -a x z, 0 = z³ + z - b x (∂/∂z = 3z² + 1 ≠ 0: index 1), the loss nonlinear in z.
 
@@ -72,20 +50,24 @@ def cubic_problem():
     return sciad.ODEProblem(cubic, CUBIC_U0, (0.0, 2.0), CUBIC_P, mass_matrix=np.array([1.0, 0.0]))
 
 
-def cubic_loss(sensealg, integrand=False):
-    """L(u0, p): Σ_t sin(z) + z² x at the save times, or ∫ z² + x z dt (`integrand`)."""
+def cubic_losses(sensealg):
+    """(u0, p) -> two losses of one solve: Σ_t sin(z) + z² x at the save times, and ∫ z² + x z dt (an
+    integrand); their gradients by one Jacobian, each loss's cotangent the other's zero."""
     prob = cubic_problem()
 
-    def loss(u0, p):
-        if integrand:
-            sol = sciad.solve(
-                prob, u0=u0, p=p, integrand=lambda u, p, t: u[1] ** 2 + u[0] * u[1], sensealg=sensealg, **TOL
-            )
-            return sol.integral
-        us = sciad.solve(prob, u0=u0, p=p, saveat=TS, sensealg=sensealg, **TOL).us
-        return jnp.sum(jnp.sin(us[:, 1]) + us[:, 1] ** 2 * us[:, 0])
+    def losses(u0, p):
+        sol = sciad.solve(
+            prob,
+            u0=u0,
+            p=p,
+            saveat=TS,
+            integrand=lambda u, p, t: u[1] ** 2 + u[0] * u[1],
+            sensealg=sensealg,
+            **TOL,
+        )
+        return jnp.stack([jnp.sum(jnp.sin(sol.us[:, 1]) + sol.us[:, 1] ** 2 * sol.us[:, 0]), sol.integral])
 
-    return loss
+    return losses
 
 
 STEP = 1e-5  # central differences' step, relative to |x| (at least STEP)
@@ -93,23 +75,20 @@ STEP = 1e-5  # central differences' step, relative to |x| (at least STEP)
 
 @pytest.fixture(scope="module")
 def cubic_references():
-    """integrand -> (ForwardDiffSensitivity's ∂L/∂u0, ∂L/∂p through the steps; central differences of L in x0
-    and in p): L and its gradient at u0, p and the six points the differences take, from one compiled program
-    per loss."""
+    """Both losses' (ForwardDiffSensitivity's ∂L/∂u0, ∂L/∂p through the steps; central differences of L in x0
+    and in p): the losses and their Jacobian at u0, p and at the six points the differences take, from one
+    compiled program run at each."""
     h = STEP * np.maximum(1.0, np.abs(np.concatenate([CUBIC_U0[:1], CUBIC_P])))
     steps = np.concatenate([np.diag(h), -np.diag(h)])  # ±h in x0, a, b
     points = np.concatenate([np.zeros((1, 3)), steps]) + np.concatenate([CUBIC_U0[:1], CUBIC_P])
     u0s = np.stack([points[:, 0], np.zeros(len(points))], 1)
-    out = {}
-    for integrand in (False, True):
-        loss = cubic_loss(sciad.ForwardDiffSensitivity(), integrand)
-        values, (g_u0, g_p) = jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1))))(u0s, points[:, 1:])
-        differences = (values[1:4] - values[4:]) / (2 * h)
-        out[integrand] = (g_u0[0], g_p[0], differences[0], differences[1:])
-    return out
+    losses = cubic_losses(sciad.ForwardDiffSensitivity())
+    program = jax.jit(lambda u0, p: (losses(u0, p), jax.jacfwd(losses, argnums=(0, 1))(u0, p)))
+    values, (g_u0, g_p) = jax.tree.map(lambda *a: np.stack(a), *(program(u0, p) for u0, p in zip(u0s, points[:, 1:])))
+    differences = (values[1:4] - values[4:]) / (2 * h[:, None])  # (x0, a, b) × the two losses
+    return g_u0[0], g_p[0], differences[0], differences[1:].T
 
 
-@pytest.mark.parametrize("integrand", [False, True], ids=["algebraic-saves", "integrand"])
 @pytest.mark.parametrize(
     "sensealg",
     [
@@ -122,15 +101,18 @@ def cubic_references():
     ],
     ids=name,
 )
-def test_nonlinear_loss_on_the_algebraic_state(sensealg, integrand, cubic_references):
-    """∂L/∂(u0, p) against forward mode through the steps (to 1e-6) and central differences of the loss (to 1e-5)."""
-    g_u0, g_p = jax.jit(jax.grad(cubic_loss(sensealg, integrand), argnums=(0, 1)))(CUBIC_U0, CUBIC_P)
-    r_u0, r_p, fd_x0, fd_p = cubic_references[integrand]
-    np.testing.assert_allclose(g_p, r_p, rtol=1e-6)
-    np.testing.assert_allclose(g_u0, r_u0, rtol=1e-6, atol=1e-9)
-    assert g_u0[1] == 0  # the algebraic state is solved from the differential one
-    np.testing.assert_allclose(g_p, fd_p, rtol=1e-5)
-    np.testing.assert_allclose(g_u0[0], fd_x0, rtol=1e-5)
+def test_nonlinear_loss_on_the_algebraic_state(sensealg, cubic_references):
+    """∂L/∂(u0, p) of a loss on the algebraic state at the save times and of an integral of it (one solve, one
+    Jacobian: each loss's cotangent with the other's zero), against forward mode through the steps (to 1e-6) and
+    central differences of the loss (to 1e-5)."""
+    g_u0, g_p = jax.jit(jax.jacrev(cubic_losses(sensealg), argnums=(0, 1)))(CUBIC_U0, CUBIC_P)
+    r_u0, r_p, fd_x0, fd_p = cubic_references
+    for i in range(2):  # the loss on the saves, the integral
+        np.testing.assert_allclose(g_p[i], r_p[i], rtol=1e-6)
+        np.testing.assert_allclose(g_u0[i], r_u0[i], rtol=1e-6, atol=1e-9)
+        assert g_u0[i, 1] == 0  # the algebraic state is solved from the differential one
+        np.testing.assert_allclose(g_p[i], fd_p[i], rtol=1e-5)
+        np.testing.assert_allclose(g_u0[i, 0], fd_x0[i], rtol=1e-5)
 
 
 # --- (b) Robertson: the DAE against its ODE form ------------------------------------------------------
@@ -270,7 +252,7 @@ def test_nonsingular_mass_matrix_against_the_ode():
     dae = gradient(sciad.ODEProblem(f, np.ones(2), (0.0, 2.0), P0, mass_matrix=M), sciad.GaussAdjoint(), None)
     ode = gradient(
         sciad.ODEProblem(lambda u, p, t: jnp.linalg.solve(jnp.asarray(M), f(u, p, t)), np.ones(2), (0.0, 2.0), P0),
-        sciad.DiscreteAdjoint(),
+        sciad.ForwardDiffSensitivity(),
         "tsit5",
     )
     for g, r in zip(dae, ode):

@@ -9,14 +9,16 @@ a full singular M; a Hessian; Robertson with the conservation law as its algebra
 ODE form.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import sciad
-from helpers import central_differences
 from helpers.dae import R_INV, ROBERTSON_P, Q, R, robertson, robertson_dae
+from helpers.differences import gradient_and_central_differences, relative_steps
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 AGREEMENT = 1e-7
@@ -200,9 +202,9 @@ def test_time_dependent_constraint_against_central_differences(sensealg):
         )
         return jnp.sum(WEIGHTS * sol.us)
 
-    np.testing.assert_allclose(
-        jax.jit(jax.grad(lambda x: value(x, sensealg)))(X), central_differences(jax.jit(value), X), rtol=1e-6
-    )
+    # the gradient and the differences' values from one program
+    _, grad, differences = gradient_and_central_differences(lambda x: value(x, sensealg), X, relative_steps(X))
+    np.testing.assert_allclose(grad, differences, rtol=1e-6)
 
 
 # --- initialization="check" and "none" after an affect ---------------------------------------------------
@@ -213,13 +215,16 @@ def test_check_and_none_after_an_affect():
     and "none" takes its state as it is: both give the "consistent" solve."""
     u0 = jnp.array([1.5, 0.75])  # consistent
 
-    def run(initialization, consistent):
+    @functools.partial(jax.jit, static_argnums=(0, 1))
+    def run(initialization, consistent):  # compiled whole (eagerly, one small program per operation)
         return sciad.solve(
             PROBLEM, u0=u0, saveat=TS, callbacks=callbacks(X, consistent), initialization=initialization, **TOL
         ).us
 
-    with pytest.raises(sciad.SolveError, match="initialization='check': the state an event's affect returned is not"):
+    with pytest.raises(jax.errors.JaxRuntimeError) as raised:  # a SolveError, carried by JAX's under jit
         run("check", False)
+    message = sciad.errors.summary(raised.value)
+    assert message.startswith("SolveError: initialization='check': the state an event's affect returned is not")
     expected = closed(X)[0]
     for initialization in ("check", "none"):
         np.testing.assert_allclose(run(initialization, True), expected, rtol=1e-8)

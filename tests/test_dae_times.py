@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import sciad
-from helpers import central_differences
 from helpers.dae import R_INV, ROBERTSON_P, Q, R, robertson, robertson_dae
+from helpers.differences import gradient_and_central_differences, relative_steps
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 AGREEMENT = 1e-7
@@ -91,10 +91,11 @@ def closed_gradient():
 def test_closed_form_and_central_differences(closed_gradient):
     """The solve and its closed form agree; the closed form's gradient matches central differences of
     the solve in (t0, s, t1, a, b): the reference is right, and so is the default sensealg under jit."""
-    loss = jax.jit(solve_loss())  # the value and the differences' points from one program
-    np.testing.assert_allclose(loss(X), jax.jit(closed_loss)(X), rtol=1e-8)
-    np.testing.assert_allclose(central_differences(loss, X), closed_gradient, rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(jax.jit(jax.grad(solve_loss()))(X), closed_gradient, rtol=AGREEMENT)
+    # the value, the gradient and the differences' values from one program
+    value, grad, differences = gradient_and_central_differences(solve_loss(), X, relative_steps(X))
+    np.testing.assert_allclose(value, jax.jit(closed_loss)(X), rtol=1e-8)
+    np.testing.assert_allclose(differences, closed_gradient, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(grad, closed_gradient, rtol=AGREEMENT)
 
 
 @pytest.mark.parametrize(

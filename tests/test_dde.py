@@ -2,6 +2,8 @@
 gradients in u0, p, the lags and the history's parameters against closed forms and central differences,
 delays shorter than a step, state-dependent delays, PyTrees, integrals, jit, vmap, Hessians, and the errors."""
 
+import functools
+
 import diffrax as dfx
 import equinox as eqx
 import jax
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 
 import sciad
-from sciad.errors import SolveError
+from helpers.differences import gradient_and_central_differences
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-10}
 
@@ -30,22 +32,39 @@ def decay_closed_form(t, tau=1.0, a=1.0):
     return 1 - a * t + a**2 * s1**2 / 2 - a**3 * s2**3 / 6
 
 
+@jax.jit
+def decay_solved(ts, t1):
+    """DECAY's solution at the save times `ts` (13) on [0, t1] (both traced) and its steps."""
+    sol = sciad.solve(DECAY, saveat=ts, tspan=(0.0, t1), **TIGHT)
+    return sol.us[:, 0], sol.stats["steps"]
+
+
 def test_the_solution_is_the_method_of_steps_closed_form():
     ts = jnp.linspace(0.0, 3.0, 13)
-    sol = sciad.solve(DECAY, saveat=ts, **TIGHT)
-    np.testing.assert_allclose(sol.us[:, 0], decay_closed_form(ts), atol=1e-12)
+    us, steps = decay_solved(ts, 3.0)
+    np.testing.assert_allclose(us, decay_closed_form(ts), atol=1e-12)
     # piecewise polynomials of degree ≤ 3 between breakpoints: Tsit5 is exact on each, so the steps are few
-    assert int(sol.stats["steps"]) < 15
+    assert int(steps) < 15
 
 
-@jax.jit
+@jax.jit  # traced once: the Jacobian and the Hessian transform its jaxpr
 def decay_end(p):
     return sciad.solve(DECAY, p=p, saveat=jnp.array([1.5, 2.5]), **TIGHT).us[:, 0]
 
 
+@functools.cache
+def decay_end_derivatives():
+    """The Jacobian of u(1.5), u(2.5) in p = (τ, a) (reverse mode) and their Hessians (forward over that reverse,
+    as `jax.hessian`), at p = (1, 1), from one program."""
+    p = jnp.array([1.0, 1.0])
+    jacobian = jax.jacrev(decay_end)
+    hessians, jac = jax.jit(jax.jacfwd(lambda p: (lambda j: (j, j))(jacobian(p)), has_aux=True))(p)
+    return jac, hessians[0]
+
+
 def test_gradients_in_the_lag_and_the_rate_are_the_closed_forms():
     # u(t) = 1 - a t + a² (t - τ)² / 2 on [τ, 2τ]: ∂u/∂τ = -a² (t - τ), ∂u/∂a = -t + a (t - τ)²
-    jac = jax.jit(jax.jacfwd(decay_end))(jnp.array([1.0, 1.0]))
+    jac = decay_end_derivatives()[0]
     np.testing.assert_allclose(jac[0], [-0.5, -1.5 + 0.25], atol=1e-9)
     grad = jac[1]
     # on [2τ, 3τ]: u = 1 - a t + a² (t - τ)²/2 - a³ (t - 2τ)³/6
@@ -64,23 +83,18 @@ JUMP = sciad.DDEProblem(
 )
 
 
-@jax.jit
-def jump_loss(p, u0):
-    sol = sciad.solve(JUMP, p=p, u0=u0, saveat=jnp.array([0.7, 1.6, 2.5]), **TIGHT)
+def jump_loss(x):
+    """x = (τ, a, c, u0)."""
+    sol = sciad.solve(JUMP, p=x[:3], u0=x[3:], saveat=jnp.array([0.7, 1.6, 2.5]), **TIGHT)
     return jnp.sum(sol.us**2)
-
-
-def central(fn, x, eps=1e-6):
-    return np.array([(fn(x + e) - fn(x - e)) / (2 * eps) for e in np.eye(x.shape[0]) * eps])
 
 
 def test_a_history_that_jumps_at_t0_differentiated_in_its_parameters_and_the_lag():
     """history(p, t) = c ≠ u0: the derivative of u jumps at τ, which the solve's steps land on, and the jump
-    moves with τ."""
-    p, u0 = jnp.array([1.0, 1.0, 0.3]), jnp.array([1.0])
-    g_p, g_u0 = jax.grad(jump_loss, argnums=(0, 1))(p, u0)
-    np.testing.assert_allclose(g_p, central(lambda p: jump_loss(p, u0), p), rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(g_u0, central(lambda u: jump_loss(p, u), u0), rtol=1e-7)
+    moves with τ; the gradient in p and u0 against central differences."""
+    _, grad, fd = gradient_and_central_differences(jump_loss, np.array([1.0, 1.0, 0.3, 1.0]), 1e-6)
+    np.testing.assert_allclose(grad[:3], fd[:3], rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(grad[3:], fd[3:], rtol=1e-7)
 
 
 def mackey_glass(u, h, p, t):
@@ -94,12 +108,21 @@ MACKEY_GLASS = sciad.DDEProblem(
 )
 
 
-@jax.jit
-def mackey_glass_loss(p):
-    return jnp.sum(sciad.solve(MACKEY_GLASS, p=p, saveat=jnp.linspace(0.0, 40.0, 9), **TIGHT).us)
+def mackey_glass_loss(p, sensealg="auto"):
+    return jnp.sum(sciad.solve(MACKEY_GLASS, p=p, saveat=jnp.linspace(0.0, 40.0, 9), sensealg=sensealg, **TIGHT).us)
 
 
-mackey_glass_grad = jax.jit(jax.grad(mackey_glass_loss))
+mackey_glass_value_and_grad = jax.jit(jax.value_and_grad(mackey_glass_loss))
+
+
+@functools.cache
+def mackey_glass_derivatives():
+    """At p = (0.2, 0.1, 10, 17): the gradient ("auto": through the steps) and its central differences (one
+    program), and ForwardSensitivity's gradient."""
+    p = np.array([0.2, 0.1, 10.0, 17.0])
+    _, grad, fd = gradient_and_central_differences(mackey_glass_loss, p, 1e-6, mackey_glass_value_and_grad)
+    forward = jax.jit(jax.grad(lambda p: mackey_glass_loss(p, "ForwardSensitivity")))(p)
+    return grad, fd, forward
 
 
 def test_a_step_does_not_outrun_the_past_it_reads():
@@ -115,19 +138,14 @@ def test_a_step_does_not_outrun_the_past_it_reads():
 
 
 def test_mackey_glass_gradient_in_every_parameter_and_the_delay():
-    p = jnp.array([0.2, 0.1, 10.0, 17.0])
-    np.testing.assert_allclose(mackey_glass_grad(p), central(mackey_glass_loss, p), rtol=1e-6)
+    grad, fd, _ = mackey_glass_derivatives()
+    np.testing.assert_allclose(grad, fd, rtol=1e-6)
 
 
 def test_forward_sensitivity_is_the_derivative_of_the_steps():
     """ForwardSensitivity's sensitivity DDE, discretised on the forward steps, is forward mode through them."""
-    p = jnp.array([0.2, 0.1, 10.0, 17.0])
-    loss = jax.jit(
-        lambda p: jnp.sum(
-            sciad.solve(MACKEY_GLASS, p=p, saveat=jnp.linspace(0.0, 40.0, 9), sensealg="ForwardSensitivity", **TIGHT).us
-        )
-    )
-    np.testing.assert_allclose(jax.grad(loss)(p), mackey_glass_grad(p), rtol=1e-12)
+    grad, _, forward = mackey_glass_derivatives()
+    np.testing.assert_allclose(forward, grad, rtol=1e-12)
 
 
 def test_an_ensemble_over_parameters_equals_each_member():
@@ -138,8 +156,9 @@ def test_an_ensemble_over_parameters_equals_each_member():
         return jnp.sum(sciad.ensemble(MACKEY_GLASS, ps=ps, saveat=jnp.linspace(0.0, 40.0, 9), **TIGHT).us)
 
     batch = jax.jit(jax.grad(total))(ps)
-    for p, g in zip(ps, batch):
-        np.testing.assert_allclose(g, mackey_glass_grad(p), rtol=1e-10)
+    np.testing.assert_allclose(batch[0], mackey_glass_derivatives()[0], rtol=1e-10)
+    for p, g in zip(ps[1:], batch[1:]):
+        np.testing.assert_allclose(g, mackey_glass_value_and_grad(p)[1], rtol=1e-10)
 
 
 SHORT = sciad.DDEProblem(
@@ -163,8 +182,10 @@ def test_lags_shorter_than_the_step_by_fixed_point_iteration():
 
     below = dfx.PIDController(rtol=1e-10, atol=1e-10, dtmax=0.005)
     p, eps = jnp.array([2.0]), 1e-6
+
     jac, (us, steps) = jax.jit(jax.jacfwd(solved, has_aux=True))(p)
-    reference = jax.jit(jax.vmap(lambda p: solved(p, below)[0]))(jnp.stack([p, p + eps, p - eps]))
+    below_lag = jax.jit(lambda p: solved(p, below)[0])  # one program, run at each point
+    reference = [below_lag(q) for q in (p, p + eps, p - eps)]
     assert int(steps) < 150  # 300 steps would stay below the lag
     np.testing.assert_allclose(us, reference[0], atol=1e-7)
     np.testing.assert_allclose(jac[:, 0], (reference[1] - reference[2]) / (2 * eps), atol=1e-6)
@@ -177,7 +198,6 @@ def test_state_dependent_lags():
         decay, jnp.array([1.0]), None, (0.0, 3.0), jnp.array([1.0, 1.0]), lags=lambda u, p, t: (p[0],)
     )
     ts = jnp.linspace(0.0, 3.0, 7)
-    np.testing.assert_allclose(sciad.solve(fixed, saveat=ts, **TIGHT).us[:, 0], decay_closed_form(ts), atol=1e-8)
 
     def f(u, h, p, t):
         return -p[1] * h(t - p[0] / (1 + u[0] ** 2))
@@ -192,9 +212,14 @@ def test_state_dependent_lags():
     )
     # the second derivative jumps where t - τ(u) crosses t0, a time no step lands on: the discrete solution's
     # derivatives converge more slowly there (at 1e-10 central differences are off by 5e-4 themselves)
-    loss = jax.jit(lambda p: jnp.sum(sciad.solve(varying, p=p, saveat=ts, rtol=1e-12, atol=1e-12).us ** 2))
-    p = jnp.array([1.0, 1.0])
-    np.testing.assert_allclose(jax.grad(loss)(p), central(loss, p, eps=1e-4), rtol=1e-5)
+    us = jax.jit(lambda: sciad.solve(fixed, saveat=ts, **TIGHT).us[:, 0])()  # (eagerly: a program per operation)
+    np.testing.assert_allclose(us, decay_closed_form(ts), atol=1e-8)
+    _, grad, fd = gradient_and_central_differences(
+        lambda p: jnp.sum(sciad.solve(varying, p=p, saveat=ts, rtol=1e-12, atol=1e-12).us ** 2),
+        np.array([1.0, 1.0]),
+        1e-4,
+    )
+    np.testing.assert_allclose(grad, fd, rtol=1e-5)
 
 
 def test_pytree_state_history_and_an_integral():
@@ -224,7 +249,7 @@ def test_pytree_state_history_and_an_integral():
 
 
 def test_hessian_in_the_parameters():
-    hess = jax.hessian(lambda p: decay_end(p)[0])(jnp.array([1.0, 1.0]))
+    hess = decay_end_derivatives()[1]
     # u(1.5) = 1 - 1.5 a + a² (1.5 - τ)²/2
     expected = [[1.0, -2 * 0.5], [-2 * 0.5, 0.25]]
     np.testing.assert_allclose(hess, expected, atol=1e-7)
@@ -239,20 +264,28 @@ def test_bad_input_is_refused_naming_the_fix():
         sciad.DDEProblem(lambda u, h, p, t: jnp.zeros(2), jnp.array([1.0]), None, (0.0, 1.0), lags=(1.0,))
     with pytest.raises(ValueError, match="forwards in time"):
         sciad.DDEProblem(decay, jnp.array([1.0]), None, (1.0, 0.0), jnp.array([1.0, 1.0]), lags=(1.0,))
+    # the solve's refusals at its boundary, each raised while tracing (under jit: nothing compiled)
     with pytest.raises(ValueError, match="ForwardDiffSensitivity"):
-        sciad.solve(DECAY, sensealg=sciad.GaussAdjoint())
+        compiled(DECAY, sensealg=sciad.GaussAdjoint())
     with pytest.raises(ValueError, match="JAX engines"):
-        sciad.solve(DECAY, sensealg=sciad.ForwardSensitivity(jvp="finite-differences"))
+        compiled(DECAY, sensealg=sciad.ForwardSensitivity(jvp="finite-differences"))
     with pytest.raises(ValueError, match="Runge-Kutta solvers"):
-        sciad.solve(DECAY, solver="rodas5p")
+        compiled(DECAY, solver="rodas5p")
     with pytest.raises(ValueError, match="no dense="):
-        sciad.solve(DECAY, dense=True)
-    with pytest.raises(SolveError, match="history_steps"):
-        sciad.solve(MACKEY_GLASS, history_steps=4)
+        compiled(DECAY, dense=True)
+    with pytest.raises(ValueError, match="scalar time"):
+        compiled(sciad.DDEProblem(lambda u, h, p, t: -h(t - u), jnp.array([1.0]), None, (0.0, 1.0), lags=(1.0,)))
+    # and while it runs: a SolveError, carried by JAX's runtime error under jit
+    with pytest.raises(jax.errors.JaxRuntimeError) as raised:
+        compiled(MACKEY_GLASS, history_steps=4)
+    assert sciad.errors.summary(raised.value).startswith("SolveError:") and "history_steps" in str(raised.value)
     with pytest.raises(jax.errors.JaxRuntimeError, match="lags must be positive"):
         jax.jit(lambda p: sciad.solve(DECAY, p=p).us)(jnp.array([-1.0, 1.0]))
-    with pytest.raises(ValueError, match="scalar time"):
-        sciad.solve(sciad.DDEProblem(lambda u, h, p, t: -h(t - u), jnp.array([1.0]), None, (0.0, 1.0), lags=(1.0,)))
+
+
+def compiled(prob, **options):
+    """The solve's states, compiled whole."""
+    return jax.jit(lambda: sciad.solve(prob, **options).us)()
 
 
 def test_auto_reports_its_rule_for_delays():
@@ -286,9 +319,10 @@ def test_a_stiff_delay_equation_by_an_implicit_solver():
         return jnp.sum(sol.us), sol.stats["steps"]
 
     p = STIFF.p
-    grad, steps = jax.jit(jax.grad(loss, has_aux=True))(p)
+    value_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))  # the differences' values from it too
+    (_, steps), grad = value_and_grad(p)
     # Newton's tolerance moves the loss by about 1e-10: steps of 100 and 0.1 (truncation below 5e-3)
-    values = jax.jit(jax.vmap(lambda p: loss(p)[0]))(p + jnp.array([[100.0, 0], [-100.0, 0], [0, 0.1], [0, -0.1]]))
+    values = [value_and_grad(p + d)[0][0] for d in jnp.array([[100.0, 0], [-100.0, 0], [0, 0.1], [0, -0.1]])]
     fd = [(values[0] - values[1]) / 200.0, (values[2] - values[3]) / 0.2]
     np.testing.assert_allclose(grad, fd, rtol=5e-3)
     assert int(steps) < 2000  # Tsit5: over 14,000 at rtol 1e-6
@@ -312,19 +346,17 @@ def test_closures_over_differentiated_values():
 
 
 def test_traced_save_times_and_tspan_under_jit():
-    @jax.jit
-    def solved(ts, t1):
-        return sciad.solve(DECAY, saveat=ts, tspan=(0.0, t1), **TIGHT).us[:, 0]
-
-    ts = jnp.array([0.25, 1.25, 2.0])
-    np.testing.assert_allclose(solved(ts, 2.0), decay_closed_form(ts), atol=1e-12)
-    np.testing.assert_allclose(solved(ts + 0.5, 2.5), decay_closed_form(ts + 0.5), atol=1e-12)
+    """One compiled program for other save times and another t1."""
+    ts = jnp.linspace(0.25, 2.0, 13)
+    np.testing.assert_allclose(decay_solved(ts, 2.0)[0], decay_closed_form(ts), atol=1e-12)
+    np.testing.assert_allclose(decay_solved(ts + 0.5, 2.5)[0], decay_closed_form(ts + 0.5), atol=1e-12)
 
 
 def test_the_past_finds_the_step_that_holds_a_time():
     """Past's search against counting, on rings of several sizes, before and after they wrap."""
     from sciad._dde import Past, Piece
 
+    index = jax.jit(lambda past, ss: jax.vmap(past._index)(ss))  # one program per ring size
     rng = np.random.default_rng(0)
     for size in (1, 5, 16, 37):
         for count in (1, size - 1, size, 3 * size + 2):
@@ -337,9 +369,11 @@ def test_the_past_finds_the_step_that_holds_a_time():
             ring = Piece(jnp.asarray(starts), None, None)
             past = Past(jnp.asarray(0.0), None, ring, jnp.asarray(count), None, None, None)
             first = max(count - size, 0)
-            for s in rng.uniform(-0.5, starts_all[-1] + 1.0, 25):
+            ss = rng.uniform(-0.5, starts_all[-1] + 1.0, 25)
+            found = index(past, jnp.asarray(ss))
+            for s, slot in zip(ss, found):
                 k = max(int(np.sum(starts_all[first:] <= s)) - 1, 0)
-                assert int(past._index(jnp.asarray(s))) == (first + k) % size
+                assert int(slot) == (first + k) % size
 
 
 @pytest.mark.parametrize(
@@ -376,51 +410,59 @@ def test_doses_at_preset_times_against_the_closed_form():
     def run(p, sensealg):
         return sciad.solve(prob, p=p, saveat=ts, callbacks=[dose], sensealg=sensealg, **TIGHT)
 
-    sol = run(prob.p, "auto")
+    def through_steps(p):  # the states, the doses' times and count alongside
+        sol = run(p, "ForwardDiffSensitivity")
+        return sol.us[:, 0], (sol.us[:, 0], sol.event_times[0], sol.event_counts[0])
+
+    # one program: the Jacobians of the members of a vmapped batch, their doses in p (the first member's checked
+    # against the closed form), and ForwardSensitivity's at the first
+    members, (us, times, counts), forward = jax.jit(
+        lambda ps: (
+            *jax.vmap(jax.jacfwd(through_steps, has_aux=True))(ps),
+            jax.jacfwd(lambda p: run(p, "ForwardSensitivity").us[:, 0])(ps[0]),
+        )
+    )(jnp.stack([prob.p, jnp.array([0.8, 1.2, 0.5])]))
     t = np.asarray(ts)
     # after the dose at 1.5 (d = 1): +d, and from 2.5 on the rate reads it: -a d (t - 2.5); the one at t1 = 3: +d
     np.testing.assert_allclose(
-        sol.us[:, 0], decay_closed_form(t) + (t >= 1.5) - np.clip(t - 2.5, 0, None) + (t >= 3), atol=1e-12
+        us[0], decay_closed_form(t) + (t >= 1.5) - np.clip(t - 2.5, 0, None) + (t >= 3), atol=1e-12
     )
-    assert [float(x) for x in sol.event_times[0]] == [1.5, 3.0] and int(sol.event_counts[0]) == 2
-    jac = jax.jit(jax.jacfwd(lambda p: run(p, "ForwardDiffSensitivity").us[:, 0]))(prob.p)
+    assert [float(x) for x in times[0]] == [1.5, 3.0] and int(counts[0]) == 2
+    jac = members[0]
     # ∂/∂τ = -a²(t - τ) + a³(t - 2τ)² + d a [t ≥ 2.5], ∂/∂a = -t + a(t - τ)² - a²(t - 2τ)³/2 - d(t - 2.5)₊ on [2, 3]
     expected = np.array([[-0.21, -0.1815, 0.8], [0.0, 0.0, 1.5]])
     np.testing.assert_allclose(jac[4:], expected, atol=1e-9)
     np.testing.assert_allclose(jac[2:4, 2], [1.0, 1.0], atol=1e-12)
-    forward = jax.jit(jax.jacfwd(lambda p: run(p, "ForwardSensitivity").us[:, 0]))(prob.p)
     np.testing.assert_allclose(forward, jac, atol=1e-12)
-    # members of a vmapped batch, their doses in p: the first member's is the one above
-    batch = jax.jit(jax.vmap(jax.jacfwd(lambda p: run(p, "ForwardDiffSensitivity").us[:, 0])))
-    members = batch(jnp.stack([prob.p, jnp.array([0.8, 1.2, 0.5])]))
-    np.testing.assert_allclose(members[0], jac, atol=1e-12)
-    assert not np.allclose(members[1], jac)
+    # the second member's doses (d = 0.5) are its own
+    assert [float(x) for x in times[1]] == [1.5, 3.0] and not np.allclose(members[1], jac)
 
 
 def test_doses_refuse_what_they_cannot_serve():
     prob = sciad.DDEProblem(
         decay, jnp.array([1.0]), None, (0.0, 3.0), jnp.array([1.0, 1.0, 1.0]), lags=lambda p: (p[0],)
     )
+    # each raised while tracing (under jit: nothing compiled)
     stop = sciad.ContinuousCallback(lambda u, p, t: u[0] - 0.5)
     with pytest.raises(ValueError, match="PresetTimeCallbacks .* only"):
-        sciad.solve(prob, callbacks=[stop])
+        compiled(prob, callbacks=[stop])
     dose = sciad.PresetTimeCallback(times=[1.5], affect=lambda u, p, t: u + p[2])
     with pytest.raises(ValueError, match="doses take an explicit Runge-Kutta solver .* pass solver='tsit5'"):
-        sciad.solve(prob, callbacks=[dose], solver="kvaerno5")
+        compiled(prob, callbacks=[dose], solver="kvaerno5")
 
     def by_closure(d):
         dose = sciad.PresetTimeCallback(times=[1.5], affect=lambda u, p, t: u + d)
         return sciad.solve(prob, callbacks=[dose]).us[-1, 0]
 
     with pytest.raises(ValueError, match="closes over traced values: pass them in p"):
-        jax.grad(by_closure)(1.0)
+        jax.jit(jax.grad(by_closure))(1.0)
 
     def by_time(td):
         dose = sciad.PresetTimeCallback(times=jnp.stack([td]), affect=lambda u, p, t: u + p[2])
         return sciad.solve(prob, callbacks=[dose]).us[-1, 0]
 
     with pytest.raises(ValueError, match="dose times\\) takes no derivative"):
-        jax.grad(by_time)(1.5)
+        jax.jit(jax.grad(by_time))(1.5)
 
 
 def test_a_dose_where_a_breakpoint_falls_moves_no_step_with_the_lag():
@@ -435,8 +477,8 @@ def test_a_dose_where_a_breakpoint_falls_moves_no_step_with_the_lag():
         transit, jnp.array([100.0, 0.0]), None, (0.0, 24.0), jnp.array([1.0, 0.2, 2.0, 100.0]), lags=lambda p: (p[2],)
     )
 
-    @jax.jit
     def exposure(p):
         return jnp.sum(sciad.solve(prob, p=p, saveat=jnp.linspace(0.0, 24.0, 25), callbacks=[dose], **TIGHT).us[:, 1])
 
-    np.testing.assert_allclose(jax.grad(exposure)(prob.p), central(exposure, prob.p), rtol=1e-5)
+    _, grad, fd = gradient_and_central_differences(exposure, prob.p, 1e-6)
+    np.testing.assert_allclose(grad, fd, rtol=1e-5)
