@@ -309,22 +309,24 @@ STIFF = sciad.DDEProblem(
 
 
 def test_a_stiff_delay_equation_by_an_implicit_solver():
-    """solver="auto" estimates the instantaneous Jacobian's stiffness and takes Kvaerno5: a few hundred steps
+    """solver="auto" estimates the instantaneous Jacobian's stiffness and takes Kvaerno3: a thousand steps
     where Tsit5 takes thousands; its gradient against central differences (of steps large enough for Newton's
     own tolerance not to show)."""
     ts = jnp.linspace(0.0, 4.0, 9)
 
     def loss(p):
-        sol = sciad.solve(STIFF, p=p, saveat=ts, rtol=1e-10, atol=1e-10)
+        sol = sciad.solve(STIFF, p=p, saveat=ts, rtol=1e-8, atol=1e-8)
         return jnp.sum(sol.us), sol.stats["steps"]
 
     p = STIFF.p
     value_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))  # the differences' values from it too
     (_, steps), grad = value_and_grad(p)
-    # Newton's tolerance moves the loss by about 1e-10: steps of 100 and 0.1 (truncation below 5e-3)
+    # Newton's tolerance moves the loss by about 1e-8: steps of 100 and 0.1 (truncation below 5e-3; the noise,
+    # 1e-8 / 200, is 1e-2 of ∂/∂p[0] = -2.6e-8)
     values = [value_and_grad(p + d)[0][0] for d in jnp.array([[100.0, 0], [-100.0, 0], [0, 0.1], [0, -0.1]])]
     fd = [(values[0] - values[1]) / 200.0, (values[2] - values[3]) / 0.2]
-    np.testing.assert_allclose(grad, fd, rtol=5e-3)
+    np.testing.assert_allclose(grad[0], fd[0], rtol=2e-2)
+    np.testing.assert_allclose(grad[1], fd[1], rtol=5e-3)
     assert int(steps) < 2000  # Tsit5: over 14,000 at rtol 1e-6
 
 
@@ -332,7 +334,7 @@ def test_an_explicit_solver_on_a_stiff_delay_equation_refuses_its_gradient():
     """Tsit5's steps sit at its stability limit: forward mode through them would give a gradient off by orders of
     magnitude (measured: 500 times, and of the wrong sign), so it is refused, naming the implicit solver."""
     loss = jax.jit(jax.grad(lambda p: jnp.sum(sciad.solve(STIFF, p=p, solver="tsit5", max_steps=20_000).us)))
-    with pytest.raises(jax.errors.JaxRuntimeError, match="kvaerno5"):
+    with pytest.raises(jax.errors.JaxRuntimeError, match="kvaerno3"):
         loss(STIFF.p)
 
 
@@ -434,6 +436,13 @@ def test_doses_at_preset_times_against_the_closed_form():
     np.testing.assert_allclose(jac[4:], expected, atol=1e-9)
     np.testing.assert_allclose(jac[2:4, 2], [1.0, 1.0], atol=1e-12)
     np.testing.assert_allclose(forward, jac, atol=1e-12)
+    # an implicit solver's (its stages within the step)
+    implicit = jax.jit(
+        jax.jacfwd(
+            lambda p: sciad.solve(prob, p=p, saveat=ts[4:], callbacks=[dose], solver="kvaerno3", **TIGHT).us[:, 0]
+        )
+    )
+    np.testing.assert_allclose(implicit(prob.p), expected, atol=1e-7)
     # the second member's doses (d = 0.5) are its own
     assert [float(x) for x in times[1]] == [1.5, 3.0] and not np.allclose(members[1], jac)
 
@@ -447,7 +456,8 @@ def test_doses_refuse_what_they_cannot_serve():
     with pytest.raises(ValueError, match="PresetTimeCallbacks .* only"):
         compiled(prob, callbacks=[stop])
     dose = sciad.PresetTimeCallback(times=[1.5], affect=lambda u, p, t: u + p[2])
-    with pytest.raises(ValueError, match="doses take an explicit Runge-Kutta solver .* pass solver='tsit5'"):
+    # Kvaerno5's stages reach past its step, across the jump a dose leaves in the past (with or without doses)
+    with pytest.raises(ValueError, match="stages reach past the step's end .* solver='kvaerno3'"):
         compiled(prob, callbacks=[dose], solver="kvaerno5")
 
     def by_closure(d):
@@ -482,3 +492,21 @@ def test_a_dose_where_a_breakpoint_falls_moves_no_step_with_the_lag():
 
     _, grad, fd = gradient_and_central_differences(exposure, prob.p, 1e-6)
     np.testing.assert_allclose(grad, fd, rtol=1e-5)
+
+
+@pytest.mark.parametrize("solver", ["tsit5", "kvaerno3"])
+def test_a_step_ending_on_t0_plus_the_lag_reads_the_history_there(solver):
+    """t1 = t0 + τ: the last step's final stages read the past at t0 itself, where the history's slope and the
+    solution's differ; the step's interior reads the history, so must they (the solution's slope there gave
+    ∂u(t1)/∂τ = -1.05 for 0.5). h(s) = 1 + s/2, u' = -a h(t - τ): u = 1 - a (t + t²/4 - τt/2) on [0, τ]."""
+    prob = sciad.DDEProblem(
+        decay,
+        jnp.array([1.0]),
+        lambda p, t: jnp.array([1.0 + 0.5 * t]),
+        (0.0, 1.0),
+        jnp.array([1.0, 1.0]),
+        lags=lambda p: (p[0],),
+    )
+    t = np.array([0.5, 1.0])
+    jac = jax.jit(jax.jacfwd(lambda p: sciad.solve(prob, p=p, saveat=t, solver=solver, **TIGHT).us[:, 0]))(prob.p)
+    np.testing.assert_allclose(jac, np.stack([t / 2, -(t + t**2 / 4 - t / 2)], 1), atol=1e-9)

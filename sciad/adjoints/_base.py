@@ -415,7 +415,7 @@ def _failure(index: int, diffrax_message: str, max_steps: int) -> str:
         return (
             f"the maximum number of solver steps was reached: the ODE solve needed more than "
             f"max_steps={max_steps} steps; pass a larger max_steps to sciad.solve (or looser rtol/atol; a "
-            "stiff problem needs an implicit solver, e.g. solver='kvaerno5')"
+            "stiff problem needs an implicit solver: solver='auto' picks one)"
         )
     return f"the ODE solver failed: {diffrax_message}"
 
