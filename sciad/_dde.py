@@ -234,22 +234,16 @@ class Past(eqx.Module):
     current: Piece
     refining: jax.Array
     short: jax.Array
-    history_until: jax.Array  # s ≤ this reads the history: t0, or past it by t1's floor's distance below t1
 
     @classmethod
-    def empty(cls, solver, y0, t0, size: int, t1=None) -> "Past":
-        """The past of a solve by `solver` from y0 (n + k,) at t0 (to t1), before its first step, keeping `size`
-        steps as polynomials of degree max(3, the solver's order) (at least its interpolation's).
-
-        A time s ≤ t0 reads the history; so does one above t0 by less than t1's floor is below t1 (the loop ends a
-        step that would end past its floor at t1: a breakpoint t0 + τ there is t1, and the last step's stages at
-        t1 read t1 - τ as the step's interior reads it, before t0)."""
+    def empty(cls, solver, y0, t0, size: int) -> "Past":
+        """The past of a solve by `solver` from y0 (n + k,) at t0, before its first step, keeping `size` steps as
+        polynomials of degree max(3, the solver's order) (at least its interpolation's)."""
         degree = past_degree(solver)
         t0 = jnp.asarray(t0, y0.dtype)
-        until = t0 if t1 is None else t0 + (t1 - end_floor(jnp.asarray(t1, y0.dtype)))
         no = jnp.asarray(False)
         empty = Piece.zeros((size,), degree, y0.shape[0], y0.dtype)
-        return cls(t0, y0, empty, jnp.asarray(0), Piece.zeros((), degree, y0.shape[0], y0.dtype), no, no, until)
+        return cls(t0, y0, empty, jnp.asarray(0), Piece.zeros((), degree, y0.shape[0], y0.dtype), no, no)
 
     @property
     def size(self) -> int:
@@ -388,7 +382,7 @@ class DDEField(AroundVectorField):
         """The loop's part of a solve from y0 (n + k,) at t0 to t1 with parameters p (m,) by `solver`: the empty
         past, how a step records itself into it, the breakpoints, and the fixed-point refinement of a step."""
         dtype = y0.dtype
-        past = Past.empty(solver, y0, t0, self.history_steps, t1)
+        past = Past.empty(solver, y0, t0, self.history_steps)
         constant = lag_kind(self.lags) != "state"
         tau = self.lags_at(y0, p, t0) if constant else None  # lags fixed for the solve: their breakpoints and reach
         jump_ts, jumps = None, None
@@ -491,11 +485,10 @@ def history_rate(prob: DDEProblem) -> Callable:
             if jnp.shape(s):
                 raise ValueError(f"h(s) takes a scalar time s, got shape {jnp.shape(s)}: pass e.g. h(t - tau[0])")
             s = jnp.asarray(s, past.t0.dtype)
-            # s = t0 reads the history (`Past.history_until`): only the stages at t1 of a last step that ends on
-            # t0 + τ read t0 itself, and that step's interior reads the history (other steps land just before a
-            # breakpoint and restart just after it, moving with it). Clamped by `where`, not min/max: their
-            # derivative at a tie is half of each side's.
-            before_t0 = s <= past.history_until
+            # s = t0 reads the history: only a stage at the end of a step that ends on t0 + τ (t1 there) reads
+            # t0 itself, and that step's interior reads the history (steps restart just after a breakpoint).
+            # Clamped by `where`, not min/max: their derivative at a tie is half of each side's.
+            before_t0 = s <= past.t0
             after = layout.unravel(past.state(jnp.where(before_t0, past.t0, s))[:n])
             before = layout.unravel(past.y0[:n]) if history is None else history(p, jnp.where(before_t0, s, past.t0))
             return jax.tree.map(lambda a, b: jnp.where(before_t0, b, a).astype(a.dtype), after, before)
