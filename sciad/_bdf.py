@@ -404,16 +404,9 @@ class _Field(eqx.Module):
         return stages.jacobian(lambda y: self.rate(t, y), y)
 
 
-class _Implicit(eqx.Module):
-    """F(u', u, t) = 0 over the flattened state (a `ResidualTerm`): the consistent u' at y (`rate`), the residual
-    and the NDF's residual."""
-
-    terms: Any
-    args: Any
-    unravel: Any = eqx.field(static=True)
-
-    def rate(self, t, y):
-        return jfu.ravel_pytree(self.terms.vf(t, self.unravel(y), self.args))[0]
+class _Implicit(_Field):
+    """F(u', u, t) = 0 over the flattened state (a `ResidualTerm`): the consistent u' at y (`rate`, the term's
+    `vf`), the residual and the NDF's residual."""
 
     def residual(self, t, y, du):
         return jfu.ravel_pytree(self.terms.residual(t, self.unravel(y), self.unravel(du), self.args))[0]
