@@ -37,7 +37,6 @@ from sciad._pytrees import Layout, leaf_names
 from sciad._solver_choice import auto_solver
 from sciad._vector_field import AroundVectorField, VectorField
 from sciad.adjoints._base import AbstractSensitivity, Setup, stored_steps
-from sciad.adjoints._loop import end_floor
 
 LAG_KINDS = {1: "parameter", 3: "state"}  # a callable's positional parameters -> what its lags depend on
 FIXED_POINT_ITERATIONS = 10  # at most, per step whose lag is shorter than the step
@@ -378,9 +377,9 @@ class DDEField(AroundVectorField):
         combos = [k for k in itertools.product(range(self.order + 1), repeat=tau.shape[0]) if 1 <= sum(k) <= self.order]
         return jnp.sort(t0 + jnp.asarray(np.array(combos), tau.dtype) @ tau, axis=-1)
 
-    def stepping(self, solver, y0, p, t0, t1) -> "Stepping":
-        """The loop's part of a solve from y0 (n + k,) at t0 to t1 with parameters p (m,) by `solver`: the empty
-        past, how a step records itself into it, the breakpoints, and the fixed-point refinement of a step."""
+    def stepping(self, solver, y0, p, t0) -> "Stepping":
+        """The loop's part of a solve from y0 (n + k,) at t0 with parameters p (m,) by `solver`: the empty past,
+        how a step records itself into it, the breakpoints, and the fixed-point refinement of a step."""
         dtype = y0.dtype
         past = Past.empty(solver, y0, t0, self.history_steps)
         constant = lag_kind(self.lags) != "state"
@@ -403,8 +402,6 @@ class DDEField(AroundVectorField):
                 return jnp.concatenate([plan.affect(plan.preset_owners[i], y[:n], p, t), y[n:]])
 
             jumps = (times, affect)
-        if jump_ts is not None:  # one within the loop's floor of t1 is t1: the last step ends there, unmoved
-            jump_ts = jnp.where(jax.lax.stop_gradient(jump_ts) <= end_floor(t1), jump_ts, jnp.inf)
         farthest = None if tau is None else jnp.max(tau)
 
         def record(past, t_start, t_end, y_end, interpolation):

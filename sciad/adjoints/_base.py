@@ -223,7 +223,7 @@ class Setup(eqx.Module):
         controller, past = self.controller(norm=norm), {}
         stepping = getattr(self.f, "stepping", None)  # a kind whose steps read the solve's past (a delay equation)
         if stepping is not None:
-            stepping = stepping(self.solver, y0, args, t0, t1)
+            stepping = stepping(self.solver, y0, args, t0)
             controller = stepping.controller(controller)
             past = {"carried": stepping.past, "on_step": stepping.record, "carried_args": True, "limit": stepping.limit}
             past |= {"jump_ts": stepping.jump_ts, "jumps": stepping.jumps}

@@ -228,12 +228,6 @@ def ulps_below(t, ulps: int):
     return jax.lax.bitcast_convert_type(jnp.where(ordered < 0, lowest - ordered, ordered), t.dtype)
 
 
-def end_floor(t1):
-    """t1 - 100 ULPs, as diffrax: a step that would end past it ends at t1. t1 may be differentiated, its floor
-    is not."""
-    return ulps_below(jax.lax.stop_gradient(t1), 100)
-
-
 def begin(stepper: Stepper, y0, args, t0, t1, dt0=None, ts=None) -> Position:
     """The position before the first step of a solve of y0 from t0 to t1 (dt0: the first step, None: the
     controller's choice), times and y0 in the dtypes diffrax solves them in."""
@@ -298,7 +292,8 @@ def integrate(
     start = begin(stepper, y0, stepping(carried), t0, t1, dt0) if start is None else start
     y0 = start.y
     ts = None if ts is None else jnp.asarray(ts, dtype)
-    floor = end_floor(t1)
+    # t1 - 100 ULPs, as diffrax (times past it end at t1); t1 itself may be differentiated, its floor is not.
+    floor = ulps_below(jax.lax.stop_gradient(t1), 100)
     full = lambda size, x: jnp.full((size, *jnp.shape(x)), jnp.inf, jnp.result_type(x))  # noqa: E731
     saves = 1 if ts is None else ts.shape[0]
     buffers: dict[str, typing.Any] = {"saves": (0, jax.tree.map(lambda y: full(saves, y), y0))}
